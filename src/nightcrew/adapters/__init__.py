@@ -1,0 +1,1 @@
+"""One module per outside system. Core code receives these through the Runtime."""

@@ -1,0 +1,265 @@
+"""The command line. Thin: parse, build a Runtime, call a lane, print its report.
+
+Exit codes: 0 when a run completed (items that failed are in its report), 1 when a check found
+problems or a run failed outright, 2 when nothing could start (bad flag, bad configuration,
+database unreachable) — always with one line on stderr that names the problem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from enum import StrEnum
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+
+from nightcrew import __version__
+from nightcrew.clock import Clock, FrozenClock, SystemClock, parse_instant
+from nightcrew.config import Settings, load_settings
+from nightcrew.db.contract import check_schema
+from nightcrew.db.migrate import migrate
+from nightcrew.errors import (
+    ConfigError,
+    DatabaseUnavailableError,
+    MigrationError,
+    NightcrewError,
+)
+from nightcrew.log import configure_logging
+from nightcrew.runtime import open_database, open_runtime
+
+T = TypeVar("T")
+
+app = typer.Typer(
+    name="nightcrew",
+    help="The background crew: lifecycle lanes and self-healing watchdogs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+db_app = typer.Typer(help="Apply or verify the database schema.", no_args_is_help=True)
+lifecycle_app = typer.Typer(help="The podcast platform's lifecycle lanes.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(lifecycle_app, name="lifecycle")
+
+
+class Lane(StrEnum):
+    minute = "minute"
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    typer.echo(f"nightcrew: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _settings() -> Settings:
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        _fail(str(exc), 2)
+    configure_logging(settings.log_level, settings.secret_values())
+    return settings
+
+
+def _clock(now: str | None) -> Clock:
+    if now is None:
+        return SystemClock()
+    try:
+        return FrozenClock(parse_instant(now))
+    except ValueError as exc:
+        _fail(f"--now: {exc}", 2)
+
+
+def _run(work: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine, turning nightcrew's errors into one line and an exit code."""
+    try:
+        return asyncio.run(_call(work))
+    except DatabaseUnavailableError as exc:
+        _fail(str(exc), 2)
+    except ConfigError as exc:
+        _fail(str(exc), 2)
+    except MigrationError as exc:
+        _fail(str(exc), 1)
+    except NightcrewError as exc:
+        _fail(str(exc), 1)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+
+
+async def _call(work: Callable[[], Awaitable[T]]) -> T:
+    return await work()
+
+
+def _print_json(payload: dict[str, Any]) -> None:
+    typer.echo(json.dumps(payload, indent=2, default=str))
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"nightcrew {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """nightcrew: the work that runs at 04:00 while everyone sleeps."""
+
+
+# --- db ------------------------------------------------------------------------------------------
+@db_app.command("migrate")
+def db_migrate(
+    skip_reference: Annotated[
+        bool,
+        typer.Option(
+            "--skip-reference",
+            help="Apply only nightcrew's own tables (a production platform database).",
+        ),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Apply the numbered migrations that have not been applied yet."""
+    settings = _settings()
+
+    async def work() -> dict[str, list[str]]:
+        async with open_database(settings) as db:
+            return (await migrate(db, skip_reference=skip_reference)).to_json()
+
+    result = _run(work)
+    if as_json:
+        _print_json(result)
+        return
+    for label in result["applied"]:
+        typer.echo(f"applied  {label}")
+    for label in result["skipped"]:
+        typer.echo(f"skipped  {label} (reference schema)")
+    if not result["applied"]:
+        typer.echo(f"up to date ({len(result['already_applied'])} migrations already applied)")
+
+
+@db_app.command("check")
+def db_check(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Report, table by table, what the database lacks that nightcrew needs. Exit 1 if any."""
+    settings = _settings()
+
+    async def work() -> dict[str, Any]:
+        async with open_database(settings) as db:
+            return (await check_schema(db)).to_json()
+
+    report = _run(work)
+    if as_json:
+        _print_json(report)
+    else:
+        for table, result in report["tables"].items():
+            typer.echo(f"{'ok     ' if result['ok'] else 'MISSING'} {table}")
+            for problem in result["problems"]:
+                typer.echo(f"          - {problem}")
+            for advice in result["advice"]:
+                typer.echo(f"          ~ {advice}")
+        for problem in report["problems"]:
+            typer.echo(f"MISSING {problem}")
+        typer.echo("schema ok" if report["ok"] else "schema incomplete")
+    if not report["ok"]:
+        raise typer.Exit(1)
+
+
+# --- lifecycle -----------------------------------------------------------------------------------
+@lifecycle_app.command("run")
+def lifecycle_run(
+    lane: Annotated[Lane, typer.Argument(help="Which lane to run once.")],
+    now: Annotated[
+        str | None,
+        typer.Option(
+            "--now",
+            help="Run as of this ISO 8601 instant (with offset), e.g. 2026-11-29T04:00:00Z.",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Run one lane once and print its report."""
+    from nightcrew.lifecycle.lanes import run_lane
+
+    settings = _settings()
+    clock = _clock(now)
+
+    async def work() -> dict[str, Any]:
+        async with open_runtime(settings, clock) as runtime:
+            report = await run_lane(runtime, clock, lane.value)
+            assert report is not None  # manual runs always run
+            return report.to_json()
+
+    report = _run(work)
+    if as_json:
+        _print_json(report)
+    else:
+        _print_lane_summary(report)
+
+
+def _print_lane_summary(report: dict[str, Any]) -> None:
+    typer.echo(
+        f"{report['lane']} lane as of {report['now']} — run {report['run_id']}, "
+        f"{report['duration_ms']:.0f} ms"
+    )
+    for name, sweep in report["sweeps"].items():
+        counts = ", ".join(
+            f"{k}={v}"
+            for k, v in sweep.items()
+            if isinstance(v, int) and not isinstance(v, bool) and k != "duration_ms"
+        )
+        status = "ok    " if sweep["ok"] else "FAILED"
+        detail = sweep.get("error") or counts
+        typer.echo(f"  {status} {name:<36} {sweep['duration_ms']:>7.1f} ms  {detail}")
+
+
+# --- serve ---------------------------------------------------------------------------------------
+@app.command("serve")
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port.")] = 8787,
+) -> None:
+    """Serve /health and run every lane on its schedule until stopped (Ctrl-C / SIGTERM)."""
+    settings = _settings()
+    _run(lambda: _serve(settings, host, port))
+
+
+async def _serve(settings: Settings, host: str, port: int) -> None:
+    import uvicorn
+
+    from nightcrew.http import create_app
+    from nightcrew.log import event
+    from nightcrew.scheduler import Scheduler
+
+    clock = SystemClock()
+    async with open_runtime(settings, clock) as runtime:
+        config = uvicorn.Config(
+            create_app(),
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+        )
+        server = uvicorn.Server(config)
+        scheduler = asyncio.create_task(Scheduler(runtime, clock).run())
+        event("serve_started", host=host, port=port, database=runtime.db.target)
+        try:
+            await server.serve()
+        finally:
+            scheduler.cancel()
+            await asyncio.gather(scheduler, return_exceptions=True)
+            event("serve_stopped")
+
+
+def main() -> None:
+    try:
+        app()
+    except BrokenPipeError:  # `nightcrew … | head` is not an error
+        sys.stderr.close()

@@ -1,0 +1,58 @@
+"""The one source of "now".
+
+Every time-based decision takes ``now`` from a Clock so a test (or ``--now``) can walk days in a
+second. Nothing else in nightcrew calls ``datetime.now()``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> datetime:
+        """The current instant, timezone-aware, in UTC."""
+        ...
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+class FrozenClock:
+    """A clock that only moves when told to: ``--now`` and tests."""
+
+    def __init__(self, at: datetime) -> None:
+        self._at = _require_aware(at)
+
+    def now(self) -> datetime:
+        return self._at
+
+    def set(self, at: datetime) -> None:
+        self._at = _require_aware(at)
+
+    def advance(self, delta: timedelta) -> None:
+        self._at = self._at + delta
+
+
+def parse_instant(text: str) -> datetime:
+    """Parse an ISO 8601 instant with an explicit offset (``Z`` or ``+02:00``).
+
+    A naive time is refused: "04:00" means nothing without a zone, and guessing one is how a
+    deletion runs a day early.
+    """
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError as exc:
+        raise ValueError(f"not an ISO 8601 instant: {text!r}") from exc
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{text!r} has no UTC offset; write it as e.g. {text}Z or {text}+00:00")
+    return value.astimezone(UTC)
+
+
+def _require_aware(at: datetime) -> datetime:
+    if at.tzinfo is None or at.utcoffset() is None:
+        raise ValueError("a Clock needs a timezone-aware datetime")
+    return at.astimezone(UTC)

@@ -1,0 +1,117 @@
+"""Settings: the only reader of the environment.
+
+Every variable nightcrew understands is a field here, with its default; the README's
+configuration table mirrors this class (a test keeps them in step).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from nightcrew.errors import ConfigError
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        case_sensitive=True, extra="ignore", populate_by_name=True, frozen=True
+    )
+
+    # --- where things live -------------------------------------------------------------------
+    database_url: Annotated[str | None, Field(alias="DATABASE_URL")] = None
+    data_dir: Annotated[Path, Field(alias="NIGHTCREW_DATA_DIR")] = Path(".nightcrew")
+    storage_url: Annotated[str | None, Field(alias="STORAGE_URL")] = None
+    queue_url: Annotated[str, Field(alias="QUEUE_URL")] = "postgres"
+    redis_url: Annotated[str | None, Field(alias="REDIS_URL")] = None
+
+    # --- the platform around us --------------------------------------------------------------
+    r2_public_url: Annotated[str | None, Field(alias="R2_PUBLIC_URL")] = None
+    public_feed_url: Annotated[str | None, Field(alias="PUBLIC_FEED_URL")] = None
+    public_app_url: Annotated[str | None, Field(alias="PUBLIC_APP_URL")] = None
+
+    # --- secrets (never logged; unset disables what needs them, loudly) ----------------------
+    rss_invalidation_secret: Annotated[SecretStr | None, Field(alias="RSS_INVALIDATION_SECRET")] = (
+        None
+    )
+    reconciler_secret: Annotated[SecretStr | None, Field(alias="RECONCILER_SECRET")] = None
+    stripe_secret_key: Annotated[SecretStr | None, Field(alias="STRIPE_SECRET_KEY")] = None
+    stripe_api_base: Annotated[str | None, Field(alias="STRIPE_API_BASE")] = None
+    resend_api_key: Annotated[SecretStr | None, Field(alias="RESEND_API_KEY")] = None
+    resend_from_email: Annotated[str | None, Field(alias="RESEND_FROM_EMAIL")] = None
+    resend_api_base: Annotated[str, Field(alias="RESEND_API_BASE")] = "https://api.resend.com"
+
+    # --- news ingestion (spec 001) -----------------------------------------------------------
+    ingestion_backpressure_queue_limit: Annotated[
+        int, Field(alias="INGESTION_BACKPRESSURE_QUEUE_LIMIT", ge=0)
+    ] = 250
+    ingestion_backpressure_db_article_limit: Annotated[
+        int, Field(alias="INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT", ge=0)
+    ] = 30000
+    worker_lock_ttl_seconds: Annotated[
+        int, Field(alias="UPSTASH_REDIS_WORKER_LOCK_TTL_SECONDS", gt=0)
+    ] = 600
+    ai_review_lock_ttl_seconds: Annotated[
+        int, Field(alias="UPSTASH_REDIS_AI_REVIEW_LOCK_TTL_SECONDS", gt=0)
+    ] = 1800
+
+    # --- nightcrew's own knobs ---------------------------------------------------------------
+    db_connect_timeout_seconds: Annotated[
+        float, Field(alias="NIGHTCREW_DB_CONNECT_TIMEOUT_SECONDS", gt=0)
+    ] = 5.0
+    db_pool_max_size: Annotated[int, Field(alias="NIGHTCREW_DB_POOL_MAX_SIZE", ge=2)] = 10
+    log_level: Annotated[
+        Literal["debug", "info", "warning", "error"], Field(alias="NIGHTCREW_LOG_LEVEL")
+    ] = "info"
+
+    @field_validator("queue_url")
+    @classmethod
+    def _known_queue_backend(cls, value: str) -> str:
+        if value == "postgres":
+            return value
+        scheme = urlsplit(value).scheme
+        if scheme in ("amqp", "amqps"):
+            raise ValueError(
+                "the RabbitMQ queue backend is not available in this version;"
+                " use QUEUE_URL=postgres"
+            )
+        raise ValueError(f"unknown queue backend {value!r}; expected 'postgres' or amqp://…")
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_url(cls, value: str | None) -> str | None:
+        if value is None or value.strip() == "":
+            return None
+        scheme = urlsplit(value).scheme
+        if scheme not in ("postgres", "postgresql"):
+            raise ValueError("must be a postgresql://… URL")
+        return value
+
+    @property
+    def embedded_pgdata(self) -> Path:
+        return self.data_dir / "pg"
+
+    def secret_values(self) -> list[str]:
+        """Every configured secret, so the log pipeline can scrub them wherever they appear."""
+        secrets = [
+            self.rss_invalidation_secret,
+            self.reconciler_secret,
+            self.stripe_secret_key,
+            self.resend_api_key,
+        ]
+        return [s.get_secret_value() for s in secrets if s is not None and s.get_secret_value()]
+
+
+def load_settings() -> Settings:
+    """Read the environment once; a bad value becomes one line naming the variable."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            name = ".".join(str(part) for part in error["loc"]) or "settings"
+            problems.append(f"{name}: {error['msg']}")
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None

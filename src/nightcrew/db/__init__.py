@@ -1,0 +1,1 @@
+"""PostgreSQL: the pool, the embedded server, migrations and named queries."""

@@ -1,0 +1,160 @@
+"""The connection pool, behind a small API that speaks dicts and nightcrew's errors.
+
+Jobs never import psycopg: they call ``fetch`` / ``execute`` on a ``Database`` or on the ``Tx``
+that ``transaction()`` yields, and get ``QueryError`` (with its SQLSTATE) when PostgreSQL refuses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import DictRow, dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from nightcrew.errors import DatabaseUnavailableError, NightcrewError
+
+Row = dict[str, Any]
+Params = Mapping[str, Any] | None
+
+
+class QueryError(NightcrewError):
+    """PostgreSQL refused a statement. ``sqlstate`` is its five-character error code."""
+
+    def __init__(self, message: str, *, sqlstate: str | None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+def json_param(value: Any) -> Jsonb:
+    """Wrap a value for a ``jsonb`` parameter."""
+    return Jsonb(value)
+
+
+def describe_target(conninfo: str) -> str:
+    """``host:port/dbname`` for messages: never the user's password."""
+    try:
+        parts = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        return "<unparseable DATABASE_URL>"
+    host = str(parts.get("host") or parts.get("hostaddr") or "localhost")
+    port = str(parts.get("port") or "5432")
+    dbname = str(parts.get("dbname") or parts.get("user") or "")
+    where = host if host.startswith("/") else f"{host}:{port}"
+    return f"{where}/{dbname}" if dbname else where
+
+
+def _translate(exc: psycopg.Error) -> QueryError:
+    diag = getattr(exc, "diag", None)
+    primary = diag.message_primary if diag is not None else None
+    return QueryError(primary or str(exc).strip() or type(exc).__name__, sqlstate=exc.sqlstate)
+
+
+class _Executor:
+    """fetch/execute over one psycopg connection, translating its errors."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[DictRow]) -> None:
+        self._conn = conn
+
+    async def fetch(self, query: str, params: Params = None) -> list[Row]:
+        try:
+            cur = await self._conn.execute(query, params)
+            return [dict(row) for row in await cur.fetchall()] if cur.description else []
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+
+    async def fetch_one(self, query: str, params: Params = None) -> Row | None:
+        rows = await self.fetch(query, params)
+        return rows[0] if rows else None
+
+    async def execute(self, query: str, params: Params = None) -> int:
+        """Run a statement; returns the number of rows it touched."""
+        try:
+            cur = await self._conn.execute(query, params)
+            return cur.rowcount
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+
+
+class Tx(_Executor):
+    """The statements of one transaction: everything commits together or not at all."""
+
+
+class Database(_Executor):
+    """A psycopg async pool. Plain calls autocommit; ``transaction()`` groups statements."""
+
+    def __init__(self, pool: AsyncConnectionPool[psycopg.AsyncConnection[DictRow]], target: str):
+        self._pool = pool
+        self.target = target
+
+    @classmethod
+    async def open(
+        cls, conninfo: str, *, connect_timeout: float = 5.0, max_size: int = 10
+    ) -> Database:
+        target = describe_target(conninfo)
+        await _preflight(conninfo, target, connect_timeout)
+        pool: AsyncConnectionPool[psycopg.AsyncConnection[DictRow]] = AsyncConnectionPool(
+            conninfo,
+            min_size=1,
+            max_size=max_size,
+            open=False,
+            timeout=max(connect_timeout, 30.0),
+            kwargs={
+                "autocommit": True,
+                "row_factory": dict_row,
+                "connect_timeout": max(1, round(connect_timeout)),
+                "application_name": "nightcrew",
+            },
+            connection_class=psycopg.AsyncConnection[DictRow],
+            name="nightcrew",
+        )
+        try:
+            await pool.open(wait=True, timeout=connect_timeout)
+        except Exception as exc:
+            await pool.close()
+            raise DatabaseUnavailableError(
+                f"cannot reach PostgreSQL at {target}: {type(exc).__name__}"
+            ) from exc
+        return cls(pool, target)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def fetch(self, query: str, params: Params = None) -> list[Row]:
+        async with self._pool.connection() as conn:
+            return await _Executor(conn).fetch(query, params)
+
+    async def execute(self, query: str, params: Params = None) -> int:
+        async with self._pool.connection() as conn:
+            return await _Executor(conn).execute(query, params)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Tx]:
+        async with self._pool.connection() as conn:
+            try:
+                async with conn.transaction():
+                    yield Tx(conn)
+            except psycopg.Error as exc:
+                raise _translate(exc) from exc
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[Tx]:
+        """One dedicated connection in autocommit mode (session-level locks, DDL batches)."""
+        async with self._pool.connection() as conn:
+            yield Tx(conn)
+
+
+async def _preflight(conninfo: str, target: str, connect_timeout: float) -> None:
+    """Connect once directly, so an unreachable server yields its real reason in one line."""
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            conninfo, connect_timeout=max(1, round(connect_timeout))
+        )
+    except psycopg.Error as exc:
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise DatabaseUnavailableError(f"cannot reach PostgreSQL at {target}: {reason}") from exc
+    await conn.close()

@@ -1,0 +1,43 @@
+"""One rooted hierarchy for every failure nightcrew translates at its edges.
+
+Adapters catch their driver's exceptions and raise one of these ``from`` the original, so core
+code and the doors (CLI, HTTP) never need to know which driver is underneath.
+"""
+
+from __future__ import annotations
+
+
+class NightcrewError(Exception):
+    """Base of every error nightcrew raises on purpose."""
+
+
+class ConfigError(NightcrewError):
+    """The configuration (environment or flags) is unusable; the message names the setting."""
+
+
+class DatabaseUnavailableError(NightcrewError):
+    """PostgreSQL could not be reached; the message names the host, never the password."""
+
+
+class MigrationError(NightcrewError):
+    """A migration could not be applied, or an applied one was edited afterwards."""
+
+
+class QueueError(NightcrewError):
+    """A queue backend refused or failed a send."""
+
+
+class StoreError(NightcrewError):
+    """The object store failed an operation."""
+
+
+class BillingError(NightcrewError):
+    """Stripe failed an operation."""
+
+
+class MailError(NightcrewError):
+    """The mail provider failed a send. ``transient`` says whether retrying may succeed."""
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient

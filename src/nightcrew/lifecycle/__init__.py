@@ -1,0 +1,1 @@
+"""Spec 000: the podcast platform's lifecycle manager."""

@@ -1,0 +1,99 @@
+"""Structured JSON events on stderr.
+
+``event(name, **fields)`` is the only way jobs report what happened; the name is the spec's
+event name and tests assert it. stdout is left to reports, so ``--json`` output stays parseable.
+
+Secrets never reach a log line: fields whose names look secret are masked, and every configured
+secret value is scrubbed from every string field wherever it appears (an exception message that
+echoes a URL with a token in it, say).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Iterable, MutableMapping
+from typing import Any
+
+import structlog
+
+_SECRET_FIELD = re.compile(r"(secret|token|password|passwd|authorization|api_key|apikey)", re.I)
+_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://[^:/@\s]+):[^@\s/]+@", re.I)
+REDACTED = "[redacted]"
+
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+
+_logger = structlog.get_logger("nightcrew")
+
+
+class SecretScrubber:
+    """A structlog processor that masks secret-named fields and scrubs known secret values."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        self._secrets = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
+
+    def __call__(
+        self, logger: Any, method: str, event_dict: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        for key, value in list(event_dict.items()):
+            if key != "event" and _SECRET_FIELD.search(key) and value is not None:
+                event_dict[key] = REDACTED
+            else:
+                event_dict[key] = self._scrub(value)
+        return event_dict
+
+    def _scrub(self, value: Any) -> Any:
+        if isinstance(value, str):
+            for secret in self._secrets:
+                if secret in value:
+                    value = value.replace(secret, REDACTED)
+            return _URL_PASSWORD.sub(r"\g<scheme>:" + REDACTED + "@", value)
+        if isinstance(value, dict):
+            return {k: self._scrub(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self._scrub(v) for v in value]
+        return value
+
+
+def configure_logging(level: str = "info", secrets: Iterable[str] = ()) -> None:
+    """Set up the JSON pipeline once per process (structlog's configuration is process-wide)."""
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
+            SecretScrubber(secrets),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(default=str, sort_keys=False),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def event(name: str, **fields: Any) -> None:
+    """Log one named event at info level."""
+    _logger.info(name, **fields)
+
+
+def warning(name: str, **fields: Any) -> None:
+    """Log one named event that an operator should look at."""
+    _logger.warning(name, **fields)
+
+
+def error(name: str, **fields: Any) -> None:
+    """Log one named failure event."""
+    _logger.error(name, **fields)
+
+
+def describe_error(exc: BaseException) -> str:
+    """A one-line, secret-free description of an exception for events and reports."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

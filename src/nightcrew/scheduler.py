@@ -1,0 +1,94 @@
+"""The cron loop: fires each lane on its schedule, once per slot across every replica.
+
+Replicas do not talk to each other. Each one wakes at every slot and tries to claim it with an
+INSERT into ``nightcrew.runs`` on the unique (lane, slot) pair; the one whose INSERT lands runs
+the lane, the others log nothing and sleep until the next slot. A slot run that overruns the
+next slot does not delay it: every fire is its own task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from croniter import croniter
+
+from nightcrew.clock import Clock
+from nightcrew.lifecycle.lanes import LANE_CRON, run_lane
+from nightcrew.log import describe_error, error, event
+from nightcrew.runtime import Runtime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Schedule:
+    lane: str
+    cron: str
+
+
+DEFAULT_SCHEDULES: tuple[Schedule, ...] = tuple(
+    Schedule(lane=lane, cron=cron) for lane, cron in LANE_CRON.items()
+)
+
+
+def next_slot(cron: str, after: datetime) -> datetime:
+    """The first slot of ``cron`` strictly after ``after`` (UTC)."""
+    value: datetime = croniter(cron, after).get_next(datetime)
+    return value
+
+
+class Scheduler:
+    def __init__(
+        self,
+        runtime: Runtime,
+        clock: Clock,
+        schedules: tuple[Schedule, ...] = DEFAULT_SCHEDULES,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._runtime = runtime
+        self._clock = clock
+        self._schedules = schedules
+        self._sleep = sleep
+        self._inflight: set[asyncio.Task[None]] = set()
+
+    async def fire(self, lane: str, slot: datetime) -> bool:
+        """Try to run ``lane`` for ``slot``; True if this replica won the slot and ran it."""
+        try:
+            report = await run_lane(
+                self._runtime, self._clock, lane, trigger="scheduled", slot=slot
+            )
+        except Exception as exc:  # the loop must outlive a bad run or a database blip
+            error(
+                "scheduler_fire_failed", lane=lane, slot=slot.isoformat(), error=describe_error(exc)
+            )
+            return False
+        return report is not None
+
+    async def _loop(self, schedule: Schedule) -> None:
+        while True:
+            slot = next_slot(schedule.cron, self._clock.now())
+            delay = (slot - self._clock.now()).total_seconds()
+            if delay > 0:
+                await self._sleep(delay)
+            task = asyncio.create_task(self._fire_quietly(schedule.lane, slot))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+
+    async def _fire_quietly(self, lane: str, slot: datetime) -> None:
+        await self.fire(lane, slot)
+
+    async def run(self) -> None:
+        """Tick every schedule until cancelled; in-flight runs are awaited on the way out."""
+        event("scheduler_started", schedules={s.lane: s.cron for s in self._schedules})
+        loops = [asyncio.create_task(self._loop(s)) for s in self._schedules]
+        try:
+            await asyncio.gather(*loops)
+        finally:
+            for loop in loops:
+                loop.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            if self._inflight:
+                await asyncio.gather(*self._inflight, return_exceptions=True)
+            event("scheduler_stopped")
