@@ -8,13 +8,16 @@ database unreachable) — always with one line on stderr that names the problem.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from enum import StrEnum
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
+import uvicorn
 
 from nightcrew import __version__
 from nightcrew.clock import Clock, FrozenClock, SystemClock, parse_instant
@@ -231,23 +234,27 @@ def serve(
 
 
 async def _serve(settings: Settings, host: str, port: int) -> None:
-    import uvicorn
-
     from nightcrew.http import create_app
     from nightcrew.log import event
     from nightcrew.scheduler import Scheduler
 
     clock = SystemClock()
     async with open_runtime(settings, clock) as runtime:
-        config = uvicorn.Config(
-            create_app(),
-            host=host,
-            port=port,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
+        server = _QuietServer(
+            uvicorn.Config(
+                create_app(),
+                host=host,
+                port=port,
+                log_level="warning",
+                access_log=False,
+                lifespan="off",
+            )
         )
-        server = uvicorn.Server(config)
+        # SIGTERM / SIGINT ask for a graceful stop: the HTTP server drains, the scheduler
+        # lets in-flight runs finish, the pool closes, the process exits 0.
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, server.request_exit)
         scheduler = asyncio.create_task(Scheduler(runtime, clock).run())
         event("serve_started", host=host, port=port, database=runtime.db.target)
         try:
@@ -256,6 +263,18 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
             scheduler.cancel()
             await asyncio.gather(scheduler, return_exceptions=True)
             event("serve_stopped")
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn re-raises a captured SIGTERM after shutdown (killing us with -15); we own the
+    signals instead and exit normally."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    def request_exit(self) -> None:
+        self.should_exit = True
 
 
 def main() -> None:

@@ -1,0 +1,161 @@
+"""The installed `nightcrew` command, as a user runs it, against a fresh database."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.acceptance
+
+
+def _nightcrew() -> str:
+    beside = Path(sys.executable).parent / "nightcrew"
+    found = str(beside) if beside.exists() else shutil.which("nightcrew")
+    assert found, "the nightcrew console script is not installed"
+    return found
+
+
+def _env(**overrides: str | None) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "NIGHTCREW_DATA_DIR", "QUEUE_URL")
+    }
+    for key, value in overrides.items():
+        if value is not None:
+            env[key] = value
+    return env
+
+
+def run(
+    *args: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [_nightcrew(), *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_migrate_twice_then_run_the_minute_lane(empty_db_url: str) -> None:
+    env = _env(DATABASE_URL=empty_db_url)
+    first = run("db", "migrate", "--json", env=env)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["applied"] == ["0001_reference_schema", "0002_nightcrew_tables"]
+    second = run("db", "migrate", "--json", env=env)
+    assert second.returncode == 0, second.stderr
+    assert json.loads(second.stdout)["applied"] == []
+
+    check = run("db", "check", env=env)
+    assert check.returncode == 0 and "schema ok" in check.stdout
+
+    tick = run("lifecycle", "run", "minute", "--json", "--now", "2026-11-29T04:00:00Z", env=env)
+    assert tick.returncode == 0, tick.stderr
+    report = json.loads(tick.stdout)
+    assert report["lane"] == "minute" and report["now"] == "2026-11-29T04:00:00+00:00"
+    assert report["errors"] == [] and set(report["sweeps"]) == {
+        "sweepStalledImports",
+        "sweepStalledExternalLinks",
+        "sweepStuckHostingMigrationPreviews",
+        "sweepWedgedMediaJobs",
+    }
+    events = [json.loads(line)["event"] for line in tick.stderr.splitlines()]
+    assert events == ["lifecycle_cron_started", "import_watchdog_completed"]
+
+    summary = run("lifecycle", "run", "minute", env=env)
+    assert summary.returncode == 0 and "sweepStalledImports" in summary.stdout
+
+
+def test_db_check_on_an_unmigrated_database_exits_1_and_names_tables(empty_db_url: str) -> None:
+    result = run("db", "check", env=_env(DATABASE_URL=empty_db_url))
+    assert result.returncode == 1
+    assert "MISSING public.podcasts" in result.stdout
+    assert "schema incomplete" in result.stdout
+
+
+def test_unreachable_database_is_one_line_and_exit_2() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"postgresql://postgres:hunter2@127.0.0.1:{port}/prod"
+    for args in (("db", "migrate"), ("lifecycle", "run", "minute")):
+        result = run(*args, env=_env(DATABASE_URL=url))
+        assert result.returncode == 2
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert lines[0].startswith(f"nightcrew: cannot reach PostgreSQL at 127.0.0.1:{port}/prod")
+        assert "hunter2" not in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env_extra", "message"),
+    [
+        (("lifecycle", "run", "minute", "--now", "2026-11-29T04:00"), {}, "--now:"),
+        (("lifecycle", "run", "minute", "--now", "soon"), {}, "--now:"),
+        (("db", "migrate"), {"NIGHTCREW_DB_POOL_MAX_SIZE": "many"}, "NIGHTCREW_DB_POOL_MAX_SIZE"),
+        (("db", "migrate"), {"QUEUE_URL": "kafka://x"}, "QUEUE_URL"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    fresh_db_url: str, args: tuple[str, ...], env_extra: dict[str, str], message: str
+) -> None:
+    result = run(*args, env=_env(DATABASE_URL=fresh_db_url, **env_extra))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_the_embedded_default_needs_no_configuration(tmp_path: Path) -> None:
+    env = _env(NIGHTCREW_DATA_DIR=str(tmp_path / "data"))
+    migrate = run("db", "migrate", env=env, cwd=tmp_path)
+    assert migrate.returncode == 0, migrate.stderr
+    tick = run("lifecycle", "run", "minute", "--json", env=env, cwd=tmp_path)
+    assert tick.returncode == 0, tick.stderr
+    assert json.loads(tick.stdout)["run_id"] == 1
+    again = run("lifecycle", "run", "minute", "--json", env=env, cwd=tmp_path)
+    assert json.loads(again.stdout)["run_id"] == 2  # the same cluster, reused
+    assert (tmp_path / "data" / "pg" / "PG_VERSION").exists()
+
+
+def test_serve_answers_health_and_stops_cleanly(fresh_db_url: str) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [_nightcrew(), "serve", "--port", str(port)],
+        env=_env(DATABASE_URL=fresh_db_url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        body = None
+        while time.monotonic() < deadline:
+            try:
+                body = httpx.get(f"http://127.0.0.1:{port}/_health", timeout=1).json()
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert body == {"status": "ok", "service": "lifecycle-manager"}
+        assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    events = [json.loads(line)["event"] for line in stderr.splitlines() if line.startswith("{")]
+    assert "serve_started" in events and events[-1] == "serve_stopped"

@@ -1,0 +1,126 @@
+"""Shared fixtures: a real PostgreSQL for every integration and acceptance test.
+
+The server is ``DATABASE_URL`` (or ``NIGHTCREW_TEST_DATABASE_URL``) when it answers, otherwise
+an embedded one started with pgserver, so the suite also passes on a machine with nothing
+installed. The schema is migrated once into a template database; every test gets its own clone
+(``CREATE DATABASE … TEMPLATE``), which is fast and fully isolated.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+
+from nightcrew.adapters.queues import PostgresQueueProducer
+from nightcrew.clock import Clock, FrozenClock
+from nightcrew.config import Settings
+from nightcrew.db.database import Database
+from nightcrew.db.migrate import migrate
+from nightcrew.runtime import Runtime
+
+NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
+_counter = itertools.count()
+
+
+def with_dbname(url: str, dbname: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + dbname))
+
+
+def _answers(url: str) -> bool:
+    try:
+        with psycopg.connect(url, connect_timeout=3):
+            return True
+    except psycopg.Error:
+        return False
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url() -> Iterator[str]:
+    """A superuser URL on a server the tests may create databases on."""
+    for name in ("NIGHTCREW_TEST_DATABASE_URL", "DATABASE_URL"):
+        url = os.environ.get(name)
+        if url and _answers(url):
+            yield url
+            return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from pgserver import get_server
+
+        tmp = Path(tempfile.mkdtemp(prefix="nightcrew-test-pg-"))
+        server = get_server(tmp / "pg", cleanup_mode="delete")
+    try:
+        yield str(server.get_uri())
+    finally:
+        server.cleanup()
+
+
+def _admin(url: str, sql: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql)
+
+
+@pytest.fixture(scope="session")
+async def template_db(pg_admin_url: str) -> AsyncIterator[str]:
+    name = f"nightcrew_tmpl_{os.getpid()}"
+    _admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name}")
+    _admin(pg_admin_url, f"CREATE DATABASE {name}")
+    url = with_dbname(pg_admin_url, name)
+    db = await Database.open(url)
+    try:
+        await migrate(db)
+    finally:
+        await db.close()
+    yield name
+    _admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def fresh_db_url(pg_admin_url: str, template_db: str) -> Iterator[str]:
+    """A migrated database of this test's own."""
+    name = f"nightcrew_t_{os.getpid()}_{next(_counter)}"
+    _admin(pg_admin_url, f"CREATE DATABASE {name} TEMPLATE {template_db}")
+    yield with_dbname(pg_admin_url, name)
+    _admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def empty_db_url(pg_admin_url: str) -> Iterator[str]:
+    """A database with no schema at all."""
+    name = f"nightcrew_e_{os.getpid()}_{next(_counter)}"
+    _admin(pg_admin_url, f"CREATE DATABASE {name}")
+    yield with_dbname(pg_admin_url, name)
+    _admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def clock() -> FrozenClock:
+    return FrozenClock(NOW)
+
+
+@pytest.fixture
+async def db(fresh_db_url: str) -> AsyncIterator[Database]:
+    database = await Database.open(fresh_db_url)
+    try:
+        yield database
+    finally:
+        await database.close()
+
+
+def make_runtime(db: Database, clock: Clock, database_url: str) -> Runtime:
+    settings = Settings.model_validate({"DATABASE_URL": database_url})
+    return Runtime(settings=settings, db=db, queues=PostgresQueueProducer(db, clock))
+
+
+@pytest.fixture
+def runtime(db: Database, clock: FrozenClock, fresh_db_url: str) -> Runtime:
+    return make_runtime(db, clock, fresh_db_url)

@@ -1,0 +1,181 @@
+"""The minute lane as a whole: concurrency across replicas, isolation, run history."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from structlog.testing import capture_logs
+
+from nightcrew.adapters.queues import EXTERNAL_EPISODE_LINK, PODCAST_IMPORTS
+from nightcrew.clock import FrozenClock
+from nightcrew.db.database import Database
+from nightcrew.lifecycle.lanes import MinuteLaneReport, run_lane
+from nightcrew.runtime import Runtime
+from tests import factories as f
+from tests.conftest import NOW, make_runtime
+
+OLD = NOW - timedelta(hours=6)
+
+
+async def _seed_every_kind_of_work(
+    db: Database,
+    *,
+    imports: int = 6,
+    items: int = 50,
+    previews: int = 30,
+    links: int = 40,
+    media: int = 20,
+) -> None:
+    for _ in range(imports):
+        imp = await f.podcast_import(db, await f.podcast(db), status="running", dispatch_end_at=OLD)
+        await db.execute(
+            "INSERT INTO public.import_items (import_id, status, attempts, updated_at)"
+            " SELECT %(imp)s, CASE WHEN g %% 5 = 0 THEN 'processing' ELSE 'pending' END,"
+            " g %% 7, %(at)s FROM generate_series(1, %(n)s) g",
+            {"imp": imp, "at": OLD, "n": items},
+        )
+    for _ in range(previews):
+        await f.podcast_import(
+            db, await f.podcast(db), status="preview", is_hosting_migration=True, created_at=OLD
+        )
+    external = await f.podcast(db, hosting_type="external")
+    await db.execute(
+        "INSERT INTO public.episodes (podcast_id, status, published_at, external_link_status,"
+        " external_link_next_attempt_at) SELECT %(p)s, 'published', %(at)s, 'pending', %(at)s"
+        " FROM generate_series(1, %(n)s)",
+        {"p": external, "at": OLD, "n": links},
+    )
+    for n in range(media):
+        episode = await f.episode(db, external, title=f"media {n}")
+        await f.media_job(db, episode, updated_at=OLD)
+
+
+async def test_two_ticks_at_the_same_instant_do_no_double_work(
+    db: Database, runtime: Runtime, clock: FrozenClock, fresh_db_url: str
+) -> None:
+    await _seed_every_kind_of_work(db)
+    other_db = await Database.open(fresh_db_url)
+    try:
+        other = make_runtime(other_db, clock, fresh_db_url)
+        reports = await asyncio.gather(
+            run_lane(runtime, clock, "minute"), run_lane(other, clock, "minute")
+        )
+    finally:
+        await other_db.close()
+    assert all(isinstance(r, MinuteLaneReport) and not r.errors for r in reports)
+
+    items = Counter(
+        m["body"]["import_item_id"] for m in await f.queue_messages(db, PODCAST_IMPORTS)
+    )
+    assert len(items) == 6 * 50 and set(items.values()) == {1}
+    links = Counter(
+        m["body"]["episode_id"] for m in await f.queue_messages(db, EXTERNAL_EPISODE_LINK)
+    )
+    assert len(links) == 40 and set(links.values()) == {1}
+
+    def total(key: str) -> int:
+        return sum(r.total(key) for r in reports if r is not None)
+
+    assert total("items_requeued") == 300
+    assert total("links_requeued") == 40
+    assert total("previews_canceled") == 30
+    assert total("media_jobs_flagged") == 20
+    canceled = await db.fetch_one(
+        "SELECT count(*) AS n FROM public.podcast_imports WHERE status = 'canceled'"
+    )
+    assert canceled == {"n": 30}
+
+
+# Each sweep's claim UPDATE hits one table; a trigger there makes exactly that sweep throw.
+BREAKERS = {
+    "sweepStalledImports": ("public.import_items", "import_watchdog_failed"),
+    "sweepStalledExternalLinks": ("public.episodes", "external_link_watchdog_failed"),
+    "sweepStuckHostingMigrationPreviews": (
+        "public.podcast_imports",
+        "hosting_migration_preview_watchdog_failed",
+    ),
+    "sweepWedgedMediaJobs": ("public.media_jobs", "media_job_watchdog_failed"),
+}
+
+
+@pytest.mark.parametrize("broken", list(BREAKERS))
+async def test_one_sweep_raising_never_stops_the_others(
+    db: Database, runtime: Runtime, clock: FrozenClock, broken: str
+) -> None:
+    await _seed_every_kind_of_work(db, imports=1, items=10, previews=3, links=4, media=2)
+    table, failed_event = BREAKERS[broken]
+    await db.execute(
+        "CREATE FUNCTION public.explode() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$ BEGIN RAISE EXCEPTION 'disk on fire'; END $$"
+    )
+    await db.execute(
+        f"CREATE TRIGGER explode BEFORE UPDATE ON {table}"
+        " FOR EACH ROW EXECUTE FUNCTION public.explode()"
+    )
+
+    with capture_logs() as logs:
+        report = await run_lane(runtime, clock, "minute")
+    assert report is not None
+
+    expected = {
+        "sweepStalledImports": ("items_requeued", 10),
+        "sweepStalledExternalLinks": ("links_requeued", 4),
+        "sweepStuckHostingMigrationPreviews": ("previews_canceled", 3),
+        "sweepWedgedMediaJobs": ("media_jobs_flagged", 2),
+    }
+    for outcome in report.sweeps:
+        key, count = expected[outcome.name]
+        if outcome.name == broken:
+            assert not outcome.ok and "disk on fire" in (outcome.error or "")
+            assert outcome.failed_event == failed_event
+        else:
+            assert outcome.ok and outcome.count(key) == count, outcome
+    assert report.errors == [
+        {"sweep": broken, "event": failed_event, "error": "QueryError: disk on fire"}
+    ]
+    failures = [e for e in logs if e["log_level"] == "error"]
+    assert [e["event"] for e in failures] == [failed_event]
+    completed = [e for e in logs if e["event"] == "import_watchdog_completed"]
+    assert len(completed) == 1 and completed[0]["errors"] == 1
+    started = [e for e in logs if e["event"] == "lifecycle_cron_started"]
+    assert started[0]["cron"] == "* * * * *"
+
+
+async def test_every_run_writes_a_run_history_row(
+    db: Database, runtime: Runtime, clock: FrozenClock
+) -> None:
+    await _seed_every_kind_of_work(db, imports=1, items=3, previews=1, links=1, media=1)
+    report = await run_lane(runtime, clock, "minute")
+    assert report is not None
+    row = await db.fetch_one(
+        "SELECT * FROM nightcrew.runs WHERE id = %(id)s", {"id": report.run_id}
+    )
+    assert row is not None
+    assert row["lane"] == "minute" and row["trigger"] == "manual" and row["slot"] is None
+    assert row["status"] == "completed" and row["started_at"] == NOW
+    assert row["report"]["items_requeued"] == 3
+    assert row["report"]["sweeps"]["sweepWedgedMediaJobs"]["media_jobs_flagged"] == 1
+
+
+async def test_a_scheduled_slot_runs_once_across_replicas(
+    db: Database, runtime: Runtime, clock: FrozenClock, fresh_db_url: str
+) -> None:
+    await _seed_every_kind_of_work(db, imports=1, items=5, previews=0, links=0, media=0)
+    slot = NOW.replace(second=0)
+    dbs = [await Database.open(fresh_db_url) for _ in range(3)]
+    try:
+        replicas = [make_runtime(d, clock, fresh_db_url) for d in dbs]
+        results = await asyncio.gather(
+            *(run_lane(r, clock, "minute", trigger="scheduled", slot=slot) for r in replicas)
+        )
+    finally:
+        for d in dbs:
+            await d.close()
+    ran = [r for r in results if r is not None]
+    assert len(ran) == 1
+    rows = await db.fetch("SELECT trigger, slot, status FROM nightcrew.runs")
+    assert rows == [{"trigger": "scheduled", "slot": slot, "status": "completed"}]
+    assert len(await f.queue_messages(db, PODCAST_IMPORTS)) == 5

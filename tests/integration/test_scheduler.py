@@ -1,0 +1,59 @@
+"""The scheduler loop against real PostgreSQL: it fires at the slot, once across replicas."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta
+
+from nightcrew.clock import SystemClock
+from nightcrew.db.database import Database
+from nightcrew.runtime import Runtime
+from nightcrew.scheduler import Schedule, Scheduler
+from tests.conftest import make_runtime
+
+
+class ShiftedClock:
+    """Real time, shifted so that the next minute boundary is a fraction of a second away."""
+
+    def __init__(self, seconds_to_boundary: float) -> None:
+        real = SystemClock().now()
+        boundary = real.replace(second=0, microsecond=0) + timedelta(minutes=1)
+        self._shift = boundary - real - timedelta(seconds=seconds_to_boundary)
+
+    def now(self) -> datetime:
+        return SystemClock().now() + self._shift
+
+
+async def test_two_replicas_tick_the_minute_slot_and_only_one_runs_it(
+    db: Database, runtime: Runtime, fresh_db_url: str
+) -> None:
+    clock = ShiftedClock(seconds_to_boundary=0.3)
+    other_db = await Database.open(fresh_db_url)
+    schedules = (Schedule(lane="minute", cron="* * * * *"),)
+    try:
+        replicas = [
+            Scheduler(make_runtime(d, clock, fresh_db_url), clock, schedules)
+            for d in (db, other_db)
+        ]
+        tasks = [asyncio.create_task(r.run()) for r in replicas]
+        await asyncio.sleep(1.0)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        await other_db.close()
+    rows = await db.fetch("SELECT lane, trigger, slot, status FROM nightcrew.runs")
+    assert len(rows) == 1
+    [row] = rows
+    assert row["trigger"] == "scheduled" and row["status"] == "completed"
+    assert row["slot"].second == 0 and row["slot"].microsecond == 0
+
+
+async def test_a_failing_fire_is_logged_and_the_loop_survives(
+    db: Database, fresh_db_url: str
+) -> None:
+    clock = SystemClock()
+    rt = make_runtime(db, clock, fresh_db_url)
+    await db.execute("DROP TABLE nightcrew.runs")
+    scheduler = Scheduler(rt, clock, (Schedule(lane="minute", cron="* * * * *"),))
+    assert await scheduler.fire("minute", clock.now().replace(second=0, microsecond=0)) is False

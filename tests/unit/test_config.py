@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from nightcrew.config import Settings, load_settings
+from nightcrew.errors import ConfigError
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    for field in Settings.model_fields.values():
+        monkeypatch.delenv(str(field.alias), raising=False)
+    s = load_settings()
+    assert s.database_url is None and s.queue_url == "postgres"
+    assert s.data_dir == Path(".nightcrew") and s.embedded_pgdata == Path(".nightcrew/pg")
+    assert s.ingestion_backpressure_queue_limit == 250
+    assert s.ingestion_backpressure_db_article_limit == 30000
+    assert s.worker_lock_ttl_seconds == 600 and s.ai_review_lock_ttl_seconds == 1800
+
+
+def test_the_environment_names_are_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DATABASE_URL", "postgresql://u@h/db")
+    monkeypatch.setenv("RECONCILER_SECRET", "s3cret-value")
+    monkeypatch.setenv("UPSTASH_REDIS_WORKER_LOCK_TTL_SECONDS", "42")
+    s = load_settings()
+    assert s.database_url == "postgresql://u@h/db"
+    assert s.worker_lock_ttl_seconds == 42
+    assert s.secret_values() == ["s3cret-value"]
+    assert "s3cret-value" not in repr(s)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("INGESTION_BACKPRESSURE_QUEUE_LIMIT", "lots", "INGESTION_BACKPRESSURE_QUEUE_LIMIT"),
+        ("QUEUE_URL", "amqp://guest@localhost", "QUEUE_URL"),
+        ("QUEUE_URL", "kafka://x", "unknown queue backend"),
+        ("DATABASE_URL", "mysql://x", "DATABASE_URL"),
+    ],
+)
+def test_a_bad_value_is_one_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_settings()
+    assert "\n" not in str(caught.value)
+
+
+def test_readme_configuration_table_lists_every_variable() -> None:
+    documented = set(re.findall(r"^\| `([A-Z0-9_]+)` \|", README.read_text(), re.M))
+    expected = {str(f.alias) for f in Settings.model_fields.values()}
+    assert expected == documented
