@@ -83,11 +83,10 @@ WITH candidates AS (
       FROM public.episodes e
       JOIN public.podcasts p ON p.id = e.podcast_id
      WHERE e.external_link_status = 'pending'
-       AND (e.external_link_next_attempt_at IS NULL
-            OR e.external_link_next_attempt_at
-               <= %(now)s - make_interval(secs => %(grace_seconds)s))
+       AND coalesce(e.external_link_next_attempt_at, '-infinity'::timestamptz)
+           <= %(now)s - make_interval(secs => %(grace_seconds)s)
        AND p.hosting_type = 'external'
-     ORDER BY e.external_link_next_attempt_at NULLS FIRST, e.id
+     ORDER BY coalesce(e.external_link_next_attempt_at, '-infinity'::timestamptz), e.id
      LIMIT %(limit)s
        FOR UPDATE OF e SKIP LOCKED
 )

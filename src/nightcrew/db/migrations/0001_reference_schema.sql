@@ -114,9 +114,10 @@ CREATE TABLE public.episodes (
     updated_at                      timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX idx_episodes_podcast ON public.episodes (podcast_id);
--- sweepStalledExternalLinks: only pending rows, ordered by when they were due.
+-- sweepStalledExternalLinks: only pending rows, ordered by when they were due. NULL (schema
+-- drift, rescued first) folds into -infinity so "due" is one index range, not an OR.
 CREATE INDEX idx_episodes_external_link_pending
-    ON public.episodes (external_link_next_attempt_at NULLS FIRST)
+    ON public.episodes ((coalesce(external_link_next_attempt_at, '-infinity'::timestamptz)))
     WHERE external_link_status = 'pending';
 CREATE INDEX idx_episodes_audio_url ON public.episodes (audio_url) WHERE audio_url IS NOT NULL;
 CREATE INDEX idx_episodes_original_audio_url ON public.episodes (original_audio_url)
