@@ -185,6 +185,10 @@ def lifecycle_run(
             help="Run as of this ISO 8601 instant (with offset), e.g. 2026-11-29T04:00:00Z.",
         ),
     ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Report what the run would do; change nothing."),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Run one lane once and print its report."""
@@ -195,7 +199,7 @@ def lifecycle_run(
 
     async def work() -> dict[str, Any]:
         async with open_runtime(settings, clock) as runtime:
-            report = await run_lane(runtime, clock, lane.value)
+            report = await run_lane(runtime, clock, lane.value, dry_run=dry_run)
             assert report is not None  # manual runs always run
             return report.to_json()
 
@@ -207,9 +211,9 @@ def lifecycle_run(
 
 
 def _print_lane_summary(report: dict[str, Any]) -> None:
+    run = "dry run (nothing changed)" if report["dry_run"] else f"run {report['run_id']}"
     typer.echo(
-        f"{report['lane']} lane as of {report['now']} — run {report['run_id']}, "
-        f"{report['duration_ms']:.0f} ms"
+        f"{report['lane']} lane as of {report['now']} — {run}, {report['duration_ms']:.0f} ms"
     )
     for name, sweep in report["sweeps"].items():
         counts = ", ".join(

@@ -19,10 +19,8 @@ async def claim_slot(db: Database, *, lane: str, slot: datetime, now: datetime) 
     return None if row is None else int(row["id"])
 
 
-async def start_manual(db: Database, *, lane: str, now: datetime, dry_run: bool) -> int:
-    row = await db.fetch_one(
-        SQL["start_manual_run"], {"lane": lane, "now": now, "dry_run": dry_run}
-    )
+async def start_manual(db: Database, *, lane: str, now: datetime) -> int:
+    row = await db.fetch_one(SQL["start_manual_run"], {"lane": lane, "now": now})
     assert row is not None  # INSERT … RETURNING always yields the row
     return int(row["id"])
 

@@ -2,14 +2,14 @@
 
 -- name: claim_scheduled_slot
 -- The cross-replica claim: exactly one INSERT per (lane, slot) succeeds.
-INSERT INTO nightcrew.runs (lane, trigger, slot, dry_run, started_at, status)
-VALUES (%(lane)s, 'scheduled', %(slot)s, false, %(now)s, 'running')
+INSERT INTO nightcrew.runs (lane, trigger, slot, started_at, status)
+VALUES (%(lane)s, 'scheduled', %(slot)s, %(now)s, 'running')
 ON CONFLICT ON CONSTRAINT runs_one_per_slot DO NOTHING
 RETURNING id;
 
 -- name: start_manual_run
-INSERT INTO nightcrew.runs (lane, trigger, slot, dry_run, started_at, status)
-VALUES (%(lane)s, 'manual', NULL, %(dry_run)s, %(now)s, 'running')
+INSERT INTO nightcrew.runs (lane, trigger, slot, started_at, status)
+VALUES (%(lane)s, 'manual', NULL, %(now)s, 'running')
 RETURNING id;
 
 -- name: finish_run
@@ -18,7 +18,7 @@ UPDATE nightcrew.runs
  WHERE id = %(id)s;
 
 -- name: recent_runs
-SELECT id, lane, trigger, slot, dry_run, started_at, finished_at, status, report
+SELECT id, lane, trigger, slot, started_at, finished_at, status, report
   FROM nightcrew.runs
  WHERE lane = %(lane)s
  ORDER BY started_at DESC, id DESC

@@ -79,6 +79,11 @@ def test_migrate_twice_then_run_the_minute_lane(empty_db_url: str) -> None:
     summary = run("lifecycle", "run", "minute", env=env)
     assert summary.returncode == 0 and "sweepStalledImports" in summary.stdout
 
+    dry = run("lifecycle", "run", "minute", "--dry-run", "--json", env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["dry_run"] is True and json.loads(dry.stdout)["run_id"] is None
+    assert all(json.loads(line).get("dry_run") is True for line in dry.stderr.splitlines())
+
 
 def test_db_check_on_an_unmigrated_database_exits_1_and_names_tables(empty_db_url: str) -> None:
     result = run("db", "check", env=_env(DATABASE_URL=empty_db_url))

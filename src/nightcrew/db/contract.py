@@ -142,7 +142,6 @@ TABLES: dict[str, dict[str, str]] = {
         "lane": "text",
         "trigger": "text",
         "slot": TS,
-        "dry_run": "boolean",
         "started_at": TS,
         "finished_at": TS,
         "status": "text",

@@ -147,6 +147,46 @@ class Database(_Executor):
         async with self._pool.connection() as conn:
             yield Tx(conn)
 
+    def rollback_only(self) -> Database:
+        """A view of this database in which every statement runs and is then rolled back.
+
+        Dry runs execute the very same claims as a real run, so their report is exactly what
+        a run would do, yet nothing they touch survives: each statement (or each
+        ``transaction()`` block) ends in ROLLBACK. Transactional side effects such as NOTIFY
+        are discarded with it.
+        """
+        return _RollbackDatabase(self._pool, self.target)
+
+
+class _RollbackDatabase(Database):
+    async def fetch(self, query: str, params: Params = None) -> list[Row]:
+        async with self.transaction() as tx:
+            return await tx.fetch(query, params)
+
+    async def execute(self, query: str, params: Params = None) -> int:
+        async with self.transaction() as tx:
+            return await tx.execute(query, params)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Tx]:
+        async with self._pool.connection() as conn:
+            try:
+                await conn.execute("BEGIN")
+                try:
+                    yield Tx(conn)
+                finally:
+                    await conn.execute("ROLLBACK")
+            except psycopg.Error as exc:
+                raise _translate(exc) from exc
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[Tx]:
+        async with self.transaction() as tx:
+            yield tx
+
+    async def close(self) -> None:
+        """The pool belongs to the Database this view was made from."""
+
 
 async def _preflight(conninfo: str, target: str, connect_timeout: float) -> None:
     """Connect once directly, so an unreachable server yields its real reason in one line."""

@@ -9,13 +9,15 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
+import structlog
+
 from nightcrew import runs
+from nightcrew.adapters.queues import MemoryQueueProducer
 from nightcrew.clock import Clock
 from nightcrew.lifecycle import watchdogs
 from nightcrew.log import describe_error, error, event
 from nightcrew.runtime import Runtime
 
-LaneName = Literal["minute"]
 Trigger = Literal["manual", "scheduled"]
 
 # spec 000's cron expressions, in UTC.
@@ -87,6 +89,7 @@ class MinuteLaneReport:
     sweeps: list[SweepOutcome]
     duration_ms: float
     run_id: int | None = None
+    dry_run: bool = False
     errors: list[dict[str, str]] = field(default_factory=list)
 
     def total(self, key: str) -> int:
@@ -96,6 +99,7 @@ class MinuteLaneReport:
         return {
             "lane": "minute",
             "run_id": self.run_id,
+            "dry_run": self.dry_run,
             "now": self.now.isoformat(),
             "items_requeued": self.total("items_requeued"),
             "links_requeued": self.total("links_requeued"),
@@ -164,11 +168,22 @@ async def run_lane(
     *,
     trigger: Trigger = "manual",
     slot: datetime | None = None,
+    dry_run: bool = False,
 ) -> MinuteLaneReport | None:
-    """Run a lane inside a run record. A scheduled slot another replica already claimed → None."""
+    """Run a lane inside a run record. A scheduled slot another replica already claimed → None.
+
+    A dry run executes the same claims against a rollback-only view of the database and a
+    recording queue, so it reports exactly what a run would do and changes nothing — not even
+    the run history.
+    """
     body = LANES.get(lane)
     if body is None:
         raise ValueError(f"unknown lane {lane!r}; known lanes: {', '.join(LANES)}")
+    if dry_run:
+        if trigger == "scheduled":
+            raise ValueError("scheduled runs are never dry runs")
+        return await _dry_run(runtime, clock, lane, body)
+
     now = clock.now()
     if trigger == "scheduled":
         if slot is None:
@@ -177,16 +192,9 @@ async def run_lane(
         if run_id is None:
             return None
     else:
-        run_id = await runs.start_manual(runtime.db, lane=lane, now=now, dry_run=False)
+        run_id = await runs.start_manual(runtime.db, lane=lane, now=now)
 
-    event(
-        "lifecycle_cron_started",
-        cron=LANE_CRON[lane],
-        lane=lane,
-        trigger=trigger,
-        run_id=run_id,
-        slot=slot.isoformat() if slot else None,
-    )
+    _started(lane, trigger=trigger, run_id=run_id, slot=slot)
     try:
         report = await body(runtime, clock)
     except Exception as exc:
@@ -201,6 +209,30 @@ async def run_lane(
         runtime.db, run_id, status="completed", now=clock.now(), report=report.to_json()
     )
     return report
+
+
+async def _dry_run(
+    runtime: Runtime,
+    clock: Clock,
+    lane: str,
+    body: Callable[[Runtime, Clock], Awaitable[MinuteLaneReport]],
+) -> MinuteLaneReport:
+    view = replace(runtime, db=runtime.db.rollback_only(), queues=MemoryQueueProducer(clock))
+    with structlog.contextvars.bound_contextvars(dry_run=True):
+        _started(lane, trigger="manual", run_id=None, slot=None)
+        report = await body(view, clock)
+    return replace(report, dry_run=True)
+
+
+def _started(lane: str, *, trigger: Trigger, run_id: int | None, slot: datetime | None) -> None:
+    event(
+        "lifecycle_cron_started",
+        cron=LANE_CRON[lane],
+        lane=lane,
+        trigger=trigger,
+        run_id=run_id,
+        slot=slot.isoformat() if slot else None,
+    )
 
 
 def _ms_since(started: float) -> float:

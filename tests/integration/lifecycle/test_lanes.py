@@ -179,3 +179,41 @@ async def test_a_scheduled_slot_runs_once_across_replicas(
     rows = await db.fetch("SELECT trigger, slot, status FROM nightcrew.runs")
     assert rows == [{"trigger": "scheduled", "slot": slot, "status": "completed"}]
     assert len(await f.queue_messages(db, PODCAST_IMPORTS)) == 5
+
+
+async def _snapshot(db: Database) -> dict[str, str]:
+    """A digest of every row of every table nightcrew could touch."""
+    tables = await db.fetch(
+        "SELECT schemaname || '.' || tablename AS t FROM pg_tables"
+        " WHERE schemaname IN ('public', 'auth', 'nightcrew') ORDER BY 1"
+    )
+    digests = {}
+    for row in tables:
+        table = row["t"]
+        digest = await db.fetch_one(
+            f"SELECT md5(coalesce(string_agg(x::text, '|' ORDER BY x::text), '')) AS d"
+            f" FROM {table} x"
+        )
+        assert digest is not None
+        digests[table] = digest["d"]
+    return digests
+
+
+async def test_a_dry_run_reports_exactly_what_a_run_does_and_changes_nothing(
+    db: Database, runtime: Runtime, clock: FrozenClock, fresh_db_url: str
+) -> None:
+    await _seed_every_kind_of_work(db, imports=2, items=10, previews=3, links=4, media=2)
+    before = await _snapshot(db)
+    with capture_logs() as logs:
+        dry = await run_lane(runtime, clock, "minute", dry_run=True)
+    assert dry is not None and dry.dry_run and dry.run_id is None
+    assert await _snapshot(db) == before  # database and queue byte-for-byte unchanged
+    assert next(e["event"] for e in logs) == "lifecycle_cron_started"
+
+    real = await run_lane(runtime, clock, "minute")
+    assert real is not None and not real.dry_run
+    for key in ("items_requeued", "links_requeued", "previews_canceled", "media_jobs_flagged"):
+        assert dry.total(key) == real.total(key) > 0, key
+    assert await _snapshot(db) != before
+    runs = await db.fetch("SELECT id FROM nightcrew.runs")
+    assert [r["id"] for r in runs] == [real.run_id]  # the dry run left no history row

@@ -7,6 +7,7 @@ is left alone, the per-tick caps, and what the queue received.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -14,7 +15,7 @@ import psycopg
 import pytest
 from structlog.testing import capture_logs
 
-from nightcrew.adapters.queues import EXTERNAL_EPISODE_LINK, PODCAST_IMPORTS
+from nightcrew.adapters.queues import EXTERNAL_EPISODE_LINK, PODCAST_IMPORTS, MemoryQueueProducer
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
 from nightcrew.lifecycle import watchdogs as wd
@@ -422,3 +423,25 @@ async def test_wedged_media_jobs_are_notified_and_finished_ones_untouched(
     assert payload["job_id"] == wedged and payload["status"] == "failed"
     row = await db.fetch_one("SELECT status FROM public.media_jobs WHERE id = %(id)s", {"id": done})
     assert row == {"status": "completed"}
+
+
+async def test_a_failed_send_is_reported_and_retried_after_the_cooldown(
+    db: Database, runtime: Runtime, clock: FrozenClock
+) -> None:
+    podcast, imp = await _running_import(db, dispatch_end_at=ago(3600))
+    item = await f.import_item(db, imp, attempts=0, updated_at=ago(3600))
+    down = replace(
+        runtime, queues=MemoryQueueProducer(clock, failing_queues=frozenset({PODCAST_IMPORTS}))
+    )
+    with capture_logs() as logs:
+        report = await wd.sweep_stalled_imports(down, clock)
+    assert report.items_requeued == 0 and report.resend_failed == 1
+    failed = [e for e in logs if e["event"] == "import_watchdog_resend_failed"]
+    assert failed[0]["import_item_id"] == item and "refusing" in failed[0]["error"]
+
+    clock.advance(timedelta(seconds=59))  # still inside the resend cooldown
+    assert (await wd.sweep_stalled_imports(runtime, clock)).items_requeued == 0
+    clock.advance(timedelta(seconds=2))
+    assert (await wd.sweep_stalled_imports(runtime, clock)).items_requeued == 1
+    [message] = await f.queue_messages(db, PODCAST_IMPORTS)
+    assert message["body"] == {"import_id": imp, "import_item_id": item, "podcast_id": podcast}

@@ -16,13 +16,13 @@ CREATE INDEX idx_queue_messages_visible ON nightcrew.queue_messages (queue, visi
 
 -- One row per lane run. A scheduled run carries the cron slot it fires for; the unique
 -- (lane, slot) pair is the claim that lets any number of replicas tick the same schedule
--- while exactly one of them runs each slot. Manual runs have no slot.
+-- while exactly one of them runs each slot. Manual runs have no slot. Dry runs change nothing,
+-- so they leave no row either.
 CREATE TABLE nightcrew.runs (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     lane        text NOT NULL,
     trigger     text NOT NULL CHECK (trigger IN ('manual', 'scheduled')),
     slot        timestamptz,
-    dry_run     boolean NOT NULL DEFAULT false,
     started_at  timestamptz NOT NULL,
     finished_at timestamptz,
     status      text NOT NULL CHECK (status IN ('running', 'completed', 'failed')),
