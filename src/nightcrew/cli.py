@@ -246,7 +246,7 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
     async with open_runtime(settings, clock) as runtime:
         server = _QuietServer(
             uvicorn.Config(
-                create_app(),
+                create_app(runtime.metrics),
                 host=host,
                 port=port,
                 log_level="warning",

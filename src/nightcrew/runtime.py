@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nightcrew.adapters.queues import PostgresQueueProducer, QueueProducer
 from nightcrew.clock import Clock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.db.embedded import EmbeddedPostgres
+from nightcrew.metrics import Metrics
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -22,6 +23,7 @@ class Runtime:
     settings: Settings
     db: Database
     queues: QueueProducer
+    metrics: Metrics = field(default_factory=Metrics)
 
 
 @asynccontextmanager

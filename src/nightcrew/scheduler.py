@@ -64,7 +64,13 @@ class Scheduler:
                 "scheduler_fire_failed", lane=lane, slot=slot.isoformat(), error=describe_error(exc)
             )
             return False
-        return report is not None
+        won = report is not None
+        self._runtime.metrics.inc(
+            "nightcrew_scheduler_slots_total",
+            lane=lane,
+            outcome="ran" if won else "claimed_elsewhere",
+        )
+        return won
 
     async def _loop(self, schedule: Schedule) -> None:
         while True:

@@ -20,6 +20,8 @@ from nightcrew.runtime import Runtime
 
 Trigger = Literal["manual", "scheduled"]
 
+WATCHDOG_ACTIONS = ("items_requeued", "links_requeued", "previews_canceled", "media_jobs_flagged")
+
 # spec 000's cron expressions, in UTC.
 LANE_CRON: dict[str, str] = {"minute": "* * * * *"}
 
@@ -101,10 +103,7 @@ class MinuteLaneReport:
             "run_id": self.run_id,
             "dry_run": self.dry_run,
             "now": self.now.isoformat(),
-            "items_requeued": self.total("items_requeued"),
-            "links_requeued": self.total("links_requeued"),
-            "previews_canceled": self.total("previews_canceled"),
-            "media_jobs_flagged": self.total("media_jobs_flagged"),
+            **{action: self.total(action) for action in WATCHDOG_ACTIONS},
             "errors": self.errors,
             "duration_ms": self.duration_ms,
             "sweeps": {s.name: s.to_json() for s in self.sweeps},
@@ -146,10 +145,7 @@ async def run_minute_sweeps(
     )
     event(
         "import_watchdog_completed",
-        items_requeued=report.total("items_requeued"),
-        links_requeued=report.total("links_requeued"),
-        previews_canceled=report.total("previews_canceled"),
-        media_jobs_flagged=report.total("media_jobs_flagged"),
+        **{action: report.total(action) for action in WATCHDOG_ACTIONS},
         errors=len(report.errors),
         duration_ms=report.duration_ms,
     )
@@ -195,11 +191,13 @@ async def run_lane(
         run_id = await runs.start_manual(runtime.db, lane=lane, now=now)
 
     _started(lane, trigger=trigger, run_id=run_id, slot=slot)
+    metrics = runtime.metrics
     try:
         report = await body(runtime, clock)
     except Exception as exc:
         message = describe_error(exc)
         error("lifecycle_cron_failed", lane=lane, run_id=run_id, error=message)
+        metrics.inc("nightcrew_lane_runs_total", lane=lane, status="failed")
         await runs.finish(
             runtime.db, run_id, status="failed", now=clock.now(), report={"error": message}
         )
@@ -208,6 +206,14 @@ async def run_lane(
     await runs.finish(
         runtime.db, run_id, status="completed", now=clock.now(), report=report.to_json()
     )
+    metrics.inc("nightcrew_lane_runs_total", lane=lane, status="completed")
+    metrics.set("nightcrew_lane_run_duration_seconds", report.duration_ms / 1000, lane=lane)
+    metrics.set("nightcrew_lane_last_success_timestamp_seconds", clock.now().timestamp(), lane=lane)
+    for outcome in report.sweeps:
+        if not outcome.ok:
+            metrics.inc("nightcrew_job_failures_total", lane=lane, job=outcome.name)
+    for action in WATCHDOG_ACTIONS:
+        metrics.inc("nightcrew_watchdog_actions_total", report.total(action), action=action)
     return report
 
 

@@ -158,6 +158,12 @@ async def test_every_run_writes_a_run_history_row(
     assert row["status"] == "completed" and row["started_at"] == NOW
     assert row["report"]["items_requeued"] == 3
     assert row["report"]["sweeps"]["sweepWedgedMediaJobs"]["media_jobs_flagged"] == 1
+    m = runtime.metrics
+    assert m.value("nightcrew_lane_runs_total", lane="minute", status="completed") == 1
+    assert m.value("nightcrew_watchdog_actions_total", action="items_requeued") == 3
+    assert m.value("nightcrew_lane_last_success_timestamp_seconds", lane="minute") == (
+        NOW.timestamp()
+    )
 
 
 async def test_a_scheduled_slot_runs_once_across_replicas(

@@ -1,0 +1,79 @@
+"""In-process metrics, rendered in the Prometheus text exposition format at ``GET /metrics``.
+
+Small on purpose: counters and gauges with labels, owned by the Runtime (one per process), no
+registry globals. Each replica exposes its own; Prometheus sums across replicas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Kind = Literal["counter", "gauge"]
+LabelSet = tuple[tuple[str, str], ...]
+
+# name → (kind, help). Declared up front so /metrics documents itself even before a first run.
+METRICS: dict[str, tuple[Kind, str]] = {
+    "nightcrew_lane_runs_total": ("counter", "Lane runs by lane and outcome."),
+    "nightcrew_lane_run_duration_seconds": ("gauge", "Duration of the last run of a lane."),
+    "nightcrew_lane_last_success_timestamp_seconds": (
+        "gauge",
+        "Unix time of the last completed run of a lane (alert when it goes stale).",
+    ),
+    "nightcrew_job_failures_total": ("counter", "Jobs or sweeps that threw, by lane and name."),
+    "nightcrew_watchdog_actions_total": ("counter", "Rows the minute lane acted on, by action."),
+    "nightcrew_scheduler_slots_total": (
+        "counter",
+        "Scheduled slots by lane and whether this replica won the claim.",
+    ),
+}
+
+
+@dataclass
+class Metrics:
+    _values: dict[str, dict[LabelSet, float]] = field(default_factory=dict)
+
+    def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
+        self._check(name, "counter")
+        series = self._values.setdefault(name, {})
+        key = _labels(labels)
+        series[key] = series.get(key, 0.0) + value
+
+    def set(self, name: str, value: float, **labels: str) -> None:
+        self._check(name, "gauge")
+        self._values.setdefault(name, {})[_labels(labels)] = value
+
+    def value(self, name: str, **labels: str) -> float:
+        return self._values.get(name, {}).get(_labels(labels), 0.0)
+
+    def render(self) -> str:
+        lines: list[str] = []
+        for name, (kind, help_text) in METRICS.items():
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
+            for labels, value in sorted(self._values.get(name, {}).items()):
+                rendered = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+                lines.append(
+                    f"{name}{{{rendered}}} {_number(value)}"
+                    if labels
+                    else f"{name} {_number(value)}"
+                )
+        return "\n".join(lines) + "\n"
+
+    @staticmethod
+    def _check(name: str, kind: Kind) -> None:
+        declared = METRICS.get(name)
+        if declared is None or declared[0] != kind:
+            raise KeyError(f"{name} is not a declared {kind}")
+
+
+def _labels(labels: dict[str, str]) -> LabelSet:
+    return tuple(sorted(labels.items()))
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if value.is_integer() else repr(value)
