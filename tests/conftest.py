@@ -15,12 +15,16 @@ import warnings
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 
+from nightcrew.adapters.billing import NoBilling
+from nightcrew.adapters.feedcache import RecordingFeedCache
 from nightcrew.adapters.queues import PostgresQueueProducer
+from nightcrew.adapters.storage import open_store
 from nightcrew.clock import Clock, FrozenClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
@@ -116,9 +120,16 @@ async def db(fresh_db_url: str) -> AsyncIterator[Database]:
         await database.close()
 
 
-def make_runtime(db: Database, clock: Clock, database_url: str) -> Runtime:
+def make_runtime(db: Database, clock: Clock, database_url: str, **adapters: Any) -> Runtime:
+    """A Runtime on a real database; other adapters default to in-process stand-ins."""
     settings = Settings.model_validate({"DATABASE_URL": database_url})
-    return Runtime(settings=settings, db=db, queues=PostgresQueueProducer(db, clock))
+    defaults: dict[str, Any] = {
+        "queues": PostgresQueueProducer(db, clock),
+        "store": open_store("memory://"),
+        "feedcache": RecordingFeedCache(),
+        "billing": NoBilling(),
+    }
+    return Runtime(settings=settings, db=db, **{**defaults, **adapters})
 
 
 @pytest.fixture

@@ -50,6 +50,7 @@ app.add_typer(lifecycle_app, name="lifecycle")
 
 class Lane(StrEnum):
     minute = "minute"
+    daily = "daily"
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -215,15 +216,22 @@ def _print_lane_summary(report: dict[str, Any]) -> None:
     typer.echo(
         f"{report['lane']} lane as of {report['now']} — {run}, {report['duration_ms']:.0f} ms"
     )
-    for name, sweep in report["sweeps"].items():
+    for name, job in report["jobs"].items():
         counts = ", ".join(
             f"{k}={v}"
-            for k, v in sweep.items()
+            for k, v in job.items()
             if isinstance(v, int) and not isinstance(v, bool) and k != "duration_ms"
         )
-        status = "ok    " if sweep["ok"] else "FAILED"
-        detail = sweep.get("error") or counts
-        typer.echo(f"  {status} {name:<36} {sweep['duration_ms']:>7.1f} ms  {detail}")
+        status = "ok    " if job["ok"] else "FAILED"
+        detail = job.get("error") or counts
+        typer.echo(f"  {status} {name:<36} {job['duration_ms']:>7.1f} ms  {detail}")
+    for failure in report["errors"]:
+        ids = ", ".join(
+            f"{k}={v}"
+            for k, v in failure.items()
+            if k not in ("job", "event", "error") and isinstance(v, str | int)
+        )
+        typer.echo(f"  ! {failure['event']}: {failure['error']}" + (f" ({ids})" if ids else ""))
 
 
 # --- serve ---------------------------------------------------------------------------------------

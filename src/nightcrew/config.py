@@ -28,6 +28,12 @@ class Settings(BaseSettings):
     queue_url: Annotated[str, Field(alias="QUEUE_URL")] = "postgres"
     redis_url: Annotated[str | None, Field(alias="REDIS_URL")] = None
 
+    # S3-compatible object storage credentials (the usual AWS variables).
+    aws_access_key_id: Annotated[str | None, Field(alias="AWS_ACCESS_KEY_ID")] = None
+    aws_secret_access_key: Annotated[SecretStr | None, Field(alias="AWS_SECRET_ACCESS_KEY")] = None
+    aws_session_token: Annotated[SecretStr | None, Field(alias="AWS_SESSION_TOKEN")] = None
+    aws_region: Annotated[str | None, Field(alias="AWS_REGION")] = None
+
     # --- the platform around us --------------------------------------------------------------
     r2_public_url: Annotated[str | None, Field(alias="R2_PUBLIC_URL")] = None
     public_feed_url: Annotated[str | None, Field(alias="PUBLIC_FEED_URL")] = None
@@ -94,6 +100,20 @@ class Settings(BaseSettings):
     def embedded_pgdata(self) -> Path:
         return self.data_dir / "pg"
 
+    @property
+    def effective_storage_url(self) -> str:
+        return self.storage_url or f"file://{(self.data_dir / 'media').resolve()}"
+
+    def storage_credentials(self) -> dict[str, str]:
+        """What the S3 client needs, read here so nothing else touches the environment."""
+        creds = {
+            "access_key_id": self.aws_access_key_id,
+            "secret_access_key": _reveal(self.aws_secret_access_key),
+            "session_token": _reveal(self.aws_session_token),
+            "region": self.aws_region,
+        }
+        return {k: v for k, v in creds.items() if v}
+
     def secret_values(self) -> list[str]:
         """Every configured secret, so the log pipeline can scrub them wherever they appear."""
         secrets = [
@@ -101,8 +121,14 @@ class Settings(BaseSettings):
             self.reconciler_secret,
             self.stripe_secret_key,
             self.resend_api_key,
+            self.aws_secret_access_key,
+            self.aws_session_token,
         ]
         return [s.get_secret_value() for s in secrets if s is not None and s.get_secret_value()]
+
+
+def _reveal(secret: SecretStr | None) -> str | None:
+    return secret.get_secret_value() if secret is not None else None
 
 
 def load_settings() -> Settings:

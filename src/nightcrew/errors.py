@@ -32,7 +32,11 @@ class StoreError(NightcrewError):
 
 
 class BillingError(NightcrewError):
-    """Stripe failed an operation."""
+    """Stripe failed an operation. ``http_status`` is Stripe's answer, None if there was none."""
+
+    def __init__(self, message: str, *, http_status: int | None = None) -> None:
+        super().__init__(message)
+        self.http_status = http_status
 
 
 class MailError(NightcrewError):

@@ -83,14 +83,14 @@ def event(name: str, **fields: Any) -> None:
     _logger.info(name, **fields)
 
 
-def warning(name: str, **fields: Any) -> None:
+def warning(event: str, **fields: Any) -> None:
     """Log one named event that an operator should look at."""
-    _logger.warning(name, **fields)
+    _logger.warning(event, **fields)
 
 
-def error(name: str, **fields: Any) -> None:
+def error(event: str, **fields: Any) -> None:
     """Log one named failure event."""
-    _logger.error(name, **fields)
+    _logger.error(event, **fields)
 
 
 def describe_error(exc: BaseException) -> str:

@@ -21,7 +21,10 @@ METRICS: dict[str, tuple[Kind, str]] = {
         "Unix time of the last completed run of a lane (alert when it goes stale).",
     ),
     "nightcrew_job_failures_total": ("counter", "Jobs or sweeps that threw, by lane and name."),
-    "nightcrew_watchdog_actions_total": ("counter", "Rows the minute lane acted on, by action."),
+    "nightcrew_job_items_total": (
+        "counter",
+        "What the lanes' jobs counted (requeued, reactivated, deleted, ...), by count.",
+    ),
     "nightcrew_scheduler_slots_total": (
         "counter",
         "Scheduled slots by lane and whether this replica won the claim.",

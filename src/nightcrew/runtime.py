@@ -1,21 +1,29 @@
 """The Runtime: every adapter, opened once and closed once.
 
 Doors (CLI, HTTP, scheduler) build a Runtime from Settings and hand it to jobs; jobs never read
-the environment or construct a driver themselves.
+the environment or construct a driver themselves. ``dry_run_view()`` swaps every adapter that
+could change something for one that only reads or records.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from nightcrew.adapters.queues import PostgresQueueProducer, QueueProducer
+import httpx
+
+from nightcrew.adapters.billing import Billing, DryRunBilling, NoBilling, StripeBilling
+from nightcrew.adapters.feedcache import FeedCache, HttpFeedCache, RecordingFeedCache
+from nightcrew.adapters.queues import MemoryQueueProducer, PostgresQueueProducer, QueueProducer
+from nightcrew.adapters.storage import ObjectStore, ReadOnlyStore, open_store
 from nightcrew.clock import Clock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.db.embedded import EmbeddedPostgres
 from nightcrew.metrics import Metrics
+
+USER_AGENT = "nightcrew"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -23,7 +31,23 @@ class Runtime:
     settings: Settings
     db: Database
     queues: QueueProducer
+    store: ObjectStore
+    feedcache: FeedCache
+    billing: Billing
     metrics: Metrics = field(default_factory=Metrics)
+    dry_run: bool = False
+
+    def dry_run_view(self, clock: Clock) -> Runtime:
+        """The same runtime, except that nothing it does can change anything anywhere."""
+        return replace(
+            self,
+            db=self.db.rollback_only(),
+            queues=MemoryQueueProducer(clock),
+            store=ReadOnlyStore(self.store),
+            feedcache=RecordingFeedCache(),
+            billing=DryRunBilling(configured=self.billing.configured),
+            dry_run=True,
+        )
 
 
 @asynccontextmanager
@@ -49,7 +73,38 @@ async def open_database(settings: Settings) -> AsyncIterator[Database]:
             embedded.stop()
 
 
+def _billing(settings: Settings) -> StripeBilling | NoBilling:
+    if settings.stripe_secret_key is None:
+        return NoBilling()
+    return StripeBilling(
+        settings.stripe_secret_key.get_secret_value(), api_base=settings.stripe_api_base
+    )
+
+
 @asynccontextmanager
 async def open_runtime(settings: Settings, clock: Clock) -> AsyncIterator[Runtime]:
-    async with open_database(settings) as db:
-        yield Runtime(settings=settings, db=db, queues=PostgresQueueProducer(db, clock))
+    store = open_store(settings.effective_storage_url, credentials=settings.storage_credentials())
+    async with (
+        open_database(settings) as db,
+        httpx.AsyncClient(
+            timeout=httpx.Timeout(10.0, connect=5.0),
+            headers={"User-Agent": USER_AGENT},
+            follow_redirects=False,
+        ) as http,
+    ):
+        billing = _billing(settings)
+        secret = settings.rss_invalidation_secret
+        try:
+            yield Runtime(
+                settings=settings,
+                db=db,
+                queues=PostgresQueueProducer(db, clock),
+                store=store,
+                feedcache=HttpFeedCache(
+                    http, settings.public_feed_url, secret.get_secret_value() if secret else None
+                ),
+                billing=billing,
+            )
+        finally:
+            if isinstance(billing, StripeBilling):
+                await billing.close()

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from croniter import croniter
 
 from nightcrew.clock import Clock
-from nightcrew.lifecycle.lanes import LANE_CRON, run_lane
+from nightcrew.lifecycle.lanes import LANES, run_lane
 from nightcrew.log import describe_error, error, event
 from nightcrew.runtime import Runtime
 
@@ -25,16 +25,23 @@ from nightcrew.runtime import Runtime
 class Schedule:
     lane: str
     cron: str
+    catch_up: timedelta = timedelta(0)
 
 
 DEFAULT_SCHEDULES: tuple[Schedule, ...] = tuple(
-    Schedule(lane=lane, cron=cron) for lane, cron in LANE_CRON.items()
+    Schedule(lane=lane.name, cron=lane.cron, catch_up=lane.catch_up) for lane in LANES.values()
 )
 
 
 def next_slot(cron: str, after: datetime) -> datetime:
     """The first slot of ``cron`` strictly after ``after`` (UTC)."""
     value: datetime = croniter(cron, after).get_next(datetime)
+    return value
+
+
+def previous_slot(cron: str, at: datetime) -> datetime:
+    """The last slot of ``cron`` at or before ``at`` (UTC)."""
+    value: datetime = croniter(cron, at + timedelta(microseconds=1)).get_prev(datetime)
     return value
 
 
@@ -73,6 +80,12 @@ class Scheduler:
         return won
 
     async def _loop(self, schedule: Schedule) -> None:
+        if schedule.catch_up > timedelta(0):
+            # Started after a slot that no replica ran (a deploy at 04:00, an outage)? Run it
+            # late rather than skip a day; if any replica ran it, the claim says so.
+            missed = previous_slot(schedule.cron, self._clock.now())
+            if self._clock.now() - missed <= schedule.catch_up:
+                await self.fire(schedule.lane, missed)
         while True:
             slot = next_slot(schedule.cron, self._clock.now())
             delay = (slot - self._clock.now()).total_seconds()

@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from nightcrew.db.migrate import discover_migrations
+
 pytestmark = pytest.mark.acceptance
 
 
@@ -55,7 +57,7 @@ def test_migrate_twice_then_run_the_minute_lane(empty_db_url: str) -> None:
     env = _env(DATABASE_URL=empty_db_url)
     first = run("db", "migrate", "--json", env=env)
     assert first.returncode == 0, first.stderr
-    assert json.loads(first.stdout)["applied"] == ["0001_reference_schema", "0002_nightcrew_tables"]
+    assert json.loads(first.stdout)["applied"] == [m.label for m in discover_migrations()]
     second = run("db", "migrate", "--json", env=env)
     assert second.returncode == 0, second.stderr
     assert json.loads(second.stdout)["applied"] == []
@@ -67,7 +69,7 @@ def test_migrate_twice_then_run_the_minute_lane(empty_db_url: str) -> None:
     assert tick.returncode == 0, tick.stderr
     report = json.loads(tick.stdout)
     assert report["lane"] == "minute" and report["now"] == "2026-11-29T04:00:00+00:00"
-    assert report["errors"] == [] and set(report["sweeps"]) == {
+    assert report["errors"] == [] and set(report["jobs"]) == {
         "sweepStalledImports",
         "sweepStalledExternalLinks",
         "sweepStuckHostingMigrationPreviews",

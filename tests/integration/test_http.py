@@ -26,7 +26,7 @@ async def test_unknown_path_and_wrong_method() -> None:
 async def test_metrics_in_prometheus_text_format() -> None:
     metrics = Metrics()
     metrics.inc("nightcrew_lane_runs_total", lane="minute", status="completed")
-    metrics.inc("nightcrew_watchdog_actions_total", 3, action="items_requeued")
+    metrics.inc("nightcrew_job_items_total", 3, lane="minute", count="items_requeued")
     metrics.set("nightcrew_lane_run_duration_seconds", 0.25, lane="minute")
     transport = httpx.ASGITransport(app=create_app(metrics))
     async with httpx.AsyncClient(transport=transport, base_url="http://nightcrew") as client:
@@ -36,5 +36,5 @@ async def test_metrics_in_prometheus_text_format() -> None:
     body = response.text
     assert "# TYPE nightcrew_lane_runs_total counter" in body
     assert 'nightcrew_lane_runs_total{lane="minute",status="completed"} 1' in body
-    assert 'nightcrew_watchdog_actions_total{action="items_requeued"} 3' in body
+    assert 'nightcrew_job_items_total{count="items_requeued",lane="minute"} 3' in body
     assert 'nightcrew_lane_run_duration_seconds{lane="minute"} 0.25' in body

@@ -1,203 +1,263 @@
-"""Lane dispatch: which jobs a lane runs, each isolated, and the run record around them."""
+"""Lanes: which jobs run together, each isolated, inside a run record.
+
+The minute lane runs its sweeps concurrently (spec 000: Promise.all with per-sweep catches);
+the daily lane runs its jobs one after another, in the spec's order. Either way a job that
+throws is logged under its spec event name, lands in the report, and never stops the others.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime
-from typing import Any, Literal, Protocol
+from datetime import datetime, timedelta
+from typing import Any, Literal
 
 import structlog
 
 from nightcrew import runs
-from nightcrew.adapters.queues import MemoryQueueProducer
 from nightcrew.clock import Clock
-from nightcrew.lifecycle import watchdogs
+from nightcrew.lifecycle import deletions, pauses, signups, watchdogs
 from nightcrew.log import describe_error, error, event
+from nightcrew.reports import Failure, JobReport
 from nightcrew.runtime import Runtime
 
 Trigger = Literal["manual", "scheduled"]
 
-WATCHDOG_ACTIONS = ("items_requeued", "links_requeued", "previews_canceled", "media_jobs_flagged")
 
-# spec 000's cron expressions, in UTC.
-LANE_CRON: dict[str, str] = {"minute": "* * * * *"}
-
-
-class SweepReport(Protocol):
-    def to_json(self) -> dict[str, Any]: ...
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Job:
+    name: str  # the spec's function name, e.g. sweepStalledImports
+    failed_event: str  # the spec's event when the whole job throws
+    run: Callable[[Runtime, Clock], Awaitable[JobReport]]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Sweep:
-    name: str  # the spec's function name, e.g. sweepStalledImports
-    failed_event: str  # the spec's event when it throws
-    run: Callable[[Runtime, Clock], Awaitable[SweepReport]]
+class Lane:
+    name: str
+    cron: str  # spec 000's schedule, UTC
+    jobs: tuple[Job, ...]
+    concurrent: bool
+    completed_event: str
+    # A replica starting after a missed slot still runs it if it is at most this late (the
+    # slot claim keeps it to one run); zero for the minute lane, whose next slot is near.
+    catch_up: timedelta = timedelta(0)
 
 
-MINUTE_SWEEPS: tuple[Sweep, ...] = (
-    Sweep(
-        name="sweepStalledImports",
-        failed_event="import_watchdog_failed",
-        run=watchdogs.sweep_stalled_imports,
-    ),
-    Sweep(
-        name="sweepStalledExternalLinks",
-        failed_event="external_link_watchdog_failed",
-        run=watchdogs.sweep_stalled_external_links,
-    ),
-    Sweep(
-        name="sweepStuckHostingMigrationPreviews",
-        failed_event="hosting_migration_preview_watchdog_failed",
-        run=watchdogs.sweep_stuck_hosting_migration_previews,
-    ),
-    Sweep(
-        name="sweepWedgedMediaJobs",
-        failed_event="media_job_watchdog_failed",
-        run=watchdogs.sweep_wedged_media_jobs,
+MINUTE = Lane(
+    name="minute",
+    cron="* * * * *",
+    concurrent=True,
+    completed_event="import_watchdog_completed",
+    jobs=(
+        Job(
+            name="sweepStalledImports",
+            failed_event="import_watchdog_failed",
+            run=watchdogs.sweep_stalled_imports,
+        ),
+        Job(
+            name="sweepStalledExternalLinks",
+            failed_event="external_link_watchdog_failed",
+            run=watchdogs.sweep_stalled_external_links,
+        ),
+        Job(
+            name="sweepStuckHostingMigrationPreviews",
+            failed_event="hosting_migration_preview_watchdog_failed",
+            run=watchdogs.sweep_stuck_hosting_migration_previews,
+        ),
+        Job(
+            name="sweepWedgedMediaJobs",
+            failed_event="media_job_watchdog_failed",
+            run=watchdogs.sweep_wedged_media_jobs,
+        ),
     ),
 )
 
+DAILY = Lane(
+    name="daily",
+    cron="0 4 * * *",
+    concurrent=False,
+    completed_event="lifecycle_cron_completed",
+    catch_up=timedelta(hours=12),
+    jobs=(
+        Job(
+            name="reactivateExpiredPauses",
+            failed_event="pause_expiry_failed",
+            run=pauses.reactivate_expired_pauses,
+        ),
+        Job(
+            name="hardDeleteExpiredPodcasts",
+            failed_event="hard_deletion_failed",
+            run=deletions.hard_delete_expired_podcasts,
+        ),
+        Job(
+            name="reapUnconfirmedUsers",
+            failed_event="unconfirmed_users_reap_failed",
+            run=signups.reap_unconfirmed_users,
+        ),
+    ),
+)
+
+LANES: dict[str, Lane] = {lane.name: lane for lane in (MINUTE, DAILY)}
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class SweepOutcome:
+class JobOutcome:
     name: str
     duration_ms: float
     report: dict[str, Any] | None = None
-    error: str | None = None
-    failed_event: str | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    errors: list[Failure] = field(default_factory=list)
+    crashed: str | None = None  # the job itself threw
 
     @property
     def ok(self) -> bool:
-        return self.error is None
+        return self.crashed is None
 
     def count(self, key: str) -> int:
-        return int(self.report.get(key, 0)) if self.report else 0
+        return self.counts.get(key, 0)
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"ok": self.ok, "duration_ms": self.duration_ms}
         if self.report is not None:
             body.update(self.report)
-        if self.error is not None:
-            body["error"] = self.error
+        if self.crashed is not None:
+            body["error"] = self.crashed
         return body
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class MinuteLaneReport:
+class LaneReport:
+    lane: str
     now: datetime
-    sweeps: list[SweepOutcome]
+    jobs: list[JobOutcome]
     duration_ms: float
     run_id: int | None = None
     dry_run: bool = False
-    errors: list[dict[str, str]] = field(default_factory=list)
 
     def total(self, key: str) -> int:
-        return sum(s.count(key) for s in self.sweeps)
+        return sum(j.count(key) for j in self.jobs)
+
+    @property
+    def totals(self) -> dict[str, int]:
+        merged: Counter[str] = Counter()
+        for job in self.jobs:
+            merged.update(job.counts)  # zero counts stay: an idle lane still reports them
+        return dict(merged)
+
+    @property
+    def errors(self) -> list[Failure]:
+        out: list[Failure] = []
+        for job in self.jobs:
+            out.extend({"job": job.name, **failure} for failure in job.errors)
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "lane": "minute",
+            "lane": self.lane,
             "run_id": self.run_id,
             "dry_run": self.dry_run,
             "now": self.now.isoformat(),
-            **{action: self.total(action) for action in WATCHDOG_ACTIONS},
+            **self.totals,
             "errors": self.errors,
             "duration_ms": self.duration_ms,
-            "sweeps": {s.name: s.to_json() for s in self.sweeps},
+            "jobs": {j.name: j.to_json() for j in self.jobs},
         }
 
 
-async def _isolated(sweep: Sweep, runtime: Runtime, clock: Clock) -> SweepOutcome:
+async def _isolated(job: Job, runtime: Runtime, clock: Clock) -> JobOutcome:
     started = time.perf_counter()
     try:
-        report = await sweep.run(runtime, clock)
-    except Exception as exc:  # isolation is the point: one sweep never stops the others
+        report = await job.run(runtime, clock)
+    except Exception as exc:  # isolation is the point: one job never stops the others
         message = describe_error(exc)
-        error(sweep.failed_event, sweep=sweep.name, error=message)
-        return SweepOutcome(
-            name=sweep.name,
+        error(job.failed_event, job=job.name, error=message)
+        return JobOutcome(
+            name=job.name,
             duration_ms=_ms_since(started),
-            error=message,
-            failed_event=sweep.failed_event,
+            crashed=message,
+            errors=[{"event": job.failed_event, "error": message}],
         )
-    return SweepOutcome(name=sweep.name, duration_ms=_ms_since(started), report=report.to_json())
+    return JobOutcome(
+        name=job.name,
+        duration_ms=_ms_since(started),
+        report=report.to_json(),
+        counts=report.counts(),
+        errors=list(report.errors),
+    )
 
 
-async def run_minute_sweeps(
-    runtime: Runtime, clock: Clock, *, sweeps: tuple[Sweep, ...] = MINUTE_SWEEPS
-) -> MinuteLaneReport:
-    """One tick: the sweeps run concurrently; a sweep that throws is logged, the rest finish."""
+async def run_jobs(runtime: Runtime, clock: Clock, lane: Lane) -> LaneReport:
+    """Run every job of a lane once, isolated, and log the lane's completion event."""
     started = time.perf_counter()
     now = clock.now()
-    outcomes = list(await asyncio.gather(*(_isolated(s, runtime, clock) for s in sweeps)))
-    report = MinuteLaneReport(
+    if lane.concurrent:
+        outcomes = list(await asyncio.gather(*(_isolated(j, runtime, clock) for j in lane.jobs)))
+    else:
+        outcomes = [await _isolated(j, runtime, clock) for j in lane.jobs]
+    report = LaneReport(
+        lane=lane.name,
         now=now,
-        sweeps=outcomes,
+        jobs=outcomes,
         duration_ms=_ms_since(started),
-        errors=[
-            {"sweep": o.name, "event": o.failed_event or "", "error": o.error or ""}
-            for o in outcomes
-            if not o.ok
-        ],
+        dry_run=runtime.dry_run,
     )
     event(
-        "import_watchdog_completed",
-        **{action: report.total(action) for action in WATCHDOG_ACTIONS},
+        lane.completed_event,
+        lane=lane.name,
+        **report.totals,
         errors=len(report.errors),
         duration_ms=report.duration_ms,
     )
     return report
 
 
-LANES: dict[str, Callable[[Runtime, Clock], Awaitable[MinuteLaneReport]]] = {
-    "minute": run_minute_sweeps,
-}
-
-
 async def run_lane(
     runtime: Runtime,
     clock: Clock,
-    lane: str,
+    lane_name: str,
     *,
     trigger: Trigger = "manual",
     slot: datetime | None = None,
     dry_run: bool = False,
-) -> MinuteLaneReport | None:
+) -> LaneReport | None:
     """Run a lane inside a run record. A scheduled slot another replica already claimed → None.
 
-    A dry run executes the same claims against a rollback-only view of the database and a
-    recording queue, so it reports exactly what a run would do and changes nothing — not even
-    the run history.
+    A dry run executes the same statements against a rollback-only view of the database, with
+    a recording queue, a read-only store, and billing and feed-cache stand-ins that call
+    nothing: it reports exactly what a run would do and changes nothing — not even the run
+    history.
     """
-    body = LANES.get(lane)
-    if body is None:
-        raise ValueError(f"unknown lane {lane!r}; known lanes: {', '.join(LANES)}")
+    lane = LANES.get(lane_name)
+    if lane is None:
+        raise ValueError(f"unknown lane {lane_name!r}; known lanes: {', '.join(LANES)}")
     if dry_run:
         if trigger == "scheduled":
             raise ValueError("scheduled runs are never dry runs")
-        return await _dry_run(runtime, clock, lane, body)
+        with structlog.contextvars.bound_contextvars(dry_run=True):
+            _started(lane, trigger="manual", run_id=None, slot=None)
+            return await run_jobs(runtime.dry_run_view(clock), clock, lane)
 
     now = clock.now()
     if trigger == "scheduled":
         if slot is None:
             raise ValueError("a scheduled run needs its slot")
-        run_id = await runs.claim_slot(runtime.db, lane=lane, slot=slot, now=now)
+        run_id = await runs.claim_slot(runtime.db, lane=lane.name, slot=slot, now=now)
         if run_id is None:
             return None
     else:
-        run_id = await runs.start_manual(runtime.db, lane=lane, now=now)
+        run_id = await runs.start_manual(runtime.db, lane=lane.name, now=now)
 
     _started(lane, trigger=trigger, run_id=run_id, slot=slot)
     metrics = runtime.metrics
     try:
-        report = await body(runtime, clock)
+        report = await run_jobs(runtime, clock, lane)
     except Exception as exc:
         message = describe_error(exc)
-        error("lifecycle_cron_failed", lane=lane, run_id=run_id, error=message)
-        metrics.inc("nightcrew_lane_runs_total", lane=lane, status="failed")
+        error("lifecycle_cron_failed", lane=lane.name, run_id=run_id, error=message)
+        metrics.inc("nightcrew_lane_runs_total", lane=lane.name, status="failed")
         await runs.finish(
             runtime.db, run_id, status="failed", now=clock.now(), report={"error": message}
         )
@@ -206,35 +266,27 @@ async def run_lane(
     await runs.finish(
         runtime.db, run_id, status="completed", now=clock.now(), report=report.to_json()
     )
-    metrics.inc("nightcrew_lane_runs_total", lane=lane, status="completed")
-    metrics.set("nightcrew_lane_run_duration_seconds", report.duration_ms / 1000, lane=lane)
-    metrics.set("nightcrew_lane_last_success_timestamp_seconds", clock.now().timestamp(), lane=lane)
-    for outcome in report.sweeps:
-        if not outcome.ok:
-            metrics.inc("nightcrew_job_failures_total", lane=lane, job=outcome.name)
-    for action in WATCHDOG_ACTIONS:
-        metrics.inc("nightcrew_watchdog_actions_total", report.total(action), action=action)
+    _record_metrics(runtime, clock, report)
     return report
 
 
-async def _dry_run(
-    runtime: Runtime,
-    clock: Clock,
-    lane: str,
-    body: Callable[[Runtime, Clock], Awaitable[MinuteLaneReport]],
-) -> MinuteLaneReport:
-    view = replace(runtime, db=runtime.db.rollback_only(), queues=MemoryQueueProducer(clock))
-    with structlog.contextvars.bound_contextvars(dry_run=True):
-        _started(lane, trigger="manual", run_id=None, slot=None)
-        report = await body(view, clock)
-    return replace(report, dry_run=True)
+def _record_metrics(runtime: Runtime, clock: Clock, report: LaneReport) -> None:
+    metrics, lane = runtime.metrics, report.lane
+    metrics.inc("nightcrew_lane_runs_total", lane=lane, status="completed")
+    metrics.set("nightcrew_lane_run_duration_seconds", report.duration_ms / 1000, lane=lane)
+    metrics.set("nightcrew_lane_last_success_timestamp_seconds", clock.now().timestamp(), lane=lane)
+    for job in report.jobs:
+        if not job.ok:
+            metrics.inc("nightcrew_job_failures_total", lane=lane, job=job.name)
+        for key, value in job.counts.items():
+            metrics.inc("nightcrew_job_items_total", value, lane=lane, count=key)
 
 
-def _started(lane: str, *, trigger: Trigger, run_id: int | None, slot: datetime | None) -> None:
+def _started(lane: Lane, *, trigger: Trigger, run_id: int | None, slot: datetime | None) -> None:
     event(
         "lifecycle_cron_started",
-        cron=LANE_CRON[lane],
-        lane=lane,
+        cron=lane.cron,
+        lane=lane.name,
         trigger=trigger,
         run_id=run_id,
         slot=slot.isoformat() if slot else None,

@@ -18,6 +18,7 @@ from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import QueueError
 from nightcrew.log import describe_error, event, warning
+from nightcrew.reports import Failure
 from nightcrew.runtime import Runtime
 
 SQL = load_queries(__file__)
@@ -82,15 +83,21 @@ class StalledImport:
 class StalledImportsReport:
     items_requeued: int = 0
     items_rescued: int = 0
-    resend_failed: int = 0
     imports: list[StalledImport] = field(default_factory=list)
+    errors: list[Failure] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def counts(self) -> dict[str, int]:
         return {
             "items_requeued": self.items_requeued,
             "items_rescued": self.items_rescued,
-            "resend_failed": self.resend_failed,
+            "items_resend_failed": len(self.errors),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.counts(),
             "imports": [i.to_json() for i in self.imports],
+            "errors": self.errors,
         }
 
 
@@ -143,7 +150,8 @@ async def sweep_stalled_imports(runtime: Runtime, clock: Clock) -> StalledImport
     for summary in imports:
         event("import_watchdog_found_stalled", **summary.to_json())
 
-    sent = failed = 0
+    sent = 0
+    errors: list[Failure] = []
     for rows, failure_event in (
         (rescued, "import_watchdog_rescue_resend_failed"),
         (pending, "import_watchdog_resend_failed"),
@@ -158,11 +166,12 @@ async def sweep_stalled_imports(runtime: Runtime, clock: Clock) -> StalledImport
                 await runtime.queues.send(PODCAST_IMPORTS, body)
                 sent += 1
             except QueueError as exc:
-                failed += 1
-                warning(failure_event, **body, error=describe_error(exc))
+                failure = {"event": failure_event, **body, "error": describe_error(exc)}
+                warning(**failure)
+                errors.append(failure)
 
     return StalledImportsReport(
-        items_requeued=sent, items_rescued=len(rescued), resend_failed=failed, imports=imports
+        items_requeued=sent, items_rescued=len(rescued), imports=imports, errors=errors
     )
 
 
@@ -172,15 +181,18 @@ class StalledLinksReport:
     links_requeued: int = 0
     null_next_attempt: int = 0
     skipped_no_target: int = 0
-    resend_failed: int = 0
+    errors: list[Failure] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def counts(self) -> dict[str, int]:
         return {
             "links_requeued": self.links_requeued,
-            "null_next_attempt": self.null_next_attempt,
-            "skipped_no_target": self.skipped_no_target,
-            "resend_failed": self.resend_failed,
+            "links_null_next_attempt": self.null_next_attempt,
+            "links_skipped_no_target": self.skipped_no_target,
+            "links_resend_failed": len(self.errors),
         }
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.counts(), "errors": self.errors}
 
 
 async def sweep_stalled_external_links(runtime: Runtime, clock: Clock) -> StalledLinksReport:
@@ -195,7 +207,8 @@ async def sweep_stalled_external_links(runtime: Runtime, clock: Clock) -> Stalle
             "limit": STALLED_LINK_MAX_RESEND,
         },
     )
-    sent = failed = null_next = no_target = 0
+    sent = null_next = no_target = 0
+    errors: list[Failure] = []
     for row in rows:
         ids = {"episode_id": str(row["episode_id"]), "podcast_id": str(row["podcast_id"])}
         if row["previous_next_attempt_at"] is None:
@@ -216,15 +229,20 @@ async def sweep_stalled_external_links(runtime: Runtime, clock: Clock) -> Stalle
             await runtime.queues.send(EXTERNAL_EPISODE_LINK, body)
             sent += 1
         except QueueError as exc:
-            failed += 1
-            warning("external_link_watchdog_resend_failed", **ids, error=describe_error(exc))
+            failure = {
+                "event": "external_link_watchdog_resend_failed",
+                **ids,
+                "error": describe_error(exc),
+            }
+            warning(**failure)
+            errors.append(failure)
     if sent:
         event("external_link_watchdog_resent", count=sent)
     return StalledLinksReport(
         links_requeued=sent,
         null_next_attempt=null_next,
         skipped_no_target=no_target,
-        resend_failed=failed,
+        errors=errors,
     )
 
 
@@ -234,8 +252,15 @@ class StuckPreviewsReport:
     previews_canceled: int = 0
     import_ids: list[str] = field(default_factory=list)
 
+    @property
+    def errors(self) -> list[Failure]:
+        return []
+
+    def counts(self) -> dict[str, int]:
+        return {"previews_canceled": self.previews_canceled}
+
     def to_json(self) -> dict[str, Any]:
-        return {"previews_canceled": self.previews_canceled, "import_ids": self.import_ids}
+        return {**self.counts(), "import_ids": self.import_ids}
 
 
 async def sweep_stuck_hosting_migration_previews(
@@ -262,8 +287,15 @@ class WedgedMediaJobsReport:
     media_jobs_flagged: int = 0
     job_ids: list[str] = field(default_factory=list)
 
+    @property
+    def errors(self) -> list[Failure]:
+        return []
+
+    def counts(self) -> dict[str, int]:
+        return {"media_jobs_flagged": self.media_jobs_flagged}
+
     def to_json(self) -> dict[str, Any]:
-        return {"media_jobs_flagged": self.media_jobs_flagged, "job_ids": self.job_ids}
+        return {**self.counts(), "job_ids": self.job_ids}
 
 
 async def sweep_wedged_media_jobs(runtime: Runtime, clock: Clock) -> WedgedMediaJobsReport:

@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 from nightcrew.adapters.queues import EXTERNAL_EPISODE_LINK, PODCAST_IMPORTS
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.lifecycle.lanes import MinuteLaneReport, run_lane
+from nightcrew.lifecycle.lanes import LaneReport, run_lane
 from nightcrew.runtime import Runtime
 from tests import factories as f
 from tests.conftest import NOW, make_runtime
@@ -65,7 +65,7 @@ async def test_two_ticks_at_the_same_instant_do_no_double_work(
         )
     finally:
         await other_db.close()
-    assert all(isinstance(r, MinuteLaneReport) and not r.errors for r in reports)
+    assert all(isinstance(r, LaneReport) and not r.errors for r in reports)
 
     items = Counter(
         m["body"]["import_item_id"] for m in await f.queue_messages(db, PODCAST_IMPORTS)
@@ -126,15 +126,15 @@ async def test_one_sweep_raising_never_stops_the_others(
         "sweepStuckHostingMigrationPreviews": ("previews_canceled", 3),
         "sweepWedgedMediaJobs": ("media_jobs_flagged", 2),
     }
-    for outcome in report.sweeps:
+    for outcome in report.jobs:
         key, count = expected[outcome.name]
         if outcome.name == broken:
-            assert not outcome.ok and "disk on fire" in (outcome.error or "")
-            assert outcome.failed_event == failed_event
+            assert not outcome.ok and "disk on fire" in (outcome.crashed or "")
+            assert outcome.errors == [{"event": failed_event, "error": outcome.crashed}]
         else:
             assert outcome.ok and outcome.count(key) == count, outcome
     assert report.errors == [
-        {"sweep": broken, "event": failed_event, "error": "QueryError: disk on fire"}
+        {"job": broken, "event": failed_event, "error": "QueryError: disk on fire"}
     ]
     failures = [e for e in logs if e["log_level"] == "error"]
     assert [e["event"] for e in failures] == [failed_event]
@@ -157,10 +157,10 @@ async def test_every_run_writes_a_run_history_row(
     assert row["lane"] == "minute" and row["trigger"] == "manual" and row["slot"] is None
     assert row["status"] == "completed" and row["started_at"] == NOW
     assert row["report"]["items_requeued"] == 3
-    assert row["report"]["sweeps"]["sweepWedgedMediaJobs"]["media_jobs_flagged"] == 1
+    assert row["report"]["jobs"]["sweepWedgedMediaJobs"]["media_jobs_flagged"] == 1
     m = runtime.metrics
     assert m.value("nightcrew_lane_runs_total", lane="minute", status="completed") == 1
-    assert m.value("nightcrew_watchdog_actions_total", action="items_requeued") == 3
+    assert m.value("nightcrew_job_items_total", lane="minute", count="items_requeued") == 3
     assert m.value("nightcrew_lane_last_success_timestamp_seconds", lane="minute") == (
         NOW.timestamp()
     )

@@ -435,7 +435,8 @@ async def test_a_failed_send_is_reported_and_retried_after_the_cooldown(
     )
     with capture_logs() as logs:
         report = await wd.sweep_stalled_imports(down, clock)
-    assert report.items_requeued == 0 and report.resend_failed == 1
+    assert report.items_requeued == 0 and report.counts()["items_resend_failed"] == 1
+    assert report.errors[0]["event"] == "import_watchdog_resend_failed"
     failed = [e for e in logs if e["event"] == "import_watchdog_resend_failed"]
     assert failed[0]["import_item_id"] == item and "refusing" in failed[0]["error"]
 

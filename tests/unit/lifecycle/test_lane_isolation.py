@@ -1,15 +1,16 @@
-"""Lane dispatch with in-memory sweeps: isolation and the summary event, no database."""
+"""Lane dispatch with in-memory jobs: isolation and the summary event, no database."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from structlog.testing import capture_logs
 
 from nightcrew.clock import FrozenClock
-from nightcrew.lifecycle.lanes import Sweep, run_minute_sweeps
+from nightcrew.lifecycle.lanes import Job, Lane, run_jobs
+from nightcrew.reports import Failure
 from nightcrew.runtime import Runtime
 from tests.conftest import NOW
 
@@ -18,38 +19,66 @@ from tests.conftest import NOW
 class Counted:
     key: str
     n: int
+    errors: list[Failure] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def counts(self) -> dict[str, int]:
         return {self.key: self.n}
 
+    def to_json(self) -> dict[str, Any]:
+        return self.counts()
 
-def _sweep(name: str, key: str, n: int, delay: float = 0.0) -> Sweep:
+
+def _job(name: str, key: str, n: int, delay: float = 0.0) -> Job:
     async def run(runtime: Runtime, clock: Any) -> Counted:
         await asyncio.sleep(delay)
         return Counted(key, n)
 
-    return Sweep(name=name, failed_event=f"{name}_failed", run=run)
+    return Job(name=name, failed_event=f"{name}_failed", run=run)
 
 
-async def test_sweeps_run_concurrently_and_a_raiser_is_isolated() -> None:
-    async def boom(runtime: Runtime, clock: Any) -> Counted:
-        raise RuntimeError("queue binding missing")
+async def boom(runtime: Runtime, clock: Any) -> Counted:
+    raise RuntimeError("queue binding missing")
 
-    sweeps = (
-        _sweep("a", "items_requeued", 3, delay=0.2),
-        Sweep(name="b", failed_event="b_failed", run=boom),
-        _sweep("c", "links_requeued", 2, delay=0.2),
+
+def _lane(concurrent: bool) -> Lane:
+    return Lane(
+        name="test",
+        cron="* * * * *",
+        concurrent=concurrent,
+        completed_event="test_completed",
+        jobs=(
+            _job("a", "items_requeued", 3, delay=0.2),
+            Job(name="b", failed_event="b_failed", run=boom),
+            _job("c", "links_requeued", 2, delay=0.2),
+        ),
     )
+
+
+class _Runtime:
+    dry_run = False
+
+
+async def test_concurrent_jobs_overlap_and_a_raiser_is_isolated() -> None:
     started = asyncio.get_running_loop().time()
     with capture_logs() as logs:
-        report = await run_minute_sweeps(cast(Runtime, None), FrozenClock(NOW), sweeps=sweeps)
+        report = await run_jobs(cast(Runtime, _Runtime()), FrozenClock(NOW), _lane(True))
     elapsed = asyncio.get_running_loop().time() - started
     assert elapsed < 0.35  # concurrent, not 0.4 s in sequence
-    assert report.total("items_requeued") == 3 and report.total("links_requeued") == 2
+    assert report.totals == {"items_requeued": 3, "links_requeued": 2}
     assert report.errors == [
-        {"sweep": "b", "event": "b_failed", "error": "RuntimeError: queue binding missing"}
+        {"job": "b", "event": "b_failed", "error": "RuntimeError: queue binding missing"}
     ]
-    assert [e["event"] for e in logs] == ["b_failed", "import_watchdog_completed"]
+    assert [e["event"] for e in logs] == ["b_failed", "test_completed"]
+    assert logs[-1]["items_requeued"] == 3 and logs[-1]["errors"] == 1
     summary = report.to_json()
-    assert summary["sweeps"]["b"]["ok"] is False
-    assert summary["items_requeued"] == 3 and summary["previews_canceled"] == 0
+    assert summary["jobs"]["b"]["ok"] is False
+    assert summary["items_requeued"] == 3
+
+
+async def test_sequential_jobs_run_in_order_and_the_raiser_does_not_stop_the_next() -> None:
+    started = asyncio.get_running_loop().time()
+    report = await run_jobs(cast(Runtime, _Runtime()), FrozenClock(NOW), _lane(False))
+    elapsed = asyncio.get_running_loop().time() - started
+    assert elapsed >= 0.4  # one after another, as the daily lane's spec order wants
+    assert [j.name for j in report.jobs] == ["a", "b", "c"]
+    assert [j.ok for j in report.jobs] == [True, False, True]

@@ -1,0 +1,293 @@
+"""Daily lane, job 2: hard-delete expired podcasts, clean their storage, invalidate their feed.
+
+For each due podcast, one transaction deletes the row (cascading to everything under it) and
+records the deletion in ``nightcrew.podcast_deletions``. After commit, best effort:
+
+1. every object under ``podcasts/{id}/`` is deleted, in pages of 1000, then re-listed;
+2. the feed cache is told: ``rss-invalidation`` queue, or the HTTP endpoint if the send fails.
+
+A storage or invalidation failure never undoes the database deletion. It is logged under the
+spec's event, reported, and left on the record, and every later run retries it and reports it
+until it is done — so nothing is forgotten after a crash or an outage either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from nightcrew.adapters.queues import RSS_INVALIDATION
+from nightcrew.adapters.storage import PrefixDeletion, delete_prefix
+from nightcrew.clock import Clock
+from nightcrew.db.queries import load_queries
+from nightcrew.errors import QueueError
+from nightcrew.log import describe_error, error, event, warning
+from nightcrew.reports import Failure
+from nightcrew.runtime import Runtime
+
+SQL = load_queries(__file__)
+
+# Earlier deletions whose cleanup is retried per run (oldest first): bounds a run's work when
+# a store has been failing for days.
+DELETION_FOLLOWUP_MAX = 200
+# Failed keys quoted per podcast in events and the report; the count is always complete.
+FAILED_KEY_SAMPLE = 20
+
+
+def podcast_prefix(podcast_id: str) -> str:
+    return f"podcasts/{podcast_id}/"
+
+
+@dataclass(kw_only=True, slots=True)
+class Cleanup:
+    podcast_id: str
+    slug: str
+    objects_deleted: int = 0
+    bytes_deleted: int = 0
+    objects_left: int | None = None
+    storage_done: bool = False
+    invalidated_via: str | None = None  # "queue" | "http" | None (not yet)
+    errors: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "podcast_id": self.podcast_id,
+            "slug": self.slug,
+            "objects_deleted": self.objects_deleted,
+            "bytes_deleted": self.bytes_deleted,
+            "objects_left": self.objects_left,
+            "storage_cleaned": self.storage_done,
+            "invalidated_via": self.invalidated_via,
+            "errors": self.errors,
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeletionsReport:
+    deleted: list[dict[str, Any]] = field(default_factory=list)
+    retried: list[dict[str, Any]] = field(default_factory=list)
+    leftovers: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[Failure] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        cleanups = [*self.deleted, *self.retried]
+        return {
+            "podcasts_deleted": len(self.deleted),
+            "deletion_failed": sum(
+                1 for e in self.errors if e["event"] == "podcast_deletion_failed"
+            ),
+            "objects_deleted": sum(c["objects_deleted"] for c in cleanups),
+            "cleanup_leftovers": len(self.leftovers),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.counts(),
+            "podcasts": self.deleted,
+            "retried": self.retried,
+            "leftovers": self.leftovers,
+            "errors": self.errors,
+        }
+
+
+async def hard_delete_expired_podcasts(runtime: Runtime, clock: Clock) -> DeletionsReport:
+    now = clock.now()
+    errors: list[Failure] = []
+    deleted: list[Cleanup] = []
+
+    for podcast in await runtime.db.fetch(SQL["due_deletions"], {"now": now}):
+        podcast_id, slug = str(podcast["id"]), podcast["slug"]
+        try:
+            async with runtime.db.transaction() as tx:
+                row = await tx.fetch_one(SQL["delete_podcast"], {"id": podcast_id, "now": now})
+                if row is not None:
+                    await tx.execute(
+                        SQL["record_deletion"], {"id": podcast_id, "slug": slug, "now": now}
+                    )
+        except Exception as exc:  # one podcast never stops the next
+            failure = {
+                "event": "podcast_deletion_failed",
+                "podcast_id": podcast_id,
+                "slug": slug,
+                "error": describe_error(exc),
+            }
+            error(**failure)
+            errors.append(failure)
+            continue
+        if row is None:
+            continue  # restored, or deleted by another replica, since the scan
+        event(
+            "podcast_hard_deleted",
+            podcast_id=podcast_id,
+            slug=slug,
+            deletion_scheduled_at=podcast["deletion_scheduled_at"].isoformat(),
+            deletion_redirect_url=podcast["deletion_redirect_url"],
+        )
+        cleanup = Cleanup(podcast_id=podcast_id, slug=slug)
+        await _finish(runtime, cleanup, errors, storage_pending=True, invalidation_pending=True)
+        await _record(runtime, now, cleanup)
+        deleted.append(cleanup)
+
+    # Earlier deletions whose storage or feed is still dirty: retry, and keep reporting them.
+    retried: list[Cleanup] = []
+    leftovers: list[dict[str, Any]] = []
+    earlier = await runtime.db.fetch(
+        SQL["unfinished_deletions"],
+        {"exclude": [c.podcast_id for c in deleted], "limit": DELETION_FOLLOWUP_MAX},
+    )
+    for record in earlier:
+        cleanup = Cleanup(podcast_id=str(record["podcast_id"]), slug=record["slug"])
+        await _finish(
+            runtime,
+            cleanup,
+            errors,
+            storage_pending=record["storage_cleaned_at"] is None,
+            invalidation_pending=record["invalidated_at"] is None,
+        )
+        if record["storage_cleaned_at"] is not None:
+            cleanup.storage_done = True
+        if record["invalidated_at"] is not None:
+            cleanup.invalidated_via = "earlier run"
+        await _record(runtime, now, cleanup)
+        retried.append(cleanup)
+        if not cleanup.storage_done or cleanup.invalidated_via is None:
+            leftovers.append(_leftover(cleanup, record["deleted_at"], record["attempts"] + 1))
+
+    for cleanup in deleted:
+        if not cleanup.storage_done or cleanup.invalidated_via is None:
+            leftovers.append(_leftover(cleanup, now, 1))
+
+    return DeletionsReport(
+        deleted=[c.to_json() for c in deleted],
+        retried=[c.to_json() for c in retried],
+        leftovers=leftovers,
+        errors=errors,
+    )
+
+
+async def _finish(
+    runtime: Runtime,
+    cleanup: Cleanup,
+    errors: list[Failure],
+    *,
+    storage_pending: bool,
+    invalidation_pending: bool,
+) -> None:
+    if storage_pending:
+        await _clean_storage(runtime, cleanup, errors)
+    if invalidation_pending:
+        await _invalidate(runtime, cleanup, errors)
+
+
+async def _clean_storage(runtime: Runtime, cleanup: Cleanup, errors: list[Failure]) -> None:
+    prefix = podcast_prefix(cleanup.podcast_id)
+    failure: Failure
+    try:
+        result: PrefixDeletion = await delete_prefix(runtime.store, prefix)
+    except Exception as exc:
+        message = describe_error(exc)
+        cleanup.errors.append(message)
+        failure = {
+            "event": "r2_cleanup_failed",
+            "podcast_id": cleanup.podcast_id,
+            "prefix": prefix,
+            "error": message,
+        }
+        error(**failure)
+        errors.append(failure)
+        return
+    cleanup.objects_deleted = result.deleted
+    cleanup.bytes_deleted = result.bytes_deleted
+    cleanup.objects_left = result.left
+    if result.failed or result.left:
+        sample = dict(list(result.failed.items())[:FAILED_KEY_SAMPLE])
+        message = (
+            f"{len(result.failed)} of {result.listed} deletes failed, "
+            f"{result.left} objects left under {prefix}"
+        )
+        cleanup.errors.append(message)
+        failure = {
+            "event": "r2_cleanup_failed",
+            "podcast_id": cleanup.podcast_id,
+            "prefix": prefix,
+            "count": result.deleted,
+            "failed": len(result.failed),
+            "left": result.left,
+            "failed_keys": sample,
+            "error": message,
+        }
+        error(**failure)
+        errors.append(failure)
+        return
+    cleanup.storage_done = True
+    event(
+        "r2_cleanup_completed",
+        podcast_id=cleanup.podcast_id,
+        prefix=prefix,
+        count=result.deleted,
+        bytes=result.bytes_deleted,
+    )
+
+
+async def _invalidate(runtime: Runtime, cleanup: Cleanup, errors: list[Failure]) -> None:
+    body = {
+        "type": "podcast.deleted",
+        "podcast_id": cleanup.podcast_id,
+        "podcast_slug": cleanup.slug,
+    }
+    try:
+        await runtime.queues.send(RSS_INVALIDATION, body)
+        cleanup.invalidated_via = "queue"
+        return
+    except QueueError as exc:
+        warning(
+            "rss_invalidation_queue_failed",
+            podcast_id=cleanup.podcast_id,
+            error=describe_error(exc),
+            fallback="http",
+        )
+    result = await runtime.feedcache.invalidate(cleanup.podcast_id)
+    if result.ok:
+        cleanup.invalidated_via = "http"
+        return
+    message = result.error or "feed cache invalidation failed"
+    cleanup.errors.append(message)
+    failure = {
+        "event": "cache_invalidation_failed",
+        "podcast_id": cleanup.podcast_id,
+        "slug": cleanup.slug,
+        "error": message,
+    }
+    error(**failure)
+    errors.append(failure)
+
+
+async def _record(runtime: Runtime, now: datetime, cleanup: Cleanup) -> None:
+    await runtime.db.execute(
+        SQL["record_cleanup"],
+        {
+            "id": cleanup.podcast_id,
+            "now": now,
+            "storage_done": cleanup.storage_done,
+            "objects_deleted": cleanup.objects_deleted,
+            "bytes_deleted": cleanup.bytes_deleted,
+            "objects_left": cleanup.objects_left,
+            "invalidated": cleanup.invalidated_via is not None,
+            "last_error": "; ".join(cleanup.errors) or None,
+        },
+    )
+
+
+def _leftover(cleanup: Cleanup, deleted_at: datetime, attempts: int) -> dict[str, Any]:
+    return {
+        "podcast_id": cleanup.podcast_id,
+        "slug": cleanup.slug,
+        "deleted_at": deleted_at.isoformat(),
+        "prefix": podcast_prefix(cleanup.podcast_id),
+        "objects_left": cleanup.objects_left,
+        "storage_cleaned": cleanup.storage_done,
+        "invalidation_pending": cleanup.invalidated_via is None,
+        "attempts": attempts,
+        "errors": cleanup.errors,
+    }

@@ -1,0 +1,45 @@
+-- Daily lane, job 2: hard-delete podcasts whose deletion date has passed (spec 000).
+
+-- name: due_deletions
+SELECT id, slug, title, deletion_scheduled_at, deletion_redirect_url
+  FROM public.podcasts
+ WHERE status = 'pending_deletion'
+   AND deletion_scheduled_at <= %(now)s
+ ORDER BY deletion_scheduled_at, id;
+
+-- name: delete_podcast
+-- Re-checked under the row lock the DELETE takes: a podcast restored since the scan stays.
+-- ON DELETE CASCADE removes members, episodes (their jobs), imports (their items).
+DELETE FROM public.podcasts
+ WHERE id = %(id)s
+   AND status = 'pending_deletion'
+   AND deletion_scheduled_at <= %(now)s
+RETURNING id, slug;
+
+-- name: record_deletion
+INSERT INTO nightcrew.podcast_deletions (podcast_id, slug, deleted_at, updated_at)
+VALUES (%(id)s, %(slug)s, %(now)s, %(now)s)
+ON CONFLICT (podcast_id) DO NOTHING;
+
+-- name: unfinished_deletions
+SELECT podcast_id, slug, deleted_at, storage_cleaned_at, objects_deleted, objects_left,
+       invalidated_at, attempts, last_error
+  FROM nightcrew.podcast_deletions
+ WHERE (storage_cleaned_at IS NULL OR invalidated_at IS NULL)
+   AND NOT (podcast_id = ANY(%(exclude)s::uuid[]))
+ ORDER BY deleted_at, podcast_id
+ LIMIT %(limit)s;
+
+-- name: record_cleanup
+UPDATE nightcrew.podcast_deletions
+   SET storage_cleaned_at = CASE WHEN %(storage_done)s THEN coalesce(storage_cleaned_at, %(now)s)
+                                 ELSE storage_cleaned_at END,
+       objects_deleted = objects_deleted + %(objects_deleted)s,
+       bytes_deleted = bytes_deleted + %(bytes_deleted)s,
+       objects_left = %(objects_left)s,
+       invalidated_at = CASE WHEN %(invalidated)s THEN coalesce(invalidated_at, %(now)s)
+                             ELSE invalidated_at END,
+       attempts = attempts + 1,
+       last_error = %(last_error)s,
+       updated_at = %(now)s
+ WHERE podcast_id = %(id)s;
