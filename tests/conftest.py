@@ -30,6 +30,7 @@ from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.db.migrate import migrate
 from nightcrew.runtime import Runtime
+from tests.support.servers import RecordingServer, recording_server
 
 NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 _counter = itertools.count()
@@ -135,3 +136,25 @@ def make_runtime(db: Database, clock: Clock, database_url: str, **adapters: Any)
 @pytest.fixture
 def runtime(db: Database, clock: FrozenClock, fresh_db_url: str) -> Runtime:
     return make_runtime(db, clock, fresh_db_url)
+
+
+@pytest.fixture(scope="session")
+def _loopback_servers() -> Iterator[tuple[RecordingServer, RecordingServer]]:
+    with recording_server() as stripe, recording_server() as feed:
+        yield stripe, feed
+
+
+@pytest.fixture
+def stripe_server(_loopback_servers: tuple[RecordingServer, RecordingServer]) -> RecordingServer:
+    """A loopback Stripe stand-in that records requests (reset for every test)."""
+    server = _loopback_servers[0]
+    server.reset()
+    return server
+
+
+@pytest.fixture
+def feed_server(_loopback_servers: tuple[RecordingServer, RecordingServer]) -> RecordingServer:
+    """A loopback feed worker that records requests (reset for every test)."""
+    server = _loopback_servers[1]
+    server.reset()
+    return server

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from enum import StrEnum
@@ -27,10 +28,9 @@ from nightcrew.db.migrate import migrate
 from nightcrew.errors import (
     ConfigError,
     DatabaseUnavailableError,
-    MigrationError,
     NightcrewError,
 )
-from nightcrew.log import configure_logging
+from nightcrew.log import SecretScrubber, configure_logging, describe_error
 from nightcrew.runtime import open_database, open_runtime
 
 T = TypeVar("T")
@@ -76,20 +76,19 @@ def _clock(now: str | None) -> Clock:
         _fail(f"--now: {exc}", 2)
 
 
-def _run(work: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine, turning nightcrew's errors into one line and an exit code."""
+def _run(work: Callable[[], Awaitable[T]], settings: Settings) -> T:
+    """Run a coroutine, turning every failure into one scrubbed line and an exit code."""
+    scrub = SecretScrubber(settings.secret_values())
     try:
         return asyncio.run(_call(work))
-    except DatabaseUnavailableError as exc:
-        _fail(str(exc), 2)
-    except ConfigError as exc:
-        _fail(str(exc), 2)
-    except MigrationError as exc:
-        _fail(str(exc), 1)
+    except (DatabaseUnavailableError, ConfigError) as exc:
+        _fail(scrub.text(str(exc)), 2)
     except NightcrewError as exc:
-        _fail(str(exc), 1)
+        _fail(scrub.text(str(exc)), 1)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
+    except Exception as exc:  # last resort: still one line, never a traceback
+        _fail(scrub.text(f"unexpected error: {describe_error(exc)}"), 1)
 
 
 async def _call(work: Callable[[], Awaitable[T]]) -> T:
@@ -135,7 +134,7 @@ def db_migrate(
         async with open_database(settings) as db:
             return (await migrate(db, skip_reference=skip_reference)).to_json()
 
-    result = _run(work)
+    result = _run(work, settings)
     if as_json:
         _print_json(result)
         return
@@ -158,7 +157,7 @@ def db_check(
         async with open_database(settings) as db:
             return (await check_schema(db)).to_json()
 
-    report = _run(work)
+    report = _run(work, settings)
     if as_json:
         _print_json(report)
     else:
@@ -204,7 +203,7 @@ def lifecycle_run(
             assert report is not None  # manual runs always run
             return report.to_json()
 
-    report = _run(work)
+    report = _run(work, settings)
     if as_json:
         _print_json(report)
     else:
@@ -242,7 +241,7 @@ def serve(
 ) -> None:
     """Serve /health and run every lane on its schedule until stopped (Ctrl-C / SIGTERM)."""
     settings = _settings()
-    _run(lambda: _serve(settings, host, port))
+    _run(lambda: _serve(settings, host, port), settings)
 
 
 async def _serve(settings: Settings, host: str, port: int) -> None:
@@ -250,6 +249,14 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
     from nightcrew.log import event
     from nightcrew.scheduler import Scheduler
 
+    # Bind first: a port in use is one line and exit 2, before anything starts ticking.
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as exc:
+        listener.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     clock = SystemClock()
     async with open_runtime(settings, clock) as runtime:
         server = _QuietServer(
@@ -270,7 +277,7 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
         scheduler = asyncio.create_task(Scheduler(runtime, clock).run())
         event("serve_started", host=host, port=port, database=runtime.db.target)
         try:
-            await server.serve()
+            await server.serve(sockets=[listener])
         finally:
             scheduler.cancel()
             await asyncio.gather(scheduler, return_exceptions=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -124,7 +124,15 @@ class Settings(BaseSettings):
             self.aws_secret_access_key,
             self.aws_session_token,
         ]
-        return [s.get_secret_value() for s in secrets if s is not None and s.get_secret_value()]
+        values = [s.get_secret_value() for s in secrets if s is not None and s.get_secret_value()]
+        if self.database_url:
+            try:
+                password = urlsplit(self.database_url).password
+            except ValueError:
+                password = None
+            if password:
+                values.append(unquote(password))
+        return values
 
 
 def _reveal(secret: SecretStr | None) -> str | None:

@@ -48,6 +48,11 @@ class SecretScrubber:
                 event_dict[key] = self._scrub(value)
         return event_dict
 
+    def text(self, value: str) -> str:
+        """Scrub one line meant for a person (the CLI's error line)."""
+        scrubbed: str = self._scrub(value)
+        return scrubbed
+
     def _scrub(self, value: Any) -> Any:
         if isinstance(value, str):
             for secret in self._secrets:

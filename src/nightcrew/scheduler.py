@@ -86,8 +86,13 @@ class Scheduler:
             missed = previous_slot(schedule.cron, self._clock.now())
             if self._clock.now() - missed <= schedule.catch_up:
                 await self.fire(schedule.lane, missed)
+        last: datetime | None = None
         while True:
-            slot = next_slot(schedule.cron, self._clock.now())
+            # From the last fired slot, not just "now": a sleep that wakes a hair early must
+            # not fire the same slot twice.
+            now = self._clock.now()
+            slot = next_slot(schedule.cron, max(now, last) if last else now)
+            last = slot
             delay = (slot - self._clock.now()).total_seconds()
             if delay > 0:
                 await self._sleep(delay)

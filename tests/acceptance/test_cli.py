@@ -108,6 +108,28 @@ def test_unreachable_database_is_one_line_and_exit_2() -> None:
         assert "hunter2" not in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_malformed_database_url_never_echoes_the_password() -> None:
+    url = "postgresql://bob:s3cr%zzet@127.0.0.1:5432/prod"
+    result = run("db", "migrate", env=_env(DATABASE_URL=url))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "nightcrew: DATABASE_URL is not a valid PostgreSQL URL (is a special character in the "
+        "password percent-encoded?)"
+    ]
+    assert "s3cr" not in result.stderr
+
+
+def test_serve_on_a_busy_port_is_one_line_and_exit_2(fresh_db_url: str) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run("serve", "--port", str(port), env=_env(DATABASE_URL=fresh_db_url), timeout=30)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"cannot listen on 127.0.0.1:{port}" in lines[0], result.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "env_extra", "message"),
     [

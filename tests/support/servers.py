@@ -83,6 +83,11 @@ class RecordingServer:
         self.server.expect_request("").respond_with_handler(self._handle)
         self.server.start()
 
+    def reset(self) -> None:
+        self.requests.clear()
+        self.status = 200
+        self.responder = None
+
     def stop(self) -> None:
         self.server.clear()
         if self.server.is_running():

@@ -13,8 +13,8 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from nightcrew.clock import Clock
-from nightcrew.db.database import Database, QueryError, json_param
-from nightcrew.errors import QueueError
+from nightcrew.db.database import Database, json_param
+from nightcrew.errors import NightcrewError, QueueError
 
 # The queues spec 000 produces to.
 RSS_INVALIDATION = "rss-invalidation"
@@ -54,7 +54,7 @@ class PostgresQueueProducer:
                 " VALUES (%(queue)s, %(body)s, %(visible_at)s)",
                 {"queue": queue, "body": json_param(dict(body)), "visible_at": visible_at},
             )
-        except QueryError as exc:
+        except NightcrewError as exc:  # a refused statement, or the database gone
             raise QueueError(f"could not enqueue to {queue}: {exc}") from exc
 
 

@@ -14,7 +14,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from nightcrew.errors import DatabaseUnavailableError, NightcrewError
 
@@ -124,17 +124,32 @@ class Database(_Executor):
     async def close(self) -> None:
         await self._pool.close()
 
+    @asynccontextmanager
+    async def _acquire(self) -> AsyncIterator[psycopg.AsyncConnection[DictRow]]:
+        """A pooled connection; failing to get one is "database unavailable", one line."""
+        try:
+            async with self._pool.connection() as conn:
+                yield conn
+        except PoolTimeout as exc:
+            raise DatabaseUnavailableError(
+                f"lost PostgreSQL at {self.target}: no connection within the pool timeout"
+            ) from exc
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailableError(
+                f"lost PostgreSQL at {self.target}: {_first_line(exc)}"
+            ) from exc
+
     async def fetch(self, query: str, params: Params = None) -> list[Row]:
-        async with self._pool.connection() as conn:
+        async with self._acquire() as conn:
             return await _Executor(conn).fetch(query, params)
 
     async def execute(self, query: str, params: Params = None) -> int:
-        async with self._pool.connection() as conn:
+        async with self._acquire() as conn:
             return await _Executor(conn).execute(query, params)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
-        async with self._pool.connection() as conn:
+        async with self._acquire() as conn:
             try:
                 async with conn.transaction():
                     yield Tx(conn)
@@ -144,7 +159,7 @@ class Database(_Executor):
     @asynccontextmanager
     async def session(self) -> AsyncIterator[Tx]:
         """One dedicated connection in autocommit mode (session-level locks, DDL batches)."""
-        async with self._pool.connection() as conn:
+        async with self._acquire() as conn:
             yield Tx(conn)
 
     def rollback_only(self) -> Database:
@@ -169,7 +184,7 @@ class _RollbackDatabase(Database):
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
-        async with self._pool.connection() as conn:
+        async with self._acquire() as conn:
             try:
                 await conn.execute("BEGIN")
                 try:
@@ -191,10 +206,27 @@ class _RollbackDatabase(Database):
 async def _preflight(conninfo: str, target: str, connect_timeout: float) -> None:
     """Connect once directly, so an unreachable server yields its real reason in one line."""
     try:
+        parts = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        # libpq's own message would quote the offending part, which may be the password.
+        raise DatabaseUnavailableError(
+            "DATABASE_URL is not a valid PostgreSQL URL (is a special character in the "
+            "password percent-encoded?)"
+        ) from None
+    try:
         conn = await psycopg.AsyncConnection.connect(
             conninfo, connect_timeout=max(1, round(connect_timeout))
         )
     except psycopg.Error as exc:
-        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        reason = _first_line(exc)
+        password = parts.get("password")
+        if password:
+            reason = reason.replace(str(password), "[redacted]")
         raise DatabaseUnavailableError(f"cannot reach PostgreSQL at {target}: {reason}") from exc
     await conn.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    """libpq puts the cause first and a hint ("Is the server running…") after it."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__

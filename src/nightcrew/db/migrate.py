@@ -8,6 +8,7 @@ latter and ``db check`` verifies the former.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 from dataclasses import dataclass, field
@@ -126,7 +127,12 @@ async def migrate(db: Database, *, skip_reference: bool = False) -> MigrationRes
                 await _apply(conn, migration)
                 result.applied.append(migration.label)
         finally:
-            await conn.execute("SELECT pg_advisory_unlock(%(key)s)", {"key": MIGRATION_LOCK_KEY})
+            # A broken connection has released the session lock already; never let the
+            # unlock hide the error that got us here.
+            with contextlib.suppress(QueryError):
+                await conn.execute(
+                    "SELECT pg_advisory_unlock(%(key)s)", {"key": MIGRATION_LOCK_KEY}
+                )
     return result
 
 
@@ -146,7 +152,8 @@ async def _apply(conn: Tx, migration: Migration) -> None:
         )
         await conn.execute("COMMIT")
     except QueryError as exc:
-        await conn.execute("ROLLBACK")
+        with contextlib.suppress(QueryError):
+            await conn.execute("ROLLBACK")
         raise MigrationError(
             f"migration {migration.label} failed (SQLSTATE {exc.sqlstate}): {exc}"
         ) from exc

@@ -8,6 +8,7 @@ throws is logged under its spec event name, lands in the report, and never stops
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -254,13 +255,20 @@ async def run_lane(
     metrics = runtime.metrics
     try:
         report = await run_jobs(runtime, clock, lane)
-    except Exception as exc:
+    except BaseException as exc:  # cancelled (Ctrl-C, SIGTERM) too: never leave it "running"
         message = describe_error(exc)
         error("lifecycle_cron_failed", lane=lane.name, run_id=run_id, error=message)
         metrics.inc("nightcrew_lane_runs_total", lane=lane.name, status="failed")
-        await runs.finish(
-            runtime.db, run_id, status="failed", now=clock.now(), report={"error": message}
-        )
+        with contextlib.suppress(Exception):
+            await asyncio.shield(
+                runs.finish(
+                    runtime.db,
+                    run_id,
+                    status="failed",
+                    now=clock.now(),
+                    report={"error": message},
+                )
+            )
         raise
     report = replace(report, run_id=run_id)
     await runs.finish(

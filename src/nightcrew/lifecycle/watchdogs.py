@@ -102,8 +102,13 @@ class StalledImportsReport:
 
 
 async def sweep_stalled_imports(runtime: Runtime, clock: Clock) -> StalledImportsReport:
-    """Re-dispatch podcast-imports messages that evidently never reached the executor."""
+    """Re-dispatch podcast-imports messages that evidently never reached the executor.
+
+    Rescued processing rows are claimed and sent before pending rows are claimed, so a failure
+    in the second half never strands rows the first half already took.
+    """
     now = clock.now()
+    errors: list[Failure] = []
     rescued = await runtime.db.fetch(
         SQL["rescue_stalled_processing_items"],
         {
@@ -112,6 +117,14 @@ async def sweep_stalled_imports(runtime: Runtime, clock: Clock) -> StalledImport
             "limit": STALLED_IMPORT_MAX_RESEND,
         },
     )
+    if rescued:
+        event(
+            "import_watchdog_rescued_processing",
+            count=len(rescued),
+            import_item_ids=[str(r["import_item_id"]) for r in rescued],
+        )
+    sent = await _resend_items(runtime, rescued, "import_watchdog_rescue_resend_failed", errors)
+
     pending: list[dict[str, Any]] = []
     if len(rescued) < STALLED_IMPORT_MAX_RESEND:
         pending = await runtime.db.fetch(
@@ -129,13 +142,6 @@ async def sweep_stalled_imports(runtime: Runtime, clock: Clock) -> StalledImport
             },
         )
 
-    if rescued:
-        event(
-            "import_watchdog_rescued_processing",
-            count=len(rescued),
-            import_item_ids=[str(r["import_item_id"]) for r in rescued],
-        )
-
     by_import: dict[str, list[datetime]] = defaultdict(list)
     for row in (*rescued, *pending):
         by_import[str(row["import_id"])].append(row["stale_since"])
@@ -149,30 +155,31 @@ async def sweep_stalled_imports(runtime: Runtime, clock: Clock) -> StalledImport
     ]
     for summary in imports:
         event("import_watchdog_found_stalled", **summary.to_json())
-
-    sent = 0
-    errors: list[Failure] = []
-    for rows, failure_event in (
-        (rescued, "import_watchdog_rescue_resend_failed"),
-        (pending, "import_watchdog_resend_failed"),
-    ):
-        for row in rows:
-            body = {
-                "import_id": str(row["import_id"]),
-                "import_item_id": str(row["import_item_id"]),
-                "podcast_id": str(row["podcast_id"]),
-            }
-            try:
-                await runtime.queues.send(PODCAST_IMPORTS, body)
-                sent += 1
-            except QueueError as exc:
-                failure = {"event": failure_event, **body, "error": describe_error(exc)}
-                warning(**failure)
-                errors.append(failure)
+    sent += await _resend_items(runtime, pending, "import_watchdog_resend_failed", errors)
 
     return StalledImportsReport(
         items_requeued=sent, items_rescued=len(rescued), imports=imports, errors=errors
     )
+
+
+async def _resend_items(
+    runtime: Runtime, rows: list[dict[str, Any]], failure_event: str, errors: list[Failure]
+) -> int:
+    sent = 0
+    for row in rows:
+        body = {
+            "import_id": str(row["import_id"]),
+            "import_item_id": str(row["import_item_id"]),
+            "podcast_id": str(row["podcast_id"]),
+        }
+        try:
+            await runtime.queues.send(PODCAST_IMPORTS, body)
+            sent += 1
+        except QueueError as exc:
+            failure = {"event": failure_event, **body, "error": describe_error(exc)}
+            warning(**failure)
+            errors.append(failure)
+    return sent
 
 
 # ------------------------------------------------------------------------------------------------

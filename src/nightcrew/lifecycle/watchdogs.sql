@@ -8,6 +8,9 @@
 --
 -- `now` is always a parameter (the Clock); every scan starts from a partial index that holds
 -- only live rows, so an idle tick costs the same at a thousand rows as at a million.
+--
+-- Every threshold is strict ("older than"): a row bumped by a tick at T is not due again at
+-- exactly T + 60 s, the next tick, which is what the resend cooldown is for.
 
 
 -- name: rescue_stalled_processing_items
@@ -19,7 +22,7 @@ WITH candidates AS (
       JOIN public.import_items ii ON ii.import_id = pi.id
      WHERE pi.status = 'running'
        AND ii.status = 'processing'
-       AND ii.updated_at <= %(now)s - make_interval(secs => %(processing_threshold_seconds)s)
+       AND ii.updated_at < %(now)s - make_interval(secs => %(processing_threshold_seconds)s)
      ORDER BY ii.updated_at, ii.id
      LIMIT %(limit)s
        FOR UPDATE OF ii SKIP LOCKED
@@ -48,17 +51,17 @@ WITH candidates AS (
       JOIN public.import_items ii ON ii.import_id = pi.id
      WHERE pi.status = 'running'
        AND ii.status = 'pending'
-       AND ii.updated_at <= %(now)s - make_interval(secs => %(cooldown_seconds)s)
+       AND ii.updated_at < %(now)s - make_interval(secs => %(cooldown_seconds)s)
        AND CASE
              WHEN ii.attempts = 0 AND pi.dispatch_end_at IS NOT NULL
                THEN pi.dispatch_end_at
-                    <= %(now)s - make_interval(secs => %(dispatch_grace_seconds)s)
+                    < %(now)s - make_interval(secs => %(dispatch_grace_seconds)s)
              WHEN ii.attempts = 0
-               THEN ii.updated_at <= %(now)s - make_interval(secs => %(legacy_seconds)s)
+               THEN ii.updated_at < %(now)s - make_interval(secs => %(legacy_seconds)s)
              WHEN ii.attempts BETWEEN 1 AND cardinality(%(attempt_thresholds)s::int[])
-               THEN ii.updated_at <= %(now)s - make_interval(
+               THEN ii.updated_at < %(now)s - make_interval(
                         secs => (%(attempt_thresholds)s::int[])[ii.attempts])
-             ELSE ii.updated_at <= %(now)s - make_interval(secs => %(cap_seconds)s)
+             ELSE ii.updated_at < %(now)s - make_interval(secs => %(cap_seconds)s)
            END
      ORDER BY stale_since, ii.id
      LIMIT %(limit)s
@@ -84,7 +87,7 @@ WITH candidates AS (
       JOIN public.podcasts p ON p.id = e.podcast_id
      WHERE e.external_link_status = 'pending'
        AND coalesce(e.external_link_next_attempt_at, '-infinity'::timestamptz)
-           <= %(now)s - make_interval(secs => %(grace_seconds)s)
+           < %(now)s - make_interval(secs => %(grace_seconds)s)
        AND p.hosting_type = 'external'
      ORDER BY coalesce(e.external_link_next_attempt_at, '-infinity'::timestamptz), e.id
      LIMIT %(limit)s
@@ -106,7 +109,7 @@ WITH candidates AS (
      WHERE is_hosting_migration
        AND status = 'preview'
        AND started_at IS NULL
-       AND created_at <= %(now)s - make_interval(secs => %(threshold_seconds)s)
+       AND created_at < %(now)s - make_interval(secs => %(threshold_seconds)s)
      ORDER BY created_at, id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -125,7 +128,7 @@ WITH candidates AS (
     SELECT id, status
       FROM public.media_jobs
      WHERE status IN ('pending', 'running')
-       AND updated_at <= %(now)s - make_interval(secs => %(threshold_seconds)s)
+       AND updated_at < %(now)s - make_interval(secs => %(threshold_seconds)s)
      ORDER BY updated_at, id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED

@@ -8,6 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from structlog.testing import capture_logs
 
@@ -22,9 +23,9 @@ from tests import factories as f
 from tests.conftest import NOW, make_runtime
 from tests.support.servers import (
     S3_CREDENTIALS,
+    RecordingServer,
     create_bucket,
     moto_s3,
-    recording_server,
 )
 
 
@@ -207,23 +208,21 @@ async def test_a_store_failing_half_its_deletes_never_blocks_the_row_and_is_repo
 
 
 async def test_queue_send_failing_falls_back_to_http_with_the_secret(
-    db: Database, clock: FrozenClock, fresh_db_url: str
+    db: Database, clock: FrozenClock, fresh_db_url: str, feed_server: RecordingServer
 ) -> None:
-    import httpx
-
     store = open_store("memory://")
     podcast = await _doomed_podcast(db, store, objects=1)
-    with recording_server() as feed:
-        async with httpx.AsyncClient() as http:
-            runtime = _runtime(
-                db,
-                clock,
-                fresh_db_url,
-                store,
-                queues=MemoryQueueProducer(clock, failing_queues=frozenset({RSS_INVALIDATION})),
-                feedcache=HttpFeedCache(http, feed.url, "feed-secret-xyz"),
-            )
-            report = await hard_delete_expired_podcasts(runtime, clock)
+    feed = feed_server
+    async with httpx.AsyncClient() as http:
+        runtime = _runtime(
+            db,
+            clock,
+            fresh_db_url,
+            store,
+            queues=MemoryQueueProducer(clock, failing_queues=frozenset({RSS_INVALIDATION})),
+            feedcache=HttpFeedCache(http, feed.url, "feed-secret-xyz"),
+        )
+        report = await hard_delete_expired_podcasts(runtime, clock)
     assert report.deleted[0]["invalidated_via"] == "http"
     [call] = feed.requests
     assert (call.method, call.path) == ("POST", "/_internal/invalidate")
@@ -233,31 +232,29 @@ async def test_queue_send_failing_falls_back_to_http_with_the_secret(
 
 
 async def test_queue_and_http_both_failing_is_cache_invalidation_failed_and_retried(
-    db: Database, clock: FrozenClock, fresh_db_url: str
+    db: Database, clock: FrozenClock, fresh_db_url: str, feed_server: RecordingServer
 ) -> None:
-    import httpx
-
     store = open_store("memory://")
     podcast = await _doomed_podcast(db, store, objects=1)
     down = MemoryQueueProducer(clock, failing_queues=frozenset({RSS_INVALIDATION}))
-    with recording_server() as feed:
-        feed.status = 503
-        async with httpx.AsyncClient() as http:
-            runtime = _runtime(
-                db,
-                clock,
-                fresh_db_url,
-                store,
-                queues=down,
-                feedcache=HttpFeedCache(http, feed.url, "s"),
-            )
-            with capture_logs() as logs:
-                first = await hard_delete_expired_podcasts(runtime, clock)
-            assert [e for e in logs if e["event"] == "cache_invalidation_failed"]
-            assert first.leftovers[0]["invalidation_pending"] is True
-            assert first.leftovers[0]["storage_cleaned"] is True
-            feed.status = 204
-            second = await hard_delete_expired_podcasts(runtime, clock)
+    feed = feed_server
+    feed.status = 503
+    async with httpx.AsyncClient() as http:
+        runtime = _runtime(
+            db,
+            clock,
+            fresh_db_url,
+            store,
+            queues=down,
+            feedcache=HttpFeedCache(http, feed.url, "s"),
+        )
+        with capture_logs() as logs:
+            first = await hard_delete_expired_podcasts(runtime, clock)
+        assert [e for e in logs if e["event"] == "cache_invalidation_failed"]
+        assert first.leftovers[0]["invalidation_pending"] is True
+        assert first.leftovers[0]["storage_cleaned"] is True
+        feed.status = 204
+        second = await hard_delete_expired_podcasts(runtime, clock)
     assert second.retried[0]["invalidated_via"] == "http" and second.leftovers == []
     assert [c.json() for c in feed.requests] == [{"id": podcast}, {"id": podcast}]
 

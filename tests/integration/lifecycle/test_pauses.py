@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -16,14 +15,13 @@ from nightcrew.lifecycle.pauses import reactivate_expired_pauses
 from nightcrew.runtime import Runtime
 from tests import factories as f
 from tests.conftest import NOW, make_runtime
-from tests.support.servers import RecordingServer, recording_server, stripe_responder
+from tests.support.servers import RecordingServer, stripe_responder
 
 
 @pytest.fixture
-def stripe() -> Iterator[RecordingServer]:
-    with recording_server() as server:
-        server.responder = stripe_responder({"cus_heal": ["sub_healed"]})
-        yield server
+def stripe(stripe_server: RecordingServer) -> RecordingServer:
+    stripe_server.responder = stripe_responder({"cus_heal": ["sub_healed"]})
+    return stripe_server
 
 
 async def _paused_podcast(

@@ -1,7 +1,8 @@
 """The minute lane's sweeps against real PostgreSQL, with a frozen Clock.
 
-For every threshold: one case just under (left alone) and one just over (acted on). Then what
-is left alone, the per-tick caps, and what the queue received.
+For every threshold: one case just under and one exactly on it (both left alone: thresholds are
+"older than") and one just over (acted on). Then what is left alone, the per-tick caps, and what
+the queue received.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ async def _running_import(db: Database, **values: Any) -> tuple[str, str]:
     ("attempts", "threshold_seconds"),
     [(1, 67), (2, 85), (3, 160), (4, 410), (5, 600), (9, 600)],
 )
-@pytest.mark.parametrize(("offset", "expected"), [(-1, False), (+1, True)])
+@pytest.mark.parametrize(("offset", "expected"), [(-1, False), (0, False), (+1, True)])
 async def test_stalled_import_per_attempt_threshold(
     db: Database,
     runtime: Runtime,
@@ -78,7 +79,7 @@ async def test_stalled_import_per_attempt_threshold(
         assert (await _item(db, item))["updated_at"] == ago(threshold_seconds + offset)
 
 
-@pytest.mark.parametrize(("dispatch_age", "expected"), [(29, False), (31, True)])
+@pytest.mark.parametrize(("dispatch_age", "expected"), [(29, False), (30, False), (31, True)])
 async def test_attempt_zero_is_aged_from_dispatch_end_plus_grace(
     db: Database, runtime: Runtime, clock: FrozenClock, dispatch_age: int, expected: bool
 ) -> None:
@@ -89,7 +90,7 @@ async def test_attempt_zero_is_aged_from_dispatch_end_plus_grace(
     assert report.items_requeued == (1 if expected else 0)
 
 
-@pytest.mark.parametrize(("updated_age", "expected"), [(59, False), (61, True)])
+@pytest.mark.parametrize(("updated_age", "expected"), [(59, False), (60, False), (61, True)])
 async def test_resend_cooldown_on_updated_at(
     db: Database, runtime: Runtime, clock: FrozenClock, updated_age: int, expected: bool
 ) -> None:
@@ -99,7 +100,7 @@ async def test_resend_cooldown_on_updated_at(
     assert report.items_requeued == (1 if expected else 0)
 
 
-@pytest.mark.parametrize(("offset", "expected"), [(-1, False), (+1, True)])
+@pytest.mark.parametrize(("offset", "expected"), [(-1, False), (0, False), (+1, True)])
 async def test_legacy_fallback_when_dispatch_end_at_is_null(
     db: Database, runtime: Runtime, clock: FrozenClock, offset: int, expected: bool
 ) -> None:
@@ -109,7 +110,7 @@ async def test_legacy_fallback_when_dispatch_end_at_is_null(
     assert report.items_requeued == (1 if expected else 0)
 
 
-@pytest.mark.parametrize(("offset", "expected"), [(-1, False), (+1, True)])
+@pytest.mark.parametrize(("offset", "expected"), [(-1, False), (0, False), (+1, True)])
 async def test_processing_claim_older_than_ten_minutes_is_reset_and_resent(
     db: Database, runtime: Runtime, clock: FrozenClock, offset: int, expected: bool
 ) -> None:
@@ -215,7 +216,7 @@ async def _external_episode(
     return podcast, await f.episode(db, podcast, **{**defaults, **values})
 
 
-@pytest.mark.parametrize(("age", "expected"), [(89, False), (91, True)])
+@pytest.mark.parametrize(("age", "expected"), [(89, False), (90, False), (91, True)])
 async def test_external_link_grace_past_next_attempt(
     db: Database, runtime: Runtime, clock: FrozenClock, age: int, expected: bool
 ) -> None:
@@ -315,7 +316,7 @@ async def test_at_most_500_link_resends_per_tick(
 
 
 # --- sweepStuckHostingMigrationPreviews ------------------------------------------------------
-@pytest.mark.parametrize(("offset", "expected"), [(-1, False), (+1, True)])
+@pytest.mark.parametrize(("offset", "expected"), [(-1, False), (0, False), (+1, True)])
 async def test_stuck_preview_threshold(
     db: Database, runtime: Runtime, clock: FrozenClock, offset: int, expected: bool
 ) -> None:
@@ -388,7 +389,7 @@ async def test_at_most_50_previews_canceled_per_run(
 
 # --- sweepWedgedMediaJobs --------------------------------------------------------------------
 @pytest.mark.parametrize("status", ["pending", "running"])
-@pytest.mark.parametrize(("offset", "expected"), [(-1, False), (+1, True)])
+@pytest.mark.parametrize(("offset", "expected"), [(-1, False), (0, False), (+1, True)])
 async def test_wedged_media_job_threshold(
     db: Database, runtime: Runtime, clock: FrozenClock, status: str, offset: int, expected: bool
 ) -> None:
