@@ -79,13 +79,18 @@ class Scheduler:
         )
         return won
 
+    async def catch_up(self, schedule: Schedule) -> bool:
+        """Started after a slot that no replica ran (a deploy at 04:00, an outage)? Run it late
+        rather than skip a day. If any replica ran it, its claim says so and this is a no-op."""
+        if schedule.catch_up <= timedelta(0):
+            return False
+        missed = previous_slot(schedule.cron, self._clock.now())
+        if self._clock.now() - missed > schedule.catch_up:
+            return False
+        return await self.fire(schedule.lane, missed)
+
     async def _loop(self, schedule: Schedule) -> None:
-        if schedule.catch_up > timedelta(0):
-            # Started after a slot that no replica ran (a deploy at 04:00, an outage)? Run it
-            # late rather than skip a day; if any replica ran it, the claim says so.
-            missed = previous_slot(schedule.cron, self._clock.now())
-            if self._clock.now() - missed <= schedule.catch_up:
-                await self.fire(schedule.lane, missed)
+        await self.catch_up(schedule)
         last: datetime | None = None
         while True:
             # From the last fired slot, not just "now": a sleep that wakes a hair early must

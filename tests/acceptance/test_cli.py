@@ -188,3 +188,42 @@ def test_serve_answers_health_and_stops_cleanly(fresh_db_url: str) -> None:
     assert proc.returncode == 0, stderr
     events = [json.loads(line)["event"] for line in stderr.splitlines() if line.startswith("{")]
     assert "serve_started" in events and events[-1] == "serve_stopped"
+
+
+def test_the_daily_lane_from_the_command_line(fresh_db_url: str, tmp_path: Path) -> None:
+    import asyncio
+
+    from nightcrew.db.database import Database
+    from tests import factories as f
+
+    async def seed() -> str:
+        db = await Database.open(fresh_db_url)
+        try:
+            return await f.podcast(
+                db, status="pending_deletion", deletion_scheduled_at="2026-11-28T00:00:00Z"
+            )
+        finally:
+            await db.close()
+
+    podcast = asyncio.run(seed())
+    media = tmp_path / "media" / "podcasts" / podcast / "e" / "x"
+    media.mkdir(parents=True)
+    (media / "a.mp3").write_bytes(b"audio")
+    env = _env(DATABASE_URL=fresh_db_url, STORAGE_URL=f"file://{tmp_path / 'media'}")
+    now = "2026-11-29T04:00:00Z"
+
+    dry = run("lifecycle", "run", "daily", "--dry-run", "--json", "--now", now, env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["podcasts_deleted"] == 1
+    assert (media / "a.mp3").exists()
+
+    real = run("lifecycle", "run", "daily", "--json", "--now", now, env=env)
+    assert real.returncode == 0, real.stderr
+    report = json.loads(real.stdout)
+    assert report["lane"] == "daily" and report["podcasts_deleted"] == 1
+    assert report["objects_deleted"] == 1 and not (media / "a.mp3").exists()
+    events = [json.loads(line)["event"] for line in real.stderr.splitlines()]
+    assert events[0] == "lifecycle_cron_started" and events[-1] == "lifecycle_cron_completed"
+
+    human = run("lifecycle", "run", "daily", "--now", now, env=env)
+    assert human.returncode == 0 and "hardDeleteExpiredPodcasts" in human.stdout
