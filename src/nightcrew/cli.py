@@ -233,6 +233,29 @@ def _print_lane_summary(report: dict[str, Any]) -> None:
         typer.echo(f"  ! {failure['event']}: {failure['error']}" + (f" ({ids})" if ids else ""))
 
 
+# --- demo ----------------------------------------------------------------------------------------
+@app.command("demo")
+def demo() -> None:
+    """Build a small sample podcast platform (embedded PostgreSQL, local files), run both lanes
+    on it and show what changed and why. Never touches DATABASE_URL or STORAGE_URL."""
+    from nightcrew.demo import run_demo
+
+    settings = _settings()
+    # The story is told on stdout; only warnings and failures are worth interleaving with it.
+    configure_logging(
+        "warning" if settings.log_level in ("debug", "info") else settings.log_level,
+        settings.secret_values(),
+    )
+    if settings.database_url or settings.storage_url:
+        typer.echo(
+            "note: the demo ignores DATABASE_URL and STORAGE_URL; it uses its own "
+            "embedded database and local files.",
+            err=True,
+        )
+    lines = _run(lambda: run_demo(settings, FrozenClock(SystemClock().now())), settings)
+    typer.echo("\n".join(lines))
+
+
 # --- serve ---------------------------------------------------------------------------------------
 @app.command("serve")
 def serve(

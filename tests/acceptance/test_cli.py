@@ -227,3 +227,24 @@ def test_the_daily_lane_from_the_command_line(fresh_db_url: str, tmp_path: Path)
 
     human = run("lifecycle", "run", "daily", "--now", now, env=env)
     assert human.returncode == 0 and "hardDeleteExpiredPodcasts" in human.stdout
+
+
+def test_demo_tells_the_story_and_never_touches_database_url(
+    tmp_path: Path, fresh_db_url: str
+) -> None:
+    env = _env(NIGHTCREW_DATA_DIR=str(tmp_path / "data"), DATABASE_URL=fresh_db_url)
+    result = run("demo", env=env, cwd=tmp_path, timeout=180)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "Night Owls         paused            → active" in out
+    assert "Old Times          pending_deletion  deleted" in out
+    assert "Garden Hour        paused            unchanged" in out
+    assert "4 file(s)" in out and "2 lost podcast-imports message(s) re-sent" in out
+    assert "1 unconfirmed signup(s) older than 7 days deleted" in out
+    assert "ignores DATABASE_URL" in result.stderr
+    import psycopg
+
+    with psycopg.connect(fresh_db_url) as conn:  # the real database saw nothing
+        assert conn.execute("SELECT count(*) FROM nightcrew.runs").fetchone() == (0,)
+    again = run("demo", env=env, cwd=tmp_path, timeout=180)  # idempotent: starts afresh
+    assert again.returncode == 0 and again.stdout.count("→ active") == 1

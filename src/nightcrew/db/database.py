@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -33,6 +34,11 @@ class QueryError(NightcrewError):
 def json_param(value: Any) -> Jsonb:
     """Wrap a value for a ``jsonb`` parameter."""
     return Jsonb(value)
+
+
+def with_dbname(url: str, dbname: str) -> str:
+    """The same server URL, another database."""
+    return urlunsplit(urlsplit(url)._replace(path="/" + dbname))
 
 
 def describe_target(conninfo: str) -> str:

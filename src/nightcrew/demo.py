@@ -1,0 +1,341 @@
+"""``nightcrew demo``: a small sample podcast platform, both lanes run on it, the outcome shown.
+
+It always uses the embedded PostgreSQL in ``NIGHTCREW_DATA_DIR`` (a database of its own,
+``nightcrew_demo``, recreated every time) and a local store under ``demo/media`` — never
+``DATABASE_URL`` or ``STORAGE_URL``, so it cannot touch a real platform — and it talks to no
+outside service (Stripe and the feed worker are left unconfigured, which the output says).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from nightcrew.adapters.storage import ObjectStore
+from nightcrew.clock import Clock
+from nightcrew.config import Settings
+from nightcrew.db.database import Database, with_dbname
+from nightcrew.db.embedded import EmbeddedPostgres
+from nightcrew.db.migrate import migrate
+from nightcrew.lifecycle.lanes import LaneReport, run_lane
+from nightcrew.runtime import Runtime, open_runtime
+
+DEMO_DATABASE = "nightcrew_demo"
+MINUTE = timedelta(minutes=1)
+DAY = timedelta(days=1)
+
+
+@dataclass(kw_only=True)
+class Sample:
+    """What was seeded, by name, so the outcome can be told in words."""
+
+    names: dict[str, str] = field(default_factory=dict)  # id → human name
+    files: int = 0
+    bytes: int = 0
+
+    def name(self, row_id: object) -> str:
+        return self.names.get(str(row_id), str(row_id)[:8])
+
+
+async def _one(db: Database, sql: str, params: dict[str, Any]) -> str:
+    row = await db.fetch_one(sql + " RETURNING id", params)
+    assert row is not None
+    return str(row["id"])
+
+
+async def seed(db: Database, store: ObjectStore, now: datetime) -> Sample:
+    sample = Sample()
+
+    def ago(delta: timedelta) -> datetime:
+        return now - delta
+
+    async def user(email: str, created: datetime, **extra: Any) -> str:
+        cols = ", ".join(["email", "created_at", *extra])
+        vals = ", ".join(f"%({k})s" for k in ["email", "created_at", *extra])
+        uid = await _one(
+            db,
+            f"INSERT INTO auth.users ({cols}) VALUES ({vals})",
+            {"email": email, "created_at": created, **extra},
+        )
+        sample.names[uid] = email
+        return uid
+
+    async def account(owner: str, name: str, model: str) -> str:
+        acct = await _one(
+            db,
+            "INSERT INTO public.billing_accounts (owner_user_id, billing_model, plan,"
+            " stripe_customer_id) VALUES (%(o)s, %(m)s, 'creator', %(c)s)",
+            {"o": owner, "m": model, "c": f"cus_{name.lower()}"},
+        )
+        await db.execute(
+            "INSERT INTO public.user_profiles (id, email, billing_account_id)"
+            " VALUES (%(u)s, %(e)s, %(a)s)",
+            {"u": owner, "e": sample.names[owner], "a": acct},
+        )
+        return acct
+
+    async def podcast(title: str, acct: str, owner: str, **cols: Any) -> str:
+        slug = title.lower().replace(" ", "-")
+        names = ", ".join(["slug", "title", "billing_account_id", *cols])
+        vals = ", ".join(f"%({k})s" for k in ["slug", "title", "billing_account_id", *cols])
+        pid = await _one(
+            db,
+            f"INSERT INTO public.podcasts ({names}) VALUES ({vals})",
+            {"slug": slug, "title": title, "billing_account_id": acct, **cols},
+        )
+        await db.execute(
+            "INSERT INTO public.podcast_members (podcast_id, user_id, role)"
+            " VALUES (%(p)s, %(u)s, 'owner')",
+            {"p": pid, "u": owner},
+        )
+        sample.names[pid] = f"“{title}”"
+        return pid
+
+    async def episode(pid: str, title: str, files: int = 1, **cols: Any) -> str:
+        names = ", ".join(["podcast_id", "title", "status", *cols])
+        vals = ", ".join(f"%({k})s" for k in ["podcast_id", "title", "status", *cols])
+        eid = await _one(
+            db,
+            f"INSERT INTO public.episodes ({names}) VALUES ({vals})",
+            {"podcast_id": pid, "title": title, "status": "published", **cols},
+        )
+        sample.names[eid] = f"“{title}”"
+        for n in range(files):
+            data = f"sample audio {title} #{n}\n".encode() * 64
+            await store.put(f"podcasts/{pid}/e/{eid}/audio-{n}.mp3", data)
+            sample.files += 1
+            sample.bytes += len(data)
+        return eid
+
+    ada = await user("ada@example.test", ago(400 * DAY), email_confirmed_at=ago(400 * DAY))
+    bo = await user("bo@example.test", ago(300 * DAY), email_confirmed_at=ago(300 * DAY))
+    await user("signup-bot@example.test", ago(9 * DAY))
+    await user("new-listener@example.test", ago(2 * DAY))
+    await user("invited-cohost@example.test", ago(30 * DAY), invited_at=ago(30 * DAY))
+    acme = await account(ada, "Acme", "subscription")
+    corp = await account(bo, "Corp", "enterprise_manual")
+
+    brew = await podcast("Morning Brew", acme, ada)
+    for n in range(3):
+        await episode(brew, f"Brew #{n + 1}", published_at=ago((3 - n) * 7 * DAY))
+    owls = await podcast(
+        "Night Owls", acme, ada, status="paused", paused_at=ago(90 * DAY), pause_expires_at=ago(DAY)
+    )
+    await episode(owls, "Owls pilot", published_at=ago(120 * DAY))
+    garden = await podcast(
+        "Garden Hour",
+        corp,
+        bo,
+        status="paused",
+        paused_at=ago(10 * DAY),
+        pause_expires_at=now + 7 * DAY,
+    )
+    await episode(garden, "Seeds", published_at=ago(30 * DAY))
+    old = await podcast(
+        "Old Times",
+        corp,
+        bo,
+        status="pending_deletion",
+        deletion_scheduled_at=ago(DAY),
+        deletion_redirect_url="https://example.test/moved",
+    )
+    for n in range(3):
+        await episode(
+            old, f"Old Times {n + 1}", files=2 if n == 0 else 1, published_at=ago(200 * DAY)
+        )
+    await podcast(
+        "Second Thoughts", corp, bo, status="pending_deletion", deletion_scheduled_at=now + 10 * DAY
+    )
+    ext = await podcast("Elsewhere FM", acme, ada, hosting_type="external")
+    await episode(
+        ext,
+        "Hosted elsewhere",
+        files=0,
+        published_at=ago(DAY),
+        external_link_status="pending",
+        external_link_attempt=1,
+        external_link_next_attempt_at=ago(10 * MINUTE),
+    )
+
+    imp = await _one(
+        db,
+        "INSERT INTO public.podcast_imports (podcast_id, status, started_at,"
+        " dispatch_end_at, created_at) VALUES (%(p)s, 'running', %(t)s, %(t)s, %(t)s)",
+        {"p": brew, "t": ago(30 * MINUTE)},
+    )
+    sample.names[imp] = "the import into “Morning Brew”"
+    for status, attempts, age in (
+        ("pending", 1, 5 * MINUTE),
+        ("processing", 0, 20 * MINUTE),
+        ("completed", 1, 25 * MINUTE),
+        ("pending", 0, 10 * 1e-3 * MINUTE),
+    ):
+        await db.execute(
+            "INSERT INTO public.import_items (import_id, status, attempts,"
+            " created_at, updated_at) VALUES (%(i)s, %(s)s, %(a)s, %(t)s, %(t)s)",
+            {"i": imp, "s": status, "a": attempts, "t": ago(age)},
+        )
+    preview = await _one(
+        db,
+        "INSERT INTO public.podcast_imports (podcast_id, status,"
+        " is_hosting_migration, created_at) VALUES (%(p)s, 'preview', true, %(t)s)",
+        {"p": ext, "t": ago(20 * MINUTE)},
+    )
+    sample.names[preview] = "the hosting-migration preview of “Elsewhere FM”"
+    media_episode = await db.fetch_one(
+        "SELECT id FROM public.episodes WHERE podcast_id = %(p)s LIMIT 1", {"p": brew}
+    )
+    assert media_episode is not None
+    job = await _one(
+        db,
+        "INSERT INTO public.media_jobs (episode_id, type, status, created_at,"
+        " updated_at) VALUES (%(e)s, 'normalize', 'running', %(t)s, %(t)s)",
+        {"e": media_episode["id"], "t": ago(4 * 60 * MINUTE)},
+    )
+    sample.names[job] = "a loudness-normalisation job on “Brew #1”"
+    return sample
+
+
+async def _state(db: Database) -> dict[str, Any]:
+    rows = await db.fetch("SELECT id, title, status FROM public.podcasts ORDER BY created_at")
+    users = await db.fetch_one("SELECT count(*) AS n FROM auth.users")
+    queued = await db.fetch(
+        "SELECT queue, count(*) AS n FROM nightcrew.queue_messages GROUP BY queue ORDER BY queue"
+    )
+    return {
+        "podcasts": {str(r["id"]): (r["title"], r["status"]) for r in rows},
+        "users": users["n"] if users else 0,
+        "queued": {r["queue"]: r["n"] for r in queued},
+    }
+
+
+async def _count_files(store: ObjectStore) -> int:
+    return sum([len(page) async for page in store.list_prefix("podcasts/")])
+
+
+def explain(sample: Sample, minute: LaneReport, daily: LaneReport) -> list[str]:
+    """The lanes' reports, in words."""
+    lines: list[str] = ["", "Minute lane — the self-healing watchdogs (every minute):"]
+    jobs = {j.name: j.report or {} for j in minute.jobs}
+    imports = jobs["sweepStalledImports"]
+    lines.append(
+        f"  • {imports.get('items_requeued', 0)} lost podcast-imports message(s) re-sent "
+        f"({imports.get('items_rescued', 0)} of them rescued from a 'processing' claim older "
+        "than 10 minutes: its worker is presumed dead). A pending item with 1 attempt is "
+        "stalled after 67 s; the one updated seconds ago was left alone."
+    )
+    links = jobs["sweepStalledExternalLinks"]
+    lines.append(
+        f"  • {links.get('links_requeued', 0)} external-episode-link message(s) re-sent: the link "
+        "was due 10 minutes ago (grace 90 s); its next attempt is pushed 90 s out, same attempt."
+    )
+    for import_id in jobs["sweepStuckHostingMigrationPreviews"].get("import_ids", []):
+        lines.append(
+            f"  • {sample.name(import_id)} was canceled: stuck in preview for 20 minutes"
+            " (limit 15), it would have blocked every retry with a 409."
+        )
+    for job_id in jobs["sweepWedgedMediaJobs"].get("job_ids", []):
+        lines.append(
+            f"  • {sample.name(job_id)} was marked failed: no progress for 4 hours "
+            "(limit 3), and its waiters were notified."
+        )
+
+    lines += ["", "Daily lane — once a day at 04:00 UTC:"]
+    jobs = {j.name: j.report or {} for j in daily.jobs}
+    for podcast in jobs["reactivateExpiredPauses"].get("podcasts", []):
+        billing = podcast["billing"]
+        why = billing.get("reason", billing["outcome"])
+        lines.append(
+            f"  • {sample.name(podcast['podcast_id'])}: its pause ended yesterday, so "
+            f"it is active again. Billing resume: {billing['outcome']} ({why})."
+        )
+    for podcast in jobs["hardDeleteExpiredPodcasts"].get("podcasts", []):
+        via = podcast["invalidated_via"] or "NOT YET — will retry"
+        lines.append(
+            f"  • {sample.name(podcast['podcast_id'])}: its deletion date passed, so the podcast "
+            f"and everything under it were deleted — {podcast['objects_deleted']} file(s), "
+            f"{podcast['bytes_deleted']:,} bytes from storage; feed cache told via {via}."
+        )
+    reap = jobs["reapUnconfirmedUsers"]
+    lines.append(
+        f"  • {reap.get('users_reaped', 0)} unconfirmed signup(s) older than 7 days "
+        f"deleted, {reap.get('users_reap_skipped', 0)} skipped."
+    )
+    failures = [*minute.errors, *daily.errors]
+    if failures:
+        lines += ["", "Failures (each also logged under its event name):"]
+        lines += [f"  ! {f['event']}: {f['error']}" for f in failures]
+    return lines
+
+
+async def run_demo(settings: Settings, clock: Clock) -> list[str]:
+    now = clock.now()
+    media = (settings.data_dir / "demo" / "media").resolve()
+    shutil.rmtree(media, ignore_errors=True)
+    embedded = EmbeddedPostgres.start(settings.embedded_pgdata)
+    try:
+        with psycopg.connect(embedded.uri, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {DEMO_DATABASE} WITH (FORCE)")
+            admin.execute(f"CREATE DATABASE {DEMO_DATABASE}")
+        demo_settings = settings.model_copy(
+            update={
+                "database_url": with_dbname(embedded.uri, DEMO_DATABASE),
+                "storage_url": f"file://{media}",
+                "queue_url": "postgres",
+                "stripe_secret_key": None,
+                "public_feed_url": None,
+                "rss_invalidation_secret": None,
+            }
+        )
+        async with open_runtime(demo_settings, clock) as runtime:
+            return await _run(runtime, clock, now, settings, media)
+    finally:
+        embedded.stop()
+
+
+async def _run(
+    runtime: Runtime, clock: Clock, now: datetime, settings: Settings, media: object
+) -> list[str]:
+    await migrate(runtime.db)
+    sample = await seed(runtime.db, runtime.store, now)
+    before, files_before = await _state(runtime.db), await _count_files(runtime.store)
+    minute = await run_lane(runtime, clock, "minute")
+    daily = await run_lane(runtime, clock, "daily")
+    assert minute is not None and daily is not None
+    after, files_after = await _state(runtime.db), await _count_files(runtime.store)
+
+    lines = [
+        "nightcrew demo — a sample podcast platform, and the crew at work on it",
+        f"  PostgreSQL: embedded, in {settings.embedded_pgdata} (database {DEMO_DATABASE})",
+        f"  files:      {media}",
+        f"  as of:      {now:%Y-%m-%d %H:%M} UTC",
+        "",
+        f"Before: {len(before['podcasts'])} podcasts, {before['users']} users, "
+        f"{files_before} audio files ({sample.bytes:,} bytes).",
+    ]
+    for pid, (title, status) in before["podcasts"].items():
+        new = after["podcasts"].get(pid)
+        change = "deleted" if new is None else (f"→ {new[1]}" if new[1] != status else "unchanged")
+        lines.append(f"    {title:<18} {status:<17} {change}")
+    lines += explain(sample, minute, daily)
+    lines += [
+        "",
+        f"After: {len(after['podcasts'])} podcasts, {after['users']} users, {files_after} files."
+        " Queue messages written: "
+        + (", ".join(f"{q} {n}" for q, n in after["queued"].items()) or "none")
+        + ".",
+        "Left alone, and why: “Garden Hour” is paused until next week; “Second Thoughts” is "
+        "scheduled for deletion in 10 days; the 2-day-old and the invited signups are kept.",
+        "Stripe and the feed worker are not configured here, so billing resumes are skipped "
+        "(loudly) and invalidations go to the in-database queue.",
+        "",
+        f"Both runs are in the demo database's run history (nightcrew.runs {minute.run_id} and "
+        f"{daily.run_id}). In normal runs every step above is also a JSON event on stderr.",
+        "Next: `nightcrew db migrate` then `nightcrew lifecycle run daily --dry-run` on your own "
+        "(default) embedded database, or see the README to point nightcrew at a real one.",
+    ]
+    return lines
