@@ -27,6 +27,9 @@ from nightcrew.log import describe_error
 if TYPE_CHECKING:
     from obstore.store import ClientConfig
 
+# A missing object: obstore raises the builtin FileNotFoundError or its own NotFoundError.
+NOT_FOUND: tuple[type[BaseException], ...] = (FileNotFoundError, NotFoundError)
+
 MAX_KEYS_PER_DELETE = 1000
 LIST_PAGE_SIZE = 1000
 # Concurrency of the key-by-key retry of a failed batch.
@@ -94,7 +97,7 @@ class ObstoreStore:
                     )
                     for m in page
                 ]
-        except NotFoundError:
+        except NOT_FOUND:
             return  # a local prefix that was never created: nothing under it
         except Exception as exc:
             raise StoreError(f"listing {prefix!r} failed: {describe_error(exc)}") from exc
@@ -106,7 +109,7 @@ class ObstoreStore:
         self.stats.heads += 1
         try:
             meta = await obstore.head_async(self._store, key)
-        except NotFoundError:
+        except NOT_FOUND:
             return None
         except Exception as exc:
             raise StoreError(f"head {key!r} failed: {describe_error(exc)}") from exc
@@ -142,11 +145,16 @@ class ObstoreStore:
                 self.stats.delete_requests += 1
                 try:
                     await obstore.delete_async(self._store, key)
-                except NotFoundError:
-                    pass  # already gone is what we wanted
                 except Exception as exc:
-                    outcome.failed[key] = describe_error(exc)
-                    return
+                    # Backends word "already gone" differently (the local store reports a
+                    # generic error); the object's absence is what counts, so ask.
+                    try:
+                        gone = await self.head(key) is None
+                    except StoreError:
+                        gone = False
+                    if not gone:
+                        outcome.failed[key] = describe_error(exc)
+                        return
                 outcome.deleted += 1
 
         await asyncio.gather(*(one(k) for k in keys))
