@@ -121,9 +121,16 @@ async def db(fresh_db_url: str) -> AsyncIterator[Database]:
         await database.close()
 
 
-def make_runtime(db: Database, clock: Clock, database_url: str, **adapters: Any) -> Runtime:
+def make_runtime(
+    db: Database,
+    clock: Clock,
+    database_url: str,
+    *,
+    env: dict[str, str] | None = None,
+    **adapters: Any,
+) -> Runtime:
     """A Runtime on a real database; other adapters default to in-process stand-ins."""
-    settings = Settings.model_validate({"DATABASE_URL": database_url})
+    settings = Settings.model_validate({"DATABASE_URL": database_url, **(env or {})})
     defaults: dict[str, Any] = {
         "queues": PostgresQueueProducer(db, clock),
         "store": open_store("memory://"),

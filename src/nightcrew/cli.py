@@ -30,7 +30,7 @@ from nightcrew.errors import (
     DatabaseUnavailableError,
     NightcrewError,
 )
-from nightcrew.log import SecretScrubber, configure_logging, describe_error
+from nightcrew.log import SecretScrubber, configure_logging, describe_error, event
 from nightcrew.runtime import open_database, open_runtime
 
 T = TypeVar("T")
@@ -233,6 +233,123 @@ def _print_lane_summary(report: dict[str, Any]) -> None:
         typer.echo(f"  ! {failure['event']}: {failure['error']}" + (f" ({ids})" if ids else ""))
 
 
+@lifecycle_app.command("reconcile")
+def lifecycle_reconcile(
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Perform mutations (default: dry run).")
+    ] = False,
+    quarantine_missing: Annotated[
+        bool,
+        typer.Option(
+            "--quarantine-missing", help="(apply) Null the audio of episodes whose object is gone."
+        ),
+    ] = False,
+    skip_orphan_delete: Annotated[
+        bool, typer.Option("--skip-orphan-delete", help="Report orphans only, even with --apply.")
+    ] = False,
+    bypass_cap_for_backfill: Annotated[
+        bool,
+        typer.Option(
+            "--bypass-cap-for-backfill",
+            help="(apply) Disable only the storage-cap trigger for the backfill.",
+        ),
+    ] = False,
+    min_orphan_age_hours: Annotated[
+        int,
+        typer.Option(
+            "--min-orphan-age-hours", help="Minimum orphan age in hours (clamped to 24-720)."
+        ),
+    ] = 24,
+    now: Annotated[
+        str | None, typer.Option("--now", help="Run as of this ISO 8601 instant.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Reconcile stored audio with the episodes table: dry run first, read, then --apply."""
+    from nightcrew.lifecycle.reconcile.core import ReconcileOptions
+    from nightcrew.lifecycle.reconcile.engine import run_reconcile
+
+    settings = _settings()
+    clock = _clock(now)
+    options = ReconcileOptions(
+        mode="apply" if apply else "dryrun",
+        quarantine_missing=quarantine_missing,
+        skip_orphan_delete=skip_orphan_delete,
+        bypass_cap_for_backfill=bypass_cap_for_backfill,
+        min_orphan_age_hours=min_orphan_age_hours,
+    )
+
+    async def work() -> dict[str, Any]:
+        async with open_runtime(settings, clock) as runtime:
+            if as_json or not sys.stderr.isatty():
+                report = await run_reconcile(runtime, clock, options)
+            else:
+                report = await _with_progress(runtime, clock, options, run_reconcile)
+            event("reconcile_completed", **report.summary())
+            return report.to_json()
+
+    report = _run(work, settings)
+    if as_json:
+        _print_json(report)
+    else:
+        _print_reconcile_summary(report)
+
+
+async def _with_progress(runtime: Any, clock: Clock, options: Any, run: Any) -> Any:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True
+    ) as bar:
+        task = bar.add_task("starting", total=None)
+
+        def tick(phase: str, count: int) -> None:
+            bar.update(task, description=f"{phase}: {count:,}")
+
+        return await run(runtime, clock, options, progress=tick)
+
+
+def _print_reconcile_summary(report: dict[str, Any]) -> None:
+    mode = "APPLY" if report["mode"] == "apply" else "dry run (nothing changed)"
+    listing, size, missing = report["listing"], report["sizeBackfill"], report["missing"]
+    typer.echo(f"storage reconcile — {mode}, as of {report['now']}, {report['durationMs']:.0f} ms")
+    typer.echo(
+        f"  listing        {listing.get('objects', 0):,} objects, "
+        f"{listing.get('bytes', 0):,} bytes, {listing.get('listRequests', 0)} list requests"
+    )
+    typer.echo(
+        f"  size backfill  {size.get('mismatched', 0):,} wrong or missing sizes, "
+        f"{size.get('written', 0):,} written, "
+        f"{len(size.get('blockedOverCap', [])):,} blocked by the storage cap"
+    )
+    typer.echo(
+        f"  missing        {missing.get('count', 0):,} episodes without their object, "
+        f"{missing.get('quarantined', 0):,} quarantined"
+    )
+    if report["outbox"]:
+        o = report["outbox"]
+        typer.echo(f"  outbox         {o['delivered']:,} delivered, {o['failed']:,} failed")
+    for key, label in (
+        ("orphans", "orphan audio"),
+        ("episodeImages", "episode images"),
+        ("transcribePrep", "expired prep"),
+    ):
+        s = report[key]
+        typer.echo(
+            f"  {label:<14} {s['count']:,} found ({s['bytes']:,} bytes), "
+            f"{s['tooYoung']:,} too young, {s['eligible']:,} eligible, "
+            f"{s['deleted']:,} deleted"
+        )
+        for sample in s["sample"][:5]:
+            typer.echo(f"                   {sample['key']}")
+    typer.echo(f"  media jobs     {report['mediaJobs'].get('flagged', 0)} wedged")
+    typer.echo(f"  over cap       {len(report['overCap'])} billing accounts (report only)")
+    for failure in report["errors"]:
+        typer.echo(f"  ! {failure.get('event')}: {failure.get('error')}")
+    if report["mode"] != "apply":
+        typer.echo("  (--json shows up to 20 sample keys per category; --apply to act)")
+
+
 # --- demo ----------------------------------------------------------------------------------------
 @app.command("demo")
 def demo() -> None:
@@ -269,7 +386,9 @@ def serve(
 
 async def _serve(settings: Settings, host: str, port: int) -> None:
     from nightcrew.http import create_app
-    from nightcrew.log import event
+    from nightcrew.lifecycle.reconcile.core import ReconcileOptions
+    from nightcrew.lifecycle.reconcile.engine import run_reconcile
+    from nightcrew.log import warning
     from nightcrew.scheduler import Scheduler
 
     # Bind first: a port in use is one line and exit 2, before anything starts ticking.
@@ -282,9 +401,18 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     clock = SystemClock()
     async with open_runtime(settings, clock) as runtime:
+        secret = settings.reconciler_secret
+
+        async def reconcile(options: ReconcileOptions) -> dict[str, Any]:
+            return (await run_reconcile(runtime, clock, options)).to_json()
+
         server = _QuietServer(
             uvicorn.Config(
-                create_app(runtime.metrics),
+                create_app(
+                    runtime.metrics,
+                    reconcile=reconcile,
+                    reconciler_secret=secret.get_secret_value() if secret else None,
+                ),
                 host=host,
                 port=port,
                 log_level="warning",
@@ -299,6 +427,11 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
             loop.add_signal_handler(sig, server.request_exit)
         scheduler = asyncio.create_task(Scheduler(runtime, clock).run())
         event("serve_started", host=host, port=port, database=runtime.db.target)
+        if secret is None:
+            warning(
+                "reconcile_endpoint_disabled",
+                reason="RECONCILER_SECRET is unset: POST /reconcile answers 401 to everyone",
+            )
         try:
             await server.serve(sockets=[listener])
         finally:

@@ -1,30 +1,242 @@
-"""The HTTP door: health checks and metrics (the reconcile endpoint joins in a later release)."""
+"""The HTTP door: health checks, metrics, and the secret-guarded storage reconciler.
+
+``POST /reconcile`` checks ``Authorization: Bearer $RECONCILER_SECRET`` first, in constant time,
+and fails closed when the secret is unset — nothing about the request (not even its flags) is
+read before that. Then the flags (query parameters) are validated: an unknown flag or a bad
+value is a 400 that names it. The response is the reconciler's JSON report.
+"""
 
 from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
+from nightcrew.errors import NightcrewError
+from nightcrew.lifecycle.reconcile.core import (
+    MAX_ORPHAN_AGE_HOURS,
+    MIN_ORPHAN_AGE_HOURS,
+    OptionError,
+    ReconcileOptions,
+    parse_flags,
+)
+from nightcrew.log import describe_error, event, warning
 from nightcrew.metrics import Metrics
 
 HEALTH_BODY = {"status": "ok", "service": "lifecycle-manager"}
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+Reconcile = Callable[[ReconcileOptions], Awaitable[dict[str, Any]]]
 
 
 async def health(request: Request) -> JSONResponse:
     return JSONResponse(HEALTH_BODY)
 
 
-def create_app(metrics: Metrics) -> Starlette:
+def authorized(header: str | None, secret: str | None) -> bool:
+    """Bearer check in constant time; an unset secret authorizes nobody."""
+    if not secret or not header:
+        return False
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(token.strip().encode(), secret.encode())
+
+
+def _unauthorized() -> JSONResponse:
+    return JSONResponse(
+        {"error": "unauthorized"},
+        status_code=401,
+        headers={"WWW-Authenticate": 'Bearer realm="reconcile"'},
+    )
+
+
+def create_app(
+    metrics: Metrics, *, reconcile: Reconcile | None = None, reconciler_secret: str | None = None
+) -> Starlette:
     async def render_metrics(request: Request) -> PlainTextResponse:
         return PlainTextResponse(metrics.render(), media_type=PROMETHEUS_TEXT)
+
+    async def reconcile_endpoint(request: Request) -> JSONResponse:
+        if not authorized(request.headers.get("authorization"), reconciler_secret):
+            return _unauthorized()
+        repeated = [k for k in request.query_params if len(request.query_params.getlist(k)) > 1]
+        if repeated:
+            return JSONResponse({"error": f"{repeated[0]}: given more than once"}, status_code=400)
+        try:
+            options = parse_flags(dict(request.query_params))
+        except OptionError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        if reconcile is None:
+            return JSONResponse({"error": "the reconciler is not available here"}, status_code=503)
+        event("reconcile_requested", **options.to_json())
+        try:
+            report = await reconcile(options)
+        except NightcrewError as exc:
+            warning("reconcile_unavailable", error=describe_error(exc))
+            return JSONResponse({"error": str(exc)}, status_code=503)
+        return JSONResponse(report)
+
+    async def openapi(request: Request) -> JSONResponse:
+        return JSONResponse(OPENAPI)
 
     return Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
             Route("/_health", health, methods=["GET"]),
             Route("/metrics", render_metrics, methods=["GET"]),
+            Route("/reconcile", reconcile_endpoint, methods=["POST"]),
+            Route("/openapi.json", openapi, methods=["GET"]),
         ]
     )
+
+
+def _flag(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": schema,
+    }
+
+
+_HEALTH = {
+    "type": "object",
+    "required": ["status", "service"],
+    "properties": {
+        "status": {"type": "string", "enum": ["ok"]},
+        "service": {"type": "string", "enum": ["lifecycle-manager"]},
+    },
+}
+_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
+_BOOL = {"type": "string", "enum": ["true", "false", "1", "0"]}
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.0.3",
+    "info": {
+        "title": "nightcrew lifecycle manager",
+        "version": "0.1.0",
+        "description": "Health, metrics and the secret-guarded storage reconciler.",
+    },
+    "components": {
+        "securitySchemes": {
+            "reconcilerSecret": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "RECONCILER_SECRET",
+            }
+        },
+        "schemas": {"Health": _HEALTH, "Error": _ERROR},
+    },
+    "paths": {
+        "/health": {
+            "get": {
+                "summary": "Liveness",
+                "responses": {
+                    "200": {
+                        "description": "up",
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/Health"}}
+                        },
+                    }
+                },
+            }
+        },
+        "/_health": {
+            "get": {
+                "summary": "Liveness (alias)",
+                "responses": {
+                    "200": {
+                        "description": "up",
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/Health"}}
+                        },
+                    }
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "responses": {
+                    "200": {
+                        "description": "text exposition format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+        "/reconcile": {
+            "post": {
+                "summary": "Run the storage reconciler (dry run unless mode=apply)",
+                "security": [{"reconcilerSecret": []}],
+                "parameters": [
+                    _flag(
+                        "mode",
+                        "dryrun (default) reports only; apply performs mutations",
+                        {"type": "string", "enum": ["dryrun", "apply"]},
+                    ),
+                    _flag(
+                        "quarantineMissing",
+                        "(apply) null the audio of episodes whose object "
+                        "is gone, demoting published/scheduled ones to draft",
+                        _BOOL,
+                    ),
+                    _flag("skipOrphanDelete", "report orphans only, even in apply mode", _BOOL),
+                    _flag(
+                        "bypassCapForBackfill",
+                        "(apply) disable only the storage-cap trigger during the size backfill",
+                        _BOOL,
+                    ),
+                    _flag(
+                        "minOrphanAgeHours",
+                        f"minimum orphan age, clamped to "
+                        f"{MIN_ORPHAN_AGE_HOURS}-{MAX_ORPHAN_AGE_HOURS}",
+                        {"type": "integer"},
+                    ),
+                ],
+                "responses": {
+                    "200": {
+                        "description": "the reconcile report",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    },
+                    "400": {
+                        "description": "unknown flag or malformed value",
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                        },
+                    },
+                    "401": {
+                        "description": "missing or wrong bearer token, or no secret set",
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                        },
+                    },
+                    "503": {
+                        "description": "the reconciler cannot run (configuration, database)",
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                        },
+                    },
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "This description",
+                "responses": {
+                    "200": {
+                        "description": "OpenAPI 3",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
+            }
+        },
+    },
+}

@@ -34,10 +34,20 @@ class FeedCache(Protocol):
 
 
 class HttpFeedCache:
-    def __init__(self, client: httpx.AsyncClient, base_url: str | None, secret: str | None):
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        base_url: str | None,
+        secret: str | None,
+        *,
+        timeout: httpx.Timeout = TIMEOUT,
+        wait_timeout: httpx.Timeout = WAIT_TIMEOUT,
+    ) -> None:
         self._client = client
         self._base = base_url.rstrip("/") if base_url else None
         self._secret = secret
+        self._timeout = timeout
+        self._wait_timeout = wait_timeout
 
     @property
     def configured(self) -> bool:
@@ -56,7 +66,7 @@ class HttpFeedCache:
                 params={"wait": "1"} if wait else None,
                 json={"id": podcast_id},
                 headers={"Authorization": f"Bearer {self._secret}"},
-                timeout=WAIT_TIMEOUT if wait else TIMEOUT,
+                timeout=self._wait_timeout if wait else self._timeout,
             )
         except httpx.HTTPError as exc:
             return Invalidation(ok=False, error=describe_error(exc))

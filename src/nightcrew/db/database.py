@@ -6,7 +6,7 @@ that ``transaction()`` yields, and get ``QueryError`` (with its SQLSTATE) when P
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -87,7 +87,32 @@ class _Executor:
 
 
 class Tx(_Executor):
-    """The statements of one transaction: everything commits together or not at all."""
+    """Statements on one connection: a transaction's, or a session's (temp tables, COPY)."""
+
+    async def stream(
+        self, query: str, params: Params = None, *, batch: int = 1000
+    ) -> AsyncIterator[list[Row]]:
+        """Rows in batches through a server-side cursor: memory holds one batch, not the result."""
+        try:
+            async with self._conn.transaction():
+                async with self._conn.cursor(name="nightcrew_stream") as cur:
+                    await cur.execute(query, params)
+                    while rows := await cur.fetchmany(batch):
+                        yield [dict(row) for row in rows]
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+
+    async def copy_in(self, statement: str, rows: Iterable[Sequence[Any]]) -> int:
+        """COPY rows in (``COPY t (a, b) FROM STDIN``); returns how many were written."""
+        count = 0
+        try:
+            async with self._conn.cursor() as cur, cur.copy(statement) as copy:
+                for row in rows:
+                    await copy.write_row(row)
+                    count += 1
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+        return count
 
 
 class Database(_Executor):

@@ -20,7 +20,7 @@ import structlog
 
 from nightcrew import runs
 from nightcrew.clock import Clock
-from nightcrew.lifecycle import deletions, pauses, signups, watchdogs
+from nightcrew.lifecycle import deletions, pauses, signups, storage_reconcile, watchdogs
 from nightcrew.log import describe_error, error, event
 from nightcrew.reports import Failure, JobReport
 from nightcrew.runtime import Runtime
@@ -97,6 +97,11 @@ DAILY = Lane(
             name="reapUnconfirmedUsers",
             failed_event="unconfirmed_users_reap_failed",
             run=signups.reap_unconfirmed_users,
+        ),
+        Job(
+            name="runReconcile",
+            failed_event="scheduled_reconcile_failed",
+            run=storage_reconcile.scheduled_reconcile,
         ),
     ),
 )

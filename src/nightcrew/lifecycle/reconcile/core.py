@@ -1,0 +1,163 @@
+"""Pure helpers of the reconciler: options, key derivation, size comparison. No I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+Mode = Literal["dryrun", "apply"]
+ObjectKind = Literal["audio", "episode_image", "podcast_image", "prep", "other"]
+
+# minOrphanAgeHours is clamped to this range; the 24 h floor is a hard guard so that an
+# in-flight upload's object is never swept before its finalize lands.
+MIN_ORPHAN_AGE_HOURS = 24
+MAX_ORPHAN_AGE_HOURS = 720
+# Transcription-prep objects are re-derivable; older than this they go, no reference check.
+PREP_TTL_DAYS = 7
+# Keys quoted per category in a report, so an operator can judge before applying.
+SAMPLE_KEYS = 20
+
+# Query parameters of POST /reconcile, and their option names.
+FLAG_NAMES = {
+    "mode": "mode",
+    "quarantineMissing": "quarantine_missing",
+    "skipOrphanDelete": "skip_orphan_delete",
+    "bypassCapForBackfill": "bypass_cap_for_backfill",
+    "minOrphanAgeHours": "min_orphan_age_hours",
+}
+
+
+def clamp_orphan_age_hours(hours: int) -> int:
+    return max(MIN_ORPHAN_AGE_HOURS, min(MAX_ORPHAN_AGE_HOURS, int(hours)))
+
+
+class OptionError(ValueError):
+    """A reconcile flag is unknown or its value malformed; the message names the flag."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReconcileOptions:
+    mode: Mode = "dryrun"
+    quarantine_missing: bool = False
+    skip_orphan_delete: bool = False
+    bypass_cap_for_backfill: bool = False
+    min_orphan_age_hours: int = MIN_ORPHAN_AGE_HOURS
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "min_orphan_age_hours", clamp_orphan_age_hours(self.min_orphan_age_hours)
+        )
+
+    @property
+    def apply(self) -> bool:
+        return self.mode == "apply"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "quarantineMissing": self.quarantine_missing,
+            "skipOrphanDelete": self.skip_orphan_delete,
+            "bypassCapForBackfill": self.bypass_cap_for_backfill,
+            "minOrphanAgeHours": self.min_orphan_age_hours,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# The daily cron's safe subset: measured sizes, aged reference-checked orphans, outbox drain;
+# never quarantine, never the cap bypass.
+SCHEDULED_OPTIONS = ReconcileOptions(
+    mode="apply",
+    quarantine_missing=False,
+    skip_orphan_delete=False,
+    bypass_cap_for_backfill=False,
+    min_orphan_age_hours=MIN_ORPHAN_AGE_HOURS,
+)
+
+
+def _flag_bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("true", "1", "yes", ""):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise OptionError(f"{name}: expected true or false, got {raw!r}")
+
+
+def parse_flags(params: Mapping[str, str]) -> ReconcileOptions:
+    """POST /reconcile's query parameters → options; anything unknown or malformed is refused."""
+    unknown = sorted(set(params) - set(FLAG_NAMES))
+    if unknown:
+        raise OptionError(f"unknown flag {unknown[0]!r}; known flags: {', '.join(FLAG_NAMES)}")
+    values: dict[str, Any] = {}
+    if "mode" in params:
+        if params["mode"] not in ("dryrun", "apply"):
+            raise OptionError(f"mode: expected dryrun or apply, got {params['mode']!r}")
+        values["mode"] = params["mode"]
+    for flag in ("quarantineMissing", "skipOrphanDelete", "bypassCapForBackfill"):
+        if flag in params:
+            values[FLAG_NAMES[flag]] = _flag_bool(flag, params[flag])
+    if "minOrphanAgeHours" in params:
+        raw = params["minOrphanAgeHours"].strip()
+        try:
+            values["min_orphan_age_hours"] = int(raw)
+        except ValueError:
+            raise OptionError(f"minOrphanAgeHours: expected whole hours, got {raw!r}") from None
+    return ReconcileOptions(**values)
+
+
+def size_needs_write(recorded: str | int | None, actual: int) -> bool:
+    """Whether the recorded audio size must be rewritten with the measured one.
+
+    BIGINT arrives as int from psycopg but as a string from other drivers (and from JSON);
+    compare numbers, never a string with an int — that bug rewrote every audio-bearing episode
+    every night (spec 000). NULL and 0 always need the measured size, unless it is 0 too.
+    """
+    if recorded is None:
+        return True
+    if isinstance(recorded, str):
+        recorded = recorded.strip()
+        if not recorded:
+            return True
+        recorded = int(recorded)
+    return int(recorded) != int(actual)
+
+
+def public_prefix(public_base: str) -> str:
+    """``R2_PUBLIC_URL`` as the prefix an object's URL starts with."""
+    return public_base.rstrip("/") + "/"
+
+
+def key_from_url(url: str | None, public_base: str) -> str | None:
+    """The store key behind a public URL, or None when the URL is not ours (external hosting)."""
+    if not url:
+        return None
+    prefix = public_prefix(public_base)
+    if not url.startswith(prefix):
+        return None
+    key = urlsplit(url).path[len(urlsplit(prefix).path) :]
+    return key or None
+
+
+def classify_key(key: str) -> ObjectKind:
+    """podcasts/{p}/images/… · podcasts/{p}/e/{e}/images/… · …/transcribe-prep/… · audio."""
+    parts = key.split("/")
+    if len(parts) < 3 or parts[0] != "podcasts":
+        return "other"
+    if parts[2] == "images":
+        return "podcast_image"
+    if parts[2] != "e" or len(parts) < 5:
+        return "other"
+    if parts[4] == "images":
+        return "episode_image"
+    if parts[4] == "transcribe-prep":
+        return "prep"
+    return "audio"
+
+
+def podcast_of_key(key: str) -> str | None:
+    parts = key.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "podcasts" else None

@@ -1,0 +1,552 @@
+"""The storage reconciler's jobs (spec 000 "Storage Reconciliation").
+
+One listing of ``podcasts/`` streams into a session temp table (COPY, one page of 1000 at a
+time), so every job is a join and the store sees about N/1000 list requests plus one request
+per candidate: a HEAD per missing-object candidate (it may have been uploaded after the listing
+passed it) and a delete per batch of at most 1000 orphans. Memory stays flat: nothing holds more
+than a page or a batch of candidates.
+
+1. size backfill  — measured sizes where the recorded one is NULL or wrong (+ outbox intent for
+                    a published episode); 23514 (over cap) is listed, never fatal.
+2. missing        — always reported; quarantined only with ``quarantine_missing``, one
+                    transaction per episode.
+3. outbox drain   — every apply run, over the confirmable ``?wait=1`` lane.
+4. orphan sweeps  — audio (both audio columns), per-episode images, expired transcription prep;
+                    age-guarded and re-checked against the database right before each delete.
+Plus the over-cap report and the media_jobs watchdog's result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from nightcrew.adapters.storage import ObjectStore, ReadOnlyStore, StoredObject
+from nightcrew.clock import Clock
+from nightcrew.db.database import QueryError, Tx
+from nightcrew.db.queries import load_queries
+from nightcrew.errors import NightcrewError
+from nightcrew.lifecycle.reconcile.core import (
+    PREP_TTL_DAYS,
+    SAMPLE_KEYS,
+    ReconcileOptions,
+    classify_key,
+    public_prefix,
+    size_needs_write,
+)
+from nightcrew.lifecycle.watchdogs import sweep_wedged_media_jobs
+from nightcrew.log import describe_error, error, event, warning
+from nightcrew.runtime import Runtime
+
+SQL = load_queries(__file__)
+
+DELETE_BATCH = 1000
+OUTBOX_DRAIN_MAX = 500
+CHECK_VIOLATION = "23514"
+INSUFFICIENT_PRIVILEGE = "42501"
+
+Progress = Callable[[str, int], None]
+
+
+class ReconcileUnavailable(NightcrewError):
+    """The reconciler cannot run here (e.g. R2_PUBLIC_URL is unset); the message says why."""
+
+
+@dataclass(kw_only=True)
+class Sweep:
+    """One orphan category's tally."""
+
+    found: int = 0
+    bytes: int = 0
+    too_young: int = 0
+    protected: int = 0
+    eligible: int = 0
+    referenced_at_recheck: int = 0
+    deleted: int = 0
+    bytes_deleted: int = 0
+    failed: dict[str, str] = field(default_factory=dict)
+    sample: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self, *, protected_key: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "count": self.found,
+            "bytes": self.bytes,
+            "tooYoung": self.too_young,
+            "eligible": self.eligible,
+            "skippedReferenced": self.referenced_at_recheck,
+            "deleted": self.deleted,
+            "bytesDeleted": self.bytes_deleted,
+            "failed": len(self.failed),
+            "failedKeys": dict(list(self.failed.items())[:SAMPLE_KEYS]),
+            "sample": self.sample,
+        }
+        if protected_key:
+            body[protected_key] = self.protected
+        return body
+
+
+@dataclass(kw_only=True)
+class ReconcileReport:
+    options: ReconcileOptions
+    now: datetime
+    listing: dict[str, int] = field(default_factory=dict)
+    size_backfill: dict[str, Any] = field(default_factory=dict)
+    missing: dict[str, Any] = field(default_factory=dict)
+    outbox: dict[str, Any] = field(default_factory=dict)
+    orphans: Sweep = field(default_factory=Sweep)
+    episode_images: Sweep = field(default_factory=Sweep)
+    transcribe_prep: Sweep = field(default_factory=Sweep)
+    media_jobs: dict[str, Any] = field(default_factory=dict)
+    over_cap: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    duration_ms: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """The fields of the spec's scheduled_reconcile event."""
+        return {
+            "sizeWritten": self.size_backfill.get("written", 0),
+            "orphansDeleted": self.orphans.deleted
+            + self.episode_images.deleted
+            + self.transcribe_prep.deleted,
+            "overCapAccounts": len(self.over_cap),
+            "outboxDrained": self.outbox.get("delivered", 0),
+            "errors": len(self.errors),
+            "durationMs": self.duration_ms,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.options.mode,
+            "options": self.options.to_json(),
+            "now": self.now.isoformat(),
+            "summary": self.summary(),
+            "listing": self.listing,
+            "sizeBackfill": self.size_backfill,
+            "missing": self.missing,
+            "outbox": self.outbox,
+            "orphans": self.orphans.to_json(protected_key="protectedPendingInvalidation"),
+            "episodeImages": self.episode_images.to_json(),
+            "transcribePrep": self.transcribe_prep.to_json(),
+            "mediaJobs": self.media_jobs,
+            "overCap": self.over_cap,
+            "errors": self.errors,
+            "durationMs": self.duration_ms,
+        }
+
+
+async def run_reconcile(
+    runtime: Runtime,
+    clock: Clock,
+    options: ReconcileOptions,
+    *,
+    progress: Progress | None = None,
+    before_delete: Callable[[], Any] | None = None,
+) -> ReconcileReport:
+    """Run the reconciler once. ``before_delete`` is awaited just before each orphan batch's
+    final re-check (tests use it to change the world inside that window)."""
+    base = runtime.settings.r2_public_url
+    if not base:
+        raise ReconcileUnavailable(
+            "R2_PUBLIC_URL is unset: object keys cannot be derived from episode URLs"
+        )
+    started = time.perf_counter()
+    report = ReconcileReport(options=options, now=clock.now())
+    prefix = public_prefix(base)
+    # Belt and braces: a dry run's store cannot delete, whatever a bug upstream asks of it.
+    store: ObjectStore = runtime.store if options.apply else ReadOnlyStore(runtime.store)
+    tick = progress or (lambda phase, n: None)
+
+    async with runtime.db.session() as conn:
+        await conn.execute(SQL["drop_listing"])
+        await conn.execute(SQL["create_listing"])
+        try:
+            report.listing = await _load_listing(conn, store, tick)
+            await _size_backfill(runtime, conn, options, prefix, report, tick)
+            await _missing(runtime, conn, store, options, prefix, report, tick)
+            if options.apply:
+                await _drain_outbox(runtime, report)
+            deletes = options.apply and not options.skip_orphan_delete
+            age = timedelta(hours=options.min_orphan_age_hours)
+            await _sweep(
+                runtime,
+                conn,
+                store,
+                report.orphans,
+                report,
+                SQL["unreferenced_audio"],
+                {"prefix": prefix},
+                recheck=SQL["recheck_audio_references"],
+                prefix=prefix,
+                min_age=age,
+                delete=deletes,
+                kind="orphan",
+                tick=tick,
+                before_delete=before_delete,
+            )
+            await _sweep(
+                runtime,
+                conn,
+                store,
+                report.episode_images,
+                report,
+                SQL["unreferenced_episode_images"],
+                {"prefix": prefix},
+                recheck=SQL["recheck_image_references"],
+                prefix=prefix,
+                min_age=age,
+                delete=deletes,
+                kind="episode_image",
+                tick=tick,
+                before_delete=before_delete,
+            )
+            await _sweep(
+                runtime,
+                conn,
+                store,
+                report.transcribe_prep,
+                report,
+                SQL["expired_prep"],
+                {"now": report.now, "ttl_days": PREP_TTL_DAYS},
+                recheck=None,
+                prefix=prefix,
+                min_age=timedelta(0),
+                delete=options.apply,
+                kind="transcribe_prep",
+                tick=tick,
+                before_delete=None,
+            )
+        finally:
+            await conn.execute(SQL["drop_listing"])
+
+    media_runtime = runtime if options.apply else runtime.dry_run_view(clock)
+    media = await sweep_wedged_media_jobs(media_runtime, clock)
+    report.media_jobs = {"flagged": media.media_jobs_flagged, "jobIds": media.job_ids}
+    report.over_cap = [
+        {
+            "accountId": str(r["account_id"]),
+            "bytes": int(r["bytes"]),
+            "capBytes": int(r["cap_gb"] * 1_000_000_000),
+            "overBytes": int(r["bytes"] - r["cap_gb"] * 1_000_000_000),
+        }
+        for r in await runtime.db.fetch(SQL["over_cap_accounts"], {"now": report.now})
+    ]
+    report.duration_ms = round((time.perf_counter() - started) * 1000, 1)
+    return report
+
+
+def _listing_rows(page: list[StoredObject], kinds: dict[str, int]) -> list[tuple[Any, ...]]:
+    rows = []
+    for obj in page:
+        kind = classify_key(obj.key)
+        kinds[kind] = kinds.get(kind, 0) + 1
+        rows.append((obj.key, kind, obj.size, obj.last_modified))
+    return rows
+
+
+async def _load_listing(conn: Tx, store: ObjectStore, tick: Progress) -> dict[str, int]:
+    objects = size = 0
+    kinds: dict[str, int] = {}
+    pages_before = store.stats.list_pages
+    async for page in store.list_prefix("podcasts/"):
+        await conn.copy_in(SQL["copy_listing"], _listing_rows(page, kinds))
+        objects += len(page)
+        size += sum(o.size for o in page)
+        tick("listing", objects)
+    await conn.execute(SQL["index_listing"])
+    await conn.execute(SQL["analyze_listing"])
+    return {
+        "objects": objects,
+        "bytes": size,
+        "listRequests": store.stats.list_pages - pages_before,
+        **kinds,
+    }
+
+
+async def _size_backfill(
+    runtime: Runtime,
+    conn: Tx,
+    options: ReconcileOptions,
+    prefix: str,
+    report: ReconcileReport,
+    tick: Progress,
+) -> None:
+    checked = mismatched = written = 0
+    blocked: list[dict[str, Any]] = []
+    sample: list[dict[str, Any]] = []
+    # The cap bypass is one transaction that ALTERs episodes, which must not start while this
+    # session's cursor still reads the table (it would wait on us forever): collect first.
+    # The active path writes as the rows stream by, so its memory stays flat.
+    bypass = options.apply and options.bypass_cap_for_backfill
+    collected: list[dict[str, Any]] = []
+
+    async def write_active(row: dict[str, Any]) -> None:
+        nonlocal written
+        try:
+            if await _write_size(runtime, row, report.now):
+                written += 1
+        except QueryError as exc:
+            if exc.sqlstate != CHECK_VIOLATION:
+                raise
+            blocked.append(
+                {
+                    "episodeId": str(row["id"]),
+                    "podcastId": str(row["podcast_id"]),
+                    "measured": row["actual"],
+                    "error": str(exc),
+                }
+            )
+
+    async for rows in conn.stream(SQL["size_candidates"], {"prefix": prefix}):
+        for row in rows:
+            checked += 1
+            if not size_needs_write(row["recorded"], row["actual"]):
+                continue
+            mismatched += 1
+            if len(sample) < SAMPLE_KEYS:
+                sample.append(
+                    {
+                        "episodeId": str(row["id"]),
+                        "key": row["key"],
+                        "recorded": row["recorded"],
+                        "measured": row["actual"],
+                    }
+                )
+            if bypass:
+                collected.append(row)
+            elif options.apply:
+                await write_active(row)
+        tick("size backfill", checked)
+
+    fallback = False
+    if collected:
+        try:
+            written = await _write_sizes_bypassing_cap(runtime, collected, report.now)
+        except QueryError as exc:
+            if exc.sqlstate != INSUFFICIENT_PRIVILEGE:
+                raise
+            fallback = True
+            warning("reconcile_cap_bypass_unavailable", error=describe_error(exc))
+            for row in collected:
+                await write_active(row)
+    report.size_backfill = {
+        "checked": checked,
+        "mismatched": mismatched,
+        "written": written,
+        "blockedOverCap": blocked,
+        "sample": sample,
+    }
+    if options.bypass_cap_for_backfill:
+        report.size_backfill["capBypassFallback"] = fallback
+
+
+async def _write_size(
+    runtime: Runtime, row: dict[str, Any], now: datetime, tx: Tx | None = None
+) -> bool:
+    params = {
+        "id": row["id"],
+        "actual": row["actual"],
+        "audio_url": row["audio_url"],
+        "recorded": row["recorded"],
+        "now": now,
+    }
+
+    async def write(t: Tx) -> bool:
+        updated = await t.fetch_one(SQL["write_size"], params)
+        if updated is None:
+            return False  # the row changed since the scan: the newer write wins
+        if updated["status"] == "published":  # the feed's <enclosure length> changed
+            await t.execute(
+                SQL["record_outbox"],
+                {"podcast_id": updated["podcast_id"], "reason": "size_backfill", "now": now},
+            )
+        return True
+
+    if tx is not None:
+        return await write(tx)
+    async with runtime.db.transaction() as t:
+        return await write(t)
+
+
+async def _write_sizes_bypassing_cap(
+    runtime: Runtime, rows: list[dict[str, Any]], now: datetime
+) -> int:
+    """One transaction with only the cap trigger disabled; ENABLE runs before the commit
+    whatever happens, and any error rolls back the DISABLE with everything else."""
+    written = 0
+    async with runtime.db.transaction() as tx:
+        await tx.execute(SQL["disable_cap_trigger"])
+        try:
+            for row in rows:
+                if await _write_size(runtime, row, now, tx):
+                    written += 1
+        finally:
+            await tx.execute(SQL["enable_cap_trigger"])
+    return written
+
+
+async def _missing(
+    runtime: Runtime,
+    conn: Tx,
+    store: ObjectStore,
+    options: ReconcileOptions,
+    prefix: str,
+    report: ReconcileReport,
+    tick: Progress,
+) -> None:
+    count = candidates = quarantined = 0
+    sample: list[dict[str, Any]] = []
+    failures: list[dict[str, Any]] = []
+    async for rows in conn.stream(SQL["missing_candidates"], {"prefix": prefix}):
+        for row in rows:
+            candidates += 1
+            if await store.head(row["key"]) is not None:
+                continue  # uploaded after the listing passed its key
+            count += 1
+            if len(sample) < SAMPLE_KEYS:
+                sample.append(
+                    {"episodeId": str(row["id"]), "key": row["key"], "status": row["status"]}
+                )
+            if not (options.apply and options.quarantine_missing):
+                continue
+            try:
+                if await quarantine_episode(runtime, row, report.now):
+                    quarantined += 1
+            except Exception as exc:  # rolled back whole; the next run rediscovers it
+                failure = {
+                    "event": "reconcile_quarantine_failed",
+                    "episode_id": str(row["id"]),
+                    "error": describe_error(exc),
+                }
+                error(**failure)
+                failures.append(failure)
+        tick("missing objects", candidates)
+    report.missing = {
+        "count": count,
+        "quarantined": quarantined,
+        "sample": sample,
+        "quarantineFailed": len(failures),
+    }
+    report.errors.extend(failures)
+
+
+async def quarantine_episode(runtime: Runtime, row: dict[str, Any], now: datetime) -> bool:
+    """The complete transition, in one transaction, by the row's CURRENT state."""
+    async with runtime.db.transaction() as tx:
+        current = await tx.fetch_one(SQL["lock_episode"], {"id": row["id"]})
+        if current is None or current["audio_url"] != row["audio_url"]:
+            return False  # deleted, or re-uploaded since the scan
+        await tx.execute(SQL["quarantine_episode"], {"id": row["id"], "now": now})
+        await tx.execute(SQL["cancel_time_automation"], {"id": row["id"], "now": now})
+        if current["status"] == "published":
+            await tx.execute(
+                SQL["record_outbox"],
+                {"podcast_id": current["podcast_id"], "reason": "quarantine_missing", "now": now},
+            )
+    event(
+        "reconcile_episode_quarantined",
+        episode_id=str(row["id"]),
+        previous_status=current["status"],
+    )
+    return True
+
+
+async def _drain_outbox(runtime: Runtime, report: ReconcileReport) -> None:
+    rows = await runtime.db.fetch(SQL["pending_outbox"], {"limit": OUTBOX_DRAIN_MAX})
+    by_podcast: dict[str, list[str]] = defaultdict(list)
+    for row in rows:
+        by_podcast[str(row["podcast_id"])].append(str(row["id"]))
+    delivered = failed = 0
+    for podcast_id, ids in by_podcast.items():
+        # One confirmed invalidation covers every pending intent of the podcast.
+        result = await runtime.feedcache.invalidate(podcast_id, wait=True)
+        if result.ok:
+            await runtime.db.execute(SQL["outbox_delivered"], {"ids": ids, "now": report.now})
+            delivered += len(ids)
+        else:
+            await runtime.db.execute(
+                SQL["outbox_failed"], {"ids": ids, "error": result.error or "not confirmed"}
+            )
+            failed += len(ids)
+            warning("reconcile_outbox_delivery_failed", podcast_id=podcast_id, error=result.error)
+    report.outbox = {"pending": len(rows), "delivered": delivered, "failed": failed}
+
+
+async def _sweep(
+    runtime: Runtime,
+    conn: Tx,
+    store: ObjectStore,
+    tally: Sweep,
+    report: ReconcileReport,
+    query: str,
+    params: dict[str, Any],
+    *,
+    recheck: str | None,
+    prefix: str,
+    min_age: timedelta,
+    delete: bool,
+    kind: str,
+    tick: Progress,
+    before_delete: Callable[[], Any] | None,
+) -> None:
+    cutoff = report.now - min_age
+    batch: list[tuple[str, int]] = []
+
+    async def flush() -> None:
+        if not batch:
+            return
+        if before_delete is not None:
+            await before_delete()
+        keys = [k for k, _ in batch]
+        if recheck is not None:
+            # Immediately before the delete: anything referenced now stays.
+            urls = [prefix + k for k in keys]
+            referenced = {r["url"] for r in await runtime.db.fetch(recheck, {"urls": urls})}
+            keep = {k for k in keys if prefix + k in referenced}
+            tally.referenced_at_recheck += len(keep)
+            keys = [k for k in keys if k not in keep]
+        sizes = dict(batch)
+        outcome = await store.delete(keys)
+        tally.deleted += outcome.deleted
+        tally.bytes_deleted += sum(sizes[k] for k in keys if k not in outcome.failed)
+        tally.failed.update(outcome.failed)
+        batch.clear()
+
+    async for rows in conn.stream(query, params):
+        for row in rows:
+            tally.found += 1
+            tally.bytes += int(row["size"])
+            if len(tally.sample) < SAMPLE_KEYS:
+                tally.sample.append(
+                    {
+                        "key": row["key"],
+                        "size": int(row["size"]),
+                        "lastModified": row["last_modified"].isoformat(),
+                    }
+                )
+            if row["last_modified"] >= cutoff:
+                tally.too_young += 1
+                continue
+            if row["invalidation_pending"]:
+                tally.protected += 1
+                continue
+            tally.eligible += 1
+            if delete:
+                batch.append((row["key"], int(row["size"])))
+                if len(batch) >= DELETE_BATCH:
+                    await flush()
+        tick(f"{kind} sweep", tally.found)
+    if delete:
+        await flush()
+    if tally.failed:
+        report.errors.append(
+            {
+                "event": "reconcile_delete_failed",
+                "kind": kind,
+                "failed": len(tally.failed),
+                "error": next(iter(tally.failed.values())),
+            }
+        )

@@ -1,0 +1,159 @@
+-- The storage reconciler. The store is listed once into a session temp table (COPY), then
+-- every job is a join against it: no HEAD per episode.
+-- `prefix` is R2_PUBLIC_URL + '/': an episode's key is its URL without it.
+
+-- name: create_listing
+CREATE TEMP TABLE reconcile_objects (
+    key           text NOT NULL,
+    kind          text NOT NULL,
+    size          bigint NOT NULL,
+    last_modified timestamptz NOT NULL
+) ON COMMIT PRESERVE ROWS;
+
+-- name: copy_listing
+COPY reconcile_objects (key, kind, size, last_modified) FROM STDIN;
+
+-- name: index_listing
+CREATE INDEX ON reconcile_objects (key);
+
+-- name: analyze_listing
+ANALYZE reconcile_objects;
+
+-- name: drop_listing
+DROP TABLE IF EXISTS reconcile_objects;
+
+-- name: size_candidates
+-- Episodes whose object exists but whose recorded size is NULL or differs.
+SELECT e.id, e.podcast_id, e.status, e.audio_url, e.audio_file_size_bytes AS recorded,
+       o.size AS actual, o.key
+  FROM public.episodes e
+  JOIN reconcile_objects o
+    ON o.key = split_part(substr(e.audio_url, length(%(prefix)s) + 1), '?', 1)
+ WHERE left(e.audio_url, length(%(prefix)s)) = %(prefix)s
+   AND o.kind = 'audio'
+   AND e.audio_file_size_bytes IS DISTINCT FROM o.size
+ ORDER BY e.id;
+
+-- name: missing_candidates
+-- Episodes whose URL is ours but whose object is not in the listing (HEAD-confirmed later:
+-- it may have been uploaded after the listing passed its key).
+SELECT e.id, e.podcast_id, e.status, e.audio_url,
+       split_part(substr(e.audio_url, length(%(prefix)s) + 1), '?', 1) AS key
+  FROM public.episodes e
+ WHERE e.audio_url IS NOT NULL
+   AND left(e.audio_url, length(%(prefix)s)) = %(prefix)s
+   AND NOT EXISTS (
+         SELECT 1 FROM reconcile_objects o
+          WHERE o.key = split_part(substr(e.audio_url, length(%(prefix)s) + 1), '?', 1))
+ ORDER BY e.id;
+
+-- name: unreferenced_audio
+-- Audio objects that neither audio_url nor original_audio_url references, with whether their
+-- podcast still has an undelivered feed invalidation (a cached feed may still point at them).
+SELECT o.key, o.size, o.last_modified,
+       EXISTS (SELECT 1 FROM public.feed_invalidation_outbox f
+                WHERE f.delivered_at IS NULL
+                  AND f.podcast_id::text = split_part(o.key, '/', 2)) AS invalidation_pending
+  FROM reconcile_objects o
+ WHERE o.kind = 'audio'
+   AND NOT EXISTS (SELECT 1 FROM public.episodes e WHERE e.audio_url = %(prefix)s || o.key)
+   AND NOT EXISTS (SELECT 1 FROM public.episodes e
+                    WHERE e.original_audio_url = %(prefix)s || o.key)
+ ORDER BY o.key;
+
+-- name: unreferenced_episode_images
+SELECT o.key, o.size, o.last_modified, false AS invalidation_pending
+  FROM reconcile_objects o
+ WHERE o.kind = 'episode_image'
+   AND NOT EXISTS (SELECT 1 FROM public.episodes e WHERE e.cover_image_url = %(prefix)s || o.key)
+ ORDER BY o.key;
+
+-- name: expired_prep
+SELECT o.key, o.size, o.last_modified, false AS invalidation_pending
+  FROM reconcile_objects o
+ WHERE o.kind = 'prep'
+   AND o.last_modified < %(now)s - make_interval(days => %(ttl_days)s)
+ ORDER BY o.key;
+
+-- name: recheck_audio_references
+-- The final re-check, immediately before a delete batch: which of these URLs is referenced now?
+SELECT audio_url AS url FROM public.episodes WHERE audio_url = ANY(%(urls)s::text[])
+UNION
+SELECT original_audio_url FROM public.episodes WHERE original_audio_url = ANY(%(urls)s::text[]);
+
+-- name: recheck_image_references
+SELECT cover_image_url AS url FROM public.episodes WHERE cover_image_url = ANY(%(urls)s::text[]);
+
+-- name: write_size
+-- Only if the row still has what the scan saw: a concurrent upload wins.
+UPDATE public.episodes
+   SET audio_file_size_bytes = %(actual)s, updated_at = %(now)s
+ WHERE id = %(id)s
+   AND audio_url = %(audio_url)s
+   AND audio_file_size_bytes IS NOT DISTINCT FROM %(recorded)s
+RETURNING podcast_id, status;
+
+-- name: record_outbox
+INSERT INTO public.feed_invalidation_outbox (podcast_id, reason, created_at)
+VALUES (%(podcast_id)s, %(reason)s, %(now)s);
+
+-- name: disable_cap_trigger
+ALTER TABLE public.episodes DISABLE TRIGGER trigger_enforce_storage_account_cap;
+
+-- name: enable_cap_trigger
+ALTER TABLE public.episodes ENABLE TRIGGER trigger_enforce_storage_account_cap;
+
+-- name: lock_episode
+SELECT id, podcast_id, status, audio_url FROM public.episodes WHERE id = %(id)s FOR UPDATE;
+
+-- name: quarantine_episode
+UPDATE public.episodes
+   SET audio_url = NULL,
+       audio_file_size_bytes = NULL,
+       status = CASE WHEN status IN ('published', 'scheduled') THEN 'draft' ELSE status END,
+       published_at = CASE WHEN status IN ('published', 'scheduled') THEN NULL
+                           ELSE published_at END,
+       scheduled_for = CASE WHEN status IN ('published', 'scheduled') THEN NULL
+                            ELSE scheduled_for END,
+       updated_at = %(now)s
+ WHERE id = %(id)s;
+
+-- name: cancel_time_automation
+UPDATE public.automation_jobs
+   SET status = 'canceled', updated_at = %(now)s
+ WHERE episode_id = %(id)s AND status = 'pending' AND trigger_type = 'time';
+
+-- name: pending_outbox
+SELECT id, podcast_id, attempts
+  FROM public.feed_invalidation_outbox
+ WHERE delivered_at IS NULL
+ ORDER BY created_at, id
+ LIMIT %(limit)s;
+
+-- name: outbox_delivered
+UPDATE public.feed_invalidation_outbox
+   SET delivered_at = %(now)s, attempts = attempts + 1, last_error = NULL
+ WHERE id = ANY(%(ids)s::uuid[]) AND delivered_at IS NULL;
+
+-- name: outbox_failed
+UPDATE public.feed_invalidation_outbox
+   SET attempts = attempts + 1, last_error = %(error)s
+ WHERE id = ANY(%(ids)s::uuid[]) AND delivered_at IS NULL;
+
+-- name: over_cap_accounts
+-- Count-both bytes (enclosure + master) per account against its live cap. Report only.
+WITH usage AS (
+    SELECT p.billing_account_id AS account_id,
+           sum(coalesce(e.audio_file_size_bytes, 0)
+               + coalesce(e.original_audio_file_size_bytes, 0)) AS bytes
+      FROM public.podcasts p
+      JOIN public.episodes e ON e.podcast_id = p.id
+     WHERE p.billing_account_id IS NOT NULL
+     GROUP BY p.billing_account_id
+)
+SELECT account_id, bytes, cap_gb
+  FROM (SELECT u.account_id, u.bytes,
+               public.effective_cap(u.account_id, 'storage_gb_per_account', %(now)s) AS cap_gb
+          FROM usage u) capped
+ WHERE cap_gb IS NOT NULL AND bytes > cap_gb * 1000000000
+ ORDER BY bytes - cap_gb * 1000000000 DESC;

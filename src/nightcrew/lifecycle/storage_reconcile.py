@@ -1,0 +1,54 @@
+"""The daily lane's storage-reconciler job: the safe subset, in its own isolation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nightcrew.clock import Clock
+from nightcrew.lifecycle.reconcile.core import SCHEDULED_OPTIONS
+from nightcrew.lifecycle.reconcile.engine import ReconcileUnavailable, run_reconcile
+from nightcrew.log import event, warning
+from nightcrew.reports import Failure
+from nightcrew.runtime import Runtime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScheduledReconcileReport:
+    summary: dict[str, Any] = field(default_factory=dict)
+    report: dict[str, Any] = field(default_factory=dict)
+    skipped: str | None = None
+    errors: list[Failure] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "reconcile_size_written": int(self.summary.get("sizeWritten", 0)),
+            "reconcile_orphans_deleted": int(self.summary.get("orphansDeleted", 0)),
+            "reconcile_over_cap_accounts": int(self.summary.get("overCapAccounts", 0)),
+            "reconcile_outbox_drained": int(self.summary.get("outboxDrained", 0)),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        if self.skipped:
+            return {"skipped": self.skipped}
+        return {**self.counts(), "report": self.report}
+
+
+async def scheduled_reconcile(runtime: Runtime, clock: Clock) -> ScheduledReconcileReport:
+    """mode=apply, backfill on, orphan sweep at 24 h; never quarantine, never the cap bypass.
+    A throw becomes ``scheduled_reconcile_failed`` in the lane; the rest of the lane goes on."""
+    try:
+        report = await run_reconcile(runtime, clock, SCHEDULED_OPTIONS)
+    except ReconcileUnavailable as exc:
+        warning("scheduled_reconcile_skipped", reason=str(exc))
+        return ScheduledReconcileReport(skipped=str(exc))
+    summary = report.summary()
+    event("scheduled_reconcile", **summary)
+    return ScheduledReconcileReport(
+        summary=summary,
+        report=report.to_json(),
+        errors=[
+            {"event": "scheduled_reconcile_error", **e} if "event" not in e else e
+            for e in report.errors
+        ],
+    )

@@ -1,0 +1,495 @@
+"""The storage reconciler against real PostgreSQL and real stores (local files, moto S3)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from structlog.testing import capture_logs
+
+from nightcrew.adapters.feedcache import HttpFeedCache
+from nightcrew.adapters.storage import ObjectStore, open_store
+from nightcrew.clock import FrozenClock, SystemClock
+from nightcrew.db.database import Database
+from nightcrew.lifecycle.reconcile.core import ReconcileOptions
+from nightcrew.lifecycle.reconcile.engine import quarantine_episode, run_reconcile
+from nightcrew.runtime import Runtime
+from tests import factories as f
+from tests.conftest import make_runtime
+from tests.integration.lifecycle.test_lanes import _snapshot
+from tests.support.servers import S3_CREDENTIALS, RecordingServer, create_bucket, moto_s3
+
+BASE = "https://media.example"
+APPLY = ReconcileOptions(mode="apply")
+DRY = ReconcileOptions(mode="dryrun")
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    with moto_s3() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
+    if request.param == "file":
+        return open_store(f"file://{tmp_path / 'media'}")
+    endpoint = request.getfixturevalue("s3_endpoint")
+    bucket = f"media-{uuid.uuid4().hex[:12]}"
+    create_bucket(endpoint, bucket)
+    return open_store(
+        f"s3://{bucket}?endpoint={endpoint}&region=us-east-1", credentials=S3_CREDENTIALS
+    )
+
+
+def later(**delta: float) -> FrozenClock:
+    """Objects get the store's real mtime; the clock is moved ahead of it to age them."""
+    return FrozenClock(SystemClock().now() + timedelta(**delta))
+
+
+def rt(db: Database, clock: FrozenClock, url: str, store: ObjectStore, **kw: Any) -> Runtime:
+    return make_runtime(db, clock, url, env={"R2_PUBLIC_URL": BASE}, store=store, **kw)
+
+
+class World:
+    """A podcast whose episodes and objects each test arranges by name."""
+
+    def __init__(self, db: Database, store: ObjectStore) -> None:
+        self.db, self.store = db, store
+        self.podcast = ""
+
+    async def setup(self) -> World:
+        self.podcast = await f.podcast(self.db)
+        return self
+
+    def key(self, name: str, *, episode: str = "e1", kind: str = "") -> str:
+        middle = f"{kind}/" if kind else ""
+        return f"podcasts/{self.podcast}/e/{episode}/{middle}{name}"
+
+    async def obj(self, key: str, size: int = 100) -> str:
+        await self.store.put(key, b"\x00" * size)
+        return key
+
+    async def episode(self, key: str | None, **cols: Any) -> str:
+        return await f.episode(
+            self.db, self.podcast, audio_url=f"{BASE}/{key}" if key else None, **cols
+        )
+
+    async def exists(self, key: str) -> bool:
+        return await self.store.head(key) is not None
+
+    async def row(self, episode: str) -> dict[str, Any]:
+        row = await self.db.fetch_one(
+            "SELECT * FROM public.episodes WHERE id = %(e)s", {"e": episode}
+        )
+        assert row is not None
+        return row
+
+
+async def _store_keys(store: ObjectStore) -> list[tuple[str, int]]:
+    return sorted([(o.key, o.size) async for page in store.list_prefix("") for o in page])
+
+
+async def _seed_everything(w: World) -> dict[str, str]:
+    ok = await w.obj(w.key("ok.mp3"), 100)
+    wrong = await w.obj(w.key("wrong.mp3", episode="e2"), 200)
+    null = await w.obj(w.key("null.mp3", episode="e3"), 300)
+    orphan = await w.obj(w.key("old-upload.mp3", episode="e9"), 400)
+    master = await w.obj(w.key("master.flac", episode="e4"), 500)
+    image = await w.obj(w.key("cover.jpg", episode="e1", kind="images"), 10)
+    stale_image = await w.obj(w.key("old.jpg", episode="e2", kind="images"), 11)
+    podcast_image = await w.obj(f"podcasts/{w.podcast}/images/cover.jpg", 12)
+    prep = await w.obj(w.key("chunk.wav", episode="e1", kind="transcribe-prep"), 13)
+    await w.episode(
+        ok, audio_file_size_bytes=100, status="published", cover_image_url=f"{BASE}/{image}"
+    )
+    wrong_ep = await w.episode(wrong, audio_file_size_bytes=999, status="published")
+    await w.episode(null, audio_file_size_bytes=None, status="draft")
+    await w.episode(
+        w.key("transcoded.mp3", episode="e4"), status="draft", original_audio_url=f"{BASE}/{master}"
+    )
+    gone = await w.episode(
+        w.key("gone.mp3", episode="e5"),
+        audio_file_size_bytes=5,
+        status="published",
+        published_at=datetime(2026, 1, 1).astimezone(),
+    )
+    return {
+        "ok": ok,
+        "wrong": wrong,
+        "null": null,
+        "orphan": orphan,
+        "master": master,
+        "image": image,
+        "stale_image": stale_image,
+        "podcast_image": podcast_image,
+        "prep": prep,
+        "wrong_ep": wrong_ep,
+        "gone": gone,
+    }
+
+
+async def test_a_dry_run_changes_nothing_and_reports_everything(
+    db: Database, fresh_db_url: str, store: ObjectStore
+) -> None:
+    w = await World(db, store).setup()
+    keys = await _seed_everything(w)
+    clock = later(days=8)
+    db_before, store_before = await _snapshot(db), await _store_keys(store)
+
+    report = await run_reconcile(rt(db, clock, fresh_db_url, store), clock, DRY)
+
+    assert await _snapshot(db) == db_before
+    assert await _store_keys(store) == store_before
+    r = report.to_json()
+    assert r["mode"] == "dryrun" and r["listing"]["objects"] == 9
+    assert r["sizeBackfill"]["mismatched"] == 2 and r["sizeBackfill"]["written"] == 0
+    assert {s["key"] for s in r["sizeBackfill"]["sample"]} == {keys["wrong"], keys["null"]}
+    # gone.mp3 and the transcoded enclosure of e4 (only its master exists) are missing
+    assert r["missing"]["count"] == 2 and r["missing"]["quarantined"] == 0
+    assert [s["key"] for s in r["orphans"]["sample"]] == [keys["orphan"]]
+    assert r["orphans"]["eligible"] == 1 and r["orphans"]["deleted"] == 0
+    assert r["orphans"]["bytes"] == 400
+    assert [s["key"] for s in r["episodeImages"]["sample"]] == [keys["stale_image"]]
+    assert [s["key"] for s in r["transcribePrep"]["sample"]] == [keys["prep"]]
+    assert r["outbox"] == {}  # drained on apply runs only
+
+
+async def test_apply_writes_sizes_sweeps_orphans_and_keeps_every_referenced_object(
+    db: Database, fresh_db_url: str, store: ObjectStore
+) -> None:
+    w = await World(db, store).setup()
+    keys = await _seed_everything(w)
+    clock = later(days=8)
+    report = (await run_reconcile(rt(db, clock, fresh_db_url, store), clock, APPLY)).to_json()
+
+    assert report["sizeBackfill"]["written"] == 2
+    assert (await w.row(keys["wrong_ep"]))["audio_file_size_bytes"] == 200
+    outbox = await db.fetch(
+        "SELECT podcast_id::text, reason, delivered_at FROM public.feed_invalidation_outbox"
+    )
+    # the published size write recorded an intent, which this same run then tried to drain
+    assert [(o["podcast_id"], o["reason"]) for o in outbox] == [(w.podcast, "size_backfill")]
+    assert report["outbox"]["pending"] == 1
+
+    assert not await w.exists(keys["orphan"])
+    assert not await w.exists(keys["stale_image"])
+    assert not await w.exists(keys["prep"])
+    for kept in ("ok", "wrong", "null", "master", "image", "podcast_image"):
+        assert await w.exists(keys[kept]), kept  # one per reference kind: never deleted
+    assert report["summary"]["orphansDeleted"] == 3
+
+
+async def test_an_orphan_younger_than_the_guard_is_not_deleted(
+    db: Database, fresh_db_url: str, store: ObjectStore
+) -> None:
+    w = await World(db, store).setup()
+    orphan = await w.obj(w.key("fresh-upload.mp3"))
+    clock = later(hours=23)  # clamped guard is 24 h; asking for less changes nothing
+    report = await run_reconcile(
+        rt(db, clock, fresh_db_url, store),
+        clock,
+        ReconcileOptions(mode="apply", min_orphan_age_hours=1),
+    )
+    assert report.orphans.too_young == 1 and report.orphans.deleted == 0
+    assert await w.exists(orphan)
+    clock = later(hours=25)
+    report = await run_reconcile(rt(db, clock, fresh_db_url, store), clock, APPLY)
+    assert report.orphans.deleted == 1 and not await w.exists(orphan)
+
+
+async def test_an_orphan_referenced_inside_the_recheck_window_is_not_deleted(
+    db: Database, fresh_db_url: str, store: ObjectStore
+) -> None:
+    w = await World(db, store).setup()
+    audio = await w.obj(w.key("late.mp3"))
+    image = await w.obj(w.key("late.jpg", kind="images"))
+    clock = later(days=2)
+
+    calls: list[str] = []
+
+    async def finalize_lands() -> None:  # between each sweep's scan and its delete
+        if not calls:
+            calls.append(await w.episode(audio))  # the audio sweep's window
+        else:
+            await db.execute(
+                "UPDATE public.episodes SET cover_image_url = %(u)s WHERE id = %(e)s",
+                {"u": f"{BASE}/{image}", "e": calls[0]},
+            )
+
+    report = await run_reconcile(
+        rt(db, clock, fresh_db_url, store), clock, APPLY, before_delete=finalize_lands
+    )
+    assert report.orphans.eligible == 1 and report.orphans.referenced_at_recheck == 1
+    assert report.episode_images.referenced_at_recheck == 1
+    assert report.orphans.deleted == 0 and report.episode_images.deleted == 0
+    assert await w.exists(audio) and await w.exists(image)
+
+
+async def test_skip_orphan_delete_and_pending_invalidation_protect_audio(
+    db: Database, fresh_db_url: str, store: ObjectStore
+) -> None:
+    w = await World(db, store).setup()
+    audio = await w.obj(w.key("superseded.mp3"))
+    clock = later(days=2)
+    runtime = rt(db, clock, fresh_db_url, store)
+    report = await run_reconcile(
+        runtime, clock, ReconcileOptions(mode="apply", skip_orphan_delete=True)
+    )
+    assert report.orphans.eligible == 1 and report.orphans.deleted == 0
+
+    await db.execute(
+        "INSERT INTO public.feed_invalidation_outbox (podcast_id, reason) VALUES (%(p)s, 'test')",
+        {"p": w.podcast},
+    )
+    # a dry run must not drain (and so unprotect) the outbox: nothing is delivered
+    report = await run_reconcile(runtime, clock, DRY)
+    assert report.orphans.protected == 1 and report.orphans.eligible == 0
+    assert await w.exists(audio)
+
+
+async def test_bigint_equal_sizes_are_never_rewritten(
+    db: Database, fresh_db_url: str, store: ObjectStore
+) -> None:
+    w = await World(db, store).setup()
+    key = await w.obj(w.key("same.mp3"), 4242)
+    episode = await w.episode(
+        key,
+        audio_file_size_bytes=4242,
+        status="published",
+        updated_at=datetime(2026, 1, 1).astimezone(),
+    )
+    before = await w.row(episode)
+    clock = later(days=2)
+    report = await run_reconcile(rt(db, clock, fresh_db_url, store), clock, APPLY)
+    assert report.size_backfill["mismatched"] == 0 and report.size_backfill["written"] == 0
+    after = await w.row(episode)
+    assert after["updated_at"] == before["updated_at"]  # no bump, no feed churn
+    assert await db.fetch("SELECT 1 FROM public.feed_invalidation_outbox") == []
+
+
+# --- quarantine -----------------------------------------------------------------------------
+async def test_quarantine_is_the_complete_transition(
+    db: Database, fresh_db_url: str, store: ObjectStore
+) -> None:
+    w = await World(db, store).setup()
+    published = await w.episode(
+        w.key("lost.mp3"),
+        status="published",
+        audio_file_size_bytes=9,
+        published_at=datetime(2026, 1, 1).astimezone(),
+    )
+    draft = await w.episode(w.key("lost-draft.mp3", episode="e2"), status="draft")
+    await db.execute(
+        "INSERT INTO public.automation_jobs (episode_id, trigger_type, status)"
+        " VALUES (%(e)s, 'time', 'pending'), (%(e)s, 'event', 'pending'),"
+        " (%(e)s, 'time', 'done')",
+        {"e": published},
+    )
+    clock = later(days=1)
+    report = await run_reconcile(
+        rt(db, clock, fresh_db_url, store),
+        clock,
+        ReconcileOptions(mode="apply", quarantine_missing=True),
+    )
+    assert report.missing["count"] == 2 and report.missing["quarantined"] == 2
+    row = await w.row(published)
+    assert row["audio_url"] is None and row["audio_file_size_bytes"] is None
+    assert row["status"] == "draft" and row["published_at"] is None
+    jobs = await db.fetch(
+        "SELECT trigger_type, status FROM public.automation_jobs ORDER BY trigger_type, status"
+    )
+    assert [(j["trigger_type"], j["status"]) for j in jobs] == [
+        ("event", "pending"),
+        ("time", "canceled"),
+        ("time", "done"),
+    ]
+    assert (await w.row(draft))["status"] == "draft"
+    reasons = await db.fetch("SELECT reason FROM public.feed_invalidation_outbox")
+    assert [r["reason"] for r in reasons] == ["quarantine_missing"]  # the published one only
+
+
+async def test_quarantine_uses_the_current_status_not_the_scanned_one(
+    db: Database, fresh_db_url: str, store: ObjectStore
+) -> None:
+    w = await World(db, store).setup()
+    key = w.key("went-live.mp3")
+    episode = await w.episode(key, status="draft")
+    scanned = {"id": episode, "audio_url": f"{BASE}/{key}", "status": "draft"}
+    # between the scan and the quarantine, the draft goes live
+    await db.execute(
+        "UPDATE public.episodes SET status = 'published', published_at = now() WHERE id = %(e)s",
+        {"e": episode},
+    )
+    clock = later(days=1)
+    assert await quarantine_episode(rt(db, clock, fresh_db_url, store), scanned, clock.now())
+    row = await w.row(episode)
+    assert row["status"] == "draft" and row["published_at"] is None and row["audio_url"] is None
+    outbox = await db.fetch("SELECT reason FROM public.feed_invalidation_outbox")
+    assert [o["reason"] for o in outbox] == ["quarantine_missing"]
+
+
+async def test_an_error_mid_quarantine_rolls_everything_back(
+    db: Database, fresh_db_url: str, store: ObjectStore
+) -> None:
+    w = await World(db, store).setup()
+    episode = await w.episode(
+        w.key("lost.mp3"), status="published", published_at=datetime(2026, 1, 1).astimezone()
+    )
+    await db.execute(
+        "INSERT INTO public.automation_jobs (episode_id, trigger_type) VALUES (%(e)s, 'time')",
+        {"e": episode},
+    )
+    await db.execute(
+        "CREATE FUNCTION public.explode() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$ BEGIN RAISE EXCEPTION 'automation store on fire'; END $$"
+    )
+    await db.execute(
+        "CREATE TRIGGER explode BEFORE UPDATE ON public.automation_jobs"
+        " FOR EACH ROW EXECUTE FUNCTION public.explode()"
+    )
+    before = await w.row(episode)
+    clock = later(days=1)
+    with capture_logs() as logs:
+        report = await run_reconcile(
+            rt(db, clock, fresh_db_url, store),
+            clock,
+            ReconcileOptions(mode="apply", quarantine_missing=True),
+        )
+    assert report.missing["quarantined"] == 0 and report.missing["quarantineFailed"] == 1
+    assert await w.row(episode) == before  # the episode update was rolled back with the rest
+    assert await db.fetch("SELECT 1 FROM public.feed_invalidation_outbox") == []
+    assert any(e["event"] == "reconcile_quarantine_failed" for e in logs)
+
+
+# --- outbox -------------------------------------------------------------------------------
+async def _outbox_rows(db: Database) -> list[dict[str, Any]]:
+    return await db.fetch(
+        "SELECT podcast_id::text, delivered_at, attempts, last_error"
+        " FROM public.feed_invalidation_outbox ORDER BY created_at"
+    )
+
+
+@pytest.mark.parametrize("failure", ["500", "timeout"])
+async def test_outbox_failures_leave_the_row_pending_with_the_error(
+    db: Database, fresh_db_url: str, feed_server: RecordingServer, failure: str
+) -> None:
+    import time as _time
+
+    podcast = await f.podcast(db)
+    await db.execute(
+        "INSERT INTO public.feed_invalidation_outbox (podcast_id, reason)"
+        " VALUES (%(p)s, 'size_backfill')",
+        {"p": podcast},
+    )
+    if failure == "500":
+        feed_server.status = 500
+    else:
+
+        def slow(request: Any) -> tuple[int, dict[str, Any]]:
+            _time.sleep(1.0)
+            return 200, {}
+
+        feed_server.responder = slow
+    clock = later(days=1)
+    async with httpx.AsyncClient() as http:
+        feed = HttpFeedCache(http, feed_server.url, "s", wait_timeout=httpx.Timeout(0.3))
+        runtime = rt(db, clock, fresh_db_url, open_store("memory://"), feedcache=feed)
+        report = await run_reconcile(runtime, clock, APPLY)
+        assert report.outbox == {"pending": 1, "delivered": 0, "failed": 1}
+        [row] = await _outbox_rows(db)
+        assert row["delivered_at"] is None and row["attempts"] == 1
+        assert ("500" if failure == "500" else "Timeout") in row["last_error"]
+        [call] = feed_server.requests
+        assert call.query == {"wait": "1"} and call.json() == {"id": podcast}
+
+        feed_server.reset()  # the feed worker recovers: the next apply run delivers it
+        await asyncio.sleep(1.0)  # the loopback server answers one request at a time
+        report = await run_reconcile(runtime, clock, APPLY)
+    assert report.outbox["delivered"] == 1
+    [row] = await _outbox_rows(db)
+    assert row["delivered_at"] == clock.now() and row["attempts"] == 2
+    assert row["last_error"] is None
+
+
+# --- the storage cap -----------------------------------------------------------------------
+async def _capped_world(db: Database, store: ObjectStore) -> tuple[World, str]:
+    await db.execute(
+        "INSERT INTO public.plan_limits VALUES ('tiny', 'storage_gb_per_account', 0.000001)"
+    )  # 1,000 bytes
+    account = await f.account(db, plan="tiny")
+    w = World(db, store)
+    w.podcast = await f.podcast(db, billing_account_id=account)
+    key = await w.obj(w.key("big.mp3"), 5000)
+    episode = await w.episode(key, audio_file_size_bytes=None, status="draft")
+    return w, episode
+
+
+async def test_a_cap_violation_is_listed_not_fatal(
+    db: Database, fresh_db_url: str, store: ObjectStore
+) -> None:
+    _, episode = await _capped_world(db, store)
+    clock = later(days=1)
+    report = await run_reconcile(rt(db, clock, fresh_db_url, store), clock, APPLY)
+    assert report.size_backfill["written"] == 0
+    [blocked] = report.size_backfill["blockedOverCap"]
+    assert blocked["episodeId"] == episode and blocked["measured"] == 5000
+    assert report.over_cap == []  # nothing recorded over cap yet: the write was refused
+    assert "capBypassFallback" not in report.size_backfill
+
+
+async def test_the_cap_bypass_writes_and_re_enables_the_trigger(
+    db: Database, fresh_db_url: str, store: ObjectStore
+) -> None:
+    w, episode = await _capped_world(db, store)
+    clock = later(days=1)
+    report = await run_reconcile(
+        rt(db, clock, fresh_db_url, store),
+        clock,
+        ReconcileOptions(mode="apply", bypass_cap_for_backfill=True),
+    )
+    assert report.size_backfill["written"] == 1
+    assert report.size_backfill["capBypassFallback"] is False
+    assert (await w.row(episode))["audio_file_size_bytes"] == 5000
+    trigger = await db.fetch_one(
+        "SELECT tgenabled FROM pg_trigger WHERE tgname = 'trigger_enforce_storage_account_cap'"
+    )
+    assert trigger == {"tgenabled": "O"}  # enabled again
+    assert [a["overBytes"] for a in report.over_cap] == [4000]  # now reported, never deleted
+
+
+async def test_without_alter_privilege_the_bypass_falls_back_to_the_active_path(
+    db: Database, fresh_db_url: str, store: ObjectStore
+) -> None:
+    w, episode = await _capped_world(db, store)
+    role = f"app_{uuid.uuid4().hex[:8]}"
+    await db.execute(f"CREATE ROLE {role} LOGIN")
+    await db.execute(f"GRANT USAGE ON SCHEMA public, nightcrew, auth TO {role}")
+    await db.execute(
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public,"
+        f" nightcrew, auth TO {role}"
+    )
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(fresh_db_url)
+    netloc = parts.netloc.split("@", 1)[-1]
+    app_url = urlunsplit(parts._replace(netloc=f"{role}@{netloc}"))
+    app_db = await Database.open(app_url)
+    try:
+        clock = later(days=1)
+        report = await run_reconcile(
+            rt(app_db, clock, app_url, store),
+            clock,
+            ReconcileOptions(mode="apply", bypass_cap_for_backfill=True),
+        )
+    finally:
+        await app_db.close()
+    assert report.size_backfill["capBypassFallback"] is True
+    assert len(report.size_backfill["blockedOverCap"]) == 1
+    assert (await w.row(episode))["audio_file_size_bytes"] is None
