@@ -20,6 +20,7 @@ from tests.conftest import NOW, make_runtime
 from tests.integration.lifecycle.test_lanes import _snapshot
 
 OLD = NOW - timedelta(days=8)
+R2 = {"R2_PUBLIC_URL": "https://media.example"}
 
 
 async def _seed(db: Database, store: ObjectStore) -> dict[str, str]:
@@ -46,7 +47,7 @@ async def test_the_daily_lane_runs_every_job_in_order_with_the_spec_events(
 ) -> None:
     store = open_store(f"file://{tmp_path}")
     seeded = await _seed(db, store)
-    runtime = make_runtime(db, clock, fresh_db_url, store=store)
+    runtime = make_runtime(db, clock, fresh_db_url, store=store, env=R2)
     with capture_logs() as logs:
         report = await run_lane(runtime, clock, "daily")
     assert report is not None and report.errors == []
@@ -54,6 +55,7 @@ async def test_the_daily_lane_runs_every_job_in_order_with_the_spec_events(
         "reactivateExpiredPauses",
         "hardDeleteExpiredPodcasts",
         "reapUnconfirmedUsers",
+        "runReconcile",
     ]
     assert report.totals["podcasts_reactivated"] == 1
     assert report.totals["podcasts_deleted"] == 1 and report.totals["objects_deleted"] == 3
@@ -65,9 +67,19 @@ async def test_the_daily_lane_runs_every_job_in_order_with_the_spec_events(
         "podcast_hard_deleted",
         "r2_cleanup_completed",
         "unconfirmed_users_reaped",
+        "scheduled_reconcile",
         "lifecycle_cron_completed",
     ]
     assert logs[0]["cron"] == "0 4 * * *"
+    reconciled = next(e for e in logs if e["event"] == "scheduled_reconcile")
+    assert set(reconciled) >= {
+        "sizeWritten",
+        "orphansDeleted",
+        "overCapAccounts",
+        "outboxDrained",
+        "errors",
+        "durationMs",
+    }
     completed = logs[-1]
     assert completed["podcasts_reactivated"] == 1 and completed["podcasts_deleted"] == 1
     assert completed["users_reaped"] == 1 and completed["errors"] == 0
@@ -83,7 +95,7 @@ async def test_a_daily_dry_run_changes_nothing_anywhere_and_predicts_the_run(
 ) -> None:
     store = open_store(f"file://{tmp_path}")
     await _seed(db, store)
-    runtime = make_runtime(db, clock, fresh_db_url, store=store)
+    runtime = make_runtime(db, clock, fresh_db_url, store=store, env=R2)
     db_before, store_before = await _snapshot(db), await _store_keys(store)
     files_before = _files(tmp_path)
 

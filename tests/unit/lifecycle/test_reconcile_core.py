@@ -104,6 +104,8 @@ def test_parse_flags() -> None:
         ({"minOrphanAgeHours": "abc"}, "minOrphanAgeHours"),
         ({"mode": "yolo"}, "mode"),
         ({"quarantineMissing": "maybe"}, "quarantineMissing"),
+        ({"skipOrphanDelete": ""}, "skipOrphanDelete"),
+        ({"bypassCapForBackfill": "yes"}, "bypassCapForBackfill"),
     ],
 )
 def test_bad_flags_name_themselves(params: dict[str, str], message: str) -> None:

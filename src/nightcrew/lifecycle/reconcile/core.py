@@ -79,12 +79,13 @@ SCHEDULED_OPTIONS = ReconcileOptions(
 
 
 def _flag_bool(name: str, raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in ("true", "1", "yes", ""):
+    # Exactly the values /openapi.json documents: an empty or fuzzy value on a flag that can
+    # delete things is refused rather than guessed.
+    if raw in ("true", "1"):
         return True
-    if value in ("false", "0", "no"):
+    if raw in ("false", "0"):
         return False
-    raise OptionError(f"{name}: expected true or false, got {raw!r}")
+    raise OptionError(f"{name}: expected true, false, 1 or 0, got {raw!r}")
 
 
 def parse_flags(params: Mapping[str, str]) -> ReconcileOptions:
