@@ -8,9 +8,11 @@ outside service (Stripe and the feed worker are left unconfigured, which the out
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -25,6 +27,7 @@ from nightcrew.lifecycle.lanes import LaneReport, run_lane
 from nightcrew.runtime import Runtime, open_runtime
 
 DEMO_DATABASE = "nightcrew_demo"
+DEMO_MEDIA_URL = "https://media.demo.nightcrew.test"
 MINUTE = timedelta(minutes=1)
 DAY = timedelta(days=1)
 
@@ -36,6 +39,7 @@ class Sample:
     names: dict[str, str] = field(default_factory=dict)  # id → human name
     files: int = 0
     bytes: int = 0
+    orphan_key: str = ""
 
     def name(self, row_id: object) -> str:
         return self.names.get(str(row_id), str(row_id)[:8])
@@ -106,9 +110,15 @@ async def seed(db: Database, store: ObjectStore, now: datetime) -> Sample:
         sample.names[eid] = f"“{title}”"
         for n in range(files):
             data = f"sample audio {title} #{n}\n".encode() * 64
-            await store.put(f"podcasts/{pid}/e/{eid}/audio-{n}.mp3", data)
+            key = f"podcasts/{pid}/e/{eid}/audio-{n}.mp3"
+            await store.put(key, data)
             sample.files += 1
             sample.bytes += len(data)
+            if n == 0:  # the episode's enclosure; its recorded size is left for the reconciler
+                await db.execute(
+                    "UPDATE public.episodes SET audio_url = %(u)s WHERE id = %(e)s",
+                    {"u": f"{DEMO_MEDIA_URL}/{key}", "e": eid},
+                )
         return eid
 
     ada = await user("ada@example.test", ago(400 * DAY), email_confirmed_at=ago(400 * DAY))
@@ -151,6 +161,10 @@ async def seed(db: Database, store: ObjectStore, now: datetime) -> Sample:
         "Second Thoughts", corp, bo, status="pending_deletion", deletion_scheduled_at=now + 10 * DAY
     )
     ext = await podcast("Elsewhere FM", acme, ada, hosting_type="external")
+    # A trailer uploaded and abandoned three days ago: no episode points at it any more.
+    sample.orphan_key = f"podcasts/{ext}/e/retired-take/take-1.mp3"
+    await store.put(sample.orphan_key, b"an old take\n" * 256)
+    sample.files += 1
     await episode(
         ext,
         "Hosted elsewhere",
@@ -260,6 +274,17 @@ def explain(sample: Sample, minute: LaneReport, daily: LaneReport) -> list[str]:
             f"and everything under it were deleted — {podcast['objects_deleted']} file(s), "
             f"{podcast['bytes_deleted']:,} bytes from storage; feed cache told via {via}."
         )
+    recon = jobs.get("runReconcile", {}).get("report", {})
+    if recon:
+        size, orphans = recon["sizeBackfill"], recon["orphans"]
+        lines.append(
+            f"  • storage reconciler: {size['written']} episode size(s) had never been recorded, "
+            f"so the measured sizes were written; {orphans['deleted']} orphaned upload(s) that no "
+            "episode references, older than the 24-hour guard, deleted after a last database "
+            f"check ({orphans['protectedPendingInvalidation']} kept: their feed's invalidation "
+            f"is still pending); {recon['missing']['count']} episode(s) pointing at a missing file "
+            "(reported only: the daily run never quarantines)."
+        )
     reap = jobs["reapUnconfirmedUsers"]
     lines.append(
         f"  • {reap.get('users_reaped', 0)} unconfirmed signup(s) older than 7 days "
@@ -285,6 +310,7 @@ async def run_demo(settings: Settings, clock: Clock) -> list[str]:
             update={
                 "database_url": with_dbname(embedded.uri, DEMO_DATABASE),
                 "storage_url": f"file://{media}",
+                "r2_public_url": DEMO_MEDIA_URL,
                 "queue_url": "postgres",
                 "stripe_secret_key": None,
                 "public_feed_url": None,
@@ -302,6 +328,8 @@ async def _run(
 ) -> list[str]:
     await migrate(runtime.db)
     sample = await seed(runtime.db, runtime.store, now)
+    three_days_ago = (now - 3 * DAY).timestamp()
+    os.utime(Path(str(media)) / sample.orphan_key, (three_days_ago, three_days_ago))
     before, files_before = await _state(runtime.db), await _count_files(runtime.store)
     minute = await run_lane(runtime, clock, "minute")
     daily = await run_lane(runtime, clock, "daily")

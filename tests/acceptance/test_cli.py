@@ -241,6 +241,7 @@ def test_demo_tells_the_story_and_never_touches_database_url(
     assert "Garden Hour        paused            unchanged" in out
     assert "4 file(s)" in out and "2 lost podcast-imports message(s) re-sent" in out
     assert "1 unconfirmed signup(s) older than 7 days deleted" in out
+    assert "1 orphaned upload(s)" in out and "5 episode size(s)" in out
     assert "ignores DATABASE_URL" in result.stderr
     import psycopg
 
