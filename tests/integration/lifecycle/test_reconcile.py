@@ -402,7 +402,7 @@ async def test_outbox_failures_leave_the_row_pending_with_the_error(
         feed = HttpFeedCache(http, feed_server.url, "s", wait_timeout=httpx.Timeout(0.3))
         runtime = rt(db, clock, fresh_db_url, open_store("memory://"), feedcache=feed)
         report = await run_reconcile(runtime, clock, APPLY)
-        assert report.outbox == {"pending": 1, "delivered": 0, "failed": 1}
+        assert report.outbox == {"pending": 1, "delivered": 0, "failed": 1, "podcasts": 1}
         [row] = await _outbox_rows(db)
         assert row["delivered_at"] is None and row["attempts"] == 1
         assert ("500" if failure == "500" else "Timeout") in row["last_error"]

@@ -19,7 +19,6 @@ Plus the over-cap report and the media_jobs watchdog's result.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -45,7 +44,9 @@ from nightcrew.runtime import Runtime
 SQL = load_queries(__file__)
 
 DELETE_BATCH = 1000
-OUTBOX_DRAIN_MAX = 500
+# Podcasts whose pending intents one run delivers (one ?wait=1 call each, covering all of a
+# podcast's intents); a larger backlog continues the next run.
+OUTBOX_DRAIN_MAX_PODCASTS = 5000
 CHECK_VIOLATION = "23514"
 INSUFFICIENT_PRIVILEGE = "42501"
 
@@ -455,13 +456,11 @@ async def quarantine_episode(runtime: Runtime, row: dict[str, Any], now: datetim
 
 
 async def _drain_outbox(runtime: Runtime, report: ReconcileReport) -> None:
-    rows = await runtime.db.fetch(SQL["pending_outbox"], {"limit": OUTBOX_DRAIN_MAX})
-    by_podcast: dict[str, list[str]] = defaultdict(list)
-    for row in rows:
-        by_podcast[str(row["podcast_id"])].append(str(row["id"]))
-    delivered = failed = 0
-    for podcast_id, ids in by_podcast.items():
-        # One confirmed invalidation covers every pending intent of the podcast.
+    groups = await runtime.db.fetch(SQL["pending_outbox"], {"limit": OUTBOX_DRAIN_MAX_PODCASTS})
+    pending = delivered = failed = 0
+    for group in groups:
+        podcast_id, ids = str(group["podcast_id"]), [str(i) for i in group["ids"]]
+        pending += len(ids)
         result = await runtime.feedcache.invalidate(podcast_id, wait=True)
         if result.ok:
             await runtime.db.execute(SQL["outbox_delivered"], {"ids": ids, "now": report.now})
@@ -472,7 +471,12 @@ async def _drain_outbox(runtime: Runtime, report: ReconcileReport) -> None:
             )
             failed += len(ids)
             warning("reconcile_outbox_delivery_failed", podcast_id=podcast_id, error=result.error)
-    report.outbox = {"pending": len(rows), "delivered": delivered, "failed": failed}
+    report.outbox = {
+        "pending": pending,
+        "delivered": delivered,
+        "failed": failed,
+        "podcasts": len(groups),
+    }
 
 
 async def _sweep(

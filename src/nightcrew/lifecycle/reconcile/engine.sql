@@ -124,10 +124,12 @@ UPDATE public.automation_jobs
  WHERE episode_id = %(id)s AND status = 'pending' AND trigger_type = 'time';
 
 -- name: pending_outbox
-SELECT id, podcast_id, attempts
+-- Undelivered intents grouped by podcast: one confirmed invalidation covers them all.
+SELECT podcast_id, array_agg(id ORDER BY created_at) AS ids
   FROM public.feed_invalidation_outbox
  WHERE delivered_at IS NULL
- ORDER BY created_at, id
+ GROUP BY podcast_id
+ ORDER BY min(created_at), podcast_id
  LIMIT %(limit)s;
 
 -- name: outbox_delivered
