@@ -146,13 +146,13 @@ def runtime(db: Database, clock: FrozenClock, fresh_db_url: str) -> Runtime:
 
 
 @pytest.fixture(scope="session")
-def _loopback_servers() -> Iterator[tuple[RecordingServer, RecordingServer]]:
-    with recording_server() as stripe, recording_server() as feed:
-        yield stripe, feed
+def _loopback_servers() -> Iterator[tuple[RecordingServer, RecordingServer, RecordingServer]]:
+    with recording_server() as stripe, recording_server() as feed, recording_server() as resend:
+        yield stripe, feed, resend
 
 
 @pytest.fixture
-def stripe_server(_loopback_servers: tuple[RecordingServer, RecordingServer]) -> RecordingServer:
+def stripe_server(_loopback_servers: tuple[RecordingServer, ...]) -> RecordingServer:
     """A loopback Stripe stand-in that records requests (reset for every test)."""
     server = _loopback_servers[0]
     server.reset()
@@ -160,8 +160,16 @@ def stripe_server(_loopback_servers: tuple[RecordingServer, RecordingServer]) ->
 
 
 @pytest.fixture
-def feed_server(_loopback_servers: tuple[RecordingServer, RecordingServer]) -> RecordingServer:
+def feed_server(_loopback_servers: tuple[RecordingServer, ...]) -> RecordingServer:
     """A loopback feed worker that records requests (reset for every test)."""
     server = _loopback_servers[1]
+    server.reset()
+    return server
+
+
+@pytest.fixture
+def resend_server(_loopback_servers: tuple[RecordingServer, ...]) -> RecordingServer:
+    """A loopback Resend stand-in that records requests (reset for every test)."""
+    server = _loopback_servers[2]
     server.reset()
     return server

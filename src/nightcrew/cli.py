@@ -350,6 +350,51 @@ def _print_reconcile_summary(report: dict[str, Any]) -> None:
         typer.echo("  (--json shows up to 20 sample keys per category; --apply to act)")
 
 
+@lifecycle_app.command("overage")
+def lifecycle_overage(
+    account: Annotated[str, typer.Option("--account", help="The billing account's id.")],
+    now: Annotated[
+        str | None, typer.Option("--now", help="Run as of this ISO 8601 instant.")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Report what would happen; change nothing.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Run the overage escalation for one account (what the payment webhook calls)."""
+    import uuid
+
+    from nightcrew.lifecycle.overage import reconcile_account_overage
+
+    try:
+        account_id = str(uuid.UUID(account))
+    except ValueError:
+        _fail(f"--account: {account!r} is not a billing account id (a UUID)", 2)
+    settings = _settings()
+    clock = _clock(now)
+
+    async def work() -> dict[str, Any]:
+        async with open_runtime(settings, clock) as runtime:
+            view = runtime.dry_run_view(clock) if dry_run else runtime
+            report = await reconcile_account_overage(view, clock, account_id)
+            if report.scanned == 0:
+                raise NightcrewError(f"no billing account {account_id}")
+            return {"account_id": account_id, "dry_run": dry_run, **report.to_json()}
+
+    report = _run(work, settings)
+    if as_json:
+        _print_json(report)
+        return
+    mode = "dry run (nothing changed)" if dry_run else "done"
+    typer.echo(f"overage escalation for {account_id} — {mode}")
+    for key in ("armed", "emails_sent", "suspended_podcasts", "restored_podcasts"):
+        typer.echo(f"  {key:<20} {report[key]}")
+    for claim in report["claims"]:
+        typer.echo(f"  claimed stage {claim['stage']}")
+    for failure in report["errors"]:
+        typer.echo(f"  ! {failure.get('event')}: {failure.get('error')}")
+
+
 # --- demo ----------------------------------------------------------------------------------------
 @app.command("demo")
 def demo() -> None:

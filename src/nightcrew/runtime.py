@@ -12,9 +12,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 
 import httpx
+from pydantic import SecretStr
 
 from nightcrew.adapters.billing import Billing, DryRunBilling, NoBilling, StripeBilling
 from nightcrew.adapters.feedcache import FeedCache, HttpFeedCache, RecordingFeedCache
+from nightcrew.adapters.mail import Mailer, RecordingMailer, ResendMailer
 from nightcrew.adapters.queues import MemoryQueueProducer, PostgresQueueProducer, QueueProducer
 from nightcrew.adapters.storage import ObjectStore, ReadOnlyStore, open_store
 from nightcrew.clock import Clock
@@ -34,6 +36,7 @@ class Runtime:
     store: ObjectStore
     feedcache: FeedCache
     billing: Billing
+    mail: Mailer = field(default_factory=RecordingMailer)
     metrics: Metrics = field(default_factory=Metrics)
     dry_run: bool = False
 
@@ -46,6 +49,7 @@ class Runtime:
             store=ReadOnlyStore(self.store),
             feedcache=RecordingFeedCache(),
             billing=DryRunBilling(configured=self.billing.configured),
+            mail=RecordingMailer(configured=self.mail.configured),
             dry_run=True,
         )
 
@@ -71,6 +75,10 @@ async def open_database(settings: Settings) -> AsyncIterator[Database]:
     finally:
         if embedded is not None:
             embedded.stop()
+
+
+def _reveal(secret: SecretStr | None) -> str | None:
+    return secret.get_secret_value() if secret is not None else None
 
 
 def _billing(settings: Settings) -> StripeBilling | NoBilling:
@@ -104,6 +112,12 @@ async def open_runtime(settings: Settings, clock: Clock) -> AsyncIterator[Runtim
                     http, settings.public_feed_url, secret.get_secret_value() if secret else None
                 ),
                 billing=billing,
+                mail=ResendMailer(
+                    http,
+                    api_base=settings.resend_api_base,
+                    api_key=_reveal(settings.resend_api_key),
+                    from_email=settings.resend_from_email,
+                ),
             )
         finally:
             if isinstance(billing, StripeBilling):

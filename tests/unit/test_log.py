@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import structlog
 
 from nightcrew.log import REDACTED, SecretScrubber, configure_logging, describe_error, event
 
@@ -31,7 +32,11 @@ def test_secret_named_fields_are_masked_and_secret_values_scrubbed() -> None:
 
 def test_events_are_one_json_line_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
     configure_logging("info", ["topsecret-value"])
-    event("podcast_hard_deleted", podcast_id="p1", note="topsecret-value leaked?")
+    try:
+        event("podcast_hard_deleted", podcast_id="p1", note="topsecret-value leaked?")
+    finally:
+        # structlog's configuration is process-wide, and it captured this test's stderr
+        structlog.reset_defaults()
     captured = capsys.readouterr()
     assert captured.out == ""
     line = json.loads(captured.err.strip())

@@ -20,7 +20,14 @@ import structlog
 
 from nightcrew import runs
 from nightcrew.clock import Clock
-from nightcrew.lifecycle import deletions, pauses, signups, storage_reconcile, watchdogs
+from nightcrew.lifecycle import (
+    deletions,
+    overage,
+    pauses,
+    signups,
+    storage_reconcile,
+    watchdogs,
+)
 from nightcrew.log import describe_error, error, event
 from nightcrew.reports import Failure, JobReport
 from nightcrew.runtime import Runtime
@@ -102,6 +109,11 @@ DAILY = Lane(
             name="runReconcile",
             failed_event="scheduled_reconcile_failed",
             run=storage_reconcile.scheduled_reconcile,
+        ),
+        Job(
+            name="runOverageEscalation",
+            failed_event="overage_escalation_failed",
+            run=overage.run_overage_escalation,
         ),
     ),
 )

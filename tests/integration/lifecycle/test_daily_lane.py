@@ -56,6 +56,7 @@ async def test_the_daily_lane_runs_every_job_in_order_with_the_spec_events(
         "hardDeleteExpiredPodcasts",
         "reapUnconfirmedUsers",
         "runReconcile",
+        "runOverageEscalation",
     ]
     assert report.totals["podcasts_reactivated"] == 1
     assert report.totals["podcasts_deleted"] == 1 and report.totals["objects_deleted"] == 3
@@ -68,6 +69,7 @@ async def test_the_daily_lane_runs_every_job_in_order_with_the_spec_events(
         "r2_cleanup_completed",
         "unconfirmed_users_reaped",
         "scheduled_reconcile",
+        "overage_escalation_completed",
         "lifecycle_cron_completed",
     ]
     assert logs[0]["cron"] == "0 4 * * *"

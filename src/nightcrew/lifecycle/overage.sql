@@ -1,0 +1,120 @@
+-- The hosted-content overage escalation (spec 000 "Hosted-content overage escalation sweep").
+-- Occupancy = active/paused podcasts of any hosting type (pending_deletion excluded); storage =
+-- audio + original bytes over non-pending_deletion podcasts (count-both, DESIGN §6); caps live
+-- through effective_cap (NULL = unlimited).
+
+-- name: scan
+-- One round trip: only accounts that can need work — over either cap, armed, or stamped.
+WITH occupancy AS (
+    SELECT p.billing_account_id AS account_id,
+           count(*) FILTER (WHERE p.status IN ('active', 'paused')) AS podcasts,
+           bool_or(p.overage_suspended_at IS NOT NULL) AS stamped
+      FROM public.podcasts p
+     WHERE p.billing_account_id IS NOT NULL
+     GROUP BY p.billing_account_id
+), storage AS (
+    SELECT p.billing_account_id AS account_id,
+           sum(coalesce(e.audio_file_size_bytes, 0)
+               + coalesce(e.original_audio_file_size_bytes, 0)) AS bytes
+      FROM public.podcasts p
+      JOIN public.episodes e ON e.podcast_id = p.id
+     WHERE p.billing_account_id IS NOT NULL
+       AND p.status <> 'pending_deletion'
+     GROUP BY p.billing_account_id
+), measured AS (
+    SELECT b.id, b.content_overage_since, b.content_overage_deadline,
+           b.content_overage_nag_stage, b.content_overage_last_nag_at,
+           coalesce(o.podcasts, 0) AS podcasts, coalesce(s.bytes, 0) AS bytes,
+           coalesce(o.stamped, false) AS stamped,
+           public.effective_cap(b.id, 'podcasts_per_account', %(now)s) AS podcast_cap,
+           public.effective_cap(b.id, 'storage_gb_per_account', %(now)s) AS storage_cap_gb
+      FROM public.billing_accounts b
+      LEFT JOIN occupancy o ON o.account_id = b.id
+      LEFT JOIN storage s ON s.account_id = b.id
+     WHERE (%(account_id)s::uuid IS NULL OR b.id = %(account_id)s::uuid)
+       AND (o.account_id IS NOT NULL OR b.content_overage_since IS NOT NULL)
+)
+SELECT *
+  FROM measured
+ WHERE %(account_id)s::uuid IS NOT NULL
+    OR content_overage_since IS NOT NULL
+    OR stamped
+    OR (podcast_cap IS NOT NULL AND podcasts > podcast_cap)
+    OR (storage_cap_gb IS NOT NULL AND bytes > storage_cap_gb * 1000000000)
+ ORDER BY id;
+
+-- name: arm
+-- First detection wins: an armed clock is never re-armed or extended.
+UPDATE public.billing_accounts
+   SET content_overage_since = %(now)s,
+       content_overage_deadline = %(now)s + make_interval(days => %(grace_days)s),
+       content_overage_nag_stage = -1,
+       content_overage_last_nag_at = NULL
+ WHERE id = %(id)s AND content_overage_since IS NULL
+RETURNING content_overage_since, content_overage_deadline, content_overage_nag_stage,
+          content_overage_last_nag_at;
+
+-- name: read_clock
+SELECT content_overage_since, content_overage_deadline, content_overage_nag_stage,
+       content_overage_last_nag_at
+  FROM public.billing_accounts WHERE id = %(id)s;
+
+-- name: claim_stage
+-- The advance-once guard: exactly one caller's claim matches, whatever raced it.
+UPDATE public.billing_accounts
+   SET content_overage_nag_stage = %(stage)s, content_overage_last_nag_at = %(now)s
+ WHERE id = %(id)s
+   AND content_overage_since = %(since)s
+   AND content_overage_nag_stage < %(stage)s
+RETURNING content_overage_nag_stage;
+
+-- name: occupying_podcasts
+-- Oldest first (tie-break id): the first `cap` keep serving on a count-only overage.
+SELECT id, slug, title, overage_suspended_at
+  FROM public.podcasts
+ WHERE billing_account_id = %(id)s AND status IN ('active', 'paused')
+ ORDER BY created_at, id;
+
+-- name: stamp
+UPDATE public.podcasts
+   SET overage_suspended_at = %(now)s, updated_at = %(now)s
+ WHERE id = ANY(%(ids)s::uuid[]) AND overage_suspended_at IS NULL
+RETURNING id, slug;
+
+-- name: unstamp_except
+-- Clear every stamp of the account that is not in the (re-derived) sanction set; never
+-- touches is_active or status.
+UPDATE public.podcasts
+   SET overage_suspended_at = NULL, updated_at = %(now)s
+ WHERE billing_account_id = %(id)s
+   AND overage_suspended_at IS NOT NULL
+   AND NOT (id = ANY(%(keep)s::uuid[]))
+RETURNING id, slug;
+
+-- name: disarm
+UPDATE public.billing_accounts
+   SET content_overage_since = NULL, content_overage_deadline = NULL,
+       content_overage_nag_stage = NULL, content_overage_last_nag_at = NULL
+ WHERE id = %(id)s AND content_overage_since IS NOT DISTINCT FROM %(since)s;
+
+-- name: owner_email
+SELECT coalesce(up.email, u.email) AS email
+  FROM public.billing_accounts b
+  LEFT JOIN public.user_profiles up ON up.id = b.owner_user_id
+  LEFT JOIN auth.users u ON u.id = b.owner_user_id
+ WHERE b.id = %(id)s;
+
+-- name: record_outbox
+INSERT INTO public.feed_invalidation_outbox (podcast_id, reason, created_at)
+SELECT unnest(%(ids)s::uuid[]), %(reason)s, %(now)s
+RETURNING id, podcast_id;
+
+-- name: outbox_delivered
+UPDATE public.feed_invalidation_outbox
+   SET delivered_at = %(now)s, attempts = attempts + 1
+ WHERE id = %(id)s AND delivered_at IS NULL;
+
+-- name: outbox_failed
+UPDATE public.feed_invalidation_outbox
+   SET attempts = attempts + 1, last_error = %(error)s
+ WHERE id = %(id)s AND delivered_at IS NULL;
