@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
+from nightcrew.adapters.mail import RecordingMailer
 from nightcrew.adapters.storage import ObjectStore
 from nightcrew.clock import Clock
 from nightcrew.config import Settings
@@ -126,6 +127,11 @@ async def seed(db: Database, store: ObjectStore, now: datetime) -> Sample:
     await user("signup-bot@example.test", ago(9 * DAY))
     await user("new-listener@example.test", ago(2 * DAY))
     await user("invited-cohost@example.test", ago(30 * DAY), invited_at=ago(30 * DAY))
+    # The "creator" plan serves two podcasts; Acme runs three, so its 30-day clock will start.
+    await db.execute(
+        "INSERT INTO public.plan_limits (plan, resource, limit_value)"
+        " VALUES ('creator', 'podcasts_per_account', 2)"
+    )
     acme = await account(ada, "Acme", "subscription")
     corp = await account(bo, "Corp", "enterprise_manual")
 
@@ -285,6 +291,14 @@ def explain(sample: Sample, minute: LaneReport, daily: LaneReport) -> list[str]:
             f"is still pending); {recon['missing']['count']} episode(s) pointing at a missing file "
             "(reported only: the daily run never quarantines)."
         )
+    overage = jobs.get("runOverageEscalation", {})
+    if overage:
+        lines.append(
+            f"  • overage escalation: {overage.get('armed', 0)} account(s) over their plan "
+            "(Acme runs 3 podcasts on a plan of 2) — the 30-day clock started and the first "
+            f"of four warnings went out ({overage.get('emails_sent', 0)} email(s)); nothing is "
+            "paused before day 30, and nothing is ever deleted."
+        )
     reap = jobs["reapUnconfirmedUsers"]
     lines.append(
         f"  • {reap.get('users_reaped', 0)} unconfirmed signup(s) older than 7 days "
@@ -311,6 +325,7 @@ async def run_demo(settings: Settings, clock: Clock) -> list[str]:
                 "database_url": with_dbname(embedded.uri, DEMO_DATABASE),
                 "storage_url": f"file://{media}",
                 "r2_public_url": DEMO_MEDIA_URL,
+                "public_app_url": "https://app.demo.nightcrew.test",
                 "queue_url": "postgres",
                 "stripe_secret_key": None,
                 "public_feed_url": None,
@@ -330,6 +345,9 @@ async def _run(
     sample = await seed(runtime.db, runtime.store, now)
     three_days_ago = (now - 3 * DAY).timestamp()
     os.utime(Path(str(media)) / sample.orphan_key, (three_days_ago, three_days_ago))
+    # No mail leaves the demo: a recording mailer keeps what would have been sent, to show it.
+    mailer = RecordingMailer(configured=True)
+    runtime = replace(runtime, mail=mailer)
     before, files_before = await _state(runtime.db), await _count_files(runtime.store)
     minute = await run_lane(runtime, clock, "minute")
     daily = await run_lane(runtime, clock, "daily")
@@ -350,6 +368,14 @@ async def _run(
         change = "deleted" if new is None else (f"→ {new[1]}" if new[1] != status else "unchanged")
         lines.append(f"    {title:<18} {status:<17} {change}")
     lines += explain(sample, minute, daily)
+    for mail in mailer.sent:
+        lines += [
+            "",
+            f"The warning email, as {mail.to} would get it (Idempotency-Key "
+            f"{mail.idempotency_key}):",
+            f"  Subject: {mail.subject}",
+        ]
+        lines += [f"  | {line}" for line in mail.text.strip().splitlines()]
     lines += [
         "",
         f"After: {len(after['podcasts'])} podcasts, {after['users']} users, {files_after} files."

@@ -242,6 +242,8 @@ def test_demo_tells_the_story_and_never_touches_database_url(
     assert "4 file(s)" in out and "2 lost podcast-imports message(s) re-sent" in out
     assert "1 unconfirmed signup(s) older than 7 days deleted" in out
     assert "1 orphaned upload(s)" in out and "5 episode size(s)" in out
+    assert "Subject: Your account is over its plan limits" in out
+    assert "3 podcasts on a plan that includes 2 (1 over)" in out
     assert "ignores DATABASE_URL" in result.stderr
     import psycopg
 

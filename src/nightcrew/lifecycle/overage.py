@@ -179,7 +179,7 @@ async def _process(
         bytes=int(row["bytes"]),
         storage_cap_gb=storage_cap,
         deadline=row["content_overage_deadline"],
-        app_url=runtime.settings.public_app_url or "https://app.example",
+        app_url=runtime.settings.public_app_url or "",
     )
 
     if not (over_count or over_storage):

@@ -43,8 +43,10 @@ class Overage:
 
 def render(stage: int | str, overage: Overage, suspended: list[str]) -> tuple[str, str, str]:
     """(subject, text, html) for a stage: 0-3 the warnings, 4 the suspension, 'restored'."""
-    billing = f"{overage.app_url.rstrip('/')}/settings/billing"
-    podcasts = f"{overage.app_url.rstrip('/')}/podcasts"
+    # Without PUBLIC_APP_URL there is no deep link to give; say where to go instead.
+    app = overage.app_url.rstrip("/")
+    billing = f"{app}/settings/billing" if app else "your account's billing settings"
+    podcasts = f"{app}/podcasts" if app else "your podcast list"
     deadline = f"{overage.deadline:%d %B %Y}" if overage.deadline else "soon"
     subject = STAGE_SUBJECTS[stage]
     if stage == "restored":
