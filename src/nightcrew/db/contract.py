@@ -152,6 +152,7 @@ TABLES: dict[str, dict[str, str]] = {
 FUNCTIONS: dict[str, str] = {
     "auth.uid": "reads request.jwt.claim.sub; NULL for the service role",
     "public.effective_cap": "live cap per account and resource (NULL = unlimited)",
+    "public.account_caps": "every account's live caps, set-based (the overage scan)",
     "public.reap_unconfirmed_users": "the signup reaper",
     "public.notify_media_job_result": "the media_jobs watchdog's notification",
 }

@@ -21,14 +21,22 @@ WITH occupancy AS (
      WHERE p.billing_account_id IS NOT NULL
        AND p.status <> 'pending_deletion'
      GROUP BY p.billing_account_id
+), caps AS (
+    -- the same live caps as effective_cap(), computed set-based
+    SELECT c.account_id,
+           max(c.cap) FILTER (WHERE c.resource = 'podcasts_per_account') AS podcast_cap,
+           max(c.cap) FILTER (WHERE c.resource = 'storage_gb_per_account') AS storage_cap_gb
+      FROM public.account_caps(%(now)s) c
+     WHERE %(account_id)s::uuid IS NULL OR c.account_id = %(account_id)s::uuid
+     GROUP BY c.account_id
 ), measured AS (
     SELECT b.id, b.content_overage_since, b.content_overage_deadline,
            b.content_overage_nag_stage, b.content_overage_last_nag_at,
            coalesce(o.podcasts, 0) AS podcasts, coalesce(s.bytes, 0) AS bytes,
            coalesce(o.stamped, false) AS stamped,
-           public.effective_cap(b.id, 'podcasts_per_account', %(now)s) AS podcast_cap,
-           public.effective_cap(b.id, 'storage_gb_per_account', %(now)s) AS storage_cap_gb
+           caps.podcast_cap, caps.storage_cap_gb
       FROM public.billing_accounts b
+      JOIN caps ON caps.account_id = b.id
       LEFT JOIN occupancy o ON o.account_id = b.id
       LEFT JOIN storage s ON s.account_id = b.id
      WHERE (%(account_id)s::uuid IS NULL OR b.id = %(account_id)s::uuid)
