@@ -251,3 +251,42 @@ def test_demo_tells_the_story_and_never_touches_database_url(
         assert conn.execute("SELECT count(*) FROM nightcrew.runs").fetchone() == (0,)
     again = run("demo", env=env, cwd=tmp_path, timeout=180)  # idempotent: starts afresh
     assert again.returncode == 0 and again.stdout.count("→ active") == 1
+
+
+def test_the_overage_machine_for_one_account_from_the_command_line(fresh_db_url: str) -> None:
+    import asyncio
+
+    from nightcrew.db.database import Database
+    from tests import factories as f
+
+    async def seed() -> str:
+        db = await Database.open(fresh_db_url)
+        try:
+            await db.execute(
+                "INSERT INTO public.plan_limits VALUES ('solo', 'podcasts_per_account', 1)"
+            )
+            account = await f.account(db, plan="solo")
+            for _ in range(2):
+                await f.podcast(db, billing_account_id=account)
+            return account
+        finally:
+            await db.close()
+
+    account = asyncio.run(seed())
+    env = _env(DATABASE_URL=fresh_db_url)
+    now = "2026-11-29T04:00:00Z"
+    dry = run(
+        "lifecycle", "overage", "--account", account, "--dry-run", "--json", "--now", now, env=env
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["armed"] == 1
+    real = run("lifecycle", "overage", "--account", account, "--json", "--now", now, env=env)
+    report = json.loads(real.stdout)
+    assert report["armed"] == 1  # the dry run armed nothing
+    assert report["claims"] == [{"account_id": account, "stage": 0}]
+    bad = run("lifecycle", "overage", "--account", "nope", env=env)
+    assert bad.returncode == 2 and "not a billing account id" in bad.stderr
+    missing = run(
+        "lifecycle", "overage", "--account", "00000000-0000-0000-0000-000000000000", env=env
+    )
+    assert missing.returncode == 1 and "no billing account" in missing.stderr
