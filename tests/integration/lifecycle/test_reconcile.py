@@ -493,3 +493,66 @@ async def test_without_alter_privilege_the_bypass_falls_back_to_the_active_path(
     assert report.size_backfill["capBypassFallback"] is True
     assert len(report.size_backfill["blockedOverCap"]) == 1
     assert (await w.row(episode))["audio_file_size_bytes"] is None
+
+
+async def test_a_url_with_a_query_string_still_references_its_object(
+    db: Database, fresh_db_url: str, store: ObjectStore
+) -> None:
+    w = await World(db, store).setup()
+    audio = await w.obj(w.key("versioned.mp3"), 100)
+    master = await w.obj(w.key("versioned.flac"), 200)
+    image = await w.obj(w.key("cover.jpg", kind="images"), 10)
+    await f.episode(
+        db,
+        w.podcast,
+        audio_url=f"{BASE}/{audio}?v=2",
+        audio_file_size_bytes=100,
+        original_audio_url=f"{BASE}/{master}?download=1",
+        cover_image_url=f"{BASE}/{image}?w=300",
+    )
+    clock = later(days=3)
+    report = await run_reconcile(rt(db, clock, fresh_db_url, store), clock, APPLY)
+    assert report.orphans.found == 0 and report.episode_images.found == 0
+    assert await w.exists(audio) and await w.exists(master) and await w.exists(image)
+
+
+async def test_the_recheck_matches_a_query_string_reference_and_a_late_invalidation(
+    db: Database, fresh_db_url: str, store: ObjectStore
+) -> None:
+    w = await World(db, store).setup()
+    first = await w.obj(w.key("first.mp3"))
+    other = await World(db, store).setup()
+    second = await other.obj(other.key("second.mp3"))
+    clock = later(days=3)
+
+    async def window() -> None:
+        await w.episode(first + "?v=3")  # a finalize that lands with a query string
+        await db.execute(
+            "INSERT INTO public.feed_invalidation_outbox (podcast_id, reason)"
+            " VALUES (%(p)s, 'late')",
+            {"p": other.podcast},
+        )
+
+    report = await run_reconcile(
+        rt(db, clock, fresh_db_url, store),
+        clock,
+        ReconcileOptions(mode="apply"),
+        before_delete=window,
+    )
+    assert report.orphans.eligible == 2 and report.orphans.referenced_at_recheck == 2
+    assert await w.exists(first) and await other.exists(second)
+
+
+async def test_skip_orphan_delete_keeps_expired_prep_too(
+    db: Database, fresh_db_url: str, store: ObjectStore
+) -> None:
+    w = await World(db, store).setup()
+    prep = await w.obj(w.key("chunk.wav", kind="transcribe-prep"))
+    clock = later(days=8)
+    report = await run_reconcile(
+        rt(db, clock, fresh_db_url, store),
+        clock,
+        ReconcileOptions(mode="apply", skip_orphan_delete=True),
+    )
+    assert report.transcribe_prep.eligible == 1 and report.transcribe_prep.deleted == 0
+    assert await w.exists(prep)

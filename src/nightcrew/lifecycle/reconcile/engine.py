@@ -44,6 +44,7 @@ from nightcrew.runtime import Runtime
 SQL = load_queries(__file__)
 
 DELETE_BATCH = 1000
+UUID_RE = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 # Podcasts whose pending intents one run delivers (one ?wait=1 call each, covering all of a
 # podcast's intents); a larger backlog continues the next run.
 OUTBOX_DRAIN_MAX_PODCASTS = 5000
@@ -215,7 +216,7 @@ async def run_reconcile(
                 recheck=None,
                 prefix=prefix,
                 min_age=timedelta(0),
-                delete=options.apply,
+                delete=deletes,  # skipOrphanDelete holds back every sweep, prep too
                 kind="transcribe_prep",
                 tick=tick,
                 before_delete=None,
@@ -380,12 +381,12 @@ async def _write_sizes_bypassing_cap(
     written = 0
     async with runtime.db.transaction() as tx:
         await tx.execute(SQL["disable_cap_trigger"])
-        try:
-            for row in rows:
-                if await _write_size(runtime, row, now, tx):
-                    written += 1
-        finally:
-            await tx.execute(SQL["enable_cap_trigger"])
+        # Re-enabled before the commit. On an error the transaction is aborted, so ENABLE could
+        # not run (and would hide the real error); the rollback undoes the DISABLE instead.
+        for row in rows:
+            if await _write_size(runtime, row, now, tx):
+                written += 1
+        await tx.execute(SQL["enable_cap_trigger"])
     return written
 
 
@@ -507,9 +508,12 @@ async def _sweep(
         keys = [k for k, _ in batch]
         if recheck is not None:
             # Immediately before the delete: anything referenced now stays.
-            urls = [prefix + k for k in keys]
-            referenced = {r["url"] for r in await runtime.db.fetch(recheck, {"urls": urls})}
-            keep = {k for k in keys if prefix + k in referenced}
+            keep = {
+                r["key"]
+                for r in await runtime.db.fetch(
+                    recheck, {"keys": keys, "prefix": prefix, "uuid_re": UUID_RE}
+                )
+            }
             tally.referenced_at_recheck += len(keep)
             keys = [k for k in keys if k not in keep]
         sizes = dict(batch)

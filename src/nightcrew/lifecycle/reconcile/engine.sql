@@ -50,22 +50,36 @@ SELECT e.id, e.podcast_id, e.status, e.audio_url,
 -- name: unreferenced_audio
 -- Audio objects that neither audio_url nor original_audio_url references, with whether their
 -- podcast still has an undelivered feed invalidation (a cached feed may still point at them).
+-- A reference is by KEY, derived exactly as for the backfill (the URL without R2_PUBLIC_URL
+-- and without any ?query): ".../a.mp3?v=2" references "a.mp3", whatever the URL's suffix.
+WITH referenced AS (
+    SELECT split_part(substr(e.audio_url, length(%(prefix)s) + 1), '?', 1) AS key
+      FROM public.episodes e
+     WHERE left(e.audio_url, length(%(prefix)s)) = %(prefix)s
+    UNION
+    SELECT split_part(substr(e.original_audio_url, length(%(prefix)s) + 1), '?', 1)
+      FROM public.episodes e
+     WHERE left(e.original_audio_url, length(%(prefix)s)) = %(prefix)s
+)
 SELECT o.key, o.size, o.last_modified,
        EXISTS (SELECT 1 FROM public.feed_invalidation_outbox f
                 WHERE f.delivered_at IS NULL
                   AND f.podcast_id::text = split_part(o.key, '/', 2)) AS invalidation_pending
   FROM reconcile_objects o
  WHERE o.kind = 'audio'
-   AND NOT EXISTS (SELECT 1 FROM public.episodes e WHERE e.audio_url = %(prefix)s || o.key)
-   AND NOT EXISTS (SELECT 1 FROM public.episodes e
-                    WHERE e.original_audio_url = %(prefix)s || o.key)
+   AND NOT EXISTS (SELECT 1 FROM referenced r WHERE r.key = o.key)
  ORDER BY o.key;
 
 -- name: unreferenced_episode_images
+WITH referenced AS (
+    SELECT split_part(substr(e.cover_image_url, length(%(prefix)s) + 1), '?', 1) AS key
+      FROM public.episodes e
+     WHERE left(e.cover_image_url, length(%(prefix)s)) = %(prefix)s
+)
 SELECT o.key, o.size, o.last_modified, false AS invalidation_pending
   FROM reconcile_objects o
  WHERE o.kind = 'episode_image'
-   AND NOT EXISTS (SELECT 1 FROM public.episodes e WHERE e.cover_image_url = %(prefix)s || o.key)
+   AND NOT EXISTS (SELECT 1 FROM referenced r WHERE r.key = o.key)
  ORDER BY o.key;
 
 -- name: expired_prep
@@ -76,13 +90,33 @@ SELECT o.key, o.size, o.last_modified, false AS invalidation_pending
  ORDER BY o.key;
 
 -- name: recheck_audio_references
--- The final re-check, immediately before a delete batch: which of these URLs is referenced now?
-SELECT audio_url AS url FROM public.episodes WHERE audio_url = ANY(%(urls)s::text[])
-UNION
-SELECT original_audio_url FROM public.episodes WHERE original_audio_url = ANY(%(urls)s::text[]);
+-- The final re-check, immediately before a delete batch: which of these keys must stay?
+-- Referenced now by either audio column (exact URL, or the same key with a ?query, looked up
+-- within the key's podcast through its index), or its podcast has an undelivered invalidation.
+SELECT k.key
+  FROM unnest(%(keys)s::text[]) AS k (key)
+ WHERE EXISTS (SELECT 1 FROM public.episodes e
+                WHERE e.audio_url = %(prefix)s || k.key
+                   OR e.original_audio_url = %(prefix)s || k.key)
+    OR EXISTS (SELECT 1 FROM public.episodes e
+                WHERE e.podcast_id = CASE WHEN split_part(k.key, '/', 2) ~ %(uuid_re)s
+                                          THEN split_part(k.key, '/', 2)::uuid END
+                  AND (split_part(substr(e.audio_url, length(%(prefix)s) + 1), '?', 1) = k.key
+                       OR split_part(substr(e.original_audio_url, length(%(prefix)s) + 1),
+                                     '?', 1) = k.key))
+    OR EXISTS (SELECT 1 FROM public.feed_invalidation_outbox f
+                WHERE f.delivered_at IS NULL
+                  AND f.podcast_id::text = split_part(k.key, '/', 2));
 
 -- name: recheck_image_references
-SELECT cover_image_url AS url FROM public.episodes WHERE cover_image_url = ANY(%(urls)s::text[]);
+SELECT k.key
+  FROM unnest(%(keys)s::text[]) AS k (key)
+ WHERE EXISTS (SELECT 1 FROM public.episodes e WHERE e.cover_image_url = %(prefix)s || k.key)
+    OR EXISTS (SELECT 1 FROM public.episodes e
+                WHERE e.podcast_id = CASE WHEN split_part(k.key, '/', 2) ~ %(uuid_re)s
+                                          THEN split_part(k.key, '/', 2)::uuid END
+                  AND split_part(substr(e.cover_image_url, length(%(prefix)s) + 1), '?', 1)
+                      = k.key);
 
 -- name: write_size
 -- Only if the row still has what the scan saw: a concurrent upload wins.
