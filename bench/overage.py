@@ -97,7 +97,7 @@ async def main() -> None:
                 found = 0
                 for _ in range(args.runs):
                     started = time.perf_counter()
-                    rows = await db.fetch(overage.SQL["scan"], {"now": NOW, "account_id": None})
+                    rows = await db.fetch(overage.SQL["scan"], {"now": NOW})
                     scans.append(time.perf_counter() - started)
                     found = len(rows)
                 plan = await db.fetch(

@@ -118,7 +118,7 @@ class EscalationReport:
 async def run_overage_escalation(runtime: Runtime, clock: Clock) -> EscalationReport:
     """The daily sweep: every account that can need work; one failing never stops the next."""
     report = EscalationReport()
-    rows = await runtime.db.fetch(SQL["scan"], {"now": clock.now(), "account_id": None})
+    rows = await runtime.db.fetch(SQL["scan"], {"now": clock.now()})
     report.scanned = len(rows)
     for row in rows:
         await _isolated(runtime, clock, row, report)
@@ -131,7 +131,9 @@ async def reconcile_account_overage(
 ) -> EscalationReport:
     """The webhook's entry: the same legs and claims, for one account."""
     report = EscalationReport()
-    rows = await runtime.db.fetch(SQL["scan"], {"now": clock.now(), "account_id": account_id})
+    rows = await runtime.db.fetch(
+        SQL["measure_account"], {"now": clock.now(), "account_id": account_id}
+    )
     report.scanned = len(rows)
     for row in rows:
         await _isolated(runtime, clock, row, report)
@@ -158,6 +160,12 @@ async def _process(
 ) -> None:
     now = clock.now()
     account = str(row["id"])
+    # Measure again, now: the scan row may be minutes old, and the webhook may have moved the
+    # clock or the owner the usage since. Decisions are taken on live state only.
+    fresh = await runtime.db.fetch_one(SQL["measure_account"], {"now": now, "account_id": account})
+    if fresh is None:
+        return  # the account is gone
+    row = fresh
     # NUMERIC and BIGINT sums arrive as Decimal: coerce at the boundary (invariant 7).
     podcast_cap = _number(row["podcast_cap"])
     storage_cap = _number(row["storage_cap_gb"])
@@ -234,6 +242,12 @@ async def _process(
     )
     ids = [str(p["id"]) for p in sanctioned]
     async with runtime.db.transaction() as tx:
+        locked = await tx.fetch_one(SQL["lock_clock"], {"id": account})
+        if locked is None or (
+            locked["content_overage_since"],
+            locked["content_overage_nag_stage"],
+        ) != (since, stage):
+            return  # restored or moved on by the other entry point meanwhile
         stamped = await tx.fetch(SQL["stamp"], {"ids": ids, "now": now})
         cleared = await tx.fetch(SQL["unstamp_except"], {"id": account, "keep": ids, "now": now})
         changed = [*stamped, *cleared]
@@ -276,8 +290,13 @@ async def _restore(
 ) -> None:
     since = clock_row["content_overage_since"]
     async with runtime.db.transaction() as tx:
+        locked = await tx.fetch_one(SQL["lock_clock"], {"id": account})
+        if locked is None or locked["content_overage_since"] != since:
+            return  # re-armed (or restored) by the other entry point meanwhile
         await tx.execute(SQL["disarm"], {"id": account, "since": since})
         cleared = await tx.fetch(SQL["unstamp_except"], {"id": account, "keep": [], "now": now})
+        if since is None and not cleared:
+            return  # another caller restored it first
         outbox = (
             await tx.fetch(
                 SQL["record_outbox"],
@@ -291,7 +310,8 @@ async def _restore(
     event("overage_restored", account_id=account, podcast_ids=[str(p["id"]) for p in cleared])
     await _invalidate(runtime, now, cleared, outbox, "podcast.restored", report)
     if since is not None:
-        await _send(runtime, account, since, "restored", overage, [], report)
+        names = [p["slug"] for p in cleared]
+        await _send(runtime, account, since, "restored", overage, names, report)
 
 
 async def _send(

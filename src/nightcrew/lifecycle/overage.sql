@@ -27,7 +27,6 @@ WITH occupancy AS (
            max(c.cap) FILTER (WHERE c.resource = 'podcasts_per_account') AS podcast_cap,
            max(c.cap) FILTER (WHERE c.resource = 'storage_gb_per_account') AS storage_cap_gb
       FROM public.account_caps(%(now)s) c
-     WHERE %(account_id)s::uuid IS NULL OR c.account_id = %(account_id)s::uuid
      GROUP BY c.account_id
 ), measured AS (
     SELECT b.id, b.content_overage_since, b.content_overage_deadline,
@@ -39,17 +38,34 @@ WITH occupancy AS (
       JOIN caps ON caps.account_id = b.id
       LEFT JOIN occupancy o ON o.account_id = b.id
       LEFT JOIN storage s ON s.account_id = b.id
-     WHERE (%(account_id)s::uuid IS NULL OR b.id = %(account_id)s::uuid)
-       AND (o.account_id IS NOT NULL OR b.content_overage_since IS NOT NULL)
+     WHERE o.account_id IS NOT NULL OR b.content_overage_since IS NOT NULL
 )
 SELECT *
   FROM measured
- WHERE %(account_id)s::uuid IS NOT NULL
-    OR content_overage_since IS NOT NULL
+ WHERE content_overage_since IS NOT NULL
     OR stamped
     OR (podcast_cap IS NOT NULL AND podcasts > podcast_cap)
     OR (storage_cap_gb IS NOT NULL AND bytes > storage_cap_gb * 1000000000)
  ORDER BY id;
+
+-- name: measure_account
+-- The same measurements as the scan, for one account, taken right before acting on it (and by
+-- the webhook's entry point). A test keeps the two in agreement.
+SELECT b.id, b.content_overage_since, b.content_overage_deadline,
+       b.content_overage_nag_stage, b.content_overage_last_nag_at,
+       (SELECT count(*) FROM public.podcasts p
+         WHERE p.billing_account_id = b.id AND p.status IN ('active', 'paused')) AS podcasts,
+       (SELECT coalesce(sum(coalesce(e.audio_file_size_bytes, 0)
+                            + coalesce(e.original_audio_file_size_bytes, 0)), 0)
+          FROM public.podcasts p JOIN public.episodes e ON e.podcast_id = p.id
+         WHERE p.billing_account_id = b.id AND p.status <> 'pending_deletion') AS bytes,
+       EXISTS (SELECT 1 FROM public.podcasts p
+                WHERE p.billing_account_id = b.id AND p.overage_suspended_at IS NOT NULL)
+           AS stamped,
+       public.effective_cap(b.id, 'podcasts_per_account', %(now)s) AS podcast_cap,
+       public.effective_cap(b.id, 'storage_gb_per_account', %(now)s) AS storage_cap_gb
+  FROM public.billing_accounts b
+ WHERE b.id = %(account_id)s;
 
 -- name: arm
 -- First detection wins: an armed clock is never re-armed or extended.
@@ -66,6 +82,12 @@ RETURNING content_overage_since, content_overage_deadline, content_overage_nag_s
 SELECT content_overage_since, content_overage_deadline, content_overage_nag_stage,
        content_overage_last_nag_at
   FROM public.billing_accounts WHERE id = %(id)s;
+
+-- name: lock_clock
+-- Stamps and restores re-check the clock under the account's row lock: the other entry point
+-- may have moved it since this caller read it.
+SELECT content_overage_since, content_overage_nag_stage
+  FROM public.billing_accounts WHERE id = %(id)s FOR UPDATE;
 
 -- name: claim_stage
 -- The advance-once guard: exactly one caller's claim matches, whatever raced it.

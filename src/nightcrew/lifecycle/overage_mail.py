@@ -9,7 +9,7 @@ from datetime import datetime
 STAGE_SUBJECTS = {
     0: "Your account is over its plan limits — you have 30 days",
     1: "Reminder: your account is still over its plan limits",
-    2: "Nine days left to bring your account within its plan limits",
+    2: "Your account is still over its plan limits — the deadline is getting close",
     3: "Final notice: your feeds will be paused in 3 days",
     4: "Some of your podcast feeds are paused",
     "restored": "You're back within your plan — your feeds are live again",
@@ -50,12 +50,16 @@ def render(stage: int | str, overage: Overage, suspended: list[str]) -> tuple[st
     deadline = f"{overage.deadline:%d %B %Y}" if overage.deadline else "soon"
     subject = STAGE_SUBJECTS[stage]
     if stage == "restored":
-        paragraphs = [
-            "Good news: your account is back within its plan limits.",
-            "Every feed we had paused is being served again — listeners and apps will pick "
-            "them up within minutes. Nothing was deleted at any point.",
-            f"Your plan and usage: {billing}",
-        ]
+        paragraphs = ["Good news: your account is back within its plan limits."]
+        if suspended:
+            paragraphs.append(
+                "Every feed we had paused is being served again — listeners and "
+                "apps will pick them up within minutes. Nothing was deleted at "
+                "any point."
+            )
+        else:
+            paragraphs.append("No feed was ever paused, and there is nothing more to do.")
+        paragraphs.append(f"Your plan and usage: {billing}")
     elif stage == 4:
         paragraphs = [
             "Your account has been over its plan limits for 30 days, so we have paused "
@@ -68,11 +72,14 @@ def render(stage: int | str, overage: Overage, suspended: list[str]) -> tuple[st
             "of your account fitting its plan again.",
         ]
     else:
+        when = f"by {deadline}"
+        if stage == 3:  # after a gap the deadline may be past: the notice always runs 3 days
+            when = "within the next 3 days"
         paragraphs = [
             "Your account is currently over its plan limits:",
             *[f"  • {line}" for line in overage.lines()],
-            f"Please bring it within your plan by {deadline}. After that date the feeds over "
-            "the limit will be paused (not deleted) until it fits again.",
+            f"Please bring it within your plan {when}. After that the feeds over the limit "
+            "will be paused (not deleted) until it fits again.",
             f"You can upgrade your plan: {billing}",
             f"or remove podcasts or audio you no longer need: {podcasts}",
             "If you have already done so, thank you — you can ignore this message; we check "

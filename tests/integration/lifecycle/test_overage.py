@@ -449,3 +449,69 @@ async def test_an_account_that_throws_never_stops_the_sweep(
     assert [e["event"] for e in report.errors] == ["overage_escalation_account_failed"]
     assert report.errors[0]["account_id"] == broken
     assert (await _clock_columns(db, fine))[2] == 0
+
+
+async def test_a_stale_scan_never_suspends_an_account_the_webhook_just_restored(
+    db: Database,
+    fresh_db_url: str,
+    http: httpx.AsyncClient,
+    resend_server: RecordingServer,
+    feed_server: RecordingServer,
+) -> None:
+    from nightcrew.lifecycle import overage
+    from nightcrew.lifecycle.overage import EscalationReport
+
+    clock = FrozenClock(NOW)
+    runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
+    account, (first, second) = await _account(db)
+    await db.execute(
+        "UPDATE public.billing_accounts SET content_overage_since = %(s)s,"
+        " content_overage_deadline = %(d)s, content_overage_nag_stage = 3,"
+        " content_overage_last_nag_at = %(l)s WHERE id = %(a)s",
+        {"s": NOW - 31 * DAY, "d": NOW - DAY, "l": NOW - 4 * DAY, "a": account},
+    )
+    [stale] = await db.fetch(overage.SQL["scan"], {"now": NOW})
+    # meanwhile the owner upgrades and the webhook restores the account
+    await db.execute(
+        "INSERT INTO public.cap_overrides (billing_account_id, resource,"
+        " limit_value) VALUES (%(a)s, 'podcasts_per_account', 9)",
+        {"a": account},
+    )
+    await reconcile_account_overage(runtime, clock, account)
+    resend_server.reset()
+    report = EscalationReport()
+    await overage._process(runtime, clock, stale, report)  # the sweep, on its stale row
+    assert await _stamps(db, [first, second]) == [None, None]
+    assert report.suspended_accounts == 0 and resend_server.requests == []
+    assert await _clock_columns(db, account) == (None, None, None, None)
+
+
+async def test_the_scan_and_the_single_account_measurement_agree(
+    db: Database, fresh_db_url: str
+) -> None:
+    from nightcrew.lifecycle import overage
+
+    over, _ = await _account(db, podcasts=3)
+    armed_under, _ = await _account(db, podcasts=1)
+    await db.execute(
+        "UPDATE public.billing_accounts SET content_overage_since = %(n)s,"
+        " content_overage_nag_stage = 0 WHERE id = %(a)s",
+        {"n": NOW, "a": armed_under},
+    )
+    stamped, (p,) = await _account(db, podcasts=1)
+    await db.execute(
+        "UPDATE public.podcasts SET overage_suspended_at = %(n)s WHERE id = %(p)s",
+        {"n": NOW, "p": p},
+    )
+    quiet, _ = await _account(db, podcasts=1)
+    rows = {str(r["id"]): r for r in await db.fetch(overage.SQL["scan"], {"now": NOW})}
+    assert set(rows) == {over, armed_under, stamped}  # only accounts that can need work
+    for account in (over, armed_under, stamped, quiet):
+        single = await db.fetch_one(
+            overage.SQL["measure_account"], {"now": NOW, "account_id": account}
+        )
+        assert single is not None
+        if account in rows:
+            assert {k: str(v) for k, v in single.items()} == {
+                k: str(v) for k, v in rows[account].items()
+            }
