@@ -102,6 +102,21 @@ class Tx(_Executor):
         except psycopg.Error as exc:
             raise _translate(exc) from exc
 
+    async def copy_in_batches(
+        self, statement: str, batches: AsyncIterator[Iterable[Sequence[Any]]]
+    ) -> int:
+        """One COPY fed batch by batch as they arrive (a listing page at a time)."""
+        count = 0
+        try:
+            async with self._conn.cursor() as cur, cur.copy(statement) as copy:
+                async for rows in batches:
+                    for row in rows:
+                        await copy.write_row(row)
+                        count += 1
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+        return count
+
     async def copy_in(self, statement: str, rows: Iterable[Sequence[Any]]) -> int:
         """COPY rows in (``COPY t (a, b) FROM STDIN``); returns how many were written."""
         count = 0

@@ -556,3 +556,33 @@ async def test_skip_orphan_delete_keeps_expired_prep_too(
     )
     assert report.transcribe_prep.eligible == 1 and report.transcribe_prep.deleted == 0
     assert await w.exists(prep)
+
+
+async def test_a_listing_that_fails_midway_fails_the_run_and_changes_nothing(
+    db: Database, fresh_db_url: str, tmp_path: Path
+) -> None:
+    from nightcrew.errors import StoreError
+
+    store = open_store(f"file://{tmp_path}")
+    w = await World(db, store).setup()
+    for n in range(1500):
+        await w.obj(w.key(f"{n}.mp3", episode=f"e{n}"))
+
+    class BreaksAfterOnePage:
+        def __init__(self, inner: ObjectStore) -> None:
+            self._inner, self.description, self.stats = inner, inner.description, inner.stats
+
+        async def list_prefix(self, prefix: str) -> Any:
+            async for page in self._inner.list_prefix(prefix):
+                yield page
+                raise StoreError("listing 'podcasts/' failed: connection reset")
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+    before = await _snapshot(db)
+    clock = later(days=3)
+    with pytest.raises(StoreError, match="connection reset"):
+        await run_reconcile(rt(db, clock, fresh_db_url, BreaksAfterOnePage(store)), clock, APPLY)
+    assert await _snapshot(db) == before
+    assert len(await _store_keys(store)) == 1500

@@ -18,8 +18,10 @@ Plus the over-cap report and the media_jobs watchdog's result.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -44,6 +46,8 @@ from nightcrew.runtime import Runtime
 SQL = load_queries(__file__)
 
 DELETE_BATCH = 1000
+LISTING_PREFETCH = 4  # listing pages in flight between the store and the COPY
+HEAD_CONCURRENCY = 32
 UUID_RE = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 # Podcasts whose pending intents one run delivers (one ?wait=1 call each, covering all of a
 # podcast's intents); a larger backlog continues the next run.
@@ -250,19 +254,40 @@ def _listing_rows(page: list[StoredObject], kinds: dict[str, int]) -> list[tuple
 
 
 async def _load_listing(conn: Tx, store: ObjectStore, tick: Progress) -> dict[str, int]:
-    objects = size = 0
+    """List once, COPY as we go: the store's next page is fetched while this one is written
+    (a small queue between the two), and memory holds at most a few pages."""
+    totals = {"objects": 0, "bytes": 0}
     kinds: dict[str, int] = {}
     pages_before = store.stats.list_pages
-    async for page in store.list_prefix("podcasts/"):
-        await conn.copy_in(SQL["copy_listing"], _listing_rows(page, kinds))
-        objects += len(page)
-        size += sum(o.size for o in page)
-        tick("listing", objects)
+    queue: asyncio.Queue[list[StoredObject] | None] = asyncio.Queue(maxsize=LISTING_PREFETCH)
+
+    async def produce() -> None:
+        try:
+            async for page in store.list_prefix("podcasts/"):
+                await queue.put(page)
+        finally:
+            await queue.put(None)
+
+    async def pages() -> AsyncIterator[list[tuple[Any, ...]]]:
+        while (page := await queue.get()) is not None:
+            totals["objects"] += len(page)
+            totals["bytes"] += sum(o.size for o in page)
+            tick("listing", totals["objects"])
+            yield _listing_rows(page, kinds)
+
+    producer = asyncio.create_task(produce())
+    try:
+        await conn.copy_in_batches(SQL["copy_listing"], pages())
+    finally:
+        if not producer.done():
+            producer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await producer  # re-raises a listing failure
     await conn.execute(SQL["index_listing"])
     await conn.execute(SQL["analyze_listing"])
     return {
-        "objects": objects,
-        "bytes": size,
+        "objects": totals["objects"],
+        "bytes": totals["bytes"],
         "listRequests": store.stats.list_pages - pages_before,
         **kinds,
     }
@@ -402,11 +427,20 @@ async def _missing(
     count = candidates = quarantined = 0
     sample: list[dict[str, Any]] = []
     failures: list[dict[str, Any]] = []
+    gate = asyncio.Semaphore(HEAD_CONCURRENCY)
+
+    async def present(key: str) -> bool:
+        async with gate:
+            return await store.head(key) is not None
+
     async for rows in conn.stream(SQL["missing_candidates"], {"prefix": prefix}):
-        for row in rows:
+        # One HEAD per candidate (it may have been uploaded after the listing passed its key),
+        # a batch of them at a time.
+        uploaded_since = await asyncio.gather(*(present(r["key"]) for r in rows))
+        for row, late in zip(rows, uploaded_since, strict=True):
             candidates += 1
-            if await store.head(row["key"]) is not None:
-                continue  # uploaded after the listing passed its key
+            if late:
+                continue
             count += 1
             if len(sample) < SAMPLE_KEYS:
                 sample.append(
