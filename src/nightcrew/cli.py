@@ -222,7 +222,9 @@ def _print_lane_summary(report: dict[str, Any]) -> None:
             if isinstance(v, int) and not isinstance(v, bool) and k != "duration_ms"
         )
         status = "ok    " if job["ok"] else "FAILED"
-        detail = job.get("error") or counts
+        detail = job.get("error") or (
+            f"skipped: {job['skipped']}" if job.get("skipped") else counts
+        )
         typer.echo(f"  {status} {name:<36} {job['duration_ms']:>7.1f} ms  {detail}")
     for failure in report["errors"]:
         ids = ", ".join(
