@@ -29,6 +29,7 @@ from nightcrew.errors import (
     ConfigError,
     DatabaseUnavailableError,
     NightcrewError,
+    QueueUnavailableError,
 )
 from nightcrew.log import SecretScrubber, configure_logging, describe_error, event
 from nightcrew.runtime import open_database, open_runtime
@@ -81,7 +82,7 @@ def _run(work: Callable[[], Awaitable[T]], settings: Settings) -> T:
     scrub = SecretScrubber(settings.secret_values())
     try:
         return asyncio.run(_call(work))
-    except (DatabaseUnavailableError, ConfigError) as exc:
+    except (DatabaseUnavailableError, QueueUnavailableError, ConfigError) as exc:
         _fail(scrub.text(str(exc)), 2)
     except NightcrewError as exc:
         _fail(scrub.text(str(exc)), 1)

@@ -76,14 +76,8 @@ class Settings(BaseSettings):
     @field_validator("queue_url")
     @classmethod
     def _known_queue_backend(cls, value: str) -> str:
-        if value == "postgres":
+        if value == "postgres" or urlsplit(value).scheme in ("amqp", "amqps"):
             return value
-        scheme = urlsplit(value).scheme
-        if scheme in ("amqp", "amqps"):
-            raise ValueError(
-                "the RabbitMQ queue backend is not available in this version;"
-                " use QUEUE_URL=postgres"
-            )
         raise ValueError(f"unknown queue backend {value!r}; expected 'postgres' or amqp://…")
 
     @field_validator("database_url")

@@ -27,6 +27,10 @@ class QueueError(NightcrewError):
     """A queue backend refused or failed a send."""
 
 
+class QueueUnavailableError(QueueError):
+    """The queue backend could not be reached at start-up; the message names where."""
+
+
 class StoreError(NightcrewError):
     """The object store failed an operation."""
 

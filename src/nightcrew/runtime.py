@@ -17,7 +17,12 @@ from pydantic import SecretStr
 from nightcrew.adapters.billing import Billing, DryRunBilling, NoBilling, StripeBilling
 from nightcrew.adapters.feedcache import FeedCache, HttpFeedCache, RecordingFeedCache
 from nightcrew.adapters.mail import Mailer, RecordingMailer, ResendMailer
-from nightcrew.adapters.queues import MemoryQueueProducer, PostgresQueueProducer, QueueProducer
+from nightcrew.adapters.queues import (
+    MemoryQueueProducer,
+    PostgresQueueProducer,
+    QueueProducer,
+    RabbitQueueProducer,
+)
 from nightcrew.adapters.storage import ObjectStore, ReadOnlyStore, open_store
 from nightcrew.clock import Clock
 from nightcrew.config import Settings
@@ -102,11 +107,17 @@ async def open_runtime(settings: Settings, clock: Clock) -> AsyncIterator[Runtim
     ):
         billing = _billing(settings)
         secret = settings.rss_invalidation_secret
+        queues: QueueProducer
+        rabbit: RabbitQueueProducer | None = None
+        if settings.queue_url == "postgres":
+            queues = PostgresQueueProducer(db, clock)
+        else:
+            queues = rabbit = await RabbitQueueProducer.connect(settings.queue_url)
         try:
             yield Runtime(
                 settings=settings,
                 db=db,
-                queues=PostgresQueueProducer(db, clock),
+                queues=queues,
                 store=store,
                 feedcache=HttpFeedCache(
                     http, settings.public_feed_url, secret.get_secret_value() if secret else None
@@ -122,3 +133,5 @@ async def open_runtime(settings: Settings, clock: Clock) -> AsyncIterator[Runtim
         finally:
             if isinstance(billing, StripeBilling):
                 await billing.close()
+            if rabbit is not None:
+                await rabbit.close()

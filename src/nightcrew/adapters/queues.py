@@ -1,7 +1,11 @@
 """Queue producers: ``send(queue, body, delay_seconds=0)`` behind one interface.
 
 ``postgres`` (the default) appends to ``nightcrew.queue_messages``; the message becomes visible
-to consumers at ``now + delay``. A RabbitMQ producer drops in behind the same Protocol.
+to consumers at ``now + delay``. ``amqp://…`` publishes to RabbitMQ: a durable queue named
+like the spec's queue, persistent messages, publisher confirms (a send returns only once the
+broker has the message). A delay goes through ``{queue}.delay.{ms}``, a queue whose messages
+expire after that long into the real queue (one delay queue per delay, so no message waits
+behind a longer one).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any, Protocol
 
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database, json_param
-from nightcrew.errors import NightcrewError, QueueError
+from nightcrew.errors import NightcrewError, QueueError, QueueUnavailableError
 
 # The queues spec 000 produces to.
 RSS_INVALIDATION = "rss-invalidation"
@@ -84,3 +88,63 @@ class MemoryQueueProducer:
                 visible_at=self._clock.now() + timedelta(seconds=delay_seconds),
             )
         )
+
+
+class RabbitQueueProducer:
+    """RabbitMQ through aio-pika: one robust connection, one confirming channel."""
+
+    def __init__(self, channel: Any, connection: Any) -> None:
+        self._channel = channel
+        self._connection = connection
+        self._declared: set[str] = set()
+
+    @classmethod
+    async def connect(cls, url: str) -> RabbitQueueProducer:
+        import aio_pika
+
+        try:
+            connection = await aio_pika.connect_robust(url, timeout=10)
+            channel = await connection.channel(publisher_confirms=True)
+        except Exception as exc:
+            where = url.split("@")[-1]
+            raise QueueUnavailableError(f"cannot reach RabbitMQ at {where}: {exc}") from exc
+        return cls(channel, connection)
+
+    async def _declare(self, name: str, arguments: dict[str, Any] | None = None) -> None:
+        if name not in self._declared:
+            await self._channel.declare_queue(name, durable=True, arguments=arguments)
+            self._declared.add(name)
+
+    async def send(self, queue: str, body: Mapping[str, Any], delay_seconds: int = 0) -> None:
+        import aio_pika
+
+        payload = _validate(queue, body, delay_seconds)
+        try:
+            await self._declare(queue)
+            target = queue
+            if delay_seconds > 0:
+                ms = delay_seconds * 1000
+                target = f"{queue}.delay.{ms}"
+                await self._declare(
+                    target,
+                    {
+                        "x-message-ttl": ms,
+                        "x-dead-letter-exchange": "",
+                        "x-dead-letter-routing-key": queue,
+                    },
+                )
+            await self._channel.default_exchange.publish(
+                aio_pika.Message(
+                    payload.encode(),
+                    content_type="application/json",
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                ),
+                routing_key=target,
+            )
+        except QueueError:
+            raise
+        except Exception as exc:
+            raise QueueError(f"could not publish to {queue}: {exc}") from exc
+
+    async def close(self) -> None:
+        await self._connection.close()

@@ -1,0 +1,87 @@
+"""The RabbitMQ queue producer against a real broker on 127.0.0.1 (skipped when none answers)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import uuid
+
+import pytest
+
+from nightcrew.adapters.queues import RabbitQueueProducer
+from nightcrew.errors import QueueUnavailableError
+
+URL = os.environ.get("NIGHTCREW_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+
+
+def _broker_answers() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 5672), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+pytestmark = pytest.mark.skipif(
+    not _broker_answers(), reason="no RabbitMQ on 127.0.0.1:5672 (start rabbitmq-server)"
+)
+
+
+async def _get(channel: object, queue: str) -> dict[str, object] | None:
+    q = await channel.declare_queue(queue, durable=True)  # type: ignore[attr-defined]
+    message = await q.get(fail=False, no_ack=True)
+    return None if message is None else json.loads(message.body)
+
+
+async def test_send_publishes_a_persistent_json_message() -> None:
+    import aio_pika
+
+    queue = f"nightcrew-test-{uuid.uuid4().hex[:8]}"
+    producer = await RabbitQueueProducer.connect(URL)
+    connection = await aio_pika.connect_robust(URL)
+    try:
+        await producer.send(queue, {"import_id": "i", "import_item_id": "t", "podcast_id": "p"})
+        channel = await connection.channel()
+        q = await channel.declare_queue(queue, durable=True)
+        message = await q.get(no_ack=True)
+        assert json.loads(message.body) == {
+            "import_id": "i",
+            "import_item_id": "t",
+            "podcast_id": "p",
+        }
+        assert message.content_type == "application/json"
+        assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+        await q.delete(if_unused=False, if_empty=False)
+    finally:
+        await producer.close()
+        await connection.close()
+
+
+async def test_a_delayed_message_surfaces_only_after_its_delay() -> None:
+    import aio_pika
+
+    queue = f"nightcrew-test-{uuid.uuid4().hex[:8]}"
+    producer = await RabbitQueueProducer.connect(URL)
+    connection = await aio_pika.connect_robust(URL)
+    try:
+        await producer.send(queue, {"n": 1}, delay_seconds=1)
+        channel = await connection.channel()
+        assert await _get(channel, queue) is None  # not yet
+        await asyncio.sleep(1.6)
+        assert await _get(channel, queue) == {"n": 1}
+        for name in (queue, f"{queue}.delay.1000"):
+            q = await channel.declare_queue(name, durable=True, passive=True)
+            await q.delete(if_unused=False, if_empty=False)
+    finally:
+        await producer.close()
+        await connection.close()
+
+
+async def test_an_unreachable_broker_is_one_clear_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(QueueUnavailableError, match=f"cannot reach RabbitMQ at 127.0.0.1:{port}"):
+        await RabbitQueueProducer.connect(f"amqp://guest:guest@127.0.0.1:{port}/")
