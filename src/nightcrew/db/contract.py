@@ -137,6 +137,17 @@ TABLES: dict[str, dict[str, str]] = {
         "visible_at": TS,
         "created_at": TS,
     },
+    "nightcrew.podcast_deletions": {
+        "podcast_id": "uuid",
+        "slug": "text",
+        "deleted_at": TS,
+        "storage_cleaned_at": TS,
+        "objects_left": "integer",
+        "invalidated_at": TS,
+        "attempts": "integer",
+        "last_error": "text",
+    },
+    "nightcrew.leases": {"name": "text", "token": "text", "fence": "bigint", "expires_at": TS},
     "nightcrew.runs": {
         "id": "bigint",
         "lane": "text",

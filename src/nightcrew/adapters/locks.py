@@ -1,0 +1,133 @@
+"""Leases (named, expiring, holder-only locks): Redis when configured, PostgreSQL otherwise.
+
+Both backends give the same guarantees:
+
+* ``acquire`` succeeds for one holder at a time and returns a lease carrying a random token
+  (never logged) and a fencing number that grows with every new holder;
+* ``extend`` and ``release`` work only for the holder (the token is checked atomically), and
+  ``extend`` *replaces* the TTL — redis-py's ``Lock.extend`` adds to the remaining TTL unless
+  told ``replace_ttl=True``, a classic source of immortal locks;
+* a lease whose TTL ran out can be taken by someone else, whose fence is higher.
+
+Redis locks are redis-py ``Lock`` objects with explicit tokens and ``thread_local=False``: the
+default thread-local token is shared by every task of one event loop.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Protocol
+
+from nightcrew.clock import Clock
+from nightcrew.db.database import Database
+
+FENCE_SUFFIX = ":fence"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lease:
+    name: str
+    fence: int
+    ttl_seconds: float
+    token: str = field(repr=False)
+    handle: Any = field(default=None, repr=False, compare=False)
+
+
+class Leases(Protocol):
+    backend: str
+
+    async def acquire(self, name: str, ttl_seconds: float) -> Lease | None: ...
+
+    async def extend(self, lease: Lease, ttl_seconds: float | None = None) -> bool: ...
+
+    async def release(self, lease: Lease) -> bool: ...
+
+
+class RedisLeases:
+    backend = "redis"
+
+    def __init__(self, redis: Any) -> None:
+        self._redis = redis
+
+    async def acquire(self, name: str, ttl_seconds: float) -> Lease | None:
+        from redis.asyncio.lock import Lock
+
+        token = secrets.token_hex(16)
+        lock = Lock(self._redis, name, timeout=ttl_seconds, blocking=False, thread_local=False)
+        if not await lock.acquire(token=token):
+            return None
+        fence = int(await self._redis.incr(name + FENCE_SUFFIX))
+        return Lease(name=name, fence=fence, ttl_seconds=ttl_seconds, token=token, handle=lock)
+
+    async def extend(self, lease: Lease, ttl_seconds: float | None = None) -> bool:
+        from redis.exceptions import LockError
+
+        try:
+            return bool(
+                await lease.handle.extend(ttl_seconds or lease.ttl_seconds, replace_ttl=True)
+            )
+        except LockError:  # LockNotOwnedError included: expired, or someone else holds it
+            return False
+
+    async def release(self, lease: Lease) -> bool:
+        from redis.exceptions import LockError
+
+        try:
+            await lease.handle.release()
+        except LockError:
+            return False
+        return True
+
+
+class PostgresLeases:
+    backend = "postgres"
+
+    def __init__(self, db: Database, clock: Clock) -> None:
+        self._db = db
+        self._clock = clock
+
+    async def acquire(self, name: str, ttl_seconds: float) -> Lease | None:
+        now = self._clock.now()
+        token = secrets.token_hex(16)
+        row = await self._db.fetch_one(
+            "INSERT INTO nightcrew.leases AS l (name, token, fence, expires_at)"
+            " VALUES (%(name)s, %(token)s, 1, %(expires)s)"
+            " ON CONFLICT (name) DO UPDATE"
+            "   SET token = excluded.token, fence = l.fence + 1, expires_at = excluded.expires_at"
+            "   WHERE l.expires_at <= %(now)s"
+            " RETURNING fence",
+            {
+                "name": name,
+                "token": token,
+                "now": now,
+                "expires": now + timedelta(seconds=ttl_seconds),
+            },
+        )
+        if row is None:
+            return None
+        return Lease(name=name, fence=int(row["fence"]), ttl_seconds=ttl_seconds, token=token)
+
+    async def extend(self, lease: Lease, ttl_seconds: float | None = None) -> bool:
+        now = self._clock.now()
+        touched = await self._db.execute(
+            "UPDATE nightcrew.leases SET expires_at = %(expires)s"
+            " WHERE name = %(name)s AND token = %(token)s AND expires_at > %(now)s",
+            {
+                "name": lease.name,
+                "token": lease.token,
+                "now": now,
+                "expires": now + timedelta(seconds=ttl_seconds or lease.ttl_seconds),
+            },
+        )
+        return touched == 1
+
+    async def release(self, lease: Lease) -> bool:
+        # Expire it rather than delete it: the row keeps the fence, which must only grow.
+        touched = await self._db.execute(
+            "UPDATE nightcrew.leases SET token = '', expires_at = '-infinity'"
+            " WHERE name = %(name)s AND token = %(token)s",
+            {"name": lease.name, "token": lease.token},
+        )
+        return touched == 1
