@@ -45,8 +45,12 @@ app = typer.Typer(
 )
 db_app = typer.Typer(help="Apply or verify the database schema.", no_args_is_help=True)
 lifecycle_app = typer.Typer(help="The podcast platform's lifecycle lanes.", no_args_is_help=True)
+news_app = typer.Typer(help="The news platform's RSS ingestion worker.", no_args_is_help=True)
+sources_app = typer.Typer(help="Feed sources: add, list, disable, enable.", no_args_is_help=True)
+news_app.add_typer(sources_app, name="sources")
 app.add_typer(db_app, name="db")
 app.add_typer(lifecycle_app, name="lifecycle")
+app.add_typer(news_app, name="news")
 
 
 class Lane(StrEnum):
@@ -396,6 +400,90 @@ def lifecycle_overage(
         typer.echo(f"  claimed stage {claim['stage']}")
     for failure in report["errors"]:
         typer.echo(f"  ! {failure.get('event')}: {failure.get('error')}")
+
+
+# --- news ----------------------------------------------------------------------------------------
+@sources_app.command("add")
+def news_sources_add(
+    url: Annotated[str, typer.Argument(help="The feed's http(s) URL.")],
+    name: Annotated[str, typer.Option("--name", help="A name for reports.")],
+    shard: Annotated[str, typer.Option("--shard", help="Which shard fetches it.")] = "default",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the source as JSON.")] = False,
+) -> None:
+    """Add a feed source."""
+    from nightcrew.news.sources import add_source
+
+    settings = _settings()
+
+    async def work() -> dict[str, Any]:
+        async with open_database(settings) as db:
+            return await add_source(db, url=url, name=name, shard=shard, now=SystemClock().now())
+
+    row = _run(work, settings)
+    if as_json:
+        _print_json(row)
+    else:
+        typer.echo(f"added source {row['id']} ({row['name']}) on shard {row['shard']}")
+
+
+@sources_app.command("list")
+def news_sources_list(
+    shard: Annotated[str | None, typer.Option("--shard", help="Only this shard.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the sources as JSON.")] = False,
+) -> None:
+    """List feed sources, with their fetch health."""
+    from nightcrew.news.sources import list_sources
+
+    settings = _settings()
+
+    async def work() -> list[dict[str, Any]]:
+        async with open_database(settings) as db:
+            return await list_sources(db, shard=shard)
+
+    rows = _run(work, settings)
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2, default=str))
+        return
+    for row in rows:
+        state = "parked" if row["parked_at"] else "enabled" if row["enabled"] else "disabled"
+        failures = (
+            f", {row['consecutive_failures']} failures" if row["consecutive_failures"] else ""
+        )
+        typer.echo(
+            f"{row['id']:>5}  {row['shard']:<10} {state:<9} {row['name']}  "
+            f"{row['feed_url']}{failures}"
+        )
+    if not rows:
+        typer.echo("no sources yet: nightcrew news sources add URL --name NAME")
+
+
+def _set_source(ref: str, enabled: bool) -> None:
+    from nightcrew.news.sources import set_enabled
+
+    settings = _settings()
+
+    async def work() -> dict[str, Any]:
+        async with open_database(settings) as db:
+            return await set_enabled(db, ref, enabled=enabled)
+
+    row = _run(work, settings)
+    typer.echo(f"{'enabled' if enabled else 'disabled'} source {row['id']} ({row['name']})")
+
+
+@sources_app.command("disable")
+def news_sources_disable(
+    ref: Annotated[str, typer.Argument(help="The source's id or feed URL.")],
+) -> None:
+    """Stop fetching a source."""
+    _set_source(ref, False)
+
+
+@sources_app.command("enable")
+def news_sources_enable(
+    ref: Annotated[str, typer.Argument(help="The source's id or feed URL.")],
+) -> None:
+    """Fetch a source again (also un-parks it and clears its failure count)."""
+    _set_source(ref, True)
 
 
 # --- demo ----------------------------------------------------------------------------------------

@@ -290,3 +290,30 @@ def test_the_overage_machine_for_one_account_from_the_command_line(fresh_db_url:
         "lifecycle", "overage", "--account", "00000000-0000-0000-0000-000000000000", env=env
     )
     assert missing.returncode == 1 and "no billing account" in missing.stderr
+
+
+def test_news_sources_from_the_command_line(fresh_db_url: str) -> None:
+    env = _env(DATABASE_URL=fresh_db_url)
+    added = run(
+        "news",
+        "sources",
+        "add",
+        "https://feeds.example/rss",
+        "--name",
+        "Example",
+        "--shard",
+        "s1",
+        "--json",
+        env=env,
+    )
+    assert added.returncode == 0, added.stderr
+    source_id = json.loads(added.stdout)["id"]
+    again = run("news", "sources", "add", "https://feeds.example/rss", "--name", "X", env=env)
+    assert again.returncode == 1 and "already exists" in again.stderr
+    bad = run("news", "sources", "add", "ftp://feeds.example", "--name", "X", env=env)
+    assert bad.returncode == 1 and "not an http(s) feed URL" in bad.stderr
+    listed = run("news", "sources", "list", env=env)
+    assert "enabled   Example  https://feeds.example/rss" in listed.stdout
+    disabled = run("news", "sources", "disable", str(source_id), env=env)
+    assert disabled.returncode == 0 and "disabled source" in disabled.stdout
+    assert "disabled  Example" in run("news", "sources", "list", env=env).stdout

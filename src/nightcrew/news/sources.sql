@@ -1,0 +1,49 @@
+-- news.sources: what to fetch, and what each fetch left behind.
+
+-- name: add_source
+INSERT INTO news.sources (name, feed_url, shard, created_at)
+VALUES (%(name)s, %(feed_url)s, %(shard)s, %(now)s)
+ON CONFLICT (feed_url) DO NOTHING
+RETURNING id, name, feed_url, shard, enabled;
+
+-- name: list_sources
+SELECT id, name, feed_url, shard, enabled, consecutive_failures, last_error, last_fetched_at,
+       next_check_at, parked_at
+  FROM news.sources
+ WHERE %(shard)s::text IS NULL OR shard = %(shard)s
+ ORDER BY shard, id;
+
+-- name: disable_source
+UPDATE news.sources SET enabled = false
+ WHERE id::text = %(ref)s OR feed_url = %(ref)s
+RETURNING id, name, feed_url;
+
+-- name: enable_source
+UPDATE news.sources
+   SET enabled = true, parked_at = NULL, consecutive_failures = 0, next_check_at = NULL
+ WHERE id::text = %(ref)s OR feed_url = %(ref)s
+RETURNING id, name, feed_url;
+
+-- name: due_sources
+SELECT id, name, feed_url, shard, etag, last_modified, consecutive_failures
+  FROM news.sources
+ WHERE shard = %(shard)s AND enabled AND parked_at IS NULL
+   AND (next_check_at IS NULL OR next_check_at <= %(now)s)
+ ORDER BY id;
+
+-- name: record_success
+UPDATE news.sources
+   SET etag = %(etag)s, last_modified = %(last_modified)s, consecutive_failures = 0,
+       last_error = NULL, last_fetched_at = %(now)s, next_check_at = %(next_check_at)s
+ WHERE id = %(id)s;
+
+-- name: record_failure
+UPDATE news.sources
+   SET consecutive_failures = consecutive_failures + 1,
+       last_error = %(error)s,
+       last_fetched_at = %(now)s,
+       next_check_at = %(next_check_at)s,
+       parked_at = CASE WHEN consecutive_failures + 1 >= %(park_after)s THEN %(now)s
+                        ELSE parked_at END
+ WHERE id = %(id)s
+RETURNING consecutive_failures, parked_at;
