@@ -64,6 +64,11 @@ class Settings(BaseSettings):
         int, Field(alias="UPSTASH_REDIS_AI_REVIEW_LOCK_TTL_SECONDS", gt=0)
     ] = 1800
 
+    news_ai_base_url: Annotated[str | None, Field(alias="NEWS_AI_BASE_URL")] = None
+    news_ai_api_key: Annotated[SecretStr | None, Field(alias="NEWS_AI_API_KEY")] = None
+    news_ai_model: Annotated[str | None, Field(alias="NEWS_AI_MODEL")] = None
+    max_ai_reviews: Annotated[int, Field(alias="MAX_AI_REVIEWS", ge=0)] = 25
+
     # --- nightcrew's own knobs ---------------------------------------------------------------
     db_connect_timeout_seconds: Annotated[
         float, Field(alias="NIGHTCREW_DB_CONNECT_TIMEOUT_SECONDS", gt=0)
@@ -117,6 +122,7 @@ class Settings(BaseSettings):
             self.resend_api_key,
             self.aws_secret_access_key,
             self.aws_session_token,
+            self.news_ai_api_key,
         ]
         values = [s.get_secret_value() for s in secrets if s is not None and s.get_secret_value()]
         if self.database_url:
