@@ -403,6 +403,62 @@ def lifecycle_overage(
 
 
 # --- news ----------------------------------------------------------------------------------------
+@news_app.command("run")
+def news_run(
+    shard: Annotated[str, typer.Option("--shard", help="Which shard to run.")] = "default",
+    manual: Annotated[
+        bool,
+        typer.Option(
+            "--manual", help="A manual run (a held lock is answered with a skipped report)."
+        ),
+    ] = False,
+    now: Annotated[
+        str | None, typer.Option("--now", help="Run as of this ISO 8601 instant.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Run one shard of the news worker once and print its report."""
+    from nightcrew.news.run import open_news_deps, run_shard
+
+    settings = _settings()
+    clock = _clock(now)
+
+    async def work() -> dict[str, Any]:
+        async with open_runtime(settings, clock) as runtime, open_news_deps(runtime, clock) as deps:
+            report = await run_shard(
+                runtime, clock, deps, shard, trigger="manual" if manual else "scheduled"
+            )
+            return report.to_json()
+
+    report = _run(work, settings)
+    if as_json:
+        _print_json(report)
+        return
+    state = (
+        "skipped (locked)"
+        if report["skipped"]
+        else ("deferred" if report["deferredReasons"] else "done")
+    )
+    typer.echo(f"news shard {report['shard']}: {state}, {report['durationMs']:.0f} ms")
+    for key in (
+        "queuedCount",
+        "processedCount",
+        "aiReviewedCount",
+        "acceptedCount",
+        "rejectedCount",
+        "deferredCount",
+        "retriedCount",
+        "lockedCount",
+        "redisAiReviewLockSkippedCount",
+        "redisEnabled",
+    ):
+        typer.echo(f"  {key:<32} {report[key]}")
+    for reason in report["deferredReasons"]:
+        typer.echo(f"  deferred: {reason}")
+    for failure in report["fetchErrors"]:
+        typer.echo(f"  ! {failure['source']}: {failure['error']}")
+
+
 @sources_app.command("add")
 def news_sources_add(
     url: Annotated[str, typer.Argument(help="The feed's http(s) URL.")],

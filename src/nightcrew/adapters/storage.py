@@ -75,6 +75,8 @@ class ObjectStore(Protocol):
 
     async def put(self, key: str, data: bytes) -> None: ...
 
+    async def get(self, key: str) -> bytes | None: ...
+
     async def delete(self, keys: Sequence[str]) -> DeleteOutcome: ...
 
 
@@ -123,6 +125,15 @@ class ObstoreStore:
             await obstore.put_async(self._store, key, data)
         except Exception as exc:
             raise StoreError(f"put {key!r} failed: {describe_error(exc)}") from exc
+
+    async def get(self, key: str) -> bytes | None:
+        try:
+            result = await obstore.get_async(self._store, key)
+            return bytes(await result.bytes_async())
+        except NOT_FOUND:
+            return None
+        except Exception as exc:
+            raise StoreError(f"get {key!r} failed: {describe_error(exc)}") from exc
 
     async def delete(self, keys: Sequence[str]) -> DeleteOutcome:
         outcome = DeleteOutcome()
@@ -178,6 +189,9 @@ class ReadOnlyStore:
 
     async def put(self, key: str, data: bytes) -> None:
         self.would_put.append(key)
+
+    async def get(self, key: str) -> bytes | None:
+        return await self._inner.get(key)
 
     async def delete(self, keys: Sequence[str]) -> DeleteOutcome:
         self.would_delete.extend(keys)

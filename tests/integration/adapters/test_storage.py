@@ -49,6 +49,8 @@ async def test_put_head_list_delete(store: ObjectStore) -> None:
     head = await store.head("podcasts/p/e/1/a.mp3")
     assert head is not None and head.size == 5 and head.last_modified.tzinfo is not None
     assert await store.head("podcasts/p/nope.mp3") is None
+    assert await store.get("podcasts/p/e/1/a.mp3") == b"12345"
+    assert await store.get("podcasts/p/nope.mp3") is None
     listed = sorted([o.key async for page in store.list_prefix("podcasts/p/") for o in page])
     assert listed == ["podcasts/p/e/1/a.mp3", "podcasts/p/images/cover.jpg"]
     # a prefix is a folder: podcasts/p/ never matches podcasts/pq/…

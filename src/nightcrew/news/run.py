@@ -1,0 +1,428 @@
+"""One news run of one shard, in spec 001's order.
+
+lock → fetch RSS candidates → processed-URL lookup (Redis set + database, in bulk) → queued
+counts by source and shard → article count → backpressure check → extend the lease → image
+hydration → per-article AI review locks → review + translation → writes (fenced) → snapshot
+→ report. When the queue or the database is over its limit the run stops before the first
+expensive step and saves a lightweight report that says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+import httpx
+
+from nightcrew.adapters.locks import Lease, Leases, PostgresLeases, RedisLeases
+from nightcrew.clock import Clock
+from nightcrew.db.database import Database, QueryError, json_param
+from nightcrew.db.queries import load_queries
+from nightcrew.log import describe_error, event, warning
+from nightcrew.news import sources as news_sources
+from nightcrew.news.fetch import FeedItem, fetch_feed, new_client
+from nightcrew.news.images import hydrate_image
+from nightcrew.news.review import Article, Reviewer, ReviewError, Verdict, make_reviewer
+from nightcrew.runtime import Runtime
+
+SQL = load_queries(__file__)
+
+FETCH_CONCURRENCY = 8
+HYDRATE_CONCURRENCY = 8
+NO_THUMBNAIL_RETRY_AGE_SECONDS = 6 * 3600
+NO_THUMBNAIL_RETRY_MAX = 20
+SNAPSHOT_SIZE = 50
+PROCESSED_SET = "news:processed"
+TRANSLATION_LANGUAGE = "English"
+
+Trigger = Literal["manual", "scheduled"]
+
+
+class StaleLease(Exception):
+    """A newer holder of the shard has written: this run's writes are refused."""
+
+
+@dataclass(kw_only=True)
+class NewsDeps:
+    """What a run needs beyond the Runtime: the lease backend, Redis (if any), HTTP, a reviewer."""
+
+    leases: Leases
+    http: httpx.AsyncClient
+    reviewer: Reviewer
+    redis: Any = None  # redis.asyncio client, or None
+    allowed_image_hosts: frozenset[str] = frozenset()
+
+
+@dataclass(kw_only=True)
+class NewsReport:
+    shard: str
+    trigger: Trigger
+    queued_count: int = 0
+    queued_by_source: dict[str, int] = field(default_factory=dict)
+    deferred_count: int = 0
+    deferred_reasons: list[str] = field(default_factory=list)
+    retried_count: int = 0
+    processed_count: int = 0
+    ai_reviewed_count: int = 0
+    accepted_count: int = 0
+    rejected_count: int = 0
+    backpressure_queue_limit: int = 0
+    backpressure_db_article_limit: int = 0
+    backpressure_db_article_count: int | None = None
+    backpressure_db_article_count_error: str | None = None
+    locked_count: int = 0
+    redis_ai_review_lock_skipped_count: int = 0
+    redis_enabled: bool = False
+    skipped: bool = False
+    fetch_errors: list[dict[str, Any]] = field(default_factory=list)
+    duration_ms: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "shard": self.shard,
+            "trigger": self.trigger,
+            "skipped": self.skipped,
+            "queuedCount": self.queued_count,
+            "queuedBySource": self.queued_by_source,
+            "deferredCount": self.deferred_count,
+            "deferredReasons": self.deferred_reasons,
+            "retriedCount": self.retried_count,
+            "processedCount": self.processed_count,
+            "aiReviewedCount": self.ai_reviewed_count,
+            "acceptedCount": self.accepted_count,
+            "rejectedCount": self.rejected_count,
+            "backpressureQueueLimit": self.backpressure_queue_limit,
+            "backpressureDbArticleLimit": self.backpressure_db_article_limit,
+            "backpressureDbArticleCount": self.backpressure_db_article_count,
+            "backpressureDbArticleCountError": self.backpressure_db_article_count_error,
+            "lockedCount": self.locked_count,
+            "redisAiReviewLockSkippedCount": self.redis_ai_review_lock_skipped_count,
+            "redisEnabled": self.redis_enabled,
+            "fetchErrors": self.fetch_errors,
+            "durationMs": self.duration_ms,
+        }
+
+
+def shard_lock_name(shard: str) -> str:
+    return f"news:shard:{shard}"
+
+
+async def run_shard(
+    runtime: Runtime, clock: Clock, deps: NewsDeps, shard: str, *, trigger: Trigger = "manual"
+) -> NewsReport:
+    started = time.perf_counter()
+    settings = runtime.settings
+    report = NewsReport(
+        shard=shard,
+        trigger=trigger,
+        redis_enabled=deps.redis is not None,
+        backpressure_queue_limit=settings.ingestion_backpressure_queue_limit,
+        backpressure_db_article_limit=settings.ingestion_backpressure_db_article_limit,
+    )
+    lease = await deps.leases.acquire(shard_lock_name(shard), settings.worker_lock_ttl_seconds)
+    if lease is None:
+        report.skipped, report.locked_count = True, 1
+        report.deferred_reasons.append("another run holds this shard's lock")
+        (event if trigger == "manual" else warning)(
+            "worker.shard_locked", shard=shard, trigger=trigger
+        )
+        return _finish(report, started)
+    try:
+        await _run(runtime, clock, deps, lease, report)
+    finally:
+        await deps.leases.release(lease)
+    report = _finish(report, started)
+    await runtime.db.execute(
+        SQL["save_report"],
+        {
+            "shard": shard,
+            "trigger": trigger,
+            "now": clock.now(),
+            "report": json_param(report.to_json()),
+        },
+    )
+    event(
+        "worker.run_completed",
+        **{k: v for k, v in report.to_json().items() if isinstance(v, int | bool | str)},
+    )
+    return report
+
+
+def _finish(report: NewsReport, started: float) -> NewsReport:
+    report.duration_ms = round((time.perf_counter() - started) * 1000, 1)
+    return report
+
+
+async def _run(
+    runtime: Runtime, clock: Clock, deps: NewsDeps, lease: Lease, report: NewsReport
+) -> None:
+    db, settings, now = runtime.db, runtime.settings, clock.now()
+
+    # 1. RSS candidates from every due source of the shard
+    due = await db.fetch(news_sources.SQL["due_sources"], {"shard": report.shard, "now": now})
+    candidates = await _fetch_all(db, deps, due, now, report)
+
+    # 2. processed-URL lookup, in bulk: the Redis set first, then the database
+    urls = list(candidates)
+    seen: set[str] = set()
+    if deps.redis is not None and urls:
+        try:
+            flags = await deps.redis.smismember(PROCESSED_SET, urls)
+            seen.update(u for u, hit in zip(urls, flags, strict=True) if hit)
+        except Exception as exc:  # Redis went away mid-run: the database still knows
+            warning("worker.redis.unavailable", error=describe_error(exc))
+            deps.redis, report.redis_enabled = None, False
+    rest = [u for u in urls if u not in seen]
+    if rest:
+        seen.update(r["url"] for r in await db.fetch(SQL["processed_urls"], {"urls": rest}))
+    queued = {u: candidates[u] for u in urls if u not in seen}
+
+    # 3. queue visibility
+    report.queued_count = len(queued)
+    by_source = Counter(f"{src['name']} ({src['shard']})" for src, _ in queued.values())
+    report.queued_by_source = dict(by_source)
+
+    # 4. the article count (telemetry: a failure is reported and the run goes on)
+    try:
+        row = await db.fetch_one(SQL["article_count"])
+        report.backpressure_db_article_count = int(row["n"]) if row else None
+    except (QueryError, ValueError, TypeError) as exc:
+        report.backpressure_db_article_count_error = describe_error(exc)
+        warning("worker.backpressure.db_count_failed", error=describe_error(exc))
+
+    # 5. backpressure, before anything expensive
+    if report.queued_count > settings.ingestion_backpressure_queue_limit:
+        report.deferred_reasons.append(
+            f"queue limit: {report.queued_count} queued > "
+            f"INGESTION_BACKPRESSURE_QUEUE_LIMIT {settings.ingestion_backpressure_queue_limit}"
+        )
+    count = report.backpressure_db_article_count
+    if count is not None and count >= settings.ingestion_backpressure_db_article_limit:
+        report.deferred_reasons.append(
+            f"database limit: {count} articles >= INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT "
+            f"{settings.ingestion_backpressure_db_article_limit}"
+        )
+    if report.deferred_reasons:
+        report.deferred_count = report.queued_count
+        warning("worker.backpressure.deferred", shard=report.shard, reasons=report.deferred_reasons)
+        return
+
+    # 6. extend the lease before the expensive work (holder-only; replaces the TTL)
+    if not await deps.leases.extend(lease, settings.worker_lock_ttl_seconds):
+        warning("worker.redis.worker_lock_extend_failed", shard=report.shard)
+        report.deferred_count = report.queued_count
+        report.deferred_reasons.append("the shard lease was lost before the expensive steps")
+        return
+
+    # 7. image hydration (items without a feed image), and the no-thumbnail retries
+    to_process = list(queued.items())[: settings.max_ai_reviews]
+    report.deferred_count = max(0, len(queued) - len(to_process))
+    if report.deferred_count:
+        report.deferred_reasons.append(f"MAX_AI_REVIEWS {settings.max_ai_reviews} reached")
+    images = await _hydrate(deps, [u for u, (_, item) in to_process if not item.image_url])
+    report.retried_count = await _retry_thumbnails(db, deps, report.shard, now)
+
+    # 8-9. per-article review locks, review and translation
+    verdicts: list[tuple[str, dict[str, Any], FeedItem, Verdict | None, str | None]] = []
+    review_locks: list[Lease] = []
+    for url, (source, item) in to_process:
+        lock = await deps.leases.acquire(
+            "news:review:" + hashlib.sha256(url.encode()).hexdigest()[:32],
+            settings.ai_review_lock_ttl_seconds,
+        )
+        if lock is None:
+            report.redis_ai_review_lock_skipped_count += 1
+            continue
+        review_locks.append(lock)
+        verdict, translation = await _review(deps.reviewer, item, report)
+        verdicts.append((url, source, item, verdict, translation))
+
+    # 10. writes, fenced
+    try:
+        written = await _write(db, lease, report.shard, verdicts, images, now)
+    finally:
+        for lock in review_locks:
+            await deps.leases.release(lock)
+    report.processed_count = len(written)
+    if deps.redis is not None and written:
+        try:
+            await deps.redis.sadd(PROCESSED_SET, *written)
+        except Exception as exc:
+            warning("worker.redis.unavailable", error=describe_error(exc))
+            report.redis_enabled = False
+
+    # 11. the public snapshot
+    latest = await db.fetch(SQL["snapshot"], {"shard": report.shard, "limit": SNAPSHOT_SIZE})
+    document = {"shard": report.shard, "generatedAt": now.isoformat(), "articles": latest}
+    await runtime.store.put(
+        f"news/snapshots/{report.shard}.json", json.dumps(document, default=str).encode()
+    )
+
+
+async def _write(
+    db: Database,
+    lease: Lease,
+    shard: str,
+    verdicts: list[tuple[str, dict[str, Any], FeedItem, Verdict | None, str | None]],
+    images: dict[str, str],
+    now: datetime,
+) -> list[str]:
+    """One transaction, fenced: a holder whose lease expired (and whose shard a newer holder
+    has since written) gets StaleLease and writes nothing."""
+    written: list[str] = []
+    async with db.transaction() as tx:
+        fenced = await tx.fetch_one(SQL["claim_fence"], {"shard": shard, "fence": lease.fence})
+        if fenced is None:
+            raise StaleLease(f"shard {shard}: a newer lease holder has written")
+        for url, source, item, verdict, translation in verdicts:
+            status = (
+                "unreviewed"
+                if verdict is None
+                else ("accepted" if verdict.accepted else "rejected")
+            )
+            row = await tx.fetch_one(
+                SQL["insert_article"],
+                {
+                    "url": url,
+                    "source_id": source["id"],
+                    "shard": shard,
+                    "title": item.title or url,
+                    "summary": item.summary,
+                    "image_url": item.image_url or images.get(url),
+                    "published_at": item.published,
+                    "status": status,
+                    "fence": lease.fence,
+                    "now": now,
+                },
+            )
+            if row is None:
+                continue
+            written.append(url)
+            if verdict is not None:
+                await tx.execute(
+                    SQL["insert_review"],
+                    {
+                        "article_id": row["id"],
+                        "reviewer": verdict.reviewer,
+                        "accepted": verdict.accepted,
+                        "reasons": json_param(verdict.reasons),
+                        "summary": verdict.summary,
+                        "translation": translation,
+                        "now": now,
+                    },
+                )
+    return written
+
+
+async def _fetch_all(
+    db: Database, deps: NewsDeps, due: list[dict[str, Any]], now: datetime, report: NewsReport
+) -> dict[str, tuple[dict[str, Any], FeedItem]]:
+    gate = asyncio.Semaphore(FETCH_CONCURRENCY)
+
+    async def one(source: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+        async with gate:
+            return source, await fetch_feed(
+                deps.http,
+                source["feed_url"],
+                now,
+                etag=source["etag"],
+                last_modified=source["last_modified"],
+            )
+
+    candidates: dict[str, tuple[dict[str, Any], FeedItem]] = {}
+    for source, result in await asyncio.gather(*(one(s) for s in due)):
+        await news_sources.record_fetch(db, source, result, now)
+        if result.outcome in ("failed", "retry_later"):
+            report.fetch_errors.append({"source": source["name"], "error": result.error})
+        for item in result.items:
+            candidates.setdefault(item.url, (source, item))
+    return candidates
+
+
+async def _hydrate(deps: NewsDeps, urls: list[str]) -> dict[str, str]:
+    gate = asyncio.Semaphore(HYDRATE_CONCURRENCY)
+
+    async def one(url: str) -> tuple[str, str | None]:
+        async with gate:
+            image, _ = await hydrate_image(deps.http, url, allowed_hosts=deps.allowed_image_hosts)
+            return url, image
+
+    return {u: i for u, i in await asyncio.gather(*(one(u) for u in urls)) if i}
+
+
+async def _retry_thumbnails(db: Database, deps: NewsDeps, shard: str, now: datetime) -> int:
+    rows = await db.fetch(
+        SQL["retry_candidates"],
+        {
+            "shard": shard,
+            "now": now,
+            "retry_age_seconds": NO_THUMBNAIL_RETRY_AGE_SECONDS,
+            "limit": NO_THUMBNAIL_RETRY_MAX,
+        },
+    )
+    found = await _hydrate(deps, [r["url"] for r in rows])
+    for row in rows:
+        if row["url"] in found:
+            await db.execute(SQL["set_image"], {"id": row["id"], "image_url": found[row["url"]]})
+    return len(rows)
+
+
+async def _review(
+    reviewer: Reviewer, item: FeedItem, report: NewsReport
+) -> tuple[Verdict | None, str | None]:
+    try:
+        verdict = await reviewer.review(
+            Article(url=item.url, title=item.title, summary=item.summary)
+        )
+    except ReviewError as exc:
+        warning("worker.ai_review_failed", url=item.url, error=str(exc), transient=exc.transient)
+        return None, None
+    report.ai_reviewed_count += 1
+    if verdict.accepted:
+        report.accepted_count += 1
+    else:
+        report.rejected_count += 1
+    translation = None
+    if verdict.accepted and reviewer.translation_enabled and verdict.summary:
+        try:
+            translation = await reviewer.translate(verdict.summary, TRANSLATION_LANGUAGE)
+        except ReviewError as exc:
+            warning("worker.translation_failed", url=item.url, error=str(exc))
+    return verdict, translation
+
+
+@asynccontextmanager
+async def open_news_deps(runtime: Runtime, clock: Clock) -> AsyncIterator[NewsDeps]:
+    """Redis when REDIS_URL is set and answers (else PostgreSQL leases, ``redisEnabled:
+    false``), one HTTP client, and the reviewer the configuration names."""
+    settings = runtime.settings
+    redis: Any = None
+    if settings.redis_url:
+        import redis.asyncio as aioredis
+
+        client = aioredis.from_url(  # type: ignore[no-untyped-call]
+            settings.redis_url, socket_connect_timeout=2, socket_timeout=5
+        )
+        try:
+            await client.ping()
+            redis = client
+        except Exception as exc:
+            warning("worker.redis.unavailable", error=describe_error(exc))
+            await client.aclose()
+    leases: Leases = RedisLeases(redis) if redis is not None else PostgresLeases(runtime.db, clock)
+    try:
+        async with new_client() as http:
+            yield NewsDeps(
+                leases=leases, http=http, reviewer=make_reviewer(settings, http), redis=redis
+            )
+    finally:
+        if redis is not None:
+            await redis.aclose()

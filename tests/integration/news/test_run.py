@@ -1,0 +1,288 @@
+"""A news run against real PostgreSQL (and real Redis when it answers), feeds and article pages
+on a loopback server: the order, de-duplication, backpressure, locks and fencing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from werkzeug import Request, Response
+
+from nightcrew.adapters.locks import PostgresLeases
+from nightcrew.adapters.storage import open_store
+from nightcrew.clock import FrozenClock
+from nightcrew.db.database import Database
+from nightcrew.news.fetch import new_client
+from nightcrew.news.review import OfflineReviewer
+from nightcrew.news.run import NewsDeps, StaleLease, run_shard, shard_lock_name
+from nightcrew.news.sources import add_source
+from nightcrew.runtime import Runtime
+from tests.conftest import NOW, make_runtime
+from tests.support.servers import RecordingServer
+
+
+def rss(base: str, count: int, prefix: str = "story") -> bytes:
+    items = "".join(
+        f"<item><title>{prefix} number {n} about the council</title>"
+        f"<link>{base}/articles/{prefix}-{n}</link>"
+        f"<description>A long enough description of event {n} for the rules.</description>"
+        "</item>"
+        for n in range(count)
+    )
+    return (
+        f'<?xml version="1.0"?><rss version="2.0"><channel><title>T</title>{items}'
+        "</channel></rss>".encode()
+    )
+
+
+def site(server: RecordingServer, feeds: dict[str, bytes], *, slow: float = 0.0) -> None:
+    def respond(request: Request) -> Response:
+        if request.path.startswith("/feeds/"):
+            if slow:
+                import time
+
+                time.sleep(slow)
+            return Response(feeds[request.path], content_type="application/rss+xml")
+        if request.path.startswith("/articles/"):
+            return Response(
+                '<html><head><meta property="og:image" content="/img/1.jpg"></head></html>',
+                content_type="text/html",
+            )
+        return Response(status=404)
+
+    server.responder = respond
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with new_client() as client:
+        yield client
+
+
+def deps_for(db: Database, clock: FrozenClock, http: httpx.AsyncClient, **kw: Any) -> NewsDeps:
+    return NewsDeps(
+        leases=kw.pop("leases", PostgresLeases(db, clock)),
+        http=http,
+        reviewer=kw.pop("reviewer", OfflineReviewer()),
+        allowed_image_hosts=frozenset({"127.0.0.1"}),
+        **kw,
+    )
+
+
+def runtime_for(db: Database, clock: FrozenClock, url: str, **env: str) -> Runtime:
+    return make_runtime(db, clock, url, env=env, store=open_store("memory://"))
+
+
+def page_requests(server: RecordingServer) -> list[str]:
+    return [r.path for r in server.requests if r.path.startswith("/articles/")]
+
+
+async def test_a_run_processes_once_and_the_next_run_does_nothing_per_item(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: httpx.AsyncClient,
+) -> None:
+    site(feed_server, {"/feeds/a": rss(feed_server.url, 5)})
+    await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
+    runtime = runtime_for(db, clock, fresh_db_url)
+    report = await run_shard(runtime, clock, deps_for(db, clock, http), "s1")
+    r = report.to_json()
+    assert r["queuedCount"] == 5 and r["processedCount"] == 5
+    assert r["aiReviewedCount"] == 5 and r["acceptedCount"] == 5 and r["lockedCount"] == 0
+    assert r["queuedBySource"] == {"A (s1)": 5} and r["redisEnabled"] is False
+    assert len(page_requests(feed_server)) == 5  # one hydration per article
+    rows = await db.fetch("SELECT image_url, status, fence FROM news.articles")
+    assert {row["status"] for row in rows} == {"accepted"}
+    assert {row["image_url"] for row in rows} == {feed_server.url + "/img/1.jpg"}
+    snapshot = json.loads(await runtime.store.get("news/snapshots/s1.json") or b"{}")
+    assert len(snapshot["articles"]) == 5
+    saved = await db.fetch("SELECT report FROM news.worker_reports")
+    assert saved[0]["report"]["processedCount"] == 5
+
+    feed_server.reset()
+    site(feed_server, {"/feeds/a": rss(feed_server.url, 5)})
+    clock.advance(__import__("datetime").timedelta(hours=1))
+    again = (await run_shard(runtime, clock, deps_for(db, clock, http), "s1")).to_json()
+    assert again["queuedCount"] == 0 and again["processedCount"] == 0
+    assert page_requests(feed_server) == []  # no per-item work beyond the bulk de-dupe
+
+
+async def test_251_queued_defers_every_expensive_step(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: httpx.AsyncClient,
+) -> None:
+    site(feed_server, {"/feeds/big": rss(feed_server.url, 251)})
+    await add_source(db, url=feed_server.url + "/feeds/big", name="Big", shard="s1", now=NOW)
+    report = (
+        await run_shard(
+            runtime_for(db, clock, fresh_db_url), clock, deps_for(db, clock, http), "s1"
+        )
+    ).to_json()
+    assert report["queuedCount"] == 251 and report["deferredCount"] == 251
+    assert report["deferredReasons"] == [
+        "queue limit: 251 queued > INGESTION_BACKPRESSURE_QUEUE_LIMIT 250"
+    ]
+    assert report["processedCount"] == 0 and report["aiReviewedCount"] == 0
+    assert page_requests(feed_server) == []  # no image fetch
+    assert await db.fetch("SELECT 1 FROM news.articles") == []  # no write
+    assert (await db.fetch("SELECT report FROM news.worker_reports"))[0]["report"][
+        "deferredReasons"
+    ]
+
+
+async def test_the_database_limit_defers_too(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: httpx.AsyncClient,
+) -> None:
+    site(feed_server, {"/feeds/a": rss(feed_server.url, 2)})
+    await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
+    runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT="0")
+    report = (await run_shard(runtime, clock, deps_for(db, clock, http), "s1")).to_json()
+    assert report["backpressureDbArticleCount"] == 0
+    assert report["deferredReasons"] == [
+        "database limit: 0 articles >= INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT 0"
+    ]
+    assert page_requests(feed_server) == []
+
+
+async def test_a_held_shard_lock_answers_locked_and_does_nothing(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: httpx.AsyncClient,
+) -> None:
+    site(feed_server, {"/feeds/a": rss(feed_server.url, 3)}, slow=0.5)
+    await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
+    runtime = runtime_for(db, clock, fresh_db_url)
+    other_db = await Database.open(fresh_db_url)
+    try:
+        reports = await asyncio.gather(
+            run_shard(runtime, clock, deps_for(db, clock, http), "s1"),
+            run_shard(
+                runtime_for(other_db, clock, fresh_db_url),
+                clock,
+                deps_for(other_db, clock, http),
+                "s1",
+            ),
+        )
+    finally:
+        await other_db.close()
+    locked = [r for r in reports if r.skipped]
+    done = [r for r in reports if not r.skipped]
+    assert len(locked) == 1 and len(done) == 1
+    assert locked[0].locked_count == 1 and locked[0].processed_count == 0
+    assert done[0].processed_count == 3
+
+
+async def test_a_late_holder_is_refused_by_the_fence(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: httpx.AsyncClient,
+) -> None:
+    site(feed_server, {"/feeds/a": rss(feed_server.url, 2)})
+    await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
+    # a newer holder (fence 7) has already written this shard
+    await db.execute("INSERT INTO news.shard_fences VALUES ('s1', 7)")
+    with pytest.raises(StaleLease):
+        await run_shard(
+            runtime_for(db, clock, fresh_db_url), clock, deps_for(db, clock, http), "s1"
+        )
+    assert await db.fetch("SELECT 1 FROM news.articles") == []
+    # and the late holder's lease was released on the way out
+    assert await PostgresLeases(db, clock).acquire(shard_lock_name("s1"), 60) is not None
+
+
+def _redis_answers() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 6379), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+async def test_redis_down_mid_run_falls_back_and_nothing_is_processed_twice(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: httpx.AsyncClient,
+) -> None:
+    import redis.asyncio as aioredis
+
+    site(feed_server, {"/feeds/a": rss(feed_server.url, 3)})
+    await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead_port = s.getsockname()[1]
+    dead = aioredis.from_url(f"redis://127.0.0.1:{dead_port}/0", socket_connect_timeout=0.5)
+    runtime = runtime_for(db, clock, fresh_db_url)
+    try:
+        first = (
+            await run_shard(runtime, clock, deps_for(db, clock, http, redis=dead), "s1")
+        ).to_json()
+    finally:
+        await dead.aclose()
+    assert first["redisEnabled"] is False and first["processedCount"] == 3
+    clock.advance(__import__("datetime").timedelta(hours=1))
+    second = (await run_shard(runtime, clock, deps_for(db, clock, http), "s1")).to_json()
+    assert second["processedCount"] == 0 and second["queuedCount"] == 0
+
+
+@pytest.mark.skipif(not _redis_answers(), reason="no Redis on 127.0.0.1:6379")
+async def test_with_real_redis_the_processed_set_and_locks_are_used(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: httpx.AsyncClient,
+) -> None:
+    import uuid
+
+    import redis.asyncio as aioredis
+
+    from nightcrew.adapters.locks import RedisLeases
+    from nightcrew.news import run as news_run
+
+    client = aioredis.from_url("redis://127.0.0.1:6379/15")
+    shard = f"r-{uuid.uuid4().hex[:6]}"
+    site(feed_server, {"/feeds/r": rss(feed_server.url, 2, prefix=shard)})
+    await add_source(db, url=feed_server.url + "/feeds/r", name="R", shard=shard, now=NOW)
+    try:
+        held = await RedisLeases(client).acquire(shard_lock_name(shard), 30)
+        assert held is not None
+        locked = await run_shard(
+            runtime_for(db, clock, fresh_db_url),
+            clock,
+            deps_for(db, clock, http, leases=RedisLeases(client), redis=client),
+            shard,
+        )
+        assert locked.skipped and locked.locked_count == 1 and locked.redis_enabled
+        await RedisLeases(client).release(held)
+        done = await run_shard(
+            runtime_for(db, clock, fresh_db_url),
+            clock,
+            deps_for(db, clock, http, leases=RedisLeases(client), redis=client),
+            shard,
+        )
+        assert done.processed_count == 2
+        urls = [r["url"] for r in await db.fetch("SELECT url FROM news.articles")]
+        assert all(await client.smismember(news_run.PROCESSED_SET, urls))
+        await client.srem(news_run.PROCESSED_SET, *urls)
+    finally:
+        await client.aclose()
