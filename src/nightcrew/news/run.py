@@ -193,10 +193,15 @@ async def _run(
     # 4. the article count (telemetry: a failure is reported and the run goes on)
     try:
         row = await db.fetch_one(SQL["article_count"])
-        report.backpressure_db_article_count = int(row["n"]) if row else None
-    except (QueryError, ValueError, TypeError) as exc:
+    except QueryError as exc:
         report.backpressure_db_article_count_error = describe_error(exc)
         warning("worker.backpressure.db_count_failed", error=describe_error(exc))
+    else:
+        try:
+            report.backpressure_db_article_count = int(row["n"])  # type: ignore[index]
+        except (TypeError, ValueError) as exc:
+            report.backpressure_db_article_count_error = f"not a count: {row!r}"
+            warning("worker.backpressure.db_count_parse_failed", error=describe_error(exc))
 
     # 5. backpressure, before anything expensive
     if report.queued_count > settings.ingestion_backpressure_queue_limit:

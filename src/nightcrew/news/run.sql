@@ -4,7 +4,7 @@
 SELECT url FROM news.articles WHERE url = ANY(%(urls)s::text[]);
 
 -- name: article_count
-SELECT count(*) AS n FROM news.articles;
+SELECT news.article_count() AS n;
 
 -- name: claim_fence
 -- The fencing check: this holder's fence must be at least the newest any writer has used.

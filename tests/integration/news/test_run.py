@@ -286,3 +286,86 @@ async def test_with_real_redis_the_processed_set_and_locks_are_used(
         await client.srem(news_run.PROCESSED_SET, *urls)
     finally:
         await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("body", "event_name"),
+    [
+        ("BEGIN RAISE EXCEPTION 'count endpoint down'; END", "worker.backpressure.db_count_failed"),
+        ("BEGIN RETURN NULL; END", "worker.backpressure.db_count_parse_failed"),
+    ],
+)
+async def test_a_failing_article_count_is_reported_and_the_run_goes_on(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: httpx.AsyncClient,
+    body: str,
+    event_name: str,
+) -> None:
+    from structlog.testing import capture_logs
+
+    await db.execute(
+        "CREATE OR REPLACE FUNCTION news.article_count() RETURNS bigint"
+        f" LANGUAGE plpgsql AS $$ {body} $$"
+    )
+    site(feed_server, {"/feeds/a": rss(feed_server.url, 2)})
+    await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
+    with capture_logs() as logs:
+        report = (
+            await run_shard(
+                runtime_for(db, clock, fresh_db_url), clock, deps_for(db, clock, http), "s1"
+            )
+        ).to_json()
+    assert report["backpressureDbArticleCount"] is None
+    assert report["backpressureDbArticleCountError"]
+    assert report["processedCount"] == 2  # the run continued
+    assert event_name in [e["event"] for e in logs]
+
+
+class ClockJumpingReviewer(OfflineReviewer):
+    """Takes so long on its first article that the shard lease runs out, and another run
+    takes the shard over and writes first."""
+
+    def __init__(self, db: Database, clock: FrozenClock, ttl: int) -> None:
+        super().__init__()
+        self.db, self.clock, self.ttl = db, clock, ttl
+        self.seen_expiry: Any = None
+        self.jumped = False
+
+    async def review(self, article: Any) -> Any:
+        if not self.jumped:
+            self.jumped = True
+            row = await self.db.fetch_one(
+                "SELECT expires_at FROM nightcrew.leases WHERE name = %(n)s",
+                {"n": shard_lock_name("s1")},
+            )
+            self.seen_expiry = row["expires_at"] if row else None
+            self.clock.advance(__import__("datetime").timedelta(seconds=self.ttl + 1))
+            taker = await PostgresLeases(self.db, self.clock).acquire(shard_lock_name("s1"), 60)
+            assert taker is not None
+            await self.db.execute(
+                "INSERT INTO news.shard_fences VALUES ('s1', %(f)s)"
+                " ON CONFLICT (shard) DO UPDATE SET fence = excluded.fence",
+                {"f": taker.fence},
+            )
+        return await super().review(article)
+
+
+async def test_a_lease_that_expires_mid_run_is_extended_first_and_then_fenced_out(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: httpx.AsyncClient,
+) -> None:
+    site(feed_server, {"/feeds/a": rss(feed_server.url, 2)})
+    await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
+    runtime = runtime_for(db, clock, fresh_db_url, UPSTASH_REDIS_WORKER_LOCK_TTL_SECONDS="30")
+    reviewer = ClockJumpingReviewer(db, clock, 30)
+    with pytest.raises(StaleLease):
+        await run_shard(runtime, clock, deps_for(db, clock, http, reviewer=reviewer), "s1")
+    # the lease had been extended (TTL replaced from "now") before the expensive steps
+    assert reviewer.seen_expiry == NOW + __import__("datetime").timedelta(seconds=30)
+    assert await db.fetch("SELECT 1 FROM news.articles") == []  # the late holder wrote nothing
