@@ -581,7 +581,8 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
     from nightcrew.lifecycle.reconcile.core import ReconcileOptions
     from nightcrew.lifecycle.reconcile.engine import run_reconcile
     from nightcrew.log import warning
-    from nightcrew.scheduler import Scheduler
+    from nightcrew.news.run import latest_reports, news_schedules, open_news_deps
+    from nightcrew.scheduler import DEFAULT_SCHEDULES, Scheduler
 
     # Bind first: a port in use is one line and exit 2, before anything starts ticking.
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -592,11 +593,19 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
         listener.close()
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     clock = SystemClock()
-    async with open_runtime(settings, clock) as runtime:
+    async with contextlib.AsyncExitStack() as stack:
+        runtime = await stack.enter_async_context(open_runtime(settings, clock))
         secret = settings.reconciler_secret
+        schedules = DEFAULT_SCHEDULES
+        if settings.news_shard_list:
+            deps = await stack.enter_async_context(open_news_deps(runtime, clock))
+            schedules = (*schedules, *news_schedules(runtime, clock, deps))
 
         async def reconcile(options: ReconcileOptions) -> dict[str, Any]:
             return (await run_reconcile(runtime, clock, options)).to_json()
+
+        async def reports() -> list[dict[str, Any]]:
+            return await latest_reports(runtime.db)
 
         server = _QuietServer(
             uvicorn.Config(
@@ -604,6 +613,7 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
                     runtime.metrics,
                     reconcile=reconcile,
                     reconciler_secret=secret.get_secret_value() if secret else None,
+                    news_reports=reports,
                 ),
                 host=host,
                 port=port,
@@ -617,7 +627,7 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.request_exit)
-        scheduler = asyncio.create_task(Scheduler(runtime, clock).run())
+        scheduler = asyncio.create_task(Scheduler(runtime, clock, schedules).run())
         event("serve_started", host=host, port=port, database=runtime.db.target)
         if secret is None:
             warning(

@@ -68,6 +68,10 @@ class Settings(BaseSettings):
     news_ai_api_key: Annotated[SecretStr | None, Field(alias="NEWS_AI_API_KEY")] = None
     news_ai_model: Annotated[str | None, Field(alias="NEWS_AI_MODEL")] = None
     max_ai_reviews: Annotated[int, Field(alias="MAX_AI_REVIEWS", ge=0)] = 25
+    news_shards: Annotated[str, Field(alias="NEWS_SHARDS")] = ""
+    news_run_interval_minutes: Annotated[
+        int, Field(alias="NEWS_RUN_INTERVAL_MINUTES", ge=1, le=60)
+    ] = 10
 
     # --- nightcrew's own knobs ---------------------------------------------------------------
     db_connect_timeout_seconds: Annotated[
@@ -94,6 +98,10 @@ class Settings(BaseSettings):
         if scheme not in ("postgres", "postgresql"):
             raise ValueError("must be a postgresql://… URL")
         return value
+
+    @property
+    def news_shard_list(self) -> list[str]:
+        return [s.strip() for s in self.news_shards.split(",") if s.strip()]
 
     @property
     def embedded_pgdata(self) -> Path:

@@ -57,7 +57,11 @@ def _unauthorized() -> JSONResponse:
 
 
 def create_app(
-    metrics: Metrics, *, reconcile: Reconcile | None = None, reconciler_secret: str | None = None
+    metrics: Metrics,
+    *,
+    reconcile: Reconcile | None = None,
+    reconciler_secret: str | None = None,
+    news_reports: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None,
 ) -> Starlette:
     async def render_metrics(request: Request) -> PlainTextResponse:
         return PlainTextResponse(metrics.render(), media_type=PROMETHEUS_TEXT)
@@ -85,6 +89,11 @@ def create_app(
     async def openapi(request: Request) -> JSONResponse:
         return JSONResponse(OPENAPI)
 
+    async def reports(request: Request) -> JSONResponse:
+        if news_reports is None:
+            return JSONResponse({"reports": []})
+        return JSONResponse({"reports": await news_reports()})
+
     return Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
@@ -92,6 +101,7 @@ def create_app(
             Route("/metrics", render_metrics, methods=["GET"]),
             Route("/reconcile", reconcile_endpoint, methods=["POST"]),
             Route("/openapi.json", openapi, methods=["GET"]),
+            Route("/news/reports", reports, methods=["GET"]),
         ]
     )
 
@@ -224,6 +234,17 @@ OPENAPI: dict[str, Any] = {
                             "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
                         },
                     },
+                },
+            }
+        },
+        "/news/reports": {
+            "get": {
+                "summary": "The latest news-worker report of each shard",
+                "responses": {
+                    "200": {
+                        "description": "reports",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
                 },
             }
         },

@@ -26,6 +26,8 @@ class Schedule:
     lane: str
     cron: str
     catch_up: timedelta = timedelta(0)
+    # Runs the slot and says whether this replica won it; None → the lifecycle lane ``lane``.
+    runner: Callable[[datetime], Awaitable[bool]] | None = None
 
 
 DEFAULT_SCHEDULES: tuple[Schedule, ...] = tuple(
@@ -60,18 +62,26 @@ class Scheduler:
         self._sleep = sleep
         self._inflight: set[asyncio.Task[None]] = set()
 
-    async def fire(self, lane: str, slot: datetime) -> bool:
+    async def fire(
+        self,
+        lane: str,
+        slot: datetime,
+        runner: Callable[[datetime], Awaitable[bool]] | None = None,
+    ) -> bool:
         """Try to run ``lane`` for ``slot``; True if this replica won the slot and ran it."""
         try:
-            report = await run_lane(
-                self._runtime, self._clock, lane, trigger="scheduled", slot=slot
-            )
+            if runner is not None:
+                won = await runner(slot)
+            else:
+                report = await run_lane(
+                    self._runtime, self._clock, lane, trigger="scheduled", slot=slot
+                )
+                won = report is not None
         except Exception as exc:  # the loop must outlive a bad run or a database blip
             error(
                 "scheduler_fire_failed", lane=lane, slot=slot.isoformat(), error=describe_error(exc)
             )
             return False
-        won = report is not None
         self._runtime.metrics.inc(
             "nightcrew_scheduler_slots_total",
             lane=lane,
@@ -87,7 +97,7 @@ class Scheduler:
         missed = previous_slot(schedule.cron, self._clock.now())
         if self._clock.now() - missed > schedule.catch_up:
             return False
-        return await self.fire(schedule.lane, missed)
+        return await self.fire(schedule.lane, missed, schedule.runner)
 
     async def _loop(self, schedule: Schedule) -> None:
         await self.catch_up(schedule)
@@ -101,12 +111,12 @@ class Scheduler:
             delay = (slot - self._clock.now()).total_seconds()
             if delay > 0:
                 await self._sleep(delay)
-            task = asyncio.create_task(self._fire_quietly(schedule.lane, slot))
+            task = asyncio.create_task(self._fire_quietly(schedule, slot))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
 
-    async def _fire_quietly(self, lane: str, slot: datetime) -> None:
-        await self.fire(lane, slot)
+    async def _fire_quietly(self, schedule: Schedule, slot: datetime) -> None:
+        await self.fire(schedule.lane, slot, schedule.runner)
 
     async def run(self) -> None:
         """Tick every schedule until cancelled; in-flight runs are awaited on the way out."""

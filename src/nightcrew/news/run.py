@@ -14,7 +14,7 @@ import hashlib
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import httpx
 
+from nightcrew import runs
 from nightcrew.adapters.locks import Lease, Leases, PostgresLeases, RedisLeases
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database, QueryError, json_param
@@ -32,6 +33,7 @@ from nightcrew.news.fetch import FeedItem, fetch_feed, new_client
 from nightcrew.news.images import hydrate_image
 from nightcrew.news.review import Article, Reviewer, ReviewError, Verdict, make_reviewer
 from nightcrew.runtime import Runtime
+from nightcrew.scheduler import Schedule
 
 SQL = load_queries(__file__)
 
@@ -431,3 +433,53 @@ async def open_news_deps(runtime: Runtime, clock: Clock) -> AsyncIterator[NewsDe
     finally:
         if redis is not None:
             await redis.aclose()
+
+
+def news_schedules(runtime: Runtime, clock: Clock, deps: NewsDeps) -> tuple[Schedule, ...]:
+    """One schedule per NEWS_SHARDS entry, every NEWS_RUN_INTERVAL_MINUTES; each slot is
+    claimed in the run history (one replica runs it) and the shard lease guards the rest."""
+    minutes = runtime.settings.news_run_interval_minutes
+    cron = "* * * * *" if minutes == 1 else f"*/{minutes} * * * *"
+
+    def runner_for(shard: str) -> Callable[[datetime], Awaitable[bool]]:
+        lane = f"news:{shard}"
+
+        async def run(slot: datetime) -> bool:
+            run_id = await runs.claim_slot(runtime.db, lane=lane, slot=slot, now=clock.now())
+            if run_id is None:
+                return False
+            try:
+                report = await run_shard(runtime, clock, deps, shard, trigger="scheduled")
+            except Exception as exc:
+                await runs.finish(
+                    runtime.db,
+                    run_id,
+                    status="failed",
+                    now=clock.now(),
+                    report={"error": describe_error(exc)},
+                )
+                raise
+            await runs.finish(
+                runtime.db, run_id, status="completed", now=clock.now(), report=report.to_json()
+            )
+            return True
+
+        return run
+
+    return tuple(
+        Schedule(lane=f"news:{shard}", cron=cron, runner=runner_for(shard))
+        for shard in runtime.settings.news_shard_list
+    )
+
+
+async def latest_reports(db: Database) -> list[dict[str, Any]]:
+    rows = await db.fetch(SQL["latest_reports"])
+    return [
+        {
+            "shard": r["shard"],
+            "trigger": r["trigger"],
+            "startedAt": r["started_at"].isoformat(),
+            "report": r["report"],
+        }
+        for r in rows
+    ]

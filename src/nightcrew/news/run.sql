@@ -47,3 +47,8 @@ SELECT url, title, summary, image_url, published_at, created_at
 INSERT INTO news.worker_reports (shard, trigger, started_at, report)
 VALUES (%(shard)s, %(trigger)s, %(now)s, %(report)s)
 RETURNING id;
+
+-- name: latest_reports
+SELECT DISTINCT ON (shard) shard, trigger, started_at, report
+  FROM news.worker_reports
+ ORDER BY shard, started_at DESC, id DESC;

@@ -369,3 +369,47 @@ async def test_a_lease_that_expires_mid_run_is_extended_first_and_then_fenced_ou
     # the lease had been extended (TTL replaced from "now") before the expensive steps
     assert reviewer.seen_expiry == NOW + __import__("datetime").timedelta(seconds=30)
     assert await db.fetch("SELECT 1 FROM news.articles") == []  # the late holder wrote nothing
+
+
+async def test_scheduled_shard_slots_run_once_across_replicas_and_reports_are_served(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: httpx.AsyncClient,
+) -> None:
+    from nightcrew.http import create_app
+    from nightcrew.metrics import Metrics
+    from nightcrew.news.run import latest_reports, news_schedules
+    from nightcrew.scheduler import Scheduler
+
+    site(feed_server, {"/feeds/a": rss(feed_server.url, 2)})
+    await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
+    other_db = await Database.open(fresh_db_url)
+    try:
+        fired = []
+        for database in (db, other_db):
+            runtime = runtime_for(
+                database, clock, fresh_db_url, NEWS_SHARDS="s1", NEWS_RUN_INTERVAL_MINUTES="5"
+            )
+            [schedule] = news_schedules(runtime, clock, deps_for(database, clock, http))
+            assert schedule.cron == "*/5 * * * *"
+            fired.append(
+                await Scheduler(runtime, clock, (schedule,)).fire(
+                    schedule.lane, NOW, schedule.runner
+                )
+            )
+    finally:
+        await other_db.close()
+    assert sorted(fired) == [False, True]
+    rows = await db.fetch("SELECT lane, status FROM nightcrew.runs")
+    assert rows == [{"lane": "news:s1", "status": "completed"}]
+
+    async def reports() -> list[dict[str, Any]]:
+        return await latest_reports(db)
+
+    transport = httpx.ASGITransport(app=create_app(Metrics(), news_reports=reports))
+    async with httpx.AsyncClient(transport=transport, base_url="http://nc") as client:
+        body = (await client.get("/news/reports")).json()
+    [latest] = body["reports"]
+    assert latest["shard"] == "s1" and latest["report"]["processedCount"] == 2
