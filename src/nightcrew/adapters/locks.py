@@ -40,6 +40,12 @@ class Leases(Protocol):
 
     async def acquire(self, name: str, ttl_seconds: float) -> Lease | None: ...
 
+    async def acquire_many(self, names: list[str], ttl_seconds: float) -> dict[str, Lease]:
+        """Every lease of ``names`` that was free, in as few round trips as the backend can."""
+        ...
+
+    async def release_many(self, leases: list[Lease]) -> None: ...
+
     async def extend(self, lease: Lease, ttl_seconds: float | None = None) -> bool: ...
 
     async def release(self, lease: Lease) -> bool: ...
@@ -60,6 +66,18 @@ class RedisLeases:
             return None
         fence = int(await self._redis.incr(name + FENCE_SUFFIX))
         return Lease(name=name, fence=fence, ttl_seconds=ttl_seconds, token=token, handle=lock)
+
+    async def acquire_many(self, names: list[str], ttl_seconds: float) -> dict[str, Lease]:
+        leases = {}
+        for name in names:  # one round trip each: Redis answers in microseconds
+            lease = await self.acquire(name, ttl_seconds)
+            if lease is not None:
+                leases[name] = lease
+        return leases
+
+    async def release_many(self, leases: list[Lease]) -> None:
+        for lease in leases:
+            await self.release(lease)
 
     async def extend(self, lease: Lease, ttl_seconds: float | None = None) -> bool:
         from redis.exceptions import LockError
@@ -108,6 +126,43 @@ class PostgresLeases:
         if row is None:
             return None
         return Lease(name=name, fence=int(row["fence"]), ttl_seconds=ttl_seconds, token=token)
+
+    async def acquire_many(self, names: list[str], ttl_seconds: float) -> dict[str, Lease]:
+        if not names:
+            return {}
+        now = self._clock.now()
+        token = secrets.token_hex(16)  # one token for the batch; names keep them apart
+        rows = await self._db.fetch(
+            "INSERT INTO nightcrew.leases AS l (name, token, fence, expires_at)"
+            " SELECT n, %(token)s, 1, %(expires)s FROM unnest(%(names)s::text[]) AS n"
+            " ON CONFLICT (name) DO UPDATE"
+            "   SET token = excluded.token, fence = l.fence + 1, expires_at = excluded.expires_at"
+            "   WHERE l.expires_at <= %(now)s"
+            " RETURNING name, fence",
+            {
+                "names": names,
+                "token": token,
+                "now": now,
+                "expires": now + timedelta(seconds=ttl_seconds),
+            },
+        )
+        return {
+            r["name"]: Lease(
+                name=r["name"], fence=int(r["fence"]), ttl_seconds=ttl_seconds, token=token
+            )
+            for r in rows
+        }
+
+    async def release_many(self, leases: list[Lease]) -> None:
+        by_token: dict[str, list[str]] = {}
+        for lease in leases:
+            by_token.setdefault(lease.token, []).append(lease.name)
+        for token, names in by_token.items():
+            await self._db.execute(
+                "UPDATE nightcrew.leases SET token = '', expires_at = '-infinity'"
+                " WHERE name = ANY(%(names)s::text[]) AND token = %(token)s",
+                {"names": names, "token": token},
+            )
 
     async def extend(self, lease: Lease, ttl_seconds: float | None = None) -> bool:
         now = self._clock.now()

@@ -237,18 +237,18 @@ async def _run(
     images = await _hydrate(deps, [u for u, (_, item) in to_process if not item.image_url])
     report.retried_count = await _retry_thumbnails(db, deps, report.shard, now)
 
-    # 8-9. per-article review locks, review and translation
+    # 8-9. per-article review locks (claimed in bulk), review and translation
+    names = {
+        url: "news:review:" + hashlib.sha256(url.encode()).hexdigest()[:32] for url, _ in to_process
+    }
+    locks = await deps.leases.acquire_many(
+        list(names.values()), settings.ai_review_lock_ttl_seconds
+    )
     verdicts: list[tuple[str, dict[str, Any], FeedItem, Verdict | None, str | None]] = []
-    review_locks: list[Lease] = []
     for url, (source, item) in to_process:
-        lock = await deps.leases.acquire(
-            "news:review:" + hashlib.sha256(url.encode()).hexdigest()[:32],
-            settings.ai_review_lock_ttl_seconds,
-        )
-        if lock is None:
+        if names[url] not in locks:
             report.redis_ai_review_lock_skipped_count += 1
             continue
-        review_locks.append(lock)
         verdict, translation = await _review(deps.reviewer, item, report)
         verdicts.append((url, source, item, verdict, translation))
 
@@ -256,8 +256,7 @@ async def _run(
     try:
         written = await _write(db, lease, report.shard, verdicts, images, now)
     finally:
-        for lock in review_locks:
-            await deps.leases.release(lock)
+        await deps.leases.release_many(list(locks.values()))
     report.processed_count = len(written)
     if deps.redis is not None and written:
         try:
@@ -282,51 +281,48 @@ async def _write(
     images: dict[str, str],
     now: datetime,
 ) -> list[str]:
-    """One transaction, fenced: a holder whose lease expired (and whose shard a newer holder
-    has since written) gets StaleLease and writes nothing."""
-    written: list[str] = []
+    """One transaction, fenced, two bulk statements: a holder whose lease expired (and whose
+    shard a newer holder has since written) gets StaleLease and writes nothing."""
+    if not verdicts:
+        return []
     async with db.transaction() as tx:
         fenced = await tx.fetch_one(SQL["claim_fence"], {"shard": shard, "fence": lease.fence})
         if fenced is None:
             raise StaleLease(f"shard {shard}: a newer lease holder has written")
-        for url, source, item, verdict, translation in verdicts:
-            status = (
-                "unreviewed"
-                if verdict is None
-                else ("accepted" if verdict.accepted else "rejected")
-            )
-            row = await tx.fetch_one(
-                SQL["insert_article"],
+        rows = await tx.fetch(
+            SQL["insert_articles"],
+            {
+                "shard": shard,
+                "fence": lease.fence,
+                "now": now,
+                "urls": [v[0] for v in verdicts],
+                "source_ids": [v[1]["id"] for v in verdicts],
+                "titles": [v[2].title or v[0] for v in verdicts],
+                "summaries": [v[2].summary for v in verdicts],
+                "images": [v[2].image_url or images.get(v[0]) for v in verdicts],
+                "published": [v[2].published for v in verdicts],
+                "statuses": [
+                    "unreviewed" if v[3] is None else ("accepted" if v[3].accepted else "rejected")
+                    for v in verdicts
+                ],
+            },
+        )
+        ids = {r["url"]: r["id"] for r in rows}
+        reviewed = [v for v in verdicts if v[3] is not None and v[0] in ids]
+        if reviewed:
+            await tx.execute(
+                SQL["insert_reviews"],
                 {
-                    "url": url,
-                    "source_id": source["id"],
-                    "shard": shard,
-                    "title": item.title or url,
-                    "summary": item.summary,
-                    "image_url": item.image_url or images.get(url),
-                    "published_at": item.published,
-                    "status": status,
-                    "fence": lease.fence,
                     "now": now,
+                    "article_ids": [ids[v[0]] for v in reviewed],
+                    "reviewers": [v[3].reviewer for v in reviewed if v[3] is not None],
+                    "accepted": [v[3].accepted for v in reviewed if v[3] is not None],
+                    "reasons": [json_param(v[3].reasons) for v in reviewed if v[3] is not None],
+                    "summaries": [v[3].summary for v in reviewed if v[3] is not None],
+                    "translations": [v[4] for v in reviewed],
                 },
             )
-            if row is None:
-                continue
-            written.append(url)
-            if verdict is not None:
-                await tx.execute(
-                    SQL["insert_review"],
-                    {
-                        "article_id": row["id"],
-                        "reviewer": verdict.reviewer,
-                        "accepted": verdict.accepted,
-                        "reasons": json_param(verdict.reasons),
-                        "summary": verdict.summary,
-                        "translation": translation,
-                        "now": now,
-                    },
-                )
-    return written
+    return [v[0] for v in verdicts if v[0] in ids]
 
 
 async def _fetch_all(

@@ -12,19 +12,25 @@ INSERT INTO news.shard_fences AS f (shard, fence) VALUES (%(shard)s, %(fence)s)
 ON CONFLICT (shard) DO UPDATE SET fence = excluded.fence WHERE f.fence <= excluded.fence
 RETURNING fence;
 
--- name: insert_article
+-- name: insert_articles
 INSERT INTO news.articles (url, source_id, shard, title, summary, image_url, published_at,
                            status, fence, created_at)
-VALUES (%(url)s, %(source_id)s, %(shard)s, %(title)s, %(summary)s, %(image_url)s,
-        %(published_at)s, %(status)s, %(fence)s, %(now)s)
+SELECT a.url, a.source_id, %(shard)s, a.title, a.summary, a.image_url, a.published_at,
+       a.status, %(fence)s, %(now)s
+  FROM unnest(%(urls)s::text[], %(source_ids)s::bigint[], %(titles)s::text[],
+              %(summaries)s::text[], %(images)s::text[], %(published)s::timestamptz[],
+              %(statuses)s::text[])
+       AS a (url, source_id, title, summary, image_url, published_at, status)
 ON CONFLICT (url) DO NOTHING
-RETURNING id;
+RETURNING id, url;
 
--- name: insert_review
+-- name: insert_reviews
 INSERT INTO news.reviews (article_id, reviewer, accepted, reasons, summary, translation,
                           created_at)
-VALUES (%(article_id)s, %(reviewer)s, %(accepted)s, %(reasons)s, %(summary)s, %(translation)s,
-        %(now)s);
+SELECT r.article_id, r.reviewer, r.accepted, r.reasons, r.summary, r.translation, %(now)s
+  FROM unnest(%(article_ids)s::bigint[], %(reviewers)s::text[], %(accepted)s::boolean[],
+              %(reasons)s::jsonb[], %(summaries)s::text[], %(translations)s::text[])
+       AS r (article_id, reviewer, accepted, reasons, summary, translation);
 
 -- name: retry_candidates
 -- Accepted articles still without a thumbnail, old enough to try their page again.
