@@ -351,6 +351,7 @@ async def _run(
     before, files_before = await _state(runtime.db), await _count_files(runtime.store)
     minute = await run_lane(runtime, clock, "minute")
     daily = await run_lane(runtime, clock, "daily")
+    news_lines = await _news(runtime, clock, now)
     assert minute is not None and daily is not None
     after, files_after = await _state(runtime.db), await _count_files(runtime.store)
 
@@ -368,6 +369,7 @@ async def _run(
         change = "deleted" if new is None else (f"→ {new[1]}" if new[1] != status else "unchanged")
         lines.append(f"    {title:<18} {status:<17} {change}")
     lines += explain(sample, minute, daily)
+    lines += news_lines
     for mail in mailer.sent:
         lines += [
             "",
@@ -392,4 +394,44 @@ async def _run(
         "Next: `nightcrew db migrate` then `nightcrew lifecycle run daily --dry-run` on your own "
         "(default) embedded database, or see the README to point nightcrew at a real one.",
     ]
+    return lines
+
+
+async def _news(runtime: Runtime, clock: Clock, now: datetime) -> list[str]:
+    """Two sample feeds on a loopback server, two news runs: the second finds nothing new."""
+    from nightcrew.adapters.locks import PostgresLeases
+    from nightcrew.news.demo_feeds import serve_sample_feeds
+    from nightcrew.news.fetch import new_client
+    from nightcrew.news.review import OfflineReviewer
+    from nightcrew.news.run import NewsDeps, run_shard
+    from nightcrew.news.sources import add_source
+
+    with serve_sample_feeds() as base:
+        for path, name in (("/city.xml", "City desk"), ("/science.xml", "Science desk")):
+            await add_source(runtime.db, url=base + path, name=name, shard="demo", now=now)
+        async with new_client() as http:
+            deps = NewsDeps(
+                leases=PostgresLeases(runtime.db, clock),
+                http=http,
+                reviewer=OfflineReviewer(blocked_terms=frozenset({"casino"})),
+            )
+            first = await run_shard(runtime, clock, deps, "demo", trigger="manual")
+            second = await run_shard(runtime, clock, deps, "demo", trigger="manual")
+    rejected = await runtime.db.fetch(
+        "SELECT a.title, r.reasons FROM news.articles a JOIN news.reviews r"
+        " ON r.article_id = a.id WHERE NOT r.accepted ORDER BY a.id"
+    )
+    lines = [
+        "",
+        "News worker — two sample feeds on a local server, shard “demo”:",
+        f"  • first run: {first.queued_count} new stories queued, "
+        f"{first.processed_count} written, {first.accepted_count} accepted, "
+        f"{first.rejected_count} rejected by the offline rules:",
+    ]
+    lines += [f"      - “{r['title']}”: {', '.join(r['reasons'])}" for r in rejected]
+    lines.append("    the public snapshot news/snapshots/demo.json was refreshed.")
+    lines.append(
+        f"  • second run: {second.queued_count} new stories — everything had been seen; "
+        "nothing was reviewed or written twice."
+    )
     return lines

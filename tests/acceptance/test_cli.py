@@ -243,6 +243,8 @@ def test_demo_tells_the_story_and_never_touches_database_url(
     assert "1 unconfirmed signup(s) older than 7 days deleted" in out
     assert "1 orphaned upload(s)" in out and "5 episode size(s)" in out
     assert "Subject: Your account is over its plan limits" in out
+    assert "first run: 5 new stories queued, 5 written, 3 accepted, 2 rejected" in out
+    assert "second run: 0 new stories" in out
     assert "3 podcasts on a plan that includes 2 (1 over)" in out
     assert "ignores DATABASE_URL" in result.stderr
     import psycopg
