@@ -83,6 +83,7 @@ class NewsReport:
     locked_count: int = 0
     redis_ai_review_lock_skipped_count: int = 0
     redis_enabled: bool = False
+    translated_count: int = 0
     skipped: bool = False
     fetch_errors: list[dict[str, Any]] = field(default_factory=list)
     duration_ms: float = 0.0
@@ -108,6 +109,7 @@ class NewsReport:
             "lockedCount": self.locked_count,
             "redisAiReviewLockSkippedCount": self.redis_ai_review_lock_skipped_count,
             "redisEnabled": self.redis_enabled,
+            "translatedCount": self.translated_count,
             "fetchErrors": self.fetch_errors,
             "durationMs": self.duration_ms,
         }
@@ -265,6 +267,13 @@ async def _run(
             warning("worker.redis.unavailable", error=describe_error(exc))
             report.redis_enabled = False
 
+    # 10b. the translation backlog (earlier summaries whose translation failed), under the same
+    # lease, extended first
+    if deps.reviewer.translation_enabled:
+        await _translate_backlog(
+            db, deps, lease, report, settings.max_ai_reviews, settings.worker_lock_ttl_seconds
+        )
+
     # 11. the public snapshot
     latest = await db.fetch(SQL["snapshot"], {"shard": report.shard, "limit": SNAPSHOT_SIZE})
     document = {"shard": report.shard, "generatedAt": now.isoformat(), "articles": latest}
@@ -323,6 +332,28 @@ async def _write(
                 },
             )
     return [v[0] for v in verdicts if v[0] in ids]
+
+
+async def _translate_backlog(
+    db: Database, deps: NewsDeps, lease: Lease, report: NewsReport, limit: int, ttl: int
+) -> None:
+    backlog = await db.fetch(SQL["translation_backlog"], {"shard": report.shard, "limit": limit})
+    if not backlog:
+        return
+    if not await deps.leases.extend(lease, ttl):
+        warning("worker.redis.translation_lock_extend_failed", shard=report.shard)
+        return
+    for row in backlog:
+        try:
+            text = await deps.reviewer.translate(row["summary"], TRANSLATION_LANGUAGE)
+        except ReviewError as exc:
+            warning("worker.translation_failed", article_id=row["article_id"], error=str(exc))
+            continue
+        if text:
+            await db.execute(
+                SQL["set_translation"], {"article_id": row["article_id"], "translation": text}
+            )
+            report.translated_count += 1
 
 
 async def _fetch_all(

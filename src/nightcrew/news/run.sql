@@ -58,3 +58,14 @@ RETURNING id;
 SELECT DISTINCT ON (shard) shard, trigger, started_at, report
   FROM news.worker_reports
  ORDER BY shard, started_at DESC, id DESC;
+
+-- name: translation_backlog
+SELECT r.article_id, r.summary
+  FROM news.reviews r JOIN news.articles a ON a.id = r.article_id
+ WHERE a.shard = %(shard)s AND r.accepted AND r.summary IS NOT NULL AND r.translation IS NULL
+ ORDER BY r.created_at, r.article_id
+ LIMIT %(limit)s;
+
+-- name: set_translation
+UPDATE news.reviews SET translation = %(translation)s
+ WHERE article_id = %(article_id)s AND translation IS NULL;

@@ -413,3 +413,49 @@ async def test_scheduled_shard_slots_run_once_across_replicas_and_reports_are_se
         body = (await client.get("/news/reports")).json()
     [latest] = body["reports"]
     assert latest["shard"] == "s1" and latest["report"]["processedCount"] == 2
+
+
+async def test_a_model_reviews_translates_and_the_backlog_is_caught_up(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    stripe_server: RecordingServer,
+    http: httpx.AsyncClient,
+) -> None:
+    from nightcrew.news.review import OpenAICompatibleReviewer
+
+    llm = stripe_server  # a second loopback recorder plays the model
+
+    def model(request: Request) -> tuple[int, dict[str, Any]]:
+        system = request.get_json()["messages"][0]["content"]
+        content = (
+            "Übersetzt."
+            if system.startswith("Translate")
+            else ('{"accept": true, "reason": "news", "summary": "A short summary."}')
+        )
+        return 200, {"choices": [{"message": {"role": "assistant", "content": content}}]}
+
+    llm.responder = model
+    site(feed_server, {"/feeds/a": rss(feed_server.url, 2)})
+    await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
+    reviewer = OpenAICompatibleReviewer(http, base_url=llm.url, model="m")
+    runtime = runtime_for(db, clock, fresh_db_url)
+    report = (
+        await run_shard(runtime, clock, deps_for(db, clock, http, reviewer=reviewer), "s1")
+    ).to_json()
+    assert report["acceptedCount"] == 2
+    rows = await db.fetch("SELECT summary, translation FROM news.reviews")
+    assert [(r["summary"], r["translation"]) for r in rows] == [
+        ("A short summary.", "Übersetzt.")
+    ] * 2
+
+    # a translation that failed earlier is caught up by the next run, under the same lease
+    await db.execute("UPDATE news.reviews SET translation = NULL")
+    clock.advance(__import__("datetime").timedelta(hours=1))
+    again = (
+        await run_shard(runtime, clock, deps_for(db, clock, http, reviewer=reviewer), "s1")
+    ).to_json()
+    assert again["processedCount"] == 0 and again["translatedCount"] == 2
+    rows = await db.fetch("SELECT translation FROM news.reviews")
+    assert {r["translation"] for r in rows} == {"Übersetzt."}
