@@ -459,3 +459,41 @@ async def test_a_model_reviews_translates_and_the_backlog_is_caught_up(
     assert again["processedCount"] == 0 and again["translatedCount"] == 2
     rows = await db.fetch("SELECT translation FROM news.reviews")
     assert {r["translation"] for r in rows} == {"Übersetzt."}
+
+
+@pytest.mark.skipif(not _redis_answers(), reason="no Redis on 127.0.0.1:6379")
+async def test_two_runs_started_together_on_redis_one_processes_one_is_locked(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: httpx.AsyncClient,
+) -> None:
+    import uuid
+
+    import redis.asyncio as aioredis
+
+    from nightcrew.adapters.locks import RedisLeases
+
+    client = aioredis.from_url("redis://127.0.0.1:6379/15")
+    shard = f"t-{uuid.uuid4().hex[:6]}"
+    site(feed_server, {"/feeds/t": rss(feed_server.url, 3, prefix=shard)}, slow=0.5)
+    await add_source(db, url=feed_server.url + "/feeds/t", name="T", shard=shard, now=NOW)
+    try:
+        reports = await asyncio.gather(
+            *(
+                run_shard(
+                    runtime_for(db, clock, fresh_db_url),
+                    clock,
+                    deps_for(db, clock, http, leases=RedisLeases(client), redis=client),
+                    shard,
+                )
+                for _ in range(2)
+            )
+        )
+        assert sorted(r.locked_count for r in reports) == [0, 1]
+        assert sorted(r.processed_count for r in reports) == [0, 3]
+        urls = [r["url"] for r in await db.fetch("SELECT url FROM news.articles")]
+        await client.srem("news:processed", *urls)
+    finally:
+        await client.aclose()
