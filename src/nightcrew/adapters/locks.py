@@ -24,6 +24,12 @@ from nightcrew.clock import Clock
 from nightcrew.db.database import Database
 
 FENCE_SUFFIX = ":fence"
+ACQUIRE_WITH_FENCE = """
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return redis.call('incr', KEYS[2])
+end
+return 0
+"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,10 +67,17 @@ class RedisLeases:
         from redis.asyncio.lock import Lock
 
         token = secrets.token_hex(16)
-        lock = Lock(self._redis, name, timeout=ttl_seconds, blocking=False, thread_local=False)
-        if not await lock.acquire(token=token):
+        # Lock and fence in one atomic step: a holder that stalls between the two could
+        # otherwise draw a newer fence than the holder that replaced it.
+        fence = int(
+            await self._redis.eval(
+                ACQUIRE_WITH_FENCE, 2, name, name + FENCE_SUFFIX, token, int(ttl_seconds * 1000)
+            )
+        )
+        if fence == 0:
             return None
-        fence = int(await self._redis.incr(name + FENCE_SUFFIX))
+        lock = Lock(self._redis, name, timeout=ttl_seconds, blocking=False, thread_local=False)
+        lock.local.token = token.encode()  # the Lock extends and releases with our token
         return Lease(name=name, fence=fence, ttl_seconds=ttl_seconds, token=token, handle=lock)
 
     async def acquire_many(self, names: list[str], ttl_seconds: float) -> dict[str, Lease]:

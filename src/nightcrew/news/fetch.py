@@ -53,6 +53,7 @@ def normalize_url(url: str) -> str:
     """The identity of an article: scheme and host lower-cased, no fragment, no tracking
     parameters, the remaining query sorted — so the same story is seen once."""
     parts = urlsplit(url.strip())
+    _ = parts.port  # raises ValueError for a port out of range: not an article's address
     query = sorted(
         (k, v)
         for k, v in parse_qsl(parts.query, keep_blank_values=True)
@@ -138,7 +139,7 @@ async def fetch_feed(
             new_last_modified = response.headers.get("Last-Modified")
     except httpx.TooManyRedirects:
         return FetchResult(outcome="failed", error=f"more than {MAX_REDIRECTS} redirects")
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
         return FetchResult(outcome="failed", error=describe_error(exc))
 
     parsed = feedparser.parse(bytes(body))
@@ -165,7 +166,10 @@ def _items(entries: list[Any]) -> list[FeedItem]:
         link = entry.get("link") or entry.get("id")
         if not link or not str(link).startswith(("http://", "https://")):
             continue
-        url = normalize_url(str(link))
+        try:
+            url = normalize_url(str(link))
+        except ValueError:
+            continue  # a malformed link (a bad port, a broken IPv6 literal) is not an article
         if url in seen:
             continue
         seen.add(url)

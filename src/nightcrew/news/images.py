@@ -38,7 +38,11 @@ async def check_public_url(
     url: str, *, allow_private: bool = False, allowed_hosts: frozenset[str] = frozenset()
 ) -> None:
     """``allowed_hosts`` exempts named hosts (a test's loopback server) and nothing else."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise UnsafeURL(f"malformed URL {url[:200]!r}: {exc}") from exc
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UnsafeURL(f"not an http(s) URL: {url[:200]!r}")
     if allow_private or parts.hostname in allowed_hosts:
@@ -46,15 +50,31 @@ async def check_public_url(
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(
             parts.hostname,
-            parts.port or (443 if parts.scheme == "https" else 80),
+            port or (443 if parts.scheme == "https" else 80),
             type=socket.SOCK_STREAM,
         )
     except OSError as exc:
         raise UnsafeURL(f"cannot resolve {parts.hostname}: {exc}") from exc
     for info in infos:
         address = ipaddress.ip_address(info[4][0])
-        if not address.is_global:
+        if not _public(address):
             raise UnsafeURL(f"{parts.hostname} resolves to a non-public address ({address})")
+
+
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Global, and so is any IPv4 address an IPv6 one carries (mapped, 6to4, NAT64, compat):
+    ``64:ff9b::a9fe:a9fe`` is the metadata service too."""
+    if not address.is_global:
+        return False
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = [address.ipv4_mapped, address.sixtofour]
+        if address in NAT64 or int(address) >> 32 == 0:
+            embedded.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+        return all(e is None or e.is_global for e in embedded)
+    return True
 
 
 def extract_image(html: str, page_url: str) -> str | None:
@@ -101,5 +121,5 @@ async def hydrate_image(
         return None, f"more than {MAX_HOPS} redirects"
     except UnsafeURL as exc:
         return None, f"refused: {exc}"
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
         return None, describe_error(exc)

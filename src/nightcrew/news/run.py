@@ -177,13 +177,14 @@ async def _run(
     # 2. processed-URL lookup, in bulk: the Redis set first, then the database
     urls = list(candidates)
     seen: set[str] = set()
-    if deps.redis is not None and urls:
+    redis = deps.redis  # per run: one run's Redis trouble does not switch it off for the next
+    if redis is not None and urls:
         try:
-            flags = await deps.redis.smismember(PROCESSED_SET, urls)
+            flags = await redis.smismember(PROCESSED_SET, urls)
             seen.update(u for u, hit in zip(urls, flags, strict=True) if hit)
         except Exception as exc:  # Redis went away mid-run: the database still knows
             warning("worker.redis.unavailable", error=describe_error(exc))
-            deps.redis, report.redis_enabled = None, False
+            redis, report.redis_enabled = None, False
     rest = [u for u in urls if u not in seen]
     if rest:
         seen.update(r["url"] for r in await db.fetch(SQL["processed_urls"], {"urls": rest}))
@@ -246,23 +247,43 @@ async def _run(
     locks = await deps.leases.acquire_many(
         list(names.values()), settings.ai_review_lock_ttl_seconds
     )
-    verdicts: list[tuple[str, dict[str, Any], FeedItem, Verdict | None, str | None]] = []
-    for url, (source, item) in to_process:
-        if names[url] not in locks:
-            report.redis_ai_review_lock_skipped_count += 1
-            continue
-        verdict, translation = await _review(deps.reviewer, item, report)
-        verdicts.append((url, source, item, verdict, translation))
-
-    # 10. writes, fenced
     try:
+        held = [(u, pair) for u, pair in to_process if names[u] in locks]
+        report.redis_ai_review_lock_skipped_count += len(to_process) - len(held)
+        # Processed since our look-up (another shard, a run whose lease ran out)? Skip it: the
+        # review lock only says nobody is reviewing it *now*.
+        done = (
+            {
+                r["url"]
+                for r in await db.fetch(SQL["processed_urls"], {"urls": [u for u, _ in held]})
+            }
+            if held
+            else set()
+        )
+        verdicts: list[tuple[str, dict[str, Any], FeedItem, Verdict | None, str | None]] = []
+        last_extend = time.monotonic()
+        for url, (source, item) in held:
+            if url in done:
+                continue
+            if time.monotonic() - last_extend > settings.worker_lock_ttl_seconds / 3:
+                # a long review batch keeps its shard lease alive
+                if not await deps.leases.extend(lease, settings.worker_lock_ttl_seconds):
+                    warning("worker.redis.worker_lock_extend_failed", shard=report.shard)
+                    break
+                last_extend = time.monotonic()
+            verdict, translation, transient = await _review(deps.reviewer, item, report)
+            if transient:
+                continue  # not written, so not "processed": the next run reviews it again
+            verdicts.append((url, source, item, verdict, translation))
+
+        # 10. writes, fenced
         written = await _write(db, lease, report.shard, verdicts, images, now)
     finally:
         await deps.leases.release_many(list(locks.values()))
     report.processed_count = len(written)
-    if deps.redis is not None and written:
+    if redis is not None and written:
         try:
-            await deps.redis.sadd(PROCESSED_SET, *written)
+            await redis.sadd(PROCESSED_SET, *written)
         except Exception as exc:
             warning("worker.redis.unavailable", error=describe_error(exc))
             report.redis_enabled = False
@@ -274,7 +295,12 @@ async def _run(
             db, deps, lease, report, settings.max_ai_reviews, settings.worker_lock_ttl_seconds
         )
 
-    # 11. the public snapshot
+    # 11. the public snapshot — only while this holder's fence is still the newest
+    if (
+        await db.fetch_one(SQL["claim_fence"], {"shard": report.shard, "fence": lease.fence})
+        is None
+    ):
+        raise StaleLease(f"shard {report.shard}: a newer lease holder has written")
     latest = await db.fetch(SQL["snapshot"], {"shard": report.shard, "limit": SNAPSHOT_SIZE})
     document = {"shard": report.shard, "generatedAt": now.isoformat(), "articles": latest}
     await runtime.store.put(
@@ -402,6 +428,10 @@ async def _retry_thumbnails(db: Database, deps: NewsDeps, shard: str, now: datet
             "limit": NO_THUMBNAIL_RETRY_MAX,
         },
     )
+    if rows:
+        await db.execute(
+            SQL["mark_thumbnail_attempts"], {"now": now, "ids": [r["id"] for r in rows]}
+        )
     found = await _hydrate(deps, [r["url"] for r in rows])
     for row in rows:
         if row["url"] in found:
@@ -411,14 +441,16 @@ async def _retry_thumbnails(db: Database, deps: NewsDeps, shard: str, now: datet
 
 async def _review(
     reviewer: Reviewer, item: FeedItem, report: NewsReport
-) -> tuple[Verdict | None, str | None]:
+) -> tuple[Verdict | None, str | None, bool]:
+    """(verdict, translation, transient failure). A permanent failure writes the article as
+    unreviewed; a transient one (429, 5xx, network) leaves it for the next run."""
     try:
         verdict = await reviewer.review(
             Article(url=item.url, title=item.title, summary=item.summary)
         )
     except ReviewError as exc:
         warning("worker.ai_review_failed", url=item.url, error=str(exc), transient=exc.transient)
-        return None, None
+        return None, None, exc.transient
     report.ai_reviewed_count += 1
     if verdict.accepted:
         report.accepted_count += 1
@@ -430,7 +462,7 @@ async def _review(
             translation = await reviewer.translate(verdict.summary, TRANSLATION_LANGUAGE)
         except ReviewError as exc:
             warning("worker.translation_failed", url=item.url, error=str(exc))
-    return verdict, translation
+    return verdict, translation, False
 
 
 @asynccontextmanager

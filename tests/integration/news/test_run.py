@@ -497,3 +497,43 @@ async def test_two_runs_started_together_on_redis_one_processes_one_is_locked(
         await client.srem("news:processed", *urls)
     finally:
         await client.aclose()
+
+
+async def test_a_malformed_link_is_skipped_and_a_transient_review_failure_retried(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: httpx.AsyncClient,
+) -> None:
+    from nightcrew.news.review import ReviewError
+
+    body = rss(feed_server.url, 2).replace(
+        b"</channel>",
+        b"<item><title>Broken link that should be skipped entirely</title>"
+        b"<link>http://example.com:99999/x</link></item></channel>",
+    )
+    site(feed_server, {"/feeds/a": body})
+    await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
+
+    class Flaky(OfflineReviewer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        async def review(self, article: Any) -> Any:
+            self.calls += 1
+            if self.calls == 1:
+                raise ReviewError("the model answered 503", transient=True)
+            return await super().review(article)
+
+    runtime = runtime_for(db, clock, fresh_db_url)
+    first = (
+        await run_shard(runtime, clock, deps_for(db, clock, http, reviewer=Flaky()), "s1")
+    ).to_json()
+    assert first["queuedCount"] == 2  # the malformed link never became a candidate
+    assert first["processedCount"] == 1  # the 503 one is left for the next run
+    clock.advance(__import__("datetime").timedelta(hours=1))
+    second = (await run_shard(runtime, clock, deps_for(db, clock, http), "s1")).to_json()
+    assert second["queuedCount"] == 1 and second["processedCount"] == 1
+    assert await db.fetch_one("SELECT count(*) AS n FROM news.articles") == {"n": 2}
