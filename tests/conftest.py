@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 import tempfile
+import uuid
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
@@ -24,13 +25,19 @@ import pytest
 from nightcrew.adapters.billing import NoBilling
 from nightcrew.adapters.feedcache import RecordingFeedCache
 from nightcrew.adapters.queues import PostgresQueueProducer
-from nightcrew.adapters.storage import open_store
+from nightcrew.adapters.storage import ObjectStore, open_store
 from nightcrew.clock import Clock, FrozenClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.db.migrate import migrate
 from nightcrew.runtime import Runtime
-from tests.support.servers import RecordingServer, recording_server
+from tests.support.servers import (
+    S3_CREDENTIALS,
+    RecordingServer,
+    create_bucket,
+    moto_s3,
+    recording_server,
+)
 
 NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 _counter = itertools.count()
@@ -173,3 +180,30 @@ def resend_server(_loopback_servers: tuple[RecordingServer, ...]) -> RecordingSe
     server = _loopback_servers[2]
     server.reset()
     return server
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """One moto S3 server on loopback for the whole session."""
+    with moto_s3() as endpoint:
+        yield endpoint
+
+
+def real_store(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
+    """A store of ``kind``: local files under tmp_path, memory, or a fresh bucket on moto."""
+    if kind == "file":
+        return open_store(f"file://{tmp_path / 'media'}")
+    if kind == "memory":
+        return open_store("memory://")
+    endpoint = request.getfixturevalue("s3_endpoint")
+    bucket = f"media-{uuid.uuid4().hex[:12]}"
+    create_bucket(endpoint, bucket)
+    return open_store(
+        f"s3://{bucket}?endpoint={endpoint}&region=us-east-1", credentials=S3_CREDENTIALS
+    )
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
+    """The same test against local files and against S3 (moto)."""
+    return real_store(request.param, request, tmp_path)

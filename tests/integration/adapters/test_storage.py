@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,27 +18,12 @@ from nightcrew.adapters.storage import (
     open_store,
 )
 from nightcrew.errors import ConfigError
-from tests.support.servers import S3_CREDENTIALS, create_bucket, moto_s3
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    with moto_s3() as endpoint:
-        yield endpoint
+from tests.conftest import real_store
 
 
 @pytest.fixture(params=["file", "memory", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
-    if request.param == "file":
-        return open_store(f"file://{tmp_path}")
-    if request.param == "memory":
-        return open_store("memory://")
-    endpoint = request.getfixturevalue("s3_endpoint")
-    bucket = f"b-{uuid.uuid4().hex[:12]}"
-    create_bucket(endpoint, bucket)
-    return open_store(
-        f"s3://{bucket}?endpoint={endpoint}&region=us-east-1", credentials=S3_CREDENTIALS
-    )
+    return real_store(request.param, request, tmp_path)
 
 
 async def test_put_head_list_delete(store: ObjectStore) -> None:

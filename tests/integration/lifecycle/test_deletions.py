@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,29 +20,8 @@ from nightcrew.runtime import Runtime
 from tests import factories as f
 from tests.conftest import NOW, make_runtime
 from tests.support.servers import (
-    S3_CREDENTIALS,
     RecordingServer,
-    create_bucket,
-    moto_s3,
 )
-
-
-@pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[str]:
-    with moto_s3() as endpoint:
-        yield endpoint
-
-
-@pytest.fixture(params=["file", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
-    if request.param == "file":
-        return open_store(f"file://{tmp_path / 'media'}")
-    endpoint = request.getfixturevalue("s3_endpoint")
-    bucket = f"media-{uuid.uuid4().hex[:12]}"
-    create_bucket(endpoint, bucket)
-    return open_store(
-        f"s3://{bucket}?endpoint={endpoint}&region=us-east-1", credentials=S3_CREDENTIALS
-    )
 
 
 async def _keys(store: ObjectStore, prefix: str = "") -> list[str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,29 +22,11 @@ from nightcrew.runtime import Runtime
 from tests import factories as f
 from tests.conftest import make_runtime
 from tests.integration.lifecycle.test_lanes import _snapshot
-from tests.support.servers import S3_CREDENTIALS, RecordingServer, create_bucket, moto_s3
+from tests.support.servers import RecordingServer
 
 BASE = "https://media.example"
 APPLY = ReconcileOptions(mode="apply")
 DRY = ReconcileOptions(mode="dryrun")
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    with moto_s3() as endpoint:
-        yield endpoint
-
-
-@pytest.fixture(params=["file", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
-    if request.param == "file":
-        return open_store(f"file://{tmp_path / 'media'}")
-    endpoint = request.getfixturevalue("s3_endpoint")
-    bucket = f"media-{uuid.uuid4().hex[:12]}"
-    create_bucket(endpoint, bucket)
-    return open_store(
-        f"s3://{bucket}?endpoint={endpoint}&region=us-east-1", credentials=S3_CREDENTIALS
-    )
 
 
 def later(**delta: float) -> FrozenClock:
