@@ -1,4 +1,5 @@
-"""Where benchmarks get their PostgreSQL: DATABASE_URL when it answers, else pgserver."""
+"""What benchmarks share: their PostgreSQL (DATABASE_URL when it answers, else pgserver)
+and the process-memory figures they report."""
 
 from __future__ import annotations
 
@@ -32,6 +33,27 @@ def admin_url() -> Iterator[str]:
         yield str(server.get_uri())
     finally:
         server.cleanup()
+
+
+def proc_kib(field: str) -> int:
+    """A /proc/self/status figure in KiB (VmRSS, VmHWM); 0 where there is no /proc."""
+    try:
+        lines = Path("/proc/self/status").read_text().splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS, so a peak measures one phase; False if unsupported."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
 
 
 def with_dbname(url: str, dbname: str) -> str:

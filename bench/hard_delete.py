@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench._db import admin_url, drop, recreate
+from bench._db import admin_url, drop, proc_kib, recreate, reset_peak_rss
 from nightcrew.adapters.billing import NoBilling
 from nightcrew.adapters.feedcache import RecordingFeedCache
 from nightcrew.adapters.queues import PostgresQueueProducer
@@ -45,21 +45,6 @@ from nightcrew.runtime import Runtime
 
 NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 REQUEST_LINE = re.compile(r'"(GET|PUT|POST|DELETE|HEAD) ')
-
-
-def _proc_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-def _reset_peak_rss() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
 
 
 class MotoServer:
@@ -150,15 +135,15 @@ async def measure(
         before_http = moto.requests() if moto else {}
         store.stats.list_pages = store.stats.delete_requests = store.stats.heads = 0
         store.stats.puts = 0
-        rss_before = _proc_kib("VmRSS")
-        rss_reset = _reset_peak_rss()
+        rss_before = proc_kib("VmRSS")
+        rss_reset = reset_peak_rss()
         tracemalloc.start()
         started = time.perf_counter()
         report = await hard_delete_expired_podcasts(runtime, clock)
         wall = time.perf_counter() - started
         _, py_peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        hwm = _proc_kib("VmHWM")
+        hwm = proc_kib("VmHWM")
         after_http = moto.requests() if moto else {}
     finally:
         await db.close()

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import threading
 import time
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import feedparser
 
@@ -34,6 +32,7 @@ from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.db.migrate import migrate
 from nightcrew.log import configure_logging
+from nightcrew.news.demo_feeds import serve_feeds
 from nightcrew.news.fetch import new_client
 from nightcrew.news.review import OfflineReviewer
 from nightcrew.news.run import NewsDeps, run_shard
@@ -58,33 +57,6 @@ def feed_bytes(feed: int, items: int) -> bytes:
     ).encode()
 
 
-def serve(feeds: dict[str, bytes]) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        # Keep-alive, and no Nagle stall between headers and body (which would add ~40 ms of
-        # delayed-ACK to every response and measure TCP, not nightcrew).
-        protocol_version = "HTTP/1.1"
-        disable_nagle_algorithm = True
-
-        def do_GET(self) -> None:
-            body = feeds.get(self.path)
-            if body is None:
-                self.send_response(404)
-                self.end_headers()
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", "application/rss+xml")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--feeds", type=int, default=200)
@@ -99,9 +71,8 @@ async def main() -> None:
     parse_s = time.perf_counter() - started
     assert parsed == total
 
-    server = serve(feeds)
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-    with admin_url() as admin:
+    with serve_feeds() as (base, served), admin_url() as admin:
+        served.update(feeds)
         name = "nightcrew_bench_news"
         url = recreate(admin, name)
         try:
@@ -142,7 +113,6 @@ async def main() -> None:
                 await db.close()
         finally:
             drop(admin, name)
-            server.shutdown()
 
     parse_rate, first_rate = total / parse_s, total / first_s
     print(

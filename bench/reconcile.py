@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench._db import admin_url, drop, recreate
+from bench._db import admin_url, drop, proc_kib, recreate, reset_peak_rss
 from nightcrew.adapters.billing import NoBilling
 from nightcrew.adapters.feedcache import RecordingFeedCache
 from nightcrew.adapters.queues import PostgresQueueProducer
@@ -45,17 +45,6 @@ from nightcrew.log import configure_logging
 from nightcrew.runtime import Runtime
 
 BASE = "https://media.bench"
-
-
-def _proc_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-def _reset_peak_rss() -> None:
-    Path("/proc/self/clear_refs").write_text("5")
 
 
 def size_of(i: int) -> int:
@@ -140,11 +129,11 @@ async def reconcile_once(url: str, root: Path, options: ReconcileOptions) -> dic
             feedcache=RecordingFeedCache(),
             billing=NoBilling(),
         )
-        _reset_peak_rss()
+        reset_peak_rss()
         started = time.perf_counter()
         report = await run_reconcile(runtime, clock, options)
         wall = time.perf_counter() - started
-        peak = _proc_kib("VmHWM") / 1024
+        peak = proc_kib("VmHWM") / 1024
     finally:
         await db.close()
     return {"wall_s": wall, "peak_rss_mib": peak, "stats": store.stats, "report": report}

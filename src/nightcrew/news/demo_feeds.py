@@ -50,11 +50,17 @@ def _feed(path: str, base: str) -> bytes:
 
 
 @contextmanager
-def serve_sample_feeds() -> Iterator[str]:
-    """Yields the base URL; the server stops when the block ends."""
+def serve_feeds() -> Iterator[tuple[str, dict[str, bytes]]]:
+    """A threaded HTTP server on 127.0.0.1 answering GET from a dict of path → feed bytes.
+
+    Yields (base URL, that dict): the caller fills it once it knows the base, which the feeds'
+    links need. The server stops when the block ends.
+    """
     feeds: dict[str, bytes] = {}
 
     class Handler(BaseHTTPRequestHandler):
+        # Keep-alive, and no Nagle stall between headers and body (~40 ms of delayed ACK per
+        # response otherwise: a benchmark would measure TCP, not nightcrew).
         protocol_version = "HTTP/1.1"
         disable_nagle_algorithm = True
 
@@ -70,12 +76,18 @@ def serve_sample_feeds() -> Iterator[str]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-    feeds.update({path: _feed(path, base) for path in STORIES})
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield base
+        yield f"http://127.0.0.1:{server.server_address[1]}", feeds
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def serve_sample_feeds() -> Iterator[str]:
+    """The demo's sample feeds; yields the base URL."""
+    with serve_feeds() as (base, feeds):
+        feeds.update({path: _feed(path, base) for path in STORIES})
+        yield base
