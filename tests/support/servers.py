@@ -13,6 +13,15 @@ from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
 
+def answers(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something listens on host:port (a Redis or RabbitMQ the tests may use)."""
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

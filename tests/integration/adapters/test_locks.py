@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -14,16 +13,9 @@ import pytest
 from nightcrew.adapters.locks import FENCE_SUFFIX, Leases, PostgresLeases, RedisLeases
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
+from tests.support.servers import answers
 
 REDIS_URL = os.environ.get("NIGHTCREW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
-
-
-def _redis_answers() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 6379), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 class Backend:
@@ -43,7 +35,7 @@ async def backend(
 
         yield Backend(PostgresLeases(db, clock), advance)
         return
-    if not _redis_answers():
+    if not answers(6379):
         pytest.skip("no Redis on 127.0.0.1:6379 (start redis-server)")
     import redis.asyncio as aioredis
 
@@ -107,7 +99,7 @@ async def test_an_expired_lease_goes_to_the_next_holder_with_a_higher_fence(
 
 
 async def test_redis_extend_replaces_the_ttl_it_never_adds() -> None:
-    if not _redis_answers():
+    if not answers(6379):
         pytest.skip("no Redis on 127.0.0.1:6379 (start redis-server)")
     import redis.asyncio as aioredis
 

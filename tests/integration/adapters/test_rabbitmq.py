@@ -12,20 +12,13 @@ import pytest
 
 from nightcrew.adapters.queues import RabbitQueueProducer
 from nightcrew.errors import QueueUnavailableError
+from tests.support.servers import answers
 
 URL = os.environ.get("NIGHTCREW_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 
 
-def _broker_answers() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 5672), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 pytestmark = pytest.mark.skipif(
-    not _broker_answers(), reason="no RabbitMQ on 127.0.0.1:5672 (start rabbitmq-server)"
+    not answers(5672), reason="no RabbitMQ on 127.0.0.1:5672 (start rabbitmq-server)"
 )
 
 

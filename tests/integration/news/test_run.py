@@ -23,7 +23,7 @@ from nightcrew.news.run import NewsDeps, StaleLease, run_shard, shard_lock_name
 from nightcrew.news.sources import add_source
 from nightcrew.runtime import Runtime
 from tests.conftest import NOW, make_runtime
-from tests.support.servers import RecordingServer
+from tests.support.servers import RecordingServer, answers
 
 
 def rss(base: str, count: int, prefix: str = "story") -> bytes:
@@ -208,14 +208,6 @@ async def test_a_late_holder_is_refused_by_the_fence(
     assert await PostgresLeases(db, clock).acquire(shard_lock_name("s1"), 60) is not None
 
 
-def _redis_answers() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 6379), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 async def test_redis_down_mid_run_falls_back_and_nothing_is_processed_twice(
     db: Database,
     clock: FrozenClock,
@@ -244,7 +236,7 @@ async def test_redis_down_mid_run_falls_back_and_nothing_is_processed_twice(
     assert second["processedCount"] == 0 and second["queuedCount"] == 0
 
 
-@pytest.mark.skipif(not _redis_answers(), reason="no Redis on 127.0.0.1:6379")
+@pytest.mark.skipif(not answers(6379), reason="no Redis on 127.0.0.1:6379")
 async def test_with_real_redis_the_processed_set_and_locks_are_used(
     db: Database,
     clock: FrozenClock,
@@ -461,7 +453,7 @@ async def test_a_model_reviews_translates_and_the_backlog_is_caught_up(
     assert {r["translation"] for r in rows} == {"Übersetzt."}
 
 
-@pytest.mark.skipif(not _redis_answers(), reason="no Redis on 127.0.0.1:6379")
+@pytest.mark.skipif(not answers(6379), reason="no Redis on 127.0.0.1:6379")
 async def test_two_runs_started_together_on_redis_one_processes_one_is_locked(
     db: Database,
     clock: FrozenClock,
