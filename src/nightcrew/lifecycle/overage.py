@@ -22,7 +22,7 @@ the conditional claims are the advance-once guard.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -182,9 +182,9 @@ async def _process(
         )
     }
     overage = Overage(
-        podcasts=int(row["podcasts"]),
+        podcasts=used_podcasts,
         podcast_cap=podcast_cap,
-        bytes=int(row["bytes"]),
+        bytes=used_bytes,
         storage_cap_gb=storage_cap,
         deadline=row["content_overage_deadline"],
         app_url=runtime.settings.public_app_url or "",
@@ -212,14 +212,7 @@ async def _process(
             clock_row = await runtime.db.fetch_one(SQL["read_clock"], {"id": account}) or {}
     since: datetime = clock_row["content_overage_since"]
     stage: int = clock_row["content_overage_nag_stage"]
-    overage = Overage(
-        podcasts=overage.podcasts,
-        podcast_cap=podcast_cap,
-        bytes=overage.bytes,
-        storage_cap_gb=storage_cap,
-        deadline=clock_row["content_overage_deadline"],
-        app_url=overage.app_url,
-    )
+    overage = replace(overage, deadline=clock_row["content_overage_deadline"])  # if just armed
 
     # --- Nag ------------------------------------------------------------------------------
     if stage < FINAL_STAGE:

@@ -177,38 +177,33 @@ async def run_reconcile(
                 await _drain_outbox(runtime, report)
             deletes = options.apply and not options.skip_orphan_delete
             age = timedelta(hours=options.min_orphan_age_hours)
-            await _sweep(
-                runtime,
-                conn,
-                store,
-                report.orphans,
-                report,
-                SQL["unreferenced_audio"],
-                {"prefix": prefix},
-                recheck=SQL["recheck_audio_references"],
-                prefix=prefix,
-                min_age=age,
-                delete=deletes,
-                kind="orphan",
-                tick=tick,
-                before_delete=before_delete,
-            )
-            await _sweep(
-                runtime,
-                conn,
-                store,
-                report.episode_images,
-                report,
-                SQL["unreferenced_episode_images"],
-                {"prefix": prefix},
-                recheck=SQL["recheck_image_references"],
-                prefix=prefix,
-                min_age=age,
-                delete=deletes,
-                kind="episode_image",
-                tick=tick,
-                before_delete=before_delete,
-            )
+            # Audio (both audio columns) and per-episode images: the same age guard and final
+            # re-check; only audio honours a pending invalidation (in its queries).
+            for tally, query, recheck, kind in (
+                (report.orphans, "unreferenced_audio", "recheck_audio_references", "orphan"),
+                (
+                    report.episode_images,
+                    "unreferenced_episode_images",
+                    "recheck_image_references",
+                    "episode_image",
+                ),
+            ):
+                await _sweep(
+                    runtime,
+                    conn,
+                    store,
+                    tally,
+                    report,
+                    SQL[query],
+                    {"prefix": prefix},
+                    recheck=SQL[recheck],
+                    prefix=prefix,
+                    min_age=age,
+                    delete=deletes,
+                    kind=kind,
+                    tick=tick,
+                    before_delete=before_delete,
+                )
             await _sweep(
                 runtime,
                 conn,
