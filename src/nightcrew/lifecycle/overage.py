@@ -31,6 +31,7 @@ from nightcrew.adapters.queues import PUBLIC_API_INVALIDATION
 from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import NightcrewError
+from nightcrew.lifecycle import outbox as feed_outbox
 from nightcrew.lifecycle.overage_mail import Overage, render
 from nightcrew.log import describe_error, error, event, warning
 from nightcrew.reports import Failure
@@ -244,17 +245,8 @@ async def _process(
         stamped = await tx.fetch(SQL["stamp"], {"ids": ids, "now": now})
         cleared = await tx.fetch(SQL["unstamp_except"], {"id": account, "keep": ids, "now": now})
         changed = [*stamped, *cleared]
-        outbox = (
-            await tx.fetch(
-                SQL["record_outbox"],
-                {
-                    "ids": [str(p["id"]) for p in changed],
-                    "reason": "overage_suspension",
-                    "now": now,
-                },
-            )
-            if changed
-            else []
+        outbox = await feed_outbox.record(
+            tx, [str(p["id"]) for p in changed], "overage_suspension", now
         )
     if stamped:
         event(
@@ -290,13 +282,8 @@ async def _restore(
         cleared = await tx.fetch(SQL["unstamp_except"], {"id": account, "keep": [], "now": now})
         if since is None and not cleared:
             return  # another caller restored it first
-        outbox = (
-            await tx.fetch(
-                SQL["record_outbox"],
-                {"ids": [str(p["id"]) for p in cleared], "reason": "overage_restored", "now": now},
-            )
-            if cleared
-            else []
+        outbox = await feed_outbox.record(
+            tx, [str(p["id"]) for p in cleared], "overage_restored", now
         )
     report.restored_accounts += 1
     report.restored_podcasts += len(cleared)
@@ -385,12 +372,10 @@ async def _invalidate(
         result = await runtime.feedcache.invalidate(podcast_id, wait=True)
         intent = intents.get(podcast_id)
         if result.ok and intent:
-            await runtime.db.execute(SQL["outbox_delivered"], {"id": intent, "now": now})
+            await feed_outbox.mark_delivered(runtime.db, [intent], now)
         elif not result.ok:
             if intent:
-                await runtime.db.execute(
-                    SQL["outbox_failed"], {"id": intent, "error": result.error}
-                )
+                await feed_outbox.mark_failed(runtime.db, [intent], result.error or "")
             report.errors.append(
                 {
                     "event": "overage_cache_invalidation_failed",

@@ -133,18 +133,3 @@ SELECT coalesce(up.email, u.email) AS email
   LEFT JOIN public.user_profiles up ON up.id = b.owner_user_id
   LEFT JOIN auth.users u ON u.id = b.owner_user_id
  WHERE b.id = %(id)s;
-
--- name: record_outbox
-INSERT INTO public.feed_invalidation_outbox (podcast_id, reason, created_at)
-SELECT unnest(%(ids)s::uuid[]), %(reason)s, %(now)s
-RETURNING id, podcast_id;
-
--- name: outbox_delivered
-UPDATE public.feed_invalidation_outbox
-   SET delivered_at = %(now)s, attempts = attempts + 1
- WHERE id = %(id)s AND delivered_at IS NULL;
-
--- name: outbox_failed
-UPDATE public.feed_invalidation_outbox
-   SET attempts = attempts + 1, last_error = %(error)s
- WHERE id = %(id)s AND delivered_at IS NULL;

@@ -31,6 +31,7 @@ from nightcrew.clock import Clock
 from nightcrew.db.database import QueryError, Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import NightcrewError
+from nightcrew.lifecycle import outbox as feed_outbox
 from nightcrew.lifecycle.reconcile.core import (
     PREP_TTL_DAYS,
     SAMPLE_KEYS,
@@ -381,10 +382,7 @@ async def _write_size(
         if updated is None:
             return False  # the row changed since the scan: the newer write wins
         if updated["status"] == "published":  # the feed's <enclosure length> changed
-            await t.execute(
-                SQL["record_outbox"],
-                {"podcast_id": updated["podcast_id"], "reason": "size_backfill", "now": now},
-            )
+            await feed_outbox.record(t, [str(updated["podcast_id"])], "size_backfill", now)
         return True
 
     if tx is not None:
@@ -473,10 +471,7 @@ async def quarantine_episode(runtime: Runtime, row: dict[str, Any], now: datetim
         await tx.execute(SQL["quarantine_episode"], {"id": row["id"], "now": now})
         await tx.execute(SQL["cancel_time_automation"], {"id": row["id"], "now": now})
         if current["status"] == "published":
-            await tx.execute(
-                SQL["record_outbox"],
-                {"podcast_id": current["podcast_id"], "reason": "quarantine_missing", "now": now},
-            )
+            await feed_outbox.record(tx, [str(current["podcast_id"])], "quarantine_missing", now)
     event(
         "reconcile_episode_quarantined",
         episode_id=str(row["id"]),
@@ -493,12 +488,10 @@ async def _drain_outbox(runtime: Runtime, report: ReconcileReport) -> None:
         pending += len(ids)
         result = await runtime.feedcache.invalidate(podcast_id, wait=True)
         if result.ok:
-            await runtime.db.execute(SQL["outbox_delivered"], {"ids": ids, "now": report.now})
+            await feed_outbox.mark_delivered(runtime.db, ids, report.now)
             delivered += len(ids)
         else:
-            await runtime.db.execute(
-                SQL["outbox_failed"], {"ids": ids, "error": result.error or "not confirmed"}
-            )
+            await feed_outbox.mark_failed(runtime.db, ids, result.error or "not confirmed")
             failed += len(ids)
             warning("reconcile_outbox_delivery_failed", podcast_id=podcast_id, error=result.error)
     report.outbox = {

@@ -127,10 +127,6 @@ UPDATE public.episodes
    AND audio_file_size_bytes IS NOT DISTINCT FROM %(recorded)s
 RETURNING podcast_id, status;
 
--- name: record_outbox
-INSERT INTO public.feed_invalidation_outbox (podcast_id, reason, created_at)
-VALUES (%(podcast_id)s, %(reason)s, %(now)s);
-
 -- name: disable_cap_trigger
 ALTER TABLE public.episodes DISABLE TRIGGER trigger_enforce_storage_account_cap;
 
@@ -165,16 +161,6 @@ SELECT podcast_id, array_agg(id ORDER BY created_at) AS ids
  GROUP BY podcast_id
  ORDER BY min(created_at), podcast_id
  LIMIT %(limit)s;
-
--- name: outbox_delivered
-UPDATE public.feed_invalidation_outbox
-   SET delivered_at = %(now)s, attempts = attempts + 1, last_error = NULL
- WHERE id = ANY(%(ids)s::uuid[]) AND delivered_at IS NULL;
-
--- name: outbox_failed
-UPDATE public.feed_invalidation_outbox
-   SET attempts = attempts + 1, last_error = %(error)s
- WHERE id = ANY(%(ids)s::uuid[]) AND delivered_at IS NULL;
 
 -- name: over_cap_accounts
 -- Count-both bytes (enclosure + master) per account against its live cap. Report only.
