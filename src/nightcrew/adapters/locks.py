@@ -120,25 +120,7 @@ class PostgresLeases:
         self._clock = clock
 
     async def acquire(self, name: str, ttl_seconds: float) -> Lease | None:
-        now = self._clock.now()
-        token = secrets.token_hex(16)
-        row = await self._db.fetch_one(
-            "INSERT INTO nightcrew.leases AS l (name, token, fence, expires_at)"
-            " VALUES (%(name)s, %(token)s, 1, %(expires)s)"
-            " ON CONFLICT (name) DO UPDATE"
-            "   SET token = excluded.token, fence = l.fence + 1, expires_at = excluded.expires_at"
-            "   WHERE l.expires_at <= %(now)s"
-            " RETURNING fence",
-            {
-                "name": name,
-                "token": token,
-                "now": now,
-                "expires": now + timedelta(seconds=ttl_seconds),
-            },
-        )
-        if row is None:
-            return None
-        return Lease(name=name, fence=int(row["fence"]), ttl_seconds=ttl_seconds, token=token)
+        return (await self.acquire_many([name], ttl_seconds)).get(name)
 
     async def acquire_many(self, names: list[str], ttl_seconds: float) -> dict[str, Lease]:
         if not names:
@@ -171,11 +153,15 @@ class PostgresLeases:
         for lease in leases:
             by_token.setdefault(lease.token, []).append(lease.name)
         for token, names in by_token.items():
-            await self._db.execute(
-                "UPDATE nightcrew.leases SET token = '', expires_at = '-infinity'"
-                " WHERE name = ANY(%(names)s::text[]) AND token = %(token)s",
-                {"names": names, "token": token},
-            )
+            await self._expire(names, token)
+
+    async def _expire(self, names: list[str], token: str) -> int:
+        # Expire rather than delete: the row keeps the fence, which must only grow.
+        return await self._db.execute(
+            "UPDATE nightcrew.leases SET token = '', expires_at = '-infinity'"
+            " WHERE name = ANY(%(names)s::text[]) AND token = %(token)s",
+            {"names": names, "token": token},
+        )
 
     async def extend(self, lease: Lease, ttl_seconds: float | None = None) -> bool:
         now = self._clock.now()
@@ -192,10 +178,4 @@ class PostgresLeases:
         return touched == 1
 
     async def release(self, lease: Lease) -> bool:
-        # Expire it rather than delete it: the row keeps the fence, which must only grow.
-        touched = await self._db.execute(
-            "UPDATE nightcrew.leases SET token = '', expires_at = '-infinity'"
-            " WHERE name = %(name)s AND token = %(token)s",
-            {"name": lease.name, "token": lease.token},
-        )
-        return touched == 1
+        return await self._expire([lease.name], lease.token) == 1
