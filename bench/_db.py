@@ -9,9 +9,10 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+
+from nightcrew.db.database import with_dbname
 
 
 @contextmanager
@@ -54,10 +55,6 @@ def reset_peak_rss() -> bool:
     except OSError:
         return False
     return True
-
-
-def with_dbname(url: str, dbname: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path="/" + dbname))
 
 
 def recreate(url: str, name: str) -> str:

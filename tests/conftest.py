@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -28,7 +27,7 @@ from nightcrew.adapters.queues import PostgresQueueProducer
 from nightcrew.adapters.storage import ObjectStore, open_store
 from nightcrew.clock import Clock, FrozenClock
 from nightcrew.config import Settings
-from nightcrew.db.database import Database
+from nightcrew.db.database import Database, with_dbname
 from nightcrew.db.migrate import migrate
 from nightcrew.runtime import Runtime
 from tests.support.servers import (
@@ -41,11 +40,6 @@ from tests.support.servers import (
 
 NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 _counter = itertools.count()
-
-
-def with_dbname(url: str, dbname: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path="/" + dbname))
 
 
 def _answers(url: str) -> bool:
