@@ -21,7 +21,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bench._db import admin_url, drop, recreate
+from nightcrew.adapters.billing import NoBilling
+from nightcrew.adapters.feedcache import RecordingFeedCache
 from nightcrew.adapters.queues import PostgresQueueProducer
+from nightcrew.adapters.storage import open_store
 from nightcrew.clock import FrozenClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
@@ -161,6 +164,9 @@ async def measure(url: str, n: int, ticks: int) -> dict[str, Any]:
             settings=Settings.model_validate({"DATABASE_URL": url}),
             db=db,
             queues=PostgresQueueProducer(db, clock),
+            store=open_store("memory://"),
+            feedcache=RecordingFeedCache(),
+            billing=NoBilling(),
         )
         for _ in range(3):  # warm the pool, the plan cache and shared buffers
             await run_lane(runtime, clock, "minute")
@@ -172,7 +178,7 @@ async def measure(url: str, n: int, ticks: int) -> dict[str, Any]:
             totals.append((time.perf_counter() - started) * 1000)
             assert report is not None and not report.errors, report
             assert report.total("items_requeued") == 0, "the benchmark tick must be idle"
-            for sweep in report.sweeps:
+            for sweep in report.jobs:
                 per_sweep.setdefault(sweep.name, []).append(sweep.duration_ms)
         plans = await explain(db)
         counts = await db.fetch_one(
