@@ -226,7 +226,7 @@ def _print_lane_summary(report: dict[str, Any]) -> None:
             for k, v in job.items()
             if isinstance(v, int) and not isinstance(v, bool) and k != "duration_ms"
         )
-        status = "ok    " if job["ok"] else "FAILED"
+        status = {"ok": "ok     ", "skipped": "skipped", "failed": "FAILED "}[job["status"]]
         detail = job.get("error") or (
             f"skipped: {job['skipped']}" if job.get("skipped") else counts
         )

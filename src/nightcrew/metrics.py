@@ -25,6 +25,15 @@ METRICS: dict[str, tuple[Kind, str]] = {
         "counter",
         "What the lanes' jobs counted (requeued, reactivated, deleted, ...), by count.",
     ),
+    "nightcrew_effects_pending": (
+        "gauge",
+        "Effects owed and not yet confirmed, by kind (as of the last deliverEffects run).",
+    ),
+    "nightcrew_effects_dead": (
+        "gauge",
+        "Effects given up, by kind: see `nightcrew effects list --dead`.",
+    ),
+    "nightcrew_effects_delivered_total": ("counter", "Effects confirmed delivered, by kind."),
     "nightcrew_scheduler_slots_total": (
         "counter",
         "Scheduled slots by lane and whether this replica won the claim.",

@@ -74,6 +74,7 @@ def test_migrate_twice_then_run_the_minute_lane(empty_db_url: str) -> None:
         "sweepStalledExternalLinks",
         "sweepStuckHostingMigrationPreviews",
         "sweepWedgedMediaJobs",
+        "deliverEffects",
     }
     events = [json.loads(line)["event"] for line in tick.stderr.splitlines()]
     assert events == ["lifecycle_cron_started", "import_watchdog_completed"]

@@ -26,8 +26,11 @@ class Billing(Protocol):
         """The customer's current (not canceled) subscription, newest first; None if none."""
         ...
 
-    async def resume_collection(self, subscription_id: str) -> None:
-        """Clear ``pause_collection`` so invoices are collected again."""
+    async def resume_collection(
+        self, subscription_id: str, *, idempotency_key: str | None = None
+    ) -> None:
+        """Clear ``pause_collection`` so invoices are collected again. Stripe answers a retry
+        with the same ``idempotency_key`` (within 24 h) from its record of the first one."""
         ...
 
 
@@ -52,10 +55,14 @@ class StripeBilling:
             raise _billing_error("listing subscriptions", exc) from exc
         return str(page.data[0].id) if page.data else None
 
-    async def resume_collection(self, subscription_id: str) -> None:
+    async def resume_collection(
+        self, subscription_id: str, *, idempotency_key: str | None = None
+    ) -> None:
         try:
             await self._client.v1.subscriptions.update_async(
-                subscription_id, params={"pause_collection": ""}
+                subscription_id,
+                params={"pause_collection": ""},
+                options={"idempotency_key": idempotency_key} if idempotency_key else None,
             )
         except stripe.StripeError as exc:
             raise _billing_error(f"resuming {subscription_id}", exc) from exc
@@ -72,7 +79,9 @@ class NoBilling:
     async def find_subscription_id(self, customer_id: str) -> str | None:
         raise BillingError("Stripe is not configured (STRIPE_SECRET_KEY is unset)")
 
-    async def resume_collection(self, subscription_id: str) -> None:
+    async def resume_collection(
+        self, subscription_id: str, *, idempotency_key: str | None = None
+    ) -> None:
         raise BillingError("Stripe is not configured (STRIPE_SECRET_KEY is unset)")
 
 
@@ -86,8 +95,17 @@ class DryRunBilling:
     async def find_subscription_id(self, customer_id: str) -> str | None:
         return f"(subscription of {customer_id})"
 
-    async def resume_collection(self, subscription_id: str) -> None:
+    async def resume_collection(
+        self, subscription_id: str, *, idempotency_key: str | None = None
+    ) -> None:
         self.would_resume.append(subscription_id)
+
+
+def is_transient(exc: BillingError) -> bool:
+    """Whether retrying may succeed: no answer at all, 408, 409 (a concurrent request with the
+    same idempotency key), 429 or a 5xx. Any other 4xx will fail the same way again."""
+    status = exc.http_status
+    return status is None or status in (408, 409, 429) or status >= 500
 
 
 def _billing_error(action: str, exc: stripe.StripeError) -> BillingError:

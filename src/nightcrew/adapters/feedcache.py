@@ -27,6 +27,8 @@ class Invalidation:
     ok: bool
     status: int | None = None
     error: str | None = None
+    # Retrying will not help: not configured, or a 4xx other than 408/409/429.
+    permanent: bool = False
 
 
 class FeedCache(Protocol):
@@ -57,6 +59,7 @@ class HttpFeedCache:
         if not self._base or not self._secret:
             return Invalidation(
                 ok=False,
+                permanent=True,
                 error="feed cache not configured (PUBLIC_FEED_URL and "
                 "RSS_INVALIDATION_SECRET are both needed)",
             )
@@ -72,10 +75,12 @@ class HttpFeedCache:
             return Invalidation(ok=False, error=describe_error(exc))
         if 200 <= response.status_code < 300:
             return Invalidation(ok=True, status=response.status_code)
+        status = response.status_code
         return Invalidation(
             ok=False,
-            status=response.status_code,
-            error=f"feed worker answered {response.status_code}",
+            status=status,
+            error=f"feed worker answered {status}",
+            permanent=400 <= status < 500 and status not in (408, 409, 429),
         )
 
 

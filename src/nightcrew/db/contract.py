@@ -146,6 +146,20 @@ TABLES: dict[str, dict[str, str]] = {
         "invalidated_at": TS,
         "attempts": "integer",
         "last_error": "text",
+        "invalidation_effect_id": "bigint",
+    },
+    "nightcrew.effects": {
+        "id": "bigint",
+        "kind": "text",
+        "key": "text",
+        "payload": "jsonb",
+        "created_at": TS,
+        "next_attempt_at": TS,
+        "expires_at": TS,
+        "attempts": "integer",
+        "last_error": "text",
+        "delivered_at": TS,
+        "dead_at": TS,
     },
     "nightcrew.leases": {"name": "text", "token": "text", "fence": "bigint", "expires_at": TS},
     "nightcrew.runs": {
@@ -166,6 +180,8 @@ FUNCTIONS: dict[str, str] = {
     "public.account_caps": "every account's live caps, set-based (the overage scan)",
     "public.reap_unconfirmed_users": "the signup reaper",
     "public.notify_media_job_result": "the media_jobs watchdog's notification",
+    "nightcrew.object_key": "object keys from public URLs (reconciler)",
+    "nightcrew.percent_decode": "URL path decoding for nightcrew.object_key",
 }
 
 # (table, trigger name) — the reconciler disables this one by name.
@@ -173,12 +189,14 @@ TRIGGERS: list[tuple[str, str]] = [("public.episodes", "trigger_enforce_storage_
 
 # Unique indexes whose semantics the jobs rely on.
 REQUIRED_INDEXES: dict[str, str] = {
+    "effects_one_per_key": "nightcrew.effects",
     "idx_podcast_imports_hosting_migration_active": "public.podcast_imports",
     "idx_media_jobs_one_active": "public.media_jobs",
 }
 
 # Without these the sweeps still work but scan whole tables every tick.
 RECOMMENDED_INDEXES: dict[str, str] = {
+    "idx_effects_due": "nightcrew.effects",
     "idx_import_items_active": "public.import_items",
     "idx_podcast_imports_running": "public.podcast_imports",
     "idx_podcast_imports_stuck_preview": "public.podcast_imports",

@@ -1,14 +1,17 @@
 """Daily lane, job 2: hard-delete expired podcasts, clean their storage, invalidate their feed.
 
-For each due podcast, one transaction deletes the row (cascading to everything under it) and
-records the deletion in ``nightcrew.podcast_deletions``. After commit, best effort:
+For each due podcast, one transaction deletes the row (cascading to everything under it),
+records the deletion in ``nightcrew.podcast_deletions`` and owes the feed invalidation as an
+effect (``rss-invalidation`` queue, the feed worker's endpoint if the queue refuses). After the
+commit:
 
 1. every object under ``podcasts/{id}/`` is deleted, in pages of 1000, then re-listed;
-2. the feed cache is told: ``rss-invalidation`` queue, or the HTTP endpoint if the send fails.
+2. the invalidation effect gets its first attempt; the minute lane retries it within minutes
+   until it is confirmed.
 
 A storage or invalidation failure never undoes the database deletion. It is logged under the
-spec's event, reported, and left on the record, and every later run retries it and reports it
-until it is done — so nothing is forgotten after a crash or an outage either.
+spec's event, reported, and left on the record; every later daily run retries the storage and
+reports both until they are done — so nothing is forgotten after a crash or an outage either.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from typing import Any
 from nightcrew.adapters.queues import RSS_INVALIDATION
 from nightcrew.adapters.storage import PrefixDeletion, delete_prefix
 from nightcrew.clock import Clock
+from nightcrew.db.database import Tx
 from nightcrew.db.queries import load_queries
-from nightcrew.errors import QueueError
-from nightcrew.log import describe_error, error, event, warning
+from nightcrew.effects import outbox as effects
+from nightcrew.effects.deliver import Delivery, deliver_now
+from nightcrew.log import describe_error, error, event
 from nightcrew.reports import Failure
 from nightcrew.runtime import Runtime
 
@@ -47,7 +52,10 @@ class Cleanup:
     bytes_deleted: int = 0
     objects_left: int | None = None
     storage_done: bool = False
-    invalidated_via: str | None = None  # "queue" | "http" | None (not yet)
+    invalidated_via: str | None = None  # "queue" | "http" | "earlier run" | None (not yet)
+    invalidated_at: datetime | None = None
+    invalidation_effect_id: int | None = None
+    invalidation_state: str | None = None  # while not confirmed: "retrying" | "dead"
     errors: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -59,6 +67,7 @@ class Cleanup:
             "objects_left": self.objects_left,
             "storage_cleaned": self.storage_done,
             "invalidated_via": self.invalidated_via,
+            "invalidation_effect_id": self.invalidation_effect_id,
             "errors": self.errors,
         }
 
@@ -98,6 +107,7 @@ async def hard_delete_expired_podcasts(runtime: Runtime, clock: Clock) -> Deleti
 
     for podcast in await runtime.db.fetch(SQL["due_deletions"], {"now": now}):
         podcast_id, slug = str(podcast["id"]), podcast["slug"]
+        owed: effects.Effect | None = None
         try:
             async with runtime.db.transaction() as tx:
                 row = await tx.fetch_one(SQL["delete_podcast"], {"id": podcast_id, "now": now})
@@ -105,6 +115,7 @@ async def hard_delete_expired_podcasts(runtime: Runtime, clock: Clock) -> Deleti
                     await tx.execute(
                         SQL["record_deletion"], {"id": podcast_id, "slug": slug, "now": now}
                     )
+                    owed = await _owe_invalidation(tx, podcast_id, slug, now)
         except Exception as exc:  # one podcast never stops the next
             failure = {
                 "event": "podcast_deletion_failed",
@@ -115,7 +126,7 @@ async def hard_delete_expired_podcasts(runtime: Runtime, clock: Clock) -> Deleti
             error(**failure)
             errors.append(failure)
             continue
-        if row is None:
+        if row is None or owed is None:
             continue  # restored, or deleted by another replica, since the scan
         event(
             "podcast_hard_deleted",
@@ -124,9 +135,11 @@ async def hard_delete_expired_podcasts(runtime: Runtime, clock: Clock) -> Deleti
             deletion_scheduled_at=podcast["deletion_scheduled_at"].isoformat(),
             deletion_redirect_url=podcast["deletion_redirect_url"],
         )
-        cleanup = Cleanup(podcast_id=podcast_id, slug=slug)
-        await _finish(runtime, cleanup, errors, storage_pending=True, invalidation_pending=True)
-        await _record(runtime, now, cleanup)
+        cleanup = Cleanup(podcast_id=podcast_id, slug=slug, invalidation_effect_id=owed.id)
+        await _clean_storage(runtime, cleanup, errors)
+        [delivery] = await deliver_now(runtime, clock, [owed])
+        _invalidation_outcome(cleanup, delivery, now, errors)
+        await _record(runtime, now, cleanup, errors)
         deleted.append(cleanup)
 
     # Earlier deletions whose storage or feed is still dirty: retry, and keep reporting them.
@@ -137,19 +150,17 @@ async def hard_delete_expired_podcasts(runtime: Runtime, clock: Clock) -> Deleti
         {"exclude": [c.podcast_id for c in deleted], "limit": DELETION_FOLLOWUP_MAX},
     )
     for record in earlier:
-        cleanup = Cleanup(podcast_id=str(record["podcast_id"]), slug=record["slug"])
-        await _finish(
-            runtime,
-            cleanup,
-            errors,
-            storage_pending=record["storage_cleaned_at"] is None,
-            invalidation_pending=record["invalidated_at"] is None,
+        cleanup = Cleanup(
+            podcast_id=str(record["podcast_id"]),
+            slug=record["slug"],
+            invalidation_effect_id=record["invalidation_effect_id"],
         )
-        if record["storage_cleaned_at"] is not None:
+        if record["storage_cleaned_at"] is None:
+            await _clean_storage(runtime, cleanup, errors)
+        else:
             cleanup.storage_done = True
-        if record["invalidated_at"] is not None:
-            cleanup.invalidated_via = "earlier run"
-        await _record(runtime, now, cleanup)
+        await _follow_invalidation(runtime, clock, cleanup, record, errors)
+        await _record(runtime, now, cleanup, errors)
         retried.append(cleanup)
         if not cleanup.storage_done or cleanup.invalidated_via is None:
             leftovers.append(_leftover(cleanup, record["deleted_at"], record["attempts"] + 1))
@@ -166,18 +177,77 @@ async def hard_delete_expired_podcasts(runtime: Runtime, clock: Clock) -> Deleti
     )
 
 
-async def _finish(
-    runtime: Runtime,
-    cleanup: Cleanup,
-    errors: list[Failure],
-    *,
-    storage_pending: bool,
-    invalidation_pending: bool,
+async def _owe_invalidation(tx: Tx, podcast_id: str, slug: str, now: datetime) -> effects.Effect:
+    """The feed invalidation a deletion owes, recorded in the deletion's transaction."""
+    owed = await effects.record(
+        tx,
+        kind="queue",
+        key=f"{RSS_INVALIDATION}:podcast.deleted:{podcast_id}",
+        payload={
+            "queue": RSS_INVALIDATION,
+            "body": {"type": "podcast.deleted", "podcast_id": podcast_id, "podcast_slug": slug},
+            "fallback_invalidate": podcast_id,
+        },
+        now=now,
+    )
+    await tx.execute(SQL["link_invalidation_effect"], {"id": podcast_id, "effect_id": owed.id})
+    return owed
+
+
+def _invalidation_outcome(
+    cleanup: Cleanup, delivery: Delivery, now: datetime, errors: list[Failure]
 ) -> None:
-    if storage_pending:
-        await _clean_storage(runtime, cleanup, errors)
-    if invalidation_pending:
-        await _invalidate(runtime, cleanup, errors)
+    if delivery.status == "delivered":
+        cleanup.invalidated_via = str(delivery.detail.get("via", "earlier run"))
+        cleanup.invalidated_at = now
+        return
+    cleanup.invalidation_state = "retrying" if delivery.status == "transient" else "dead"
+    message = delivery.error or "feed cache invalidation failed"
+    cleanup.errors.append(message)
+    failure: Failure = {
+        "event": "cache_invalidation_failed",
+        "podcast_id": cleanup.podcast_id,
+        "slug": cleanup.slug,
+        "effect_id": cleanup.invalidation_effect_id,
+        "retried": delivery.status == "transient",
+        "error": message,
+    }
+    error(**failure)
+    errors.append(failure)
+
+
+async def _follow_invalidation(
+    runtime: Runtime,
+    clock: Clock,
+    cleanup: Cleanup,
+    record: dict[str, Any],
+    errors: list[Failure],
+) -> None:
+    """Where an earlier deletion's invalidation stands. The minute lane delivers it; a deletion
+    recorded before effects existed gets its effect now."""
+    if record["invalidated_at"] is not None:
+        cleanup.invalidated_via = "earlier run"
+    elif record["effect_delivered_at"] is not None:
+        cleanup.invalidated_via = "deliverEffects"
+        cleanup.invalidated_at = record["effect_delivered_at"]
+    elif record["invalidation_effect_id"] is None:
+        try:
+            async with runtime.db.transaction() as tx:
+                owed = await _owe_invalidation(tx, cleanup.podcast_id, cleanup.slug, clock.now())
+        except Exception as exc:
+            cleanup.errors.append(describe_error(exc))
+            return
+        cleanup.invalidation_effect_id = owed.id
+        [delivery] = await deliver_now(runtime, clock, [owed])
+        _invalidation_outcome(cleanup, delivery, clock.now(), errors)
+    else:
+        dead = record["effect_dead_at"] is not None
+        cleanup.invalidation_state = "dead" if dead else "retrying"
+        cleanup.errors.append(
+            f"feed invalidation {'dead' if dead else 'retrying'} "
+            f"(effect {record['invalidation_effect_id']}, {record['effect_attempts']} attempts): "
+            f"{record['effect_error']}"
+        )
 
 
 async def _clean_storage(runtime: Runtime, cleanup: Cleanup, errors: list[Failure]) -> None:
@@ -230,53 +300,32 @@ async def _clean_storage(runtime: Runtime, cleanup: Cleanup, errors: list[Failur
     )
 
 
-async def _invalidate(runtime: Runtime, cleanup: Cleanup, errors: list[Failure]) -> None:
-    body = {
-        "type": "podcast.deleted",
-        "podcast_id": cleanup.podcast_id,
-        "podcast_slug": cleanup.slug,
-    }
+async def _record(runtime: Runtime, now: datetime, cleanup: Cleanup, errors: list[Failure]) -> None:
+    """Write what this run did to the deletion's record. A failure here is reported and the run
+    goes on: the record still says what is left, and the next run retries it."""
     try:
-        await runtime.queues.send(RSS_INVALIDATION, body)
-        cleanup.invalidated_via = "queue"
-        return
-    except QueueError as exc:
-        warning(
-            "rss_invalidation_queue_failed",
-            podcast_id=cleanup.podcast_id,
-            error=describe_error(exc),
-            fallback="http",
+        await runtime.db.execute(
+            SQL["record_cleanup"],
+            {
+                "id": cleanup.podcast_id,
+                "now": now,
+                "storage_done": cleanup.storage_done,
+                "objects_deleted": cleanup.objects_deleted,
+                "bytes_deleted": cleanup.bytes_deleted,
+                "objects_left": cleanup.objects_left,
+                "invalidated_at": cleanup.invalidated_at,
+                "last_error": "; ".join(cleanup.errors) or None,
+            },
         )
-    result = await runtime.feedcache.invalidate(cleanup.podcast_id)
-    if result.ok:
-        cleanup.invalidated_via = "http"
-        return
-    message = result.error or "feed cache invalidation failed"
-    cleanup.errors.append(message)
-    failure = {
-        "event": "cache_invalidation_failed",
-        "podcast_id": cleanup.podcast_id,
-        "slug": cleanup.slug,
-        "error": message,
-    }
-    error(**failure)
-    errors.append(failure)
-
-
-async def _record(runtime: Runtime, now: datetime, cleanup: Cleanup) -> None:
-    await runtime.db.execute(
-        SQL["record_cleanup"],
-        {
-            "id": cleanup.podcast_id,
-            "now": now,
-            "storage_done": cleanup.storage_done,
-            "objects_deleted": cleanup.objects_deleted,
-            "bytes_deleted": cleanup.bytes_deleted,
-            "objects_left": cleanup.objects_left,
-            "invalidated": cleanup.invalidated_via is not None,
-            "last_error": "; ".join(cleanup.errors) or None,
-        },
-    )
+    except Exception as exc:
+        failure = {
+            "event": "podcast_deletion_record_failed",
+            "podcast_id": cleanup.podcast_id,
+            "slug": cleanup.slug,
+            "error": describe_error(exc),
+        }
+        error(**failure)
+        errors.append(failure)
 
 
 def _leftover(cleanup: Cleanup, deleted_at: datetime, attempts: int) -> dict[str, Any]:
@@ -288,6 +337,8 @@ def _leftover(cleanup: Cleanup, deleted_at: datetime, attempts: int) -> dict[str
         "objects_left": cleanup.objects_left,
         "storage_cleaned": cleanup.storage_done,
         "invalidation_pending": cleanup.invalidated_via is None,
+        "invalidation_state": cleanup.invalidation_state,
+        "invalidation_effect_id": cleanup.invalidation_effect_id,
         "attempts": attempts,
         "errors": cleanup.errors,
     }

@@ -21,13 +21,22 @@ INSERT INTO nightcrew.podcast_deletions (podcast_id, slug, deleted_at, updated_a
 VALUES (%(id)s, %(slug)s, %(now)s, %(now)s)
 ON CONFLICT (podcast_id) DO NOTHING;
 
+-- name: link_invalidation_effect
+UPDATE nightcrew.podcast_deletions
+   SET invalidation_effect_id = %(effect_id)s
+ WHERE podcast_id = %(id)s;
+
 -- name: unfinished_deletions
-SELECT podcast_id, slug, deleted_at, storage_cleaned_at, objects_deleted, objects_left,
-       invalidated_at, attempts, last_error
-  FROM nightcrew.podcast_deletions
- WHERE (storage_cleaned_at IS NULL OR invalidated_at IS NULL)
-   AND NOT (podcast_id = ANY(%(exclude)s::uuid[]))
- ORDER BY deleted_at, podcast_id
+-- With the state of the feed-invalidation effect each one owes (delivered by deliverEffects).
+SELECT d.podcast_id, d.slug, d.deleted_at, d.storage_cleaned_at, d.objects_deleted,
+       d.objects_left, d.invalidated_at, d.attempts, d.last_error, d.invalidation_effect_id,
+       e.delivered_at AS effect_delivered_at, e.dead_at AS effect_dead_at,
+       e.attempts AS effect_attempts, e.last_error AS effect_error
+  FROM nightcrew.podcast_deletions d
+  LEFT JOIN nightcrew.effects e ON e.id = d.invalidation_effect_id
+ WHERE (d.storage_cleaned_at IS NULL OR d.invalidated_at IS NULL)
+   AND NOT (d.podcast_id = ANY(%(exclude)s::uuid[]))
+ ORDER BY d.deleted_at, d.podcast_id
  LIMIT %(limit)s;
 
 -- name: record_cleanup
@@ -37,7 +46,8 @@ UPDATE nightcrew.podcast_deletions
        objects_deleted = objects_deleted + %(objects_deleted)s,
        bytes_deleted = bytes_deleted + %(bytes_deleted)s,
        objects_left = %(objects_left)s,
-       invalidated_at = CASE WHEN %(invalidated)s THEN coalesce(invalidated_at, %(now)s)
+       invalidated_at = CASE WHEN %(invalidated_at)s::timestamptz IS NOT NULL
+                             THEN coalesce(invalidated_at, %(invalidated_at)s)
                              ELSE invalidated_at END,
        attempts = attempts + 1,
        last_error = %(last_error)s,

@@ -20,6 +20,7 @@ import structlog
 
 from nightcrew import runs
 from nightcrew.clock import Clock
+from nightcrew.effects.deliver import deliver_effects
 from nightcrew.lifecycle import (
     deletions,
     overage,
@@ -80,6 +81,11 @@ MINUTE = Lane(
             failed_event="media_job_watchdog_failed",
             run=watchdogs.sweep_wedged_media_jobs,
         ),
+        Job(
+            name="deliverEffects",
+            failed_event="effects_delivery_failed",
+            run=deliver_effects,
+        ),
     ),
 )
 
@@ -129,16 +135,27 @@ class JobOutcome:
     counts: dict[str, int] = field(default_factory=dict)
     errors: list[Failure] = field(default_factory=list)
     crashed: str | None = None  # the job itself threw
+    skipped: str | None = None  # the job did not run, and why
 
     @property
     def ok(self) -> bool:
         return self.crashed is None
 
+    @property
+    def status(self) -> str:
+        if self.crashed is not None:
+            return "failed"
+        return "skipped" if self.skipped else "ok"
+
     def count(self, key: str) -> int:
         return self.counts.get(key, 0)
 
     def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"ok": self.ok, "duration_ms": self.duration_ms}
+        body: dict[str, Any] = {
+            "ok": self.ok,
+            "status": self.status,
+            "duration_ms": self.duration_ms,
+        }
         if self.report is not None:
             body.update(self.report)
         if self.crashed is not None:
@@ -204,6 +221,7 @@ async def _isolated(job: Job, runtime: Runtime, clock: Clock) -> JobOutcome:
         report=report.to_json(),
         counts=report.counts(),
         errors=list(report.errors),
+        skipped=getattr(report, "skipped", None),
     )
 
 

@@ -1,24 +1,41 @@
-"""The feed-invalidation outbox, shared by the reconciler and the overage escalation: record an
-intent inside the caller's transaction; mark it delivered only on a confirmed 2xx."""
+"""The feed-invalidation outbox (``public.feed_invalidation_outbox``), shared by the reconciler
+and the overage escalation: record an intent inside the caller's transaction, together with
+the ``feed_invalidate`` effect that delivers it; mark intents delivered only on a confirmed 2xx.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from nightcrew.db.database import Database, Tx
 from nightcrew.db.queries import load_queries
+from nightcrew.effects.outbox import EFFECT_MAX_AGE, Effect
 
 SQL = load_queries(__file__)
 
 
 async def record(
     db: Database | Tx, podcast_ids: list[str], reason: str, now: datetime
-) -> list[dict[str, Any]]:
-    """One intent per podcast; returns their ``id`` and ``podcast_id``."""
+) -> list[Effect]:
+    """One intent per podcast, and its effect; returns the effects (payload ``podcast_id``,
+    ``outbox_id``) for the caller's first delivery attempt after its commit."""
     if not podcast_ids:
         return []
-    return await db.fetch(SQL["record"], {"podcast_ids": podcast_ids, "reason": reason, "now": now})
+    rows = await db.fetch(
+        SQL["record"],
+        {
+            "podcast_ids": podcast_ids,
+            "reason": reason,
+            "now": now,
+            "expires_at": now + EFFECT_MAX_AGE,
+        },
+    )
+    return [Effect.from_row(r) for r in rows]
+
+
+async def pending_for_podcast(db: Database, podcast_id: str) -> list[str]:
+    rows = await db.fetch(SQL["pending_for_podcast"], {"podcast_id": podcast_id})
+    return [str(r["id"]) for r in rows]
 
 
 async def mark_delivered(db: Database, ids: list[str], now: datetime) -> None:

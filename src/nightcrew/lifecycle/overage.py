@@ -16,8 +16,14 @@ usage against its live caps:
 * Restore — armed or stamped and under both caps: disarm, clear every stamp, invalidate both
             caches, send the restored email. Never touches ``is_active`` or ``status``.
 
-The Resend Idempotency-Key ``overage:{account}:{since_ms}:{stage}`` is the send-once guard;
-the conditional claims are the advance-once guard.
+Every email and every cache invalidation is an effect (``nightcrew.effects``): the stamps, the
+restore and their invalidations and emails commit together, so none of them can be lost to a
+failing send or a crash; the first attempt follows the commit, the minute lane retries within
+minutes. A nag's email is recorded (by its key) and attempted before its claim, as before: the
+claim decides which stage is owed, the effect makes sure its email arrives once.
+
+The Resend Idempotency-Key ``overage:{account}:{since_ms}:{stage}`` is the send-once guard (and
+the email effect's key); the conditional claims are the advance-once guard.
 """
 
 from __future__ import annotations
@@ -26,11 +32,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from nightcrew.adapters.mail import Email
 from nightcrew.adapters.queues import PUBLIC_API_INVALIDATION
 from nightcrew.clock import Clock
+from nightcrew.db.database import Tx
 from nightcrew.db.queries import load_queries
-from nightcrew.errors import NightcrewError
+from nightcrew.effects import outbox as effects
+from nightcrew.effects.deliver import deliver_now
 from nightcrew.lifecycle import outbox as feed_outbox
 from nightcrew.lifecycle.overage_mail import Overage, render
 from nightcrew.log import describe_error, error, event, warning
@@ -193,7 +200,7 @@ async def _process(
 
     if not (over_count or over_storage):
         if clock_row["content_overage_since"] is not None or row["stamped"]:
-            await _restore(runtime, now, account, clock_row, overage, report)
+            await _restore(runtime, clock, account, clock_row, overage, report)
         return
 
     # --- Arm ------------------------------------------------------------------------------
@@ -219,8 +226,9 @@ async def _process(
     if stage < FINAL_STAGE:
         due = stage_due(now - since)
         if due > stage:
-            result = await _send(runtime, account, since, due, overage, [], report)
-            if result:
+            async with runtime.db.transaction() as tx:
+                nag = await _owe_email(runtime, tx, now, account, since, due, overage, [])
+            if await _send(runtime, clock, account, due, nag, report):
                 await _claim(runtime, account, since, due, now, report)
         return
 
@@ -235,6 +243,7 @@ async def _process(
         podcasts, over_storage=over_storage, over_count=over_count, podcast_cap=podcast_cap
     )
     ids = [str(p["id"]) for p in sanctioned]
+    notice: effects.Effect | None = None
     async with runtime.db.transaction() as tx:
         locked = await tx.fetch_one(SQL["lock_clock"], {"id": account})
         if locked is None or (
@@ -244,22 +253,27 @@ async def _process(
             return  # restored or moved on by the other entry point meanwhile
         stamped = await tx.fetch(SQL["stamp"], {"ids": ids, "now": now})
         cleared = await tx.fetch(SQL["unstamp_except"], {"id": account, "keep": ids, "now": now})
-        changed = [*stamped, *cleared]
-        outbox = await feed_outbox.record(
-            tx, [str(p["id"]) for p in changed], "overage_suspension", now
-        )
+        # Newly stamped feeds are suspended; feeds no longer in the re-derived set are restored.
+        owed = [
+            *await _owe_invalidations(tx, now, stamped, "podcast.suspended", "overage_suspension"),
+            *await _owe_invalidations(tx, now, cleared, "podcast.restored", "overage_restored"),
+        ]
+        if stage == FINAL_STAGE:
+            names = [p["title"] or p["slug"] for p in sanctioned]
+            notice = await _owe_email(
+                runtime, tx, now, account, since, SUSPENDED_STAGE, overage, names
+            )
     if stamped:
         event(
             "overage_podcasts_suspended",
             account_id=account,
             podcast_ids=[str(p["id"]) for p in stamped],
         )
-    await _invalidate(runtime, now, changed, outbox, "podcast.suspended", report)
+    await _invalidate(runtime, clock, owed, report)
     if stage == FINAL_STAGE:
         report.suspended_accounts += 1
         report.suspended_podcasts += len(stamped)
-        names = [p["title"] or p["slug"] for p in sanctioned]
-        if await _send(runtime, account, since, SUSPENDED_STAGE, overage, names, report):
+        if await _send(runtime, clock, account, SUSPENDED_STAGE, notice, report):
             await _claim(runtime, account, since, SUSPENDED_STAGE, now, report)
     else:
         report.suspended_podcasts += len(stamped)
@@ -267,13 +281,15 @@ async def _process(
 
 async def _restore(
     runtime: Runtime,
-    now: datetime,
+    clock: Clock,
     account: str,
     clock_row: dict[str, Any],
     overage: Overage,
     report: EscalationReport,
 ) -> None:
+    now = clock.now()
     since = clock_row["content_overage_since"]
+    restored: effects.Effect | None = None
     async with runtime.db.transaction() as tx:
         locked = await tx.fetch_one(SQL["lock_clock"], {"id": account})
         if locked is None or locked["content_overage_since"] != since:
@@ -282,63 +298,96 @@ async def _restore(
         cleared = await tx.fetch(SQL["unstamp_except"], {"id": account, "keep": [], "now": now})
         if since is None and not cleared:
             return  # another caller restored it first
-        outbox = await feed_outbox.record(
-            tx, [str(p["id"]) for p in cleared], "overage_restored", now
-        )
+        owed = await _owe_invalidations(tx, now, cleared, "podcast.restored", "overage_restored")
+        if since is not None:
+            names = [p["slug"] for p in cleared]
+            restored = await _owe_email(
+                runtime, tx, now, account, since, "restored", overage, names
+            )
     report.restored_accounts += 1
     report.restored_podcasts += len(cleared)
     event("overage_restored", account_id=account, podcast_ids=[str(p["id"]) for p in cleared])
-    await _invalidate(runtime, now, cleared, outbox, "podcast.restored", report)
+    await _invalidate(runtime, clock, owed, report)
     if since is not None:
-        names = [p["slug"] for p in cleared]
-        await _send(runtime, account, since, "restored", overage, names, report)
+        await _send(runtime, clock, account, "restored", restored, report)
 
 
-async def _send(
+async def _owe_email(
     runtime: Runtime,
+    tx: Tx,
+    now: datetime,
     account: str,
     since: datetime,
     stage: int | str,
     overage: Overage,
     suspended: list[str],
-    report: EscalationReport,
-) -> bool:
-    """Send a stage's email; True when its outcome is final (sent, or permanently not)."""
-    key = idempotency_key(account, since, stage)
-    owner = await runtime.db.fetch_one(SQL["owner_email"], {"id": account})
+) -> effects.Effect | None:
+    """Record a stage's email as an effect keyed ``overage:{account}:{since}:{stage}``; None
+    when the account has no owner address to write to."""
+    owner = await tx.fetch_one(SQL["owner_email"], {"id": account})
     recipient = owner["email"] if owner else None
+    if not recipient:
+        warning("overage_email_no_owner", account_id=account, stage=stage)
+        return None
     if not runtime.mail.configured:
+        # Recorded all the same: it dies at its first attempt, and `nightcrew effects retry
+        # --dead --kind mail` sends it once Resend is configured.
         warning(
             "overage_email_skipped",
             account_id=account,
             stage=stage,
             reason="RESEND_API_KEY or RESEND_FROM_EMAIL is unset",
         )
-        return True
-    if not recipient:
-        warning("overage_email_no_owner", account_id=account, stage=stage)
-        return True
     subject, text, markup = render(stage, overage, suspended)
-    result = await runtime.mail.send(
-        Email(to=recipient, subject=subject, text=text, html=markup, idempotency_key=key)
+    return await effects.record(
+        tx,
+        kind="mail",
+        key=idempotency_key(account, since, stage),
+        payload={"to": recipient, "subject": subject, "text": text, "html": markup},
+        now=now,
     )
-    if result.outcome == "sent":
-        report.emails_sent += 1
-        report.emails.append(
-            {"account_id": account, "stage": stage, "to": recipient, "idempotency_key": key}
-        )
-        event("overage_email_sent", account_id=account, stage=stage, idempotency_key=key)
+
+
+async def _send(
+    runtime: Runtime,
+    clock: Clock,
+    account: str,
+    stage: int | str,
+    email: effects.Effect | None,
+    report: EscalationReport,
+) -> bool:
+    """The email's first attempt; True when its outcome is final (sent — now or by an earlier
+    caller — or permanently not: no owner, Resend unconfigured, a 4xx). A transient failure is
+    retried by the minute lane with the same key, and the stage stays unclaimed meanwhile."""
+    if email is None:
         return True
+    [delivery] = await deliver_now(runtime, clock, [email])
+    if delivery.status == "delivered":
+        if not delivery.detail.get("earlier"):
+            report.emails_sent += 1
+            report.emails.append(
+                {
+                    "account_id": account,
+                    "stage": stage,
+                    "to": email.payload["to"],
+                    "idempotency_key": email.key,
+                }
+            )
+            event("overage_email_sent", account_id=account, stage=stage, idempotency_key=email.key)
+        return True
+    if not runtime.mail.configured:
+        return True  # overage_email_skipped was logged when it was recorded
     failure: Failure = {
         "event": "overage_email_failed",
         "account_id": account,
         "stage": stage,
-        "transient": result.outcome == "transient",
-        "error": result.error,
+        "transient": delivery.status == "transient",
+        "effect_id": email.id,
+        "error": delivery.error,
     }
     warning(**failure)
     report.errors.append(failure)
-    return result.final
+    return delivery.final
 
 
 async def _claim(
@@ -356,45 +405,51 @@ async def _claim(
         report.claims.append({"account_id": account, "stage": stage})
 
 
-async def _invalidate(
-    runtime: Runtime,
-    now: datetime,
-    podcasts: list[dict[str, Any]],
-    outbox: list[dict[str, Any]],
-    kind: str,
-    report: EscalationReport,
-) -> None:
-    """Both caches, per podcast: the feed worker's confirmable lane (its outbox intent is marked
-    delivered only on a 2xx, else the reconciler's drain retries it) and public-api's queue."""
-    intents = {str(o["podcast_id"]): str(o["id"]) for o in outbox}
+async def _owe_invalidations(
+    tx: Tx, now: datetime, podcasts: list[dict[str, Any]], kind: str, reason: str
+) -> list[effects.Effect]:
+    """Both caches, per podcast, owed in the transaction that changed its stamp: the feed
+    worker's confirmable lane (a feed_invalidation_outbox intent and its effect) and a
+    public-api-invalidation message."""
+    owed = await feed_outbox.record(tx, [str(p["id"]) for p in podcasts], reason, now)
     for podcast in podcasts:
         podcast_id = str(podcast["id"])
-        result = await runtime.feedcache.invalidate(podcast_id, wait=True)
-        intent = intents.get(podcast_id)
-        if result.ok and intent:
-            await feed_outbox.mark_delivered(runtime.db, [intent], now)
-        elif not result.ok:
-            if intent:
-                await feed_outbox.mark_failed(runtime.db, [intent], result.error or "")
-            report.errors.append(
-                {
-                    "event": "overage_cache_invalidation_failed",
-                    "podcast_id": podcast_id,
-                    "cache": "rss",
-                    "error": result.error,
-                }
+        owed.append(
+            await effects.record(
+                tx,
+                kind="queue",
+                key=f"{PUBLIC_API_INVALIDATION}:{kind}:{podcast_id}:{int(now.timestamp() * 1000)}",
+                payload={
+                    "queue": PUBLIC_API_INVALIDATION,
+                    "body": {
+                        "type": kind,
+                        "podcast_id": podcast_id,
+                        "podcast_slug": podcast["slug"],
+                    },
+                },
+                now=now,
             )
-        try:
-            await runtime.queues.send(
-                PUBLIC_API_INVALIDATION,
-                {"type": kind, "podcast_id": podcast_id, "podcast_slug": podcast["slug"]},
-            )
-        except NightcrewError as exc:
-            report.errors.append(
-                {
-                    "event": "overage_cache_invalidation_failed",
-                    "podcast_id": podcast_id,
-                    "cache": "public-api",
-                    "error": describe_error(exc),
-                }
-            )
+        )
+    return owed
+
+
+async def _invalidate(
+    runtime: Runtime, clock: Clock, owed: list[effects.Effect], report: EscalationReport
+) -> None:
+    """The first attempt of the invalidations owed; a failure is reported and retried by the
+    minute lane until it is confirmed."""
+    for effect, delivery in zip(owed, await deliver_now(runtime, clock, owed), strict=True):
+        if delivery.status == "delivered":
+            continue
+        report.errors.append(
+            {
+                "event": "overage_cache_invalidation_failed",
+                "podcast_id": str(
+                    effect.payload.get("podcast_id") or effect.payload["body"]["podcast_id"]
+                ),
+                "cache": "rss" if effect.kind == "feed_invalidate" else "public-api",
+                "effect_id": effect.id,
+                "retried": delivery.status == "transient",
+                "error": delivery.error,
+            }
+        )

@@ -1,103 +1,34 @@
 """Daily lane, job 1: reactivate podcasts whose pause expired, then resume the owner's billing.
 
-Each podcast is its own claim (a conditional UPDATE, its own transaction); billing is resumed
-after the reactivation commits, so a Stripe failure never undoes a reactivation — it is logged
-(``billing_resume_failed``), reported, and the podcast stays active.
+Each podcast is its own claim (a conditional UPDATE) in its own transaction, and that same
+transaction records the ``billing_resume`` effect the reactivation owes. The Stripe call is
+made right after the commit; if Stripe fails it is ``billing_resume_failed`` for this run and
+the minute lane's ``deliverEffects`` retries it, with the same idempotency key, until Stripe
+confirms it. A Stripe failure never undoes a reactivation, and a reactivation never loses its
+billing resume — not to an outage, not to a crash right after the commit.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from datetime import datetime
+from typing import Any
 
 from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
+from nightcrew.effects import outbox as effects
+from nightcrew.effects.deliver import Delivery, deliver_now
+from nightcrew.lifecycle.billing_resume import STRIPE_NOT_CONFIGURED, BillingResume, owed_resume
 from nightcrew.log import describe_error, error, event, warning
 from nightcrew.reports import Failure
 from nightcrew.runtime import Runtime
 
 SQL = load_queries(__file__)
 
-# Billing models that are not billed through a Stripe subscription.
-NON_SUBSCRIPTION_BILLING_MODELS = frozenset({"enterprise_manual", "ltd"})
 
-BillingOutcome = Literal["resumed", "skipped", "failed"]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class BillingResume:
-    outcome: BillingOutcome
-    reason: str | None = None
-    account_id: str | None = None
-    subscription_id: str | None = None
-    self_healed: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            k: v
-            for k, v in {
-                "outcome": self.outcome,
-                "reason": self.reason,
-                "account_id": self.account_id,
-                "subscription_id": self.subscription_id,
-                "self_healed": self.self_healed or None,
-            }.items()
-            if v is not None
-        }
-
-
-async def resume_owner_billing_after_reactivation(
-    runtime: Runtime, podcast_id: str
-) -> BillingResume:
-    """spec 000 resumeOwnerBillingAfterReactivation: owner → account → subscription → resume."""
-    account = await runtime.db.fetch_one(SQL["owner_billing_account"], {"podcast_id": podcast_id})
-    if account is None:
-        return BillingResume(outcome="skipped", reason="no owner billing account")
-    account_id = str(account["id"])
-    if account["billing_model"] in NON_SUBSCRIPTION_BILLING_MODELS:
-        return BillingResume(
-            outcome="skipped",
-            reason=f"billing_model {account['billing_model']}",
-            account_id=account_id,
-        )
-    if not runtime.billing.configured:
-        warning(
-            "billing_resume_skipped",
-            podcast_id=podcast_id,
-            account_id=account_id,
-            reason="STRIPE_SECRET_KEY is unset",
-        )
-        return BillingResume(
-            outcome="skipped", reason="stripe not configured", account_id=account_id
-        )
-
-    subscription_id = account["stripe_subscription_id"]
-    self_healed = False
-    if not subscription_id:
-        customer_id = account["stripe_customer_id"]
-        if not customer_id:
-            return BillingResume(
-                outcome="skipped", reason="no stripe customer", account_id=account_id
-            )
-        # Self-heal: the subscription id was never cached; resolve it from the customer.
-        subscription_id = await runtime.billing.find_subscription_id(customer_id)
-        if subscription_id is None:
-            return BillingResume(
-                outcome="skipped", reason="customer has no subscription", account_id=account_id
-            )
-        await runtime.db.execute(
-            SQL["cache_subscription_id"],
-            {"subscription_id": subscription_id, "account_id": account_id},
-        )
-        self_healed = True
-
-    await runtime.billing.resume_collection(subscription_id)
-    return BillingResume(
-        outcome="resumed",
-        account_id=account_id,
-        subscription_id=subscription_id,
-        self_healed=self_healed,
-    )
+def billing_resume_key(podcast_id: str, reactivated_at: datetime) -> str:
+    """One resume per reactivation: Stripe's idempotency key and the effect's key."""
+    return f"billing_resume:{podcast_id}:{int(reactivated_at.timestamp() * 1000)}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -115,6 +46,7 @@ class PausesReport:
             "billing_resumed": billing.count("resumed"),
             "billing_skipped": billing.count("skipped"),
             "billing_failed": billing.count("failed"),
+            "billing_pending": billing.count("pending"),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -128,10 +60,23 @@ async def reactivate_expired_pauses(runtime: Runtime, clock: Clock) -> PausesRep
     errors: list[Failure] = []
     for podcast in due:
         podcast_id, slug = str(podcast["id"]), podcast["slug"]
+        owed: effects.Effect | None = None
+        skipped: BillingResume | None = None
         try:
-            claimed = await runtime.db.fetch_one(
-                SQL["reactivate_podcast"], {"id": podcast_id, "now": now}
-            )
+            async with runtime.db.transaction() as tx:
+                claimed = await tx.fetch_one(
+                    SQL["reactivate_podcast"], {"id": podcast_id, "now": now}
+                )
+                if claimed is not None:
+                    account_id, skipped = await owed_resume(tx, podcast_id)
+                    if account_id is not None:
+                        owed = await effects.record(
+                            tx,
+                            kind="billing_resume",
+                            key=billing_resume_key(podcast_id, now),
+                            payload={"podcast_id": podcast_id, "account_id": account_id},
+                            now=now,
+                        )
         except Exception as exc:  # one podcast never stops the next
             failure = {
                 "event": "pause_reactivation_failed",
@@ -150,27 +95,68 @@ async def reactivate_expired_pauses(runtime: Runtime, clock: Clock) -> PausesRep
             slug=slug,
             pause_expires_at=podcast["pause_expires_at"].isoformat(),
         )
-
-        try:
-            billing = await resume_owner_billing_after_reactivation(runtime, podcast_id)
-        except Exception as exc:  # Stripe, or the database, failing for this one podcast
-            billing = BillingResume(outcome="failed", reason=describe_error(exc))
-            failure = {
-                "event": "billing_resume_failed",
-                "podcast_id": podcast_id,
-                "slug": slug,
-                "error": billing.reason,
-            }
-            error(**failure)
-            errors.append(failure)
-        else:
-            if billing.outcome == "resumed":
-                event(
-                    "billing_resumed_after_reactivation",
-                    podcast_id=podcast_id,
-                    account_id=billing.account_id,
-                    subscription_id=billing.subscription_id,
-                    self_healed=billing.self_healed,
-                )
+        billing = skipped or BillingResume(outcome="skipped")
+        if owed is not None:
+            [delivery] = await deliver_now(runtime, clock, [owed])
+            billing = _billing_outcome(podcast_id, slug, owed, delivery, errors)
         reactivated.append({"podcast_id": podcast_id, "slug": slug, "billing": billing.to_json()})
     return PausesReport(reactivated=reactivated, errors=errors)
+
+
+def _billing_outcome(
+    podcast_id: str, slug: str, owed: effects.Effect, delivery: Delivery, errors: list[Failure]
+) -> BillingResume:
+    account_id = str(owed.payload["account_id"])
+    if delivery.status == "delivered":
+        detail = delivery.detail
+        resumed = BillingResume(
+            outcome="skipped" if detail.get("outcome") == "skipped" else "resumed",
+            reason=detail.get("reason"),
+            account_id=account_id,
+            subscription_id=detail.get("subscription_id"),
+            self_healed=bool(detail.get("self_healed")),
+            effect_id=owed.id,
+        )
+        if resumed.outcome == "resumed" and not detail.get("earlier"):
+            event(
+                "billing_resumed_after_reactivation",
+                podcast_id=podcast_id,
+                account_id=account_id,
+                subscription_id=resumed.subscription_id,
+                self_healed=resumed.self_healed,
+                effect_id=owed.id,
+            )
+        return resumed
+    if delivery.error == STRIPE_NOT_CONFIGURED:
+        # Loud, and kept: the effect is dead, so `nightcrew effects retry --dead --kind
+        # billing_resume` resumes these once STRIPE_SECRET_KEY is set.
+        warning(
+            "billing_resume_skipped",
+            podcast_id=podcast_id,
+            account_id=account_id,
+            reason="STRIPE_SECRET_KEY is unset",
+            effect_id=owed.id,
+        )
+        return BillingResume(
+            outcome="skipped",
+            reason="stripe not configured",
+            account_id=account_id,
+            effect_id=owed.id,
+        )
+    retried = delivery.status == "transient"
+    failure: Failure = {
+        "event": "billing_resume_failed",
+        "podcast_id": podcast_id,
+        "slug": slug,
+        "effect_id": owed.id,
+        "retried": retried,
+        "error": delivery.error,
+    }
+    error(**failure)
+    errors.append(failure)
+    return BillingResume(
+        outcome="pending" if retried else "failed",
+        reason=delivery.error,
+        account_id=account_id,
+        effect_id=owed.id,
+    )

@@ -15,6 +15,7 @@ from nightcrew.adapters.queues import RSS_INVALIDATION, MemoryQueueProducer
 from nightcrew.adapters.storage import DeleteOutcome, ObjectStore, StoredObject, open_store
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
+from nightcrew.effects.deliver import deliver_effects
 from nightcrew.lifecycle.deletions import hard_delete_expired_podcasts
 from nightcrew.runtime import Runtime
 from tests import factories as f
@@ -76,6 +77,7 @@ async def test_deletes_the_row_its_children_its_objects_and_invalidates(
     assert len(await _keys(store, f"podcasts/{kept}/")) == 2
 
     [message] = await f.queue_messages(db, RSS_INVALIDATION)
+    assert isinstance(message["body"].pop("effect_id"), int)  # consumers de-duplicate by it
     assert message["body"] == {
         "type": "podcast.deleted",
         "podcast_id": doomed,
@@ -230,9 +232,14 @@ async def test_queue_and_http_both_failing_is_cache_invalidation_failed_and_retr
         assert [e for e in logs if e["event"] == "cache_invalidation_failed"]
         assert first.leftovers[0]["invalidation_pending"] is True
         assert first.leftovers[0]["storage_cleaned"] is True
+        assert first.leftovers[0]["invalidation_state"] == "retrying"
         feed.status = 204
+        # the minute lane delivers it, within minutes rather than at the next daily run
+        clock.advance(timedelta(minutes=1))
+        drained = await deliver_effects(runtime, clock)
+        assert drained.delivered == 1
         second = await hard_delete_expired_podcasts(runtime, clock)
-    assert second.retried[0]["invalidated_via"] == "http" and second.leftovers == []
+    assert second.retried[0]["invalidated_via"] == "deliverEffects" and second.leftovers == []
     assert [c.json() for c in feed.requests] == [{"id": podcast}, {"id": podcast}]
 
 

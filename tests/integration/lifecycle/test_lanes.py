@@ -125,6 +125,7 @@ async def test_one_sweep_raising_never_stops_the_others(
         "sweepStalledExternalLinks": ("links_requeued", 4),
         "sweepStuckHostingMigrationPreviews": ("previews_canceled", 3),
         "sweepWedgedMediaJobs": ("media_jobs_flagged", 2),
+        "deliverEffects": ("effects_delivered", 0),
     }
     for outcome in report.jobs:
         key, count = expected[outcome.name]

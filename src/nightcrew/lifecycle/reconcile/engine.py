@@ -30,6 +30,8 @@ from nightcrew.adapters.storage import ObjectStore, ReadOnlyStore, StoredObject
 from nightcrew.clock import Clock
 from nightcrew.db.database import QueryError, Tx
 from nightcrew.db.queries import load_queries
+from nightcrew.effects import outbox as effects_outbox
+from nightcrew.effects.deliver import drain
 from nightcrew.errors import NightcrewError
 from nightcrew.lifecycle import outbox as feed_outbox
 from nightcrew.lifecycle.reconcile.core import (
@@ -52,7 +54,8 @@ HEAD_CONCURRENCY = 32
 UUID_RE = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 # Podcasts whose pending intents one run delivers (one ?wait=1 call each, covering all of a
 # podcast's intents); a larger backlog continues the next run.
-OUTBOX_DRAIN_MAX_PODCASTS = 5000
+# Undelivered feed_invalidation_outbox intents given an effect per run (those without one).
+OUTBOX_ADOPT_MAX = 5000
 CHECK_VIOLATION = "23514"
 INSUFFICIENT_PRIVILEGE = "42501"
 
@@ -175,7 +178,7 @@ async def run_reconcile(
             await _size_backfill(runtime, conn, options, prefix, report, tick)
             await _missing(runtime, conn, store, options, prefix, report, tick)
             if options.apply:
-                await _drain_outbox(runtime, report)
+                await _drain_outbox(runtime, clock, report)
             deletes = options.apply and not options.skip_orphan_delete
             age = timedelta(hours=options.min_orphan_age_hours)
             # Audio (both audio columns) and per-episode images: the same age guard and final
@@ -469,7 +472,8 @@ async def quarantine_episode(runtime: Runtime, row: dict[str, Any], now: datetim
         if current is None or current["audio_url"] != row["audio_url"]:
             return False  # deleted, or re-uploaded since the scan
         await tx.execute(SQL["quarantine_episode"], {"id": row["id"], "now": now})
-        await tx.execute(SQL["cancel_time_automation"], {"id": row["id"], "now": now})
+        if current["status"] in ("published", "scheduled"):
+            await tx.execute(SQL["cancel_time_automation"], {"id": row["id"], "now": now})
         if current["status"] == "published":
             await feed_outbox.record(tx, [str(current["podcast_id"])], "quarantine_missing", now)
     event(
@@ -480,25 +484,20 @@ async def quarantine_episode(runtime: Runtime, row: dict[str, Any], now: datetim
     return True
 
 
-async def _drain_outbox(runtime: Runtime, report: ReconcileReport) -> None:
-    groups = await runtime.db.fetch(SQL["pending_outbox"], {"limit": OUTBOX_DRAIN_MAX_PODCASTS})
-    pending = delivered = failed = 0
-    for group in groups:
-        podcast_id, ids = str(group["podcast_id"]), [str(i) for i in group["ids"]]
-        pending += len(ids)
-        result = await runtime.feedcache.invalidate(podcast_id, wait=True)
-        if result.ok:
-            await feed_outbox.mark_delivered(runtime.db, ids, report.now)
-            delivered += len(ids)
-        else:
-            await feed_outbox.mark_failed(runtime.db, ids, result.error or "not confirmed")
-            failed += len(ids)
-            warning("reconcile_outbox_delivery_failed", podcast_id=podcast_id, error=result.error)
+async def _drain_outbox(runtime: Runtime, clock: Clock, report: ReconcileReport) -> None:
+    """Deliver the feed invalidations owed now (the minute lane does the same every minute;
+    this run's own intents — size backfill, quarantine — go out before its orphan sweeps)."""
+    await effects_outbox.adopt_feed_outbox(runtime.db, report.now, limit=OUTBOX_ADOPT_MAX)
+    drained = await drain(runtime, clock, kinds=["feed_invalidate"])
+    for failure in drained.errors:
+        warning(
+            "reconcile_outbox_delivery_failed", **{k: v for k, v in failure.items() if k != "event"}
+        )
     report.outbox = {
-        "pending": pending,
-        "delivered": delivered,
-        "failed": failed,
-        "podcasts": len(groups),
+        "pending": drained.delivered + drained.retried + drained.dead,
+        "delivered": drained.delivered,
+        "failed": drained.retried + drained.dead,
+        "dead": drained.dead,
     }
 
 

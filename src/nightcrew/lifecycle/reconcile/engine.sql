@@ -1,6 +1,9 @@
 -- The storage reconciler. The store is listed once into a session temp table (COPY), then
 -- every job is a join against it: no HEAD per episode.
--- `prefix` is R2_PUBLIC_URL + '/': an episode's key is its URL without it.
+-- `prefix` is R2_PUBLIC_URL + '/'. An episode's key is nightcrew.object_key(url, prefix): the
+-- URL without the prefix and any ?query or #fragment, percent-decoded once; NULL when no key
+-- can be derived from a URL under the prefix — and such a URL protects every object of its
+-- podcast from the orphan sweeps, since we cannot tell which one it means.
 
 -- name: create_listing
 CREATE TEMP TABLE reconcile_objects (
@@ -27,8 +30,7 @@ DROP TABLE IF EXISTS reconcile_objects;
 SELECT e.id, e.podcast_id, e.status, e.audio_url, e.audio_file_size_bytes AS recorded,
        o.size AS actual, o.key
   FROM public.episodes e
-  JOIN reconcile_objects o
-    ON o.key = split_part(substr(e.audio_url, length(%(prefix)s) + 1), '?', 1)
+  JOIN reconcile_objects o ON o.key = nightcrew.object_key(e.audio_url, %(prefix)s)
  WHERE left(e.audio_url, length(%(prefix)s)) = %(prefix)s
    AND o.kind = 'audio'
    AND e.audio_file_size_bytes IS DISTINCT FROM o.size
@@ -37,29 +39,32 @@ SELECT e.id, e.podcast_id, e.status, e.audio_url, e.audio_file_size_bytes AS rec
 -- name: missing_candidates
 -- Episodes whose URL is ours but whose object is not in the listing (HEAD-confirmed later:
 -- it may have been uploaded after the listing passed its key).
-SELECT e.id, e.podcast_id, e.status, e.audio_url,
-       split_part(substr(e.audio_url, length(%(prefix)s) + 1), '?', 1) AS key
+-- A URL whose key cannot be derived is not a candidate: it cannot be HEAD-checked, and
+-- quarantining on a guess would unpublish an episode that may be fine.
+SELECT e.id, e.podcast_id, e.status, e.audio_url, k.key
   FROM public.episodes e
+ CROSS JOIN LATERAL (SELECT nightcrew.object_key(e.audio_url, %(prefix)s) AS key) k
  WHERE e.audio_url IS NOT NULL
    AND left(e.audio_url, length(%(prefix)s)) = %(prefix)s
-   AND NOT EXISTS (
-         SELECT 1 FROM reconcile_objects o
-          WHERE o.key = split_part(substr(e.audio_url, length(%(prefix)s) + 1), '?', 1))
+   AND k.key IS NOT NULL
+   AND NOT EXISTS (SELECT 1 FROM reconcile_objects o WHERE o.key = k.key)
  ORDER BY e.id;
 
 -- name: unreferenced_audio
 -- Audio objects that neither audio_url nor original_audio_url references, with whether their
 -- podcast still has an undelivered feed invalidation (a cached feed may still point at them).
--- A reference is by KEY, derived exactly as for the backfill (the URL without R2_PUBLIC_URL
--- and without any ?query): ".../a.mp3?v=2" references "a.mp3", whatever the URL's suffix.
-WITH referenced AS (
-    SELECT split_part(substr(e.audio_url, length(%(prefix)s) + 1), '?', 1) AS key
+-- A reference is by KEY, derived exactly as for the backfill: ".../a.mp3?v=2" and
+-- ".../my%%20a.mp3" reference "a.mp3" and "my a.mp3". A podcast with an episode URL under the
+-- prefix whose key cannot be derived keeps all its audio (`unknown`).
+WITH refs AS (
+    SELECT e.podcast_id, nightcrew.object_key(u.url, %(prefix)s) AS key
       FROM public.episodes e
-     WHERE left(e.audio_url, length(%(prefix)s)) = %(prefix)s
-    UNION
-    SELECT split_part(substr(e.original_audio_url, length(%(prefix)s) + 1), '?', 1)
-      FROM public.episodes e
-     WHERE left(e.original_audio_url, length(%(prefix)s)) = %(prefix)s
+     CROSS JOIN LATERAL (VALUES (e.audio_url), (e.original_audio_url)) AS u (url)
+     WHERE left(u.url, length(%(prefix)s)) = %(prefix)s
+), referenced AS (
+    SELECT key FROM refs WHERE key IS NOT NULL
+), unknown AS (
+    SELECT DISTINCT podcast_id::text AS podcast_id FROM refs WHERE key IS NULL
 )
 SELECT o.key, o.size, o.last_modified,
        EXISTS (SELECT 1 FROM public.feed_invalidation_outbox f
@@ -68,18 +73,24 @@ SELECT o.key, o.size, o.last_modified,
   FROM reconcile_objects o
  WHERE o.kind = 'audio'
    AND NOT EXISTS (SELECT 1 FROM referenced r WHERE r.key = o.key)
+   AND NOT EXISTS (SELECT 1 FROM unknown u WHERE u.podcast_id = split_part(o.key, '/', 2))
  ORDER BY o.key;
 
 -- name: unreferenced_episode_images
-WITH referenced AS (
-    SELECT split_part(substr(e.cover_image_url, length(%(prefix)s) + 1), '?', 1) AS key
+WITH refs AS (
+    SELECT e.podcast_id, nightcrew.object_key(e.cover_image_url, %(prefix)s) AS key
       FROM public.episodes e
      WHERE left(e.cover_image_url, length(%(prefix)s)) = %(prefix)s
+), referenced AS (
+    SELECT key FROM refs WHERE key IS NOT NULL
+), unknown AS (
+    SELECT DISTINCT podcast_id::text AS podcast_id FROM refs WHERE key IS NULL
 )
 SELECT o.key, o.size, o.last_modified, false AS invalidation_pending
   FROM reconcile_objects o
  WHERE o.kind = 'episode_image'
    AND NOT EXISTS (SELECT 1 FROM referenced r WHERE r.key = o.key)
+   AND NOT EXISTS (SELECT 1 FROM unknown u WHERE u.podcast_id = split_part(o.key, '/', 2))
  ORDER BY o.key;
 
 -- name: expired_prep
@@ -91,19 +102,21 @@ SELECT o.key, o.size, o.last_modified, false AS invalidation_pending
 
 -- name: recheck_audio_references
 -- The final re-check, immediately before a delete batch: which of these keys must stay?
--- Referenced now by either audio column (exact URL, or the same key with a ?query, looked up
--- within the key's podcast through its index), or its podcast has an undelivered invalidation.
+-- Referenced now by either audio column (exact URL, or the same key however the URL spells it,
+-- looked up within the key's podcast through its index), or its podcast has an episode URL
+-- whose key cannot be derived, or an undelivered invalidation.
 SELECT k.key
   FROM unnest(%(keys)s::text[]) AS k (key)
  WHERE EXISTS (SELECT 1 FROM public.episodes e
                 WHERE e.audio_url = %(prefix)s || k.key
                    OR e.original_audio_url = %(prefix)s || k.key)
     OR EXISTS (SELECT 1 FROM public.episodes e
+                CROSS JOIN LATERAL (VALUES (e.audio_url), (e.original_audio_url)) AS u (url)
                 WHERE e.podcast_id = CASE WHEN split_part(k.key, '/', 2) ~ %(uuid_re)s
                                           THEN split_part(k.key, '/', 2)::uuid END
-                  AND (split_part(substr(e.audio_url, length(%(prefix)s) + 1), '?', 1) = k.key
-                       OR split_part(substr(e.original_audio_url, length(%(prefix)s) + 1),
-                                     '?', 1) = k.key))
+                  AND left(u.url, length(%(prefix)s)) = %(prefix)s
+                  AND (nightcrew.object_key(u.url, %(prefix)s) IS NULL
+                       OR nightcrew.object_key(u.url, %(prefix)s) = k.key))
     OR EXISTS (SELECT 1 FROM public.feed_invalidation_outbox f
                 WHERE f.delivered_at IS NULL
                   AND f.podcast_id::text = split_part(k.key, '/', 2));
@@ -115,8 +128,9 @@ SELECT k.key
     OR EXISTS (SELECT 1 FROM public.episodes e
                 WHERE e.podcast_id = CASE WHEN split_part(k.key, '/', 2) ~ %(uuid_re)s
                                           THEN split_part(k.key, '/', 2)::uuid END
-                  AND split_part(substr(e.cover_image_url, length(%(prefix)s) + 1), '?', 1)
-                      = k.key);
+                  AND left(e.cover_image_url, length(%(prefix)s)) = %(prefix)s
+                  AND (nightcrew.object_key(e.cover_image_url, %(prefix)s) IS NULL
+                       OR nightcrew.object_key(e.cover_image_url, %(prefix)s) = k.key));
 
 -- name: write_size
 -- Only if the row still has what the scan saw: a concurrent upload wins.
@@ -149,18 +163,11 @@ UPDATE public.episodes
  WHERE id = %(id)s;
 
 -- name: cancel_time_automation
+-- Only for an episode that was published or scheduled (its automation is what would publish
+-- or re-publish it); a draft's or an archived episode's automation is the owner's to keep.
 UPDATE public.automation_jobs
    SET status = 'canceled', updated_at = %(now)s
  WHERE episode_id = %(id)s AND status = 'pending' AND trigger_type = 'time';
-
--- name: pending_outbox
--- Undelivered intents grouped by podcast: one confirmed invalidation covers them all.
-SELECT podcast_id, array_agg(id ORDER BY created_at) AS ids
-  FROM public.feed_invalidation_outbox
- WHERE delivered_at IS NULL
- GROUP BY podcast_id
- ORDER BY min(created_at), podcast_id
- LIMIT %(limit)s;
 
 -- name: over_cap_accounts
 -- Count-both bytes (enclosure + master) per account against its live cap. Report only.

@@ -1,0 +1,346 @@
+"""Delivering effects: one attempt per kind, the first attempt after a commit, and the drain.
+
+Every delivery ends in one of three outcomes:
+
+* ``delivered`` — the outside system confirmed it (a 2xx, a publisher confirm);
+* ``transient`` — it may work later (429, 5xx, 408/409, a timeout, a refused connection, a queue
+  that refused): retried with backoff until the effect's maximum age, then dead;
+* ``permanent`` — it will fail the same way again (another 4xx, the service not configured):
+  dead at once, visible in ``nightcrew effects list --dead``, re-driven with ``effects retry``.
+
+Each attempt carries the effect's stable key: Resend's ``Idempotency-Key``, Stripe's
+``idempotency_key``, and ``effect_id`` in every queue message, so a retry of something that
+was delivered but not confirmed is recognised as the same thing by whoever receives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from nightcrew.adapters.billing import is_transient
+from nightcrew.adapters.mail import Email
+from nightcrew.clock import Clock
+from nightcrew.effects import outbox
+from nightcrew.effects.outbox import KINDS, Effect, Settle
+from nightcrew.errors import BillingError, NightcrewError
+from nightcrew.lifecycle import billing_resume
+from nightcrew.lifecycle import outbox as feed_outbox
+from nightcrew.log import describe_error, event, warning
+from nightcrew.reports import Failure
+from nightcrew.runtime import Runtime
+
+# One delivery may take at most this long (Stripe's SDK retries inside it); well inside the
+# claim lease, so an effect is never delivered twice at once.
+DELIVERY_TIMEOUT_SECONDS = 60
+# The drain: effects claimed per statement, deliveries in flight at once, and the time after
+# which it claims no more (what it holds is finished), so a minute-lane run stays near its minute.
+DRAIN_BATCH = 100
+DRAIN_CONCURRENCY = 16
+DRAIN_BUDGET_SECONDS = 40.0
+# Undelivered feed_invalidation_outbox rows given an effect per run.
+ADOPT_FEED_OUTBOX_MAX = 500
+# Delivered effects are kept this long for inspection, then purged (a bounded batch per run).
+DELIVERED_RETENTION = timedelta(days=14)
+PURGE_BATCH = 1000
+
+Status = Literal["delivered", "transient", "permanent"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Delivery:
+    status: Status
+    error: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def final(self) -> bool:
+        """Confirmed, or given up: nothing more will be tried by itself."""
+        return self.status != "transient"
+
+
+def _delivered(**detail: Any) -> Delivery:
+    return Delivery(status="delivered", detail=detail)
+
+
+def _failed(error: str, *, permanent: bool, **detail: Any) -> Delivery:
+    return Delivery(status="permanent" if permanent else "transient", error=error, detail=detail)
+
+
+# --- one attempt, by kind ----------------------------------------------------------------------
+async def deliver(runtime: Runtime, effect: Effect, now: datetime) -> Delivery:
+    """One attempt. Never raises: an unexpected failure is a transient outcome with its text."""
+    try:
+        async with asyncio.timeout(DELIVERY_TIMEOUT_SECONDS):
+            if effect.kind == "queue":
+                return await _queue(runtime, effect)
+            if effect.kind == "mail":
+                return await _mail(runtime, effect)
+            if effect.kind == "billing_resume":
+                return await _billing(runtime, effect)
+            if effect.kind == "feed_invalidate":
+                return await _feed(runtime, effect, now)
+            return _failed(f"unknown effect kind {effect.kind!r}", permanent=True)
+    except TimeoutError:
+        return _failed(f"no answer within {DELIVERY_TIMEOUT_SECONDS} s", permanent=False)
+    except Exception as exc:  # a bug or the database: retried, and reported with its text
+        return _failed(describe_error(exc), permanent=False)
+
+
+async def _queue(runtime: Runtime, effect: Effect) -> Delivery:
+    payload = effect.payload
+    body = {**payload["body"], "effect_id": effect.id}
+    try:
+        await runtime.queues.send(payload["queue"], body, int(payload.get("delay_seconds", 0)))
+        return _delivered(via="queue")
+    except NightcrewError as exc:
+        queue_error = describe_error(exc)
+    fallback = payload.get("fallback_invalidate")
+    if not fallback:
+        return _failed(queue_error, permanent=False)
+    # The deletion's feed invalidation: the feed worker's endpoint when the queue refuses.
+    warning(
+        "rss_invalidation_queue_failed", podcast_id=fallback, error=queue_error, fallback="http"
+    )
+    result = await runtime.feedcache.invalidate(str(fallback))
+    if result.ok:
+        return _delivered(via="http")
+    return _failed(f"queue: {queue_error}; http: {result.error}", permanent=False)
+
+
+async def _mail(runtime: Runtime, effect: Effect) -> Delivery:
+    p = effect.payload
+    result = await runtime.mail.send(
+        Email(
+            to=p["to"],
+            subject=p["subject"],
+            text=p["text"],
+            html=p["html"],
+            idempotency_key=effect.key,
+        )
+    )
+    if result.outcome == "sent":
+        return _delivered(message_id=result.message_id)
+    return _failed(result.error or "not sent", permanent=result.outcome == "permanent")
+
+
+async def _billing(runtime: Runtime, effect: Effect) -> Delivery:
+    try:
+        resumed = await billing_resume.resume_billing(
+            runtime, str(effect.payload["account_id"]), idempotency_key=effect.key
+        )
+    except BillingError as exc:
+        permanent = not runtime.billing.configured or not is_transient(exc)
+        return _failed(str(exc), permanent=permanent)
+    return _delivered(**resumed.to_json())
+
+
+async def _feed(runtime: Runtime, effect: Effect, now: datetime) -> Delivery:
+    podcast_id = str(effect.payload["podcast_id"])
+    # Every intent of the podcast owed before this call is settled by its confirmation; an
+    # intent that an earlier call already settled needs no call at all.
+    owed = await feed_outbox.pending_for_podcast(runtime.db, podcast_id)
+    outbox_id = effect.payload.get("outbox_id")
+    if outbox_id and not runtime.dry_run and str(outbox_id) not in owed:
+        return _delivered(via="an earlier confirmed invalidation")
+    result = await runtime.feedcache.invalidate(podcast_id, wait=True)
+    if result.ok:
+        await feed_outbox.mark_delivered(runtime.db, owed, now)
+        return _delivered(status=result.status, intents=len(owed))
+    await feed_outbox.mark_failed(runtime.db, owed, result.error or "not confirmed")
+    return _failed(result.error or "not confirmed", permanent=result.permanent)
+
+
+# --- settling ----------------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class DrainReport:
+    adopted: int = 0
+    delivered: int = 0
+    retried: int = 0
+    dead: int = 0
+    released: int = 0
+    purged: int = 0
+    pending: dict[str, int] = field(default_factory=dict)
+    dead_by_kind: dict[str, int] = field(default_factory=dict)
+    errors: list[Failure] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "effects_delivered": self.delivered,
+            "effects_retried": self.retried,
+            "effects_dead": self.dead,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.counts(),
+            "effects_adopted": self.adopted,
+            "effects_released": self.released,
+            "effects_purged": self.purged,
+            "pending": self.pending,
+            "dead": self.dead_by_kind,
+            "errors": self.errors,
+        }
+
+
+def _settlement(
+    runtime: Runtime,
+    effect: Effect,
+    delivery: Delivery,
+    now: datetime,
+    report: DrainReport,
+    *,
+    log_delivered: bool,
+) -> Settle:
+    """What a delivery's outcome makes of its effect; logs and counts it. A first attempt's
+    caller logs its own event for a delivery (``overage_email_sent``, …), the drain this one."""
+    ids = {"effect_id": effect.id, "kind": effect.kind, "key": effect.key}
+    if delivery.status == "delivered":
+        report.delivered += 1
+        if not runtime.dry_run:
+            runtime.metrics.inc("nightcrew_effects_delivered_total", kind=effect.kind)
+        if log_delivered:
+            event("effect_delivered", **ids, attempts=effect.attempts, **delivery.detail)
+        return Settle(effect_id=effect.id, outcome="delivered")
+    error = delivery.error or "not confirmed"
+    if delivery.status == "transient" and now + timedelta(seconds=1) < effect.expires_at:
+        next_at = min(now + outbox.retry_delay(effect.id, effect.attempts), effect.expires_at)
+        report.retried += 1
+        failure: Failure = {
+            "event": "effect_delivery_failed",
+            **ids,
+            "attempts": effect.attempts,
+            "next_attempt_at": next_at.isoformat(),
+            "error": error,
+        }
+        warning(**failure)
+        report.errors.append(failure)
+        return Settle(effect_id=effect.id, outcome="retry", next_attempt_at=next_at, error=error)
+    if delivery.status == "transient":
+        error = f"expired: not confirmed within {outbox.EFFECT_MAX_AGE} (last error: {error})"
+    report.dead += 1
+    dead: Failure = {"event": "effects_dead", **ids, "attempts": effect.attempts, "error": error}
+    warning(**dead)
+    report.errors.append(dead)
+    return Settle(effect_id=effect.id, outcome="dead", error=error)
+
+
+async def _deliver_claimed(
+    runtime: Runtime,
+    clock: Clock,
+    claimed: Sequence[Effect],
+    report: DrainReport,
+    *,
+    deadline: float | None = None,
+    log_delivered: bool = True,
+) -> dict[int, Delivery]:
+    """Deliver claimed effects (bounded concurrency) and settle them in one statement."""
+    gate = asyncio.Semaphore(DRAIN_CONCURRENCY)
+    now = clock.now()
+    settles: dict[int, Settle] = {}
+    deliveries: dict[int, Delivery] = {}
+
+    async def one(effect: Effect) -> None:
+        if effect.expires_at <= now:  # its window closed while it waited for a retry
+            delivery = _failed(effect.last_error or "never attempted", permanent=False)
+            settles[effect.id] = _settlement(
+                runtime, effect, delivery, now, report, log_delivered=log_delivered
+            )
+            deliveries[effect.id] = delivery
+            return
+        async with gate:
+            if deadline is not None and time.monotonic() > deadline:
+                report.released += 1
+                settles[effect.id] = Settle(effect_id=effect.id, outcome="released")
+                return
+            delivery = await deliver(runtime, effect, now)
+        deliveries[effect.id] = delivery
+        settles[effect.id] = _settlement(
+            runtime, effect, delivery, clock.now(), report, log_delivered=log_delivered
+        )
+
+    await asyncio.gather(*(one(e) for e in claimed))
+    # Outcomes must be recorded even when the run is being cancelled: a lost 'delivered'
+    # would make the next drain send it again.
+    await asyncio.shield(outbox.settle(runtime.db, list(settles.values()), clock.now()))
+    return deliveries
+
+
+async def deliver_now(runtime: Runtime, clock: Clock, effects: Sequence[Effect]) -> list[Delivery]:
+    """The first attempt, right after the commit that recorded ``effects`` (in their order).
+
+    An effect that was already settled (the same key owed before), or that a concurrent drain
+    holds, is not sent again here: its outcome is read from its row (in flight → transient).
+    A dry run sends to the dry-run view's recording stand-ins and settles nothing.
+    """
+    if not effects:
+        return []
+    if runtime.dry_run:
+        return [await deliver(runtime, e, clock.now()) for e in effects]
+    report = DrainReport()
+    claimed = await outbox.claim_ids(
+        runtime.db, [e.id for e in effects if not e.settled], clock.now()
+    )
+    done = await _deliver_claimed(runtime, clock, claimed, report, log_delivered=False)
+    out: list[Delivery] = []
+    for effect in effects:
+        if effect.id in done:
+            out.append(done[effect.id])
+        elif effect.delivered_at is not None:
+            out.append(_delivered(earlier=True))
+        elif effect.dead_at is not None:
+            out.append(_failed(effect.last_error or "dead", permanent=True))
+        else:
+            current = await outbox.get(runtime.db, effect.id)
+            if current is not None and current.delivered_at is not None:
+                out.append(_delivered(earlier=True))
+            elif current is not None and current.dead_at is not None:
+                out.append(_failed(current.last_error or "dead", permanent=True))
+            else:
+                out.append(_failed("being delivered by another run", permanent=False))
+    return out
+
+
+async def drain(
+    runtime: Runtime,
+    clock: Clock,
+    *,
+    kinds: Sequence[str] | None = None,
+    budget_seconds: float = DRAIN_BUDGET_SECONDS,
+    report: DrainReport | None = None,
+) -> DrainReport:
+    """Deliver every due effect (of ``kinds``), a batch at a time, until none is due or the
+    time budget is spent."""
+    report = report or DrainReport()
+    deadline = time.monotonic() + budget_seconds
+    while time.monotonic() < deadline:
+        claimed = await outbox.claim_due(runtime.db, clock.now(), limit=DRAIN_BATCH, kinds=kinds)
+        if not claimed:
+            break
+        await _deliver_claimed(runtime, clock, claimed, report, deadline=deadline)
+        if runtime.dry_run:
+            break  # its claims are rolled back: the same rows would come back forever
+    return report
+
+
+async def deliver_effects(runtime: Runtime, clock: Clock) -> DrainReport:
+    """The minute lane's fifth sweep (``deliverEffects``): adopt undelivered feed-outbox
+    intents, drain what is due, purge old delivered rows, refresh the gauges."""
+    report = DrainReport()
+    now = clock.now()
+    report.adopted = await outbox.adopt_feed_outbox(runtime.db, now, limit=ADOPT_FEED_OUTBOX_MAX)
+    await drain(runtime, clock, report=report)
+    report.purged = await outbox.purge_delivered(
+        runtime.db, now - DELIVERED_RETENTION, limit=PURGE_BATCH
+    )
+    by_kind = await outbox.counts(runtime.db)
+    for kind in KINDS:
+        runtime.metrics.set("nightcrew_effects_pending", by_kind[kind]["pending"], kind=kind)
+        runtime.metrics.set("nightcrew_effects_dead", by_kind[kind]["dead"], kind=kind)
+    report.pending = {k: v["pending"] for k, v in by_kind.items()}
+    report.dead_by_kind = {k: v["dead"] for k, v in by_kind.items()}
+    return report

@@ -1,0 +1,220 @@
+"""The effects outbox: record an effect in the caller's transaction, claim it, settle it.
+
+An effect is owed the moment the state change that owes it commits, so it is written in that
+same transaction: a crash between the commit and the send loses nothing. Claims are
+conditional and leased (``next_attempt_at`` moves past the delivery's time limit), so across
+any number of replicas one effect has at most one delivery in flight.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from nightcrew.db.database import Database, Tx, json_param
+from nightcrew.db.queries import load_queries
+
+SQL = load_queries(__file__)
+
+Kind = Literal["queue", "mail", "billing_resume", "feed_invalidate"]
+KINDS: tuple[Kind, ...] = ("queue", "mail", "billing_resume", "feed_invalidate")
+
+# Retries: 30 s doubling to a cap of 30 min, each delay scaled by a jitter in [0.8, 1.2).
+RETRY_BASE_SECONDS = 30
+RETRY_CAP_SECONDS = 30 * 60
+# An effect not confirmed within this long is given up (dead): inside the 24-hour window in
+# which Resend and Stripe honour an idempotency key, so a retry is never a second email or a
+# second billing change.
+EFFECT_MAX_AGE = timedelta(hours=20)
+# A claim's lease: longer than any delivery may take (DELIVERY_TIMEOUT_SECONDS in deliver.py,
+# plus the drain's time budget), so no second delivery starts while one is in flight.
+CLAIM_LEASE = timedelta(minutes=10)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Effect:
+    id: int
+    kind: Kind
+    key: str
+    payload: dict[str, Any]
+    created_at: datetime
+    expires_at: datetime
+    attempts: int = 0
+    last_error: str | None = None
+    delivered_at: datetime | None = None
+    dead_at: datetime | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self.delivered_at is not None or self.dead_at is not None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Effect:
+        return cls(
+            id=int(row["id"]),
+            kind=row["kind"],
+            key=row["key"],
+            payload=dict(row["payload"]),
+            created_at=row["created_at"],
+            expires_at=row["expires_at"],
+            attempts=int(row["attempts"]),
+            last_error=row["last_error"],
+            delivered_at=row["delivered_at"],
+            dead_at=row["dead_at"],
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "key": self.key,
+            "payload": self.payload,
+            "created_at": self.created_at.isoformat(),
+            "expires_at": self.expires_at.isoformat(),
+            "attempts": self.attempts,
+            "last_error": self.last_error,
+            "delivered_at": self.delivered_at.isoformat() if self.delivered_at else None,
+            "dead_at": self.dead_at.isoformat() if self.dead_at else None,
+        }
+
+
+async def record(
+    tx: Database | Tx, *, kind: Kind, key: str, payload: dict[str, Any], now: datetime
+) -> Effect:
+    """Owe an effect, inside the caller's transaction. The same (kind, key) twice is one
+    effect: the second call returns the first one's row, delivered or not."""
+    row = await tx.fetch_one(
+        SQL["record"],
+        {
+            "kind": kind,
+            "key": key,
+            "payload": json_param(payload),
+            "now": now,
+            "expires_at": now + EFFECT_MAX_AGE,
+        },
+    )
+    if row is None:
+        row = await tx.fetch_one(SQL["by_key"], {"kind": kind, "key": key})
+        assert row is not None  # the conflicting row exists: it is what stopped the insert
+    return Effect.from_row(row)
+
+
+async def claim_due(
+    db: Database, now: datetime, *, limit: int, kinds: Sequence[str] | None = None
+) -> list[Effect]:
+    rows = await db.fetch(
+        SQL["claim_due"],
+        {
+            "now": now,
+            "lease_until": now + CLAIM_LEASE,
+            "limit": limit,
+            "kinds": list(kinds) if kinds is not None else None,
+        },
+    )
+    return [Effect.from_row(r) for r in rows]
+
+
+async def claim_ids(db: Database, ids: Sequence[int], now: datetime) -> list[Effect]:
+    if not ids:
+        return []
+    rows = await db.fetch(
+        SQL["claim_ids"], {"ids": list(ids), "now": now, "lease_until": now + CLAIM_LEASE}
+    )
+    return [Effect.from_row(r) for r in rows]
+
+
+Settlement = Literal["delivered", "retry", "dead", "released"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Settle:
+    effect_id: int
+    outcome: Settlement
+    next_attempt_at: datetime | None = None
+    error: str | None = None
+
+
+async def settle(db: Database, settles: Sequence[Settle], now: datetime) -> None:
+    """Record a batch of outcomes in one statement."""
+    if not settles:
+        return
+    await db.execute(
+        SQL["settle"],
+        {
+            "now": now,
+            "ids": [s.effect_id for s in settles],
+            "outcomes": [s.outcome for s in settles],
+            "next_at": [s.next_attempt_at for s in settles],
+            "errors": [s.error for s in settles],
+        },
+    )
+
+
+def retry_delay(effect_id: int, attempts: int) -> timedelta:
+    """Backoff after ``attempts`` failed attempts: 30 s, 60 s, 120 s, … capped at 30 min, with
+    a jitter derived from the effect and the attempt, so replicas and effects that failed
+    together spread out, and a test can predict it."""
+    base = min(RETRY_BASE_SECONDS * 2 ** max(attempts - 1, 0), RETRY_CAP_SECONDS)
+    digest = hashlib.blake2b(f"{effect_id}:{attempts}".encode(), digest_size=2).digest()
+    jitter = 0.8 + 0.4 * int.from_bytes(digest, "big") / 65536
+    return timedelta(seconds=base * jitter)
+
+
+async def counts(db: Database) -> dict[str, dict[str, int]]:
+    """``{kind: {"pending": n, "dead": m}}`` for every kind, zeros included."""
+    out: dict[str, dict[str, int]] = {kind: {"pending": 0, "dead": 0} for kind in KINDS}
+    for row in await db.fetch(SQL["counts"]):
+        out[row["kind"]] = {"pending": int(row["pending"]), "dead": int(row["dead"])}
+    return out
+
+
+async def list_undelivered(
+    db: Database, *, kind: str | None = None, dead: bool | None = None, limit: int = 1000
+) -> list[Effect]:
+    rows = await db.fetch(SQL["list"], {"kind": kind, "dead": dead, "limit": limit})
+    return [Effect.from_row(r) for r in rows]
+
+
+async def get(db: Database, effect_id: int) -> Effect | None:
+    row = await db.fetch_one(SQL["get"], {"id": effect_id})
+    return Effect.from_row(row) if row else None
+
+
+async def retry(
+    db: Database,
+    now: datetime,
+    *,
+    ids: Sequence[int] = (),
+    all_dead: bool = False,
+    kind: str | None = None,
+) -> list[dict[str, Any]]:
+    """Make undelivered effects due now, with a fresh maximum age; returns what was re-driven."""
+    return await db.fetch(
+        SQL["retry"],
+        {
+            "ids": list(ids),
+            "all_dead": all_dead,
+            "kind": kind,
+            "now": now,
+            "expires_at": now + EFFECT_MAX_AGE,
+        },
+    )
+
+
+async def drop(db: Database, effect_id: int) -> dict[str, Any] | None:
+    """Forget an undelivered effect for good; returns the row that was dropped."""
+    return await db.fetch_one(SQL["drop"], {"id": effect_id})
+
+
+async def purge_delivered(db: Database, before: datetime, *, limit: int) -> int:
+    return await db.execute(SQL["purge_delivered"], {"before": before, "limit": limit})
+
+
+async def adopt_feed_outbox(db: Database, now: datetime, *, limit: int) -> int:
+    """Give every undelivered ``feed_invalidation_outbox`` intent an effect that drives it."""
+    return await db.execute(
+        SQL["adopt_feed_outbox"], {"now": now, "expires_at": now + EFFECT_MAX_AGE, "limit": limit}
+    )

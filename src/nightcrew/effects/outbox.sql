@@ -1,0 +1,111 @@
+-- nightcrew.effects: the outbox of every effect that leaves the database.
+
+-- name: record
+-- Inside the caller's transaction. One effect per (kind, key): a second caller owing the same
+-- effect (the other entry point, a re-run) gets the existing row instead of a second send.
+INSERT INTO nightcrew.effects (kind, key, payload, created_at, next_attempt_at, expires_at)
+VALUES (%(kind)s, %(key)s, %(payload)s, %(now)s, %(now)s, %(expires_at)s)
+ON CONFLICT ON CONSTRAINT effects_one_per_key DO NOTHING
+RETURNING *;
+
+-- name: by_key
+SELECT * FROM nightcrew.effects WHERE kind = %(kind)s AND key = %(key)s;
+
+-- name: claim_due
+-- Due effects, oldest due first. The claim pushes next_attempt_at past the delivery's time
+-- limit (the in-flight lease): no other drain, on any replica, takes them meanwhile; a
+-- process killed mid-delivery leaves them due again when the lease runs out.
+UPDATE nightcrew.effects e
+   SET attempts = e.attempts + 1, last_attempt_at = %(now)s, next_attempt_at = %(lease_until)s
+ WHERE e.id IN (SELECT id FROM nightcrew.effects
+                 WHERE delivered_at IS NULL AND dead_at IS NULL
+                   AND next_attempt_at <= %(now)s
+                   AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+                 ORDER BY next_attempt_at, id
+                 LIMIT %(limit)s
+                   FOR UPDATE SKIP LOCKED)
+RETURNING e.*;
+
+-- name: claim_ids
+-- The first attempt, right after the commit that recorded them (same lease as claim_due):
+-- whichever of this caller and a concurrent drain claims first delivers.
+UPDATE nightcrew.effects e
+   SET attempts = e.attempts + 1, last_attempt_at = %(now)s, next_attempt_at = %(lease_until)s
+ WHERE e.id IN (SELECT id FROM nightcrew.effects
+                 WHERE id = ANY(%(ids)s::bigint[])
+                   AND delivered_at IS NULL AND dead_at IS NULL
+                   AND next_attempt_at <= %(now)s
+                   FOR UPDATE SKIP LOCKED)
+RETURNING e.*;
+
+-- name: settle
+-- Every outcome of a batch in one statement. 'released' gives a claim back untried (the drain
+-- ran out of time before starting it).
+UPDATE nightcrew.effects e
+   SET delivered_at = CASE WHEN u.outcome = 'delivered' THEN %(now)s END,
+       dead_at = CASE WHEN u.outcome = 'dead' THEN %(now)s END,
+       next_attempt_at = coalesce(u.next_at, e.next_attempt_at),
+       attempts = CASE WHEN u.outcome = 'released' THEN e.attempts - 1 ELSE e.attempts END,
+       last_error = CASE WHEN u.outcome = 'released' THEN e.last_error ELSE u.error END
+  FROM unnest(%(ids)s::bigint[], %(outcomes)s::text[], %(next_at)s::timestamptz[],
+              %(errors)s::text[]) AS u (id, outcome, next_at, error)
+ WHERE e.id = u.id AND e.delivered_at IS NULL AND e.dead_at IS NULL;
+
+-- name: counts
+-- Pending and dead per kind: the undelivered partial index, never the delivered history.
+SELECT kind,
+       count(*) FILTER (WHERE dead_at IS NULL) AS pending,
+       count(*) FILTER (WHERE dead_at IS NOT NULL) AS dead
+  FROM nightcrew.effects
+ WHERE delivered_at IS NULL
+ GROUP BY kind;
+
+-- name: list
+SELECT id, kind, key, payload, created_at, next_attempt_at, expires_at, attempts,
+       last_attempt_at, last_error, delivered_at, dead_at
+  FROM nightcrew.effects
+ WHERE delivered_at IS NULL
+   AND (%(dead)s::boolean IS NULL OR (dead_at IS NOT NULL) = %(dead)s)
+   AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+ ORDER BY id
+ LIMIT %(limit)s;
+
+-- name: get
+SELECT * FROM nightcrew.effects WHERE id = %(id)s;
+
+-- name: retry
+-- Re-drive undelivered effects now, with a fresh maximum age. A delivered one is left alone.
+UPDATE nightcrew.effects
+   SET dead_at = NULL, next_attempt_at = %(now)s, expires_at = %(expires_at)s
+ WHERE delivered_at IS NULL
+   AND (id = ANY(%(ids)s::bigint[])
+        OR (%(all_dead)s AND dead_at IS NOT NULL
+            AND (%(kind)s::text IS NULL OR kind = %(kind)s)))
+RETURNING id, kind, key;
+
+-- name: drop
+DELETE FROM nightcrew.effects WHERE id = %(id)s AND delivered_at IS NULL
+RETURNING id, kind, key, payload, attempts, last_error, dead_at;
+
+-- name: purge_delivered
+-- Retention: delivered rows older than the cut-off, a bounded batch per call.
+DELETE FROM nightcrew.effects
+ WHERE id IN (SELECT id FROM nightcrew.effects
+               WHERE delivered_at IS NOT NULL AND delivered_at < %(before)s
+               ORDER BY delivered_at
+               LIMIT %(limit)s);
+
+-- name: adopt_feed_outbox
+-- Undelivered feed_invalidation_outbox intents that no effect drives yet (written by the
+-- platform itself, or before this table existed): one feed_invalidate effect each.
+INSERT INTO nightcrew.effects (kind, key, payload, created_at, next_attempt_at, expires_at)
+SELECT 'feed_invalidate', 'feed_invalidate:' || f.id,
+       jsonb_build_object('podcast_id', f.podcast_id, 'outbox_id', f.id),
+       %(now)s, %(now)s, %(expires_at)s
+  FROM public.feed_invalidation_outbox f
+ WHERE f.delivered_at IS NULL
+   AND NOT EXISTS (SELECT 1 FROM nightcrew.effects e
+                    WHERE e.kind = 'feed_invalidate' AND e.key = 'feed_invalidate:' || f.id)
+ ORDER BY f.created_at
+ LIMIT %(limit)s
+ON CONFLICT ON CONSTRAINT effects_one_per_key DO NOTHING;
