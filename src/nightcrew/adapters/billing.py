@@ -37,13 +37,20 @@ class Billing(Protocol):
 class StripeBilling:
     configured = True
 
-    def __init__(self, api_key: str, *, api_base: str | None = None) -> None:
-        self._http = stripe.HTTPXClient(timeout=REQUEST_TIMEOUT_SECONDS)
+    def __init__(
+        self,
+        api_key: str,
+        *,
+        api_base: str | None = None,
+        timeout: float = REQUEST_TIMEOUT_SECONDS,
+        max_network_retries: int = MAX_NETWORK_RETRIES,
+    ) -> None:
+        self._http = stripe.HTTPXClient(timeout=timeout)
         self._client = stripe.StripeClient(
             api_key,
             base_addresses={"api": api_base} if api_base else {},
             http_client=self._http,
-            max_network_retries=MAX_NETWORK_RETRIES,
+            max_network_retries=max_network_retries,
         )
 
     async def find_subscription_id(self, customer_id: str) -> str | None:

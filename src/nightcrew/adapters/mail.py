@@ -59,8 +59,10 @@ class ResendMailer:
         api_base: str,
         api_key: str | None,
         from_email: str | None,
+        timeout: httpx.Timeout = TIMEOUT,
     ) -> None:
         self._client = client
+        self._timeout = timeout
         self._base = api_base.rstrip("/")
         self._key = api_key
         self._from = from_email
@@ -89,7 +91,7 @@ class ResendMailer:
                     "Authorization": f"Bearer {self._key}",
                     "Idempotency-Key": email.idempotency_key,
                 },
-                timeout=TIMEOUT,
+                timeout=self._timeout,
             )
         except httpx.HTTPError as exc:
             return SendResult(outcome="transient", error=describe_error(exc))

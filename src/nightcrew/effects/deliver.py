@@ -42,6 +42,8 @@ DELIVERY_TIMEOUT_SECONDS = 60
 DRAIN_BATCH = 100
 DRAIN_CONCURRENCY = 16
 DRAIN_BUDGET_SECONDS = 40.0
+# The first attempts after a commit start within this long; the rest are left to the drain.
+FIRST_ATTEMPT_BUDGET_SECONDS = 60.0
 # Undelivered feed_invalidation_outbox rows given an effect per run.
 ADOPT_FEED_OUTBOX_MAX = 500
 # Delivered effects are kept this long for inspection, then purged (a bounded batch per run).
@@ -255,7 +257,9 @@ async def _deliver_claimed(
         async with gate:
             if deadline is not None and time.monotonic() > deadline:
                 report.released += 1
-                settles[effect.id] = Settle(effect_id=effect.id, outcome="released")
+                settles[effect.id] = Settle(
+                    effect_id=effect.id, outcome="released", next_attempt_at=now
+                )
                 return
             delivery = await deliver(runtime, effect, now)
         deliveries[effect.id] = delivery
@@ -285,7 +289,14 @@ async def deliver_now(runtime: Runtime, clock: Clock, effects: Sequence[Effect])
     claimed = await outbox.claim_ids(
         runtime.db, [e.id for e in effects if not e.settled], clock.now()
     )
-    done = await _deliver_claimed(runtime, clock, claimed, report, log_delivered=False)
+    done = await _deliver_claimed(
+        runtime,
+        clock,
+        claimed,
+        report,
+        deadline=time.monotonic() + FIRST_ATTEMPT_BUDGET_SECONDS,
+        log_delivered=False,
+    )
     out: list[Delivery] = []
     for effect in effects:
         if effect.id in done:
@@ -300,8 +311,8 @@ async def deliver_now(runtime: Runtime, clock: Clock, effects: Sequence[Effect])
                 out.append(_delivered(earlier=True))
             elif current is not None and current.dead_at is not None:
                 out.append(_failed(current.last_error or "dead", permanent=True))
-            else:
-                out.append(_failed("being delivered by another run", permanent=False))
+            else:  # in flight elsewhere, or left to the drain by the time budget
+                out.append(_failed("left to deliverEffects", permanent=False))
     return out
 
 

@@ -29,9 +29,11 @@ RETRY_CAP_SECONDS = 30 * 60
 # which Resend and Stripe honour an idempotency key, so a retry is never a second email or a
 # second billing change.
 EFFECT_MAX_AGE = timedelta(hours=20)
-# A claim's lease: longer than any delivery may take (DELIVERY_TIMEOUT_SECONDS in deliver.py,
-# plus the drain's time budget), so no second delivery starts while one is in flight.
-CLAIM_LEASE = timedelta(minutes=10)
+# A claim's lease: longer than a claim can stay in flight (a delivery starts within the drain's
+# or the first attempt's time budget and takes at most DELIVERY_TIMEOUT_SECONDS, see
+# deliver.py), so no second delivery starts while one is in flight. It is also how long an
+# attempt cut short by a crash waits before the drain takes it again.
+CLAIM_LEASE = timedelta(minutes=5)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
