@@ -53,7 +53,7 @@ class Metrics:
 
     def set(self, name: str, value: float, **labels: str) -> None:
         self._check(name, "gauge")
-        self._values.setdefault(name, {})[_labels(labels)] = value
+        self._values.setdefault(name, {})[_labels(labels)] = float(value)
 
     def value(self, name: str, **labels: str) -> float:
         return self._values.get(name, {}).get(_labels(labels), 0.0)

@@ -1,0 +1,590 @@
+"""The effects outbox against real PostgreSQL and loopback stand-ins that fail on command.
+
+Each of issue 9's five losses happens for real here (a Resend, a Stripe, a feed worker that
+answer 500 or 429 or hang, a PostgreSQL queue that refuses one queue); each test shows the
+effect delivered after the stand-in recovers, by a minute-lane run, once, with the same key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+from structlog.testing import capture_logs
+from werkzeug import Request, Response
+
+from nightcrew.adapters.billing import StripeBilling
+from nightcrew.adapters.feedcache import HttpFeedCache
+from nightcrew.adapters.mail import ResendMailer
+from nightcrew.adapters.queues import PUBLIC_API_INVALIDATION
+from nightcrew.clock import FrozenClock
+from nightcrew.db.database import Database
+from nightcrew.effects import outbox
+from nightcrew.effects.deliver import deliver_effects
+from nightcrew.lifecycle.lanes import run_lane
+from nightcrew.lifecycle.overage import idempotency_key, run_overage_escalation
+from nightcrew.lifecycle.pauses import billing_resume_key, reactivate_expired_pauses
+from nightcrew.runtime import Runtime
+from tests import factories as f
+from tests.acceptance.test_cli import _env, _nightcrew, run
+from tests.conftest import NOW, make_runtime
+from tests.support.servers import RecordingServer, stripe_responder
+
+DAY = timedelta(days=1)
+MINUTE = timedelta(minutes=1)
+CLIENT_TIMEOUT = httpx.Timeout(0.3)
+
+
+class Resend:
+    """A Resend stand-in with Resend's idempotency: a key seen before is answered from its
+    record and not delivered again. ``mode``: ok, 500, 429, hang (the email IS accepted, but
+    the answer comes after the client's timeout), down (hang without accepting)."""
+
+    def __init__(self, server: RecordingServer) -> None:
+        self.server = server
+        self.mode = "ok"
+        self.delivered: Counter[str] = Counter()  # emails that reached an inbox, by key
+        server.responder = self._respond
+
+    @property
+    def keys(self) -> list[str]:
+        return [r.headers["Idempotency-Key"] for r in self.server.requests]
+
+    def _respond(self, request: Request) -> Response | tuple[int, dict[str, Any]]:
+        key = request.headers["Idempotency-Key"]
+        if self.mode in ("500", "429"):
+            return int(self.mode), {"name": "error", "message": f"answering {self.mode}"}
+        if self.mode == "down":
+            time.sleep(0.6)
+            return 503, {}
+        if key not in self.delivered:
+            self.delivered[key] += 1
+        if self.mode == "hang":
+            time.sleep(0.6)
+        return 200, {"id": f"email-{key}"}
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient() as client:
+        yield client
+
+
+@pytest.fixture
+def resend(resend_server: RecordingServer) -> Resend:
+    return Resend(resend_server)
+
+
+def _runtime(
+    db: Database,
+    clock: FrozenClock,
+    url: str,
+    http: httpx.AsyncClient,
+    resend: Resend,
+    feed: RecordingServer,
+    **adapters: Any,
+) -> Runtime:
+    return make_runtime(
+        db,
+        clock,
+        url,
+        mail=ResendMailer(
+            http,
+            api_base=resend.server.url,
+            api_key="re_test",
+            from_email="billing@podcasts.example",
+            timeout=CLIENT_TIMEOUT,
+        ),
+        feedcache=HttpFeedCache(http, feed.url, "feed-secret", wait_timeout=CLIENT_TIMEOUT),
+        **adapters,
+    )
+
+
+async def _account(db: Database, podcasts: int = 2) -> tuple[str, list[str]]:
+    await db.execute(
+        "INSERT INTO public.plan_limits VALUES ('starter', 'podcasts_per_account', 1),"
+        " ('starter', 'storage_gb_per_account', 1) ON CONFLICT DO NOTHING"
+    )
+    owner = await f.user(db, email="owner@example.test")
+    account = await f.account(db, plan="starter", owner_user_id=owner)
+    await db.execute(
+        "INSERT INTO public.user_profiles (id, email, billing_account_id)"
+        " VALUES (%(u)s, 'owner@example.test', %(a)s)",
+        {"u": owner, "a": account},
+    )
+    ids = [
+        await f.podcast(db, billing_account_id=account, created_at=NOW - (100 - n) * DAY)
+        for n in range(podcasts)
+    ]
+    return account, ids
+
+
+async def _at_final_warning(db: Database, account: str, now: datetime) -> None:
+    """Armed 31 days ago, final warning sent 4 days ago: the next run suspends."""
+    await db.execute(
+        "UPDATE public.billing_accounts SET content_overage_since = %(s)s,"
+        " content_overage_deadline = %(d)s, content_overage_nag_stage = 3,"
+        " content_overage_last_nag_at = %(l)s WHERE id = %(a)s",
+        {"s": now - 31 * DAY, "d": now - DAY, "l": now - 4 * DAY, "a": account},
+    )
+
+
+async def _refuse_queue(db: Database, queue: str) -> None:
+    """PostgreSQL itself refuses messages to one queue (a broken consumer's table, a full
+    partition): the in-database producer's INSERT fails for real."""
+    await db.execute(
+        "CREATE FUNCTION nightcrew.refuse() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN IF NEW.queue = TG_ARGV[0] THEN RAISE EXCEPTION 'queue % refused', NEW.queue;"
+        " END IF; RETURN NEW; END $$"
+    )
+    await db.execute(
+        "CREATE TRIGGER refuse BEFORE INSERT ON nightcrew.queue_messages FOR EACH ROW"
+        f" EXECUTE FUNCTION nightcrew.refuse('{queue}')"
+    )
+
+
+async def _accept_queues(db: Database) -> None:
+    await db.execute("DROP TRIGGER refuse ON nightcrew.queue_messages")
+
+
+async def _effects(db: Database, kind: str) -> list[dict[str, Any]]:
+    return await db.fetch(
+        "SELECT * FROM nightcrew.effects WHERE kind = %(k)s ORDER BY id", {"k": kind}
+    )
+
+
+async def _minute(runtime: Runtime, clock: FrozenClock, advance: timedelta) -> dict[str, Any]:
+    clock.advance(advance)
+    report = await run_lane(runtime, clock, "minute")
+    assert report is not None
+    return report.to_json()["jobs"]["deliverEffects"]
+
+
+# --- loss 1: the public-api invalidation of a suspended feed ----------------------------------
+async def test_a_refused_public_api_invalidation_is_delivered_once_the_queue_recovers(
+    db: Database,
+    fresh_db_url: str,
+    http: httpx.AsyncClient,
+    resend: Resend,
+    feed_server: RecordingServer,
+) -> None:
+    clock = FrozenClock(NOW)
+    runtime = _runtime(db, clock, fresh_db_url, http, resend, feed_server)
+    account, (_, newest) = await _account(db)
+    await _at_final_warning(db, account, NOW)
+    await _refuse_queue(db, PUBLIC_API_INVALIDATION)
+
+    report = await run_overage_escalation(runtime, clock)
+    assert report.suspended_podcasts == 1
+    [failed] = [e for e in report.errors if e["event"] == "overage_cache_invalidation_failed"]
+    assert failed["cache"] == "public-api" and failed["retried"] is True
+    assert "refused" in failed["error"]
+    assert await f.queue_messages(db, PUBLIC_API_INVALIDATION) == []
+
+    # Before: the stamp had committed, so no later run ever sent it. Now the minute lane does.
+    drained = await _minute(runtime, clock, MINUTE)
+    assert drained["effects_delivered"] == 0  # still refused: retried, not lost
+    await _accept_queues(db)
+    drained = await _minute(runtime, clock, 5 * MINUTE)
+    assert drained["effects_delivered"] == 1
+    [message] = await f.queue_messages(db, PUBLIC_API_INVALIDATION)
+    [effect] = [e for e in await _effects(db, "queue")]
+    assert message["body"] == {
+        "type": "podcast.suspended",
+        "podcast_id": newest,
+        "podcast_slug": message["body"]["podcast_slug"],
+        "effect_id": effect["id"],
+    }
+    assert effect["attempts"] == 3 and effect["delivered_at"] == clock.now()
+
+    await _minute(runtime, clock, DAY)  # and never again
+    await run_overage_escalation(runtime, clock)
+    assert len(await f.queue_messages(db, PUBLIC_API_INVALIDATION)) == 1
+
+
+# --- loss 2: the "restored" email --------------------------------------------------------------
+@pytest.mark.parametrize("failure", ["429", "500", "down"])
+async def test_the_restored_email_survives_resend_failing_and_arrives_once(
+    db: Database,
+    fresh_db_url: str,
+    http: httpx.AsyncClient,
+    resend: Resend,
+    feed_server: RecordingServer,
+    failure: str,
+) -> None:
+    clock = FrozenClock(NOW)
+    runtime = _runtime(db, clock, fresh_db_url, http, resend, feed_server)
+    account, _ = await _account(db)
+    await _at_final_warning(db, account, NOW)
+    await run_overage_escalation(runtime, clock)  # suspended
+    since = NOW - 31 * DAY
+    key = idempotency_key(account, since, "restored")
+
+    resend.mode = failure
+    await db.execute(  # support raises the cap: the next run restores
+        "INSERT INTO public.cap_overrides (billing_account_id, resource, limit_value)"
+        " VALUES (%(a)s, 'podcasts_per_account', 5)",
+        {"a": account},
+    )
+    clock.advance(DAY)
+    report = await run_overage_escalation(runtime, clock)
+    assert report.restored_accounts == 1 and report.emails_sent == 0
+    [failed] = [e for e in report.errors if e["event"] == "overage_email_failed"]
+    assert failed["transient"] is True
+    assert key not in resend.delivered
+
+    await _minute(runtime, clock, MINUTE)  # still failing
+    resend.mode = "ok"
+    await asyncio.sleep(0.7)  # the loopback server answers one request at a time
+    drained = await _minute(runtime, clock, 5 * MINUTE)
+    assert drained["effects_delivered"] == 1
+    assert resend.delivered[key] == 1
+    restored_keys = [k for k in resend.keys if k.endswith(":restored")]
+    assert len(restored_keys) == 3 and set(restored_keys) == {key}  # one key, every attempt
+    await _minute(runtime, clock, 30 * MINUTE)
+    await run_overage_escalation(runtime, clock)
+    assert len([k for k in resend.keys if k.endswith(":restored")]) == 3  # nothing more
+
+
+# --- loss 3: the Stripe billing resume -----------------------------------------------------------
+async def _paused(db: Database) -> tuple[str, str]:
+    owner = await f.user(db)
+    account = await f.account(
+        db,
+        owner_user_id=owner,
+        billing_model="subscription",
+        stripe_customer_id="cus_1",
+        stripe_subscription_id="sub_1",
+    )
+    await db.execute(
+        "INSERT INTO public.user_profiles (id, email, billing_account_id)"
+        " VALUES (%(u)s, 'owner@example.test', %(a)s)",
+        {"u": owner, "a": account},
+    )
+    podcast = await f.podcast(
+        db,
+        billing_account_id=account,
+        status="paused",
+        paused_at=NOW - 30 * DAY,
+        pause_expires_at=NOW - MINUTE,
+    )
+    await db.execute(
+        "INSERT INTO public.podcast_members (podcast_id, user_id, role)"
+        " VALUES (%(p)s, %(u)s, 'owner')",
+        {"p": podcast, "u": owner},
+    )
+    return podcast, account
+
+
+def _stripe_updates(stripe: RecordingServer) -> list[str]:
+    return [
+        r.headers.get("Idempotency-Key", "")
+        for r in stripe.requests
+        if r.method == "POST" and r.path == "/v1/subscriptions/sub_1"
+    ]
+
+
+@pytest.mark.parametrize("status", [500, 429])
+async def test_a_failed_billing_resume_is_retried_until_stripe_confirms_it(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    stripe_server: RecordingServer,
+    status: int,
+) -> None:
+    podcast, account = await _paused(db)
+    stripe_server.responder = stripe_responder({}, fail_status=status)
+    billing = StripeBilling(
+        "sk_test_123", api_base=stripe_server.url, timeout=2, max_network_retries=0
+    )
+    runtime = make_runtime(db, clock, fresh_db_url, billing=billing)
+    try:
+        report = await reactivate_expired_pauses(runtime, clock)
+        assert report.counts()["billing_pending"] == 1
+        row = await db.fetch_one(
+            "SELECT status FROM public.podcasts WHERE id = %(p)s", {"p": podcast}
+        )
+        assert row == {"status": "active"}  # never re-enters the scan: the effect is the record
+
+        stripe_server.responder = stripe_responder({})  # Stripe recovers
+        drained = await _minute(runtime, clock, 2 * MINUTE)
+        assert drained["effects_delivered"] == 1
+    finally:
+        await billing.close()
+    key = billing_resume_key(podcast, NOW)
+    assert _stripe_updates(stripe_server) == [key, key]
+    [effect] = await _effects(db, "billing_resume")
+    assert effect["delivered_at"] == clock.now() and effect["payload"]["account_id"] == account
+    await _minute(runtime, clock, DAY)
+    assert len(_stripe_updates(stripe_server)) == 2
+
+
+# --- loss 4: the feed-invalidation outbox without R2_PUBLIC_URL ---------------------------------
+async def test_the_feed_outbox_is_drained_by_the_minute_lane_without_r2_public_url(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    http: httpx.AsyncClient,
+    feed_server: RecordingServer,
+) -> None:
+    podcast = await f.podcast(db)
+    # an intent the platform itself wrote (or one written before effects existed)
+    await db.execute(
+        "INSERT INTO public.feed_invalidation_outbox (podcast_id, reason, created_at)"
+        " VALUES (%(p)s, 'episode_published', %(t)s)",
+        {"p": podcast, "t": NOW - DAY},
+    )
+    runtime = make_runtime(
+        db, clock, fresh_db_url, feedcache=HttpFeedCache(http, feed_server.url, "feed-secret")
+    )
+    assert runtime.settings.r2_public_url is None
+    daily = await run_lane(runtime, clock, "daily")
+    assert daily is not None
+    [reconcile] = [j for j in daily.jobs if j.name == "runReconcile"]
+    assert reconcile.status == "skipped"
+
+    feed_server.status = 500
+    await _minute(runtime, clock, MINUTE)
+    feed_server.status = 200
+    drained = await _minute(runtime, clock, 5 * MINUTE)
+    assert drained["effects_delivered"] == 1
+    [row] = await db.fetch(
+        "SELECT delivered_at, attempts, last_error FROM public.feed_invalidation_outbox"
+    )
+    assert row == {"delivered_at": clock.now(), "attempts": 2, "last_error": None}
+    assert [(c.query, c.json()) for c in feed_server.requests] == 2 * [
+        ({"wait": "1"}, {"id": podcast})
+    ]
+    await _minute(runtime, clock, MINUTE)
+    assert len(feed_server.requests) == 2
+
+
+# --- loss 5: a send delivered but answered too late ---------------------------------------------
+async def test_a_timed_out_but_delivered_email_is_retried_within_minutes_with_the_same_key(
+    db: Database,
+    fresh_db_url: str,
+    http: httpx.AsyncClient,
+    resend: Resend,
+    feed_server: RecordingServer,
+) -> None:
+    clock = FrozenClock(NOW)
+    runtime = _runtime(db, clock, fresh_db_url, http, resend, feed_server)
+    account, _ = await _account(db)
+    resend.mode = "hang"  # Resend takes the email, then answers after our timeout
+    report = await run_overage_escalation(runtime, clock)
+    assert report.armed == 1 and report.emails_sent == 0 and report.claims == []
+    key = idempotency_key(account, NOW, 0)
+    assert resend.delivered[key] == 1
+
+    resend.mode = "ok"
+    await asyncio.sleep(0.7)  # the loopback server answers one request at a time
+    await _minute(runtime, clock, MINUTE)
+    [effect] = await _effects(db, "mail")
+    assert effect["delivered_at"] is not None and effect["attempts"] == 2
+    # the retry came a minute after the first attempt, not a day (Resend keeps a key 24 h)
+    assert effect["last_attempt_at"] - effect["created_at"] == MINUTE
+    assert resend.keys == [key, key] and resend.delivered[key] == 1  # one email in the inbox
+
+    clock.advance(DAY)  # the next daily run claims the stage without sending again
+    report = await run_overage_escalation(runtime, clock)
+    assert report.claims == [{"account_id": account, "stage": 0}] and report.emails_sent == 0
+    assert resend.keys == [key, key]
+
+
+# --- a crash between the state change and the first send ----------------------------------------
+def _hanging_stripe(server: RecordingServer, seconds: float) -> Callable[[Request], Any]:
+    healthy = stripe_responder({})
+
+    def respond(request: Request) -> Any:
+        if request.method == "POST":
+            time.sleep(seconds)
+        return healthy(request)
+
+    return respond
+
+
+async def test_sigkill_after_the_commit_loses_no_billing_resume(
+    db: Database, fresh_db_url: str, stripe_server: RecordingServer
+) -> None:
+    podcast, _ = await _paused(db)
+    stripe_server.responder = _hanging_stripe(stripe_server, 4.0)
+    env = _env(
+        DATABASE_URL=fresh_db_url,
+        STRIPE_SECRET_KEY="sk_test_123",
+        STRIPE_API_BASE=stripe_server.url,
+    )
+    daily = await asyncio.create_subprocess_exec(
+        _nightcrew(),
+        *("lifecycle", "run", "daily", "--now", NOW.isoformat()),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # reactivated, committed, its first send under way
+            if _stripe_updates(stripe_server):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail("the daily run never reached Stripe")
+        os.kill(daily.pid, signal.SIGKILL)
+    finally:
+        await asyncio.wait_for(daily.wait(), timeout=10)
+    row = await db.fetch_one("SELECT status FROM public.podcasts WHERE id = %(p)s", {"p": podcast})
+    assert row == {"status": "active"}
+    [effect] = await _effects(db, "billing_resume")
+    assert effect["delivered_at"] is None and effect["attempts"] == 1
+
+    await asyncio.sleep(4.5)  # the stand-in finishes the request it was holding
+    stripe_server.responder = stripe_responder({})
+    # the next minute run after the claim's lease (5 minutes) delivers it
+    minute = run(
+        "lifecycle",
+        "run",
+        "minute",
+        "--json",
+        "--now",
+        (NOW + outbox.CLAIM_LEASE + MINUTE).isoformat(),
+        env=env,
+    )
+    assert minute.returncode == 0, minute.stderr
+    [effect] = await _effects(db, "billing_resume")
+    assert effect["delivered_at"] is not None and effect["attempts"] == 2
+    key = billing_resume_key(podcast, NOW)
+    assert _stripe_updates(stripe_server) == [key, key]  # Stripe sees one resume, twice asked
+
+
+# --- two drains at once ------------------------------------------------------------------------
+async def test_two_minute_lanes_in_parallel_never_deliver_an_effect_twice(
+    db: Database,
+    fresh_db_url: str,
+    http: httpx.AsyncClient,
+    resend: Resend,
+    feed_server: RecordingServer,
+) -> None:
+    async with db.transaction() as tx:
+        for n in range(150):
+            await outbox.record(
+                tx,
+                kind="mail",
+                key=f"parallel:{n}",
+                payload={"to": "a@example.test", "subject": "s", "text": "t", "html": "h"},
+                now=NOW,
+            )
+    other = await Database.open(fresh_db_url)
+    try:
+        clock_a, clock_b = FrozenClock(NOW + MINUTE), FrozenClock(NOW + MINUTE)
+        a = _runtime(db, clock_a, fresh_db_url, http, resend, feed_server)
+        b = _runtime(other, clock_b, fresh_db_url, http, resend, feed_server)
+        first, second = await asyncio.gather(
+            deliver_effects(a, clock_a), deliver_effects(b, clock_b)
+        )
+    finally:
+        await other.close()
+    assert first.delivered + second.delivered == 150
+    assert first.delivered > 0 and second.delivered > 0  # both really worked
+    assert Counter(resend.keys) == Counter({f"parallel:{n}": 1 for n in range(150)})
+
+
+# --- dead letters ------------------------------------------------------------------------------
+async def test_an_effect_that_keeps_failing_dies_at_its_maximum_age_and_retry_delivers_it(
+    db: Database,
+    fresh_db_url: str,
+    http: httpx.AsyncClient,
+    resend: Resend,
+    feed_server: RecordingServer,
+) -> None:
+    clock = FrozenClock(NOW)
+    runtime = _runtime(db, clock, fresh_db_url, http, resend, feed_server)
+    resend.mode = "500"
+    async with db.transaction() as tx:
+        effect = await outbox.record(
+            tx,
+            kind="mail",
+            key="overage:acct:1:0",
+            payload={"to": "owner@example.test", "subject": "s", "text": "t", "html": "<p>h</p>"},
+            now=NOW,
+        )
+    attempts_at: list[datetime] = []
+    with capture_logs() as logs:
+        while clock.now() < NOW + outbox.EFFECT_MAX_AGE + DAY:
+            row = await outbox.get(db, effect.id)
+            assert row is not None
+            if row.dead_at is not None:
+                break
+            before = len(resend.keys)
+            await deliver_effects(runtime, clock)
+            if len(resend.keys) > before:
+                attempts_at.append(clock.now())
+            clock.advance(MINUTE)
+    dead = await outbox.get(db, effect.id)
+    assert dead is not None and dead.dead_at is not None and dead.delivered_at is None
+    assert "expired" in (dead.last_error or "") and "500" in (dead.last_error or "")
+    [died] = [e for e in logs if e["event"] == "effects_dead"]
+    assert died["effect_id"] == effect.id and died["log_level"] == "warning"
+    # backoff: 30 s doubling to 30 min (±20 %), never past the maximum age
+    gaps = [b - a for a, b in itertools.pairwise(attempts_at)]
+    assert gaps[0] <= 2 * MINUTE and max(gaps) <= 37 * MINUTE and gaps[-1] >= 20 * MINUTE
+    assert attempts_at[-1] < NOW + outbox.EFFECT_MAX_AGE
+
+    env = _env(
+        DATABASE_URL=fresh_db_url,
+        RESEND_API_KEY="re_test",
+        RESEND_FROM_EMAIL="billing@podcasts.example",
+        RESEND_API_BASE=resend.server.url,
+    )
+    listed = run("effects", "list", "--dead", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    [shown] = json.loads(listed.stdout)
+    assert shown["id"] == effect.id and shown["dead_at"] is not None
+    human = run("effects", "list", "--dead", env=env)
+    assert "nightcrew effects retry" in human.stdout and "overage:acct:1:0" in human.stdout
+
+    resend.mode = "ok"
+    retried = run("effects", "retry", str(effect.id), env=env)
+    assert retried.returncode == 0, retried.stderr
+    assert "delivered" in retried.stdout
+    assert resend.delivered["overage:acct:1:0"] == 1
+    assert json.loads(run("effects", "list", "--dead", "--json", env=env).stdout) == []
+
+    again = run("effects", "retry", str(effect.id), env=env)  # delivered: nothing to re-drive
+    assert again.returncode == 1 and "no undelivered effect" in again.stderr
+    bad = run("effects", "retry", env=env)
+    assert bad.returncode == 2 and "give an effect ID or --dead" in bad.stderr
+
+
+async def test_drop_forgets_an_undelivered_effect_and_metrics_count_by_kind(
+    db: Database, fresh_db_url: str, runtime: Runtime, clock: FrozenClock
+) -> None:
+    async with db.transaction() as tx:
+        doomed = await outbox.record(
+            tx, kind="queue", key="q:1", payload={"queue": "", "body": {}}, now=NOW
+        )
+        await outbox.record(
+            tx, kind="queue", key="q:2", payload={"queue": "x", "body": {}}, now=NOW
+        )
+    clock.advance(MINUTE)
+    report = await deliver_effects(runtime, clock)
+    assert report.delivered == 1 and report.retried == 1  # an empty queue name is refused
+    assert runtime.metrics.value("nightcrew_effects_pending", kind="queue") == 1
+    assert runtime.metrics.value("nightcrew_effects_delivered_total", kind="queue") == 1
+    rendered = runtime.metrics.render()
+    assert 'nightcrew_effects_pending{kind="mail"} 0' in rendered
+
+    env = _env(DATABASE_URL=fresh_db_url)
+    dropped = run("effects", "drop", str(doomed.id), env=env)
+    assert dropped.returncode == 0 and "dropped effect" in dropped.stdout
+    assert await outbox.get(db, doomed.id) is None
+    assert run("effects", "drop", str(doomed.id), env=env).returncode == 1
