@@ -197,6 +197,7 @@ REQUIRED_INDEXES: dict[str, str] = {
 # Without these the sweeps still work but scan whole tables every tick.
 RECOMMENDED_INDEXES: dict[str, str] = {
     "idx_effects_due": "nightcrew.effects",
+    "idx_feed_invalidation_outbox_pending": "public.feed_invalidation_outbox",
     "idx_import_items_active": "public.import_items",
     "idx_podcast_imports_running": "public.podcast_imports",
     "idx_podcast_imports_stuck_preview": "public.podcast_imports",

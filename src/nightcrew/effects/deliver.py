@@ -74,8 +74,11 @@ def _failed(error: str, *, permanent: bool, **detail: Any) -> Delivery:
 
 
 # --- one attempt, by kind ----------------------------------------------------------------------
-async def deliver(runtime: Runtime, effect: Effect, now: datetime) -> Delivery:
-    """One attempt. Never raises: an unexpected failure is a transient outcome with its text."""
+async def deliver(
+    runtime: Runtime, effect: Effect, now: datetime, siblings: Sequence[Effect] = ()
+) -> Delivery:
+    """One attempt. Never raises: an unexpected failure is a transient outcome with its text.
+    ``siblings`` are effects that this one attempt settles too (see ``_same_delivery``)."""
     try:
         async with asyncio.timeout(DELIVERY_TIMEOUT_SECONDS):
             if effect.kind == "queue":
@@ -85,7 +88,7 @@ async def deliver(runtime: Runtime, effect: Effect, now: datetime) -> Delivery:
             if effect.kind == "billing_resume":
                 return await _billing(runtime, effect)
             if effect.kind == "feed_invalidate":
-                return await _feed(runtime, effect, now)
+                return await _feed(runtime, [effect, *siblings], now)
             return _failed(f"unknown effect kind {effect.kind!r}", permanent=True)
     except TimeoutError:
         return _failed(f"no answer within {DELIVERY_TIMEOUT_SECONDS} s", permanent=False)
@@ -141,20 +144,30 @@ async def _billing(runtime: Runtime, effect: Effect) -> Delivery:
     return _delivered(**resumed.to_json())
 
 
-async def _feed(runtime: Runtime, effect: Effect, now: datetime) -> Delivery:
-    podcast_id = str(effect.payload["podcast_id"])
-    # Every intent of the podcast owed before this call is settled by its confirmation; an
-    # intent that an earlier call already settled needs no call at all.
+async def _feed(runtime: Runtime, effects: Sequence[Effect], now: datetime) -> Delivery:
+    """One confirmable call per podcast, for every intent of it the given effects drive."""
+    podcast_id = str(effects[0].payload["podcast_id"])
+    # A confirmation settles every intent of the podcast owed before the call; intents that an
+    # earlier confirmation already settled need no call at all.
     owed = await feed_outbox.pending_for_podcast(runtime.db, podcast_id)
-    outbox_id = effect.payload.get("outbox_id")
-    if outbox_id and not runtime.dry_run and str(outbox_id) not in owed:
+    mine = [str(e.payload["outbox_id"]) for e in effects if e.payload.get("outbox_id")]
+    if mine and not runtime.dry_run and not set(mine) & set(owed):
         return _delivered(via="an earlier confirmed invalidation")
     result = await runtime.feedcache.invalidate(podcast_id, wait=True)
     if result.ok:
         await feed_outbox.mark_delivered(runtime.db, owed, now)
         return _delivered(status=result.status, intents=len(owed))
-    await feed_outbox.mark_failed(runtime.db, owed, result.error or "not confirmed")
-    return _failed(result.error or "not confirmed", permanent=result.permanent)
+    error = result.error or "not confirmed"
+    await feed_outbox.mark_failed(runtime.db, [i for i in mine if i in owed] or owed, error)
+    return _failed(error, permanent=result.permanent)
+
+
+def _same_delivery(effect: Effect) -> str:
+    """Effects that one attempt delivers together: a podcast's feed invalidations (a
+    confirmed call settles every intent of that podcast); every other effect is its own."""
+    if effect.kind == "feed_invalidate":
+        return f"feed_invalidate:{effect.payload['podcast_id']}"
+    return f"effect:{effect.id}"
 
 
 # --- settling ----------------------------------------------------------------------------------
@@ -246,28 +259,39 @@ async def _deliver_claimed(
     settles: dict[int, Settle] = {}
     deliveries: dict[int, Delivery] = {}
 
-    async def one(effect: Effect) -> None:
-        if effect.expires_at <= now:  # its window closed while it waited for a retry
-            delivery = _failed(effect.last_error or "never attempted", permanent=False)
-            settles[effect.id] = _settlement(
-                runtime, effect, delivery, now, report, log_delivered=log_delivered
-            )
-            deliveries[effect.id] = delivery
+    def settle_as(effect: Effect, delivery: Delivery, at: datetime) -> None:
+        deliveries[effect.id] = delivery
+        settles[effect.id] = _settlement(
+            runtime, effect, delivery, at, report, log_delivered=log_delivered
+        )
+
+    async def one(group: list[Effect]) -> None:
+        live = []
+        for effect in group:
+            if effect.expires_at <= now:  # its window closed while it waited for a retry
+                settle_as(
+                    effect, _failed(effect.last_error or "never attempted", permanent=False), now
+                )
+            else:
+                live.append(effect)
+        if not live:
             return
         async with gate:
             if deadline is not None and time.monotonic() > deadline:
-                report.released += 1
-                settles[effect.id] = Settle(
-                    effect_id=effect.id, outcome="released", next_attempt_at=now
-                )
+                for effect in live:
+                    report.released += 1
+                    settles[effect.id] = Settle(
+                        effect_id=effect.id, outcome="released", next_attempt_at=now
+                    )
                 return
-            delivery = await deliver(runtime, effect, now)
-        deliveries[effect.id] = delivery
-        settles[effect.id] = _settlement(
-            runtime, effect, delivery, clock.now(), report, log_delivered=log_delivered
-        )
+            delivery = await deliver(runtime, live[0], now, live[1:])
+        for effect in live:
+            settle_as(effect, delivery, clock.now())
 
-    await asyncio.gather(*(one(e) for e in claimed))
+    groups: dict[str, list[Effect]] = {}
+    for effect in claimed:
+        groups.setdefault(_same_delivery(effect), []).append(effect)
+    await asyncio.gather(*(one(g) for g in groups.values()))
     # Outcomes must be recorded even when the run is being cancelled: a lost 'delivered'
     # would make the next drain send it again.
     await asyncio.shield(outbox.settle(runtime.db, list(settles.values()), clock.now()))

@@ -171,7 +171,6 @@ def test_a_malformed_escape_anywhere_in_the_path_gives_null(
         ("https://other.example/podcasts/p/a.mp3", None),
         ("https://media.example.evil/podcasts/p/a.mp3", None),
         ("http://media.example/podcasts/p/a.mp3", None),
-        ("https://MEDIA.example/podcasts/p/a.mp3", None),
         ("https://media.example", None),
         ("podcasts/p/a.mp3", None),
         ("", None),
@@ -285,7 +284,7 @@ async def test_an_undecodable_url_protects_every_audio_object_of_its_podcast(
     w = await World(db, store).setup()
     other = await World(db, store).setup()
     unknown = await w.obj(w.key("something.mp3", episode="e2"), 10)
-    kept_image_sweep = await w.obj(w.key("old.jpg", episode="e3", kind="images"), 10)
+    stale_image = await w.obj(w.key("old.jpg", episode="e3", kind="images"), 10)
     theirs = await other.obj(other.key("stray.mp3"), 10)
     await f.episode(db, w.podcast, status="published", **{column: f"{BASE}/{w.key('bad%zz.mp3')}"})
     clock = later(days=8)
@@ -298,7 +297,7 @@ async def test_an_undecodable_url_protects_every_audio_object_of_its_podcast(
     # the undecodable URL is not a missing-object candidate (it cannot be HEAD-checked)
     assert report["missing"]["count"] == 0
     # an audio URL says nothing about images: the episode-image sweep still runs for it
-    assert not await w.exists(kept_image_sweep)
+    assert not await w.exists(stale_image)
 
 
 async def test_an_undecodable_cover_url_protects_the_podcasts_episode_images(
@@ -308,9 +307,7 @@ async def test_an_undecodable_cover_url_protects_the_podcasts_episode_images(
     other = await World(db, store).setup()
     image = await w.obj(w.key("cover.jpg", episode="e2", kind="images"), 10)
     theirs = await other.obj(other.key("cover.jpg", kind="images"), 10)
-    await f.episode(
-        db, w.podcast, cover_image_url=f"{BASE}/{w.key('c%C3.jpg', kind='images')}"
-    )
+    await f.episode(db, w.podcast, cover_image_url=f"{BASE}/{w.key('c%C3.jpg', kind='images')}")
     clock = later(days=8)
 
     report = await run_reconcile(
