@@ -588,3 +588,37 @@ async def test_drop_forgets_an_undelivered_effect_and_metrics_count_by_kind(
     assert dropped.returncode == 0 and "dropped effect" in dropped.stdout
     assert await outbox.get(db, doomed.id) is None
     assert run("effects", "drop", str(doomed.id), env=env).returncode == 1
+
+
+async def test_a_dry_run_of_the_minute_lane_delivers_nothing_and_changes_no_effect(
+    db: Database,
+    fresh_db_url: str,
+    http: httpx.AsyncClient,
+    resend: Resend,
+    feed_server: RecordingServer,
+) -> None:
+    clock = FrozenClock(NOW)
+    runtime = _runtime(db, clock, fresh_db_url, http, resend, feed_server)
+    async with db.transaction() as tx:
+        await outbox.record(
+            tx,
+            kind="mail",
+            key="dry:1",
+            payload={"to": "a@example.test", "subject": "s", "text": "t", "html": "h"},
+            now=NOW,
+        )
+        await outbox.record(
+            tx,
+            kind="queue",
+            key="dry:2",
+            payload={"queue": "rss-invalidation", "body": {}},
+            now=NOW,
+        )
+    before = await db.fetch("SELECT * FROM nightcrew.effects ORDER BY id")
+    clock.advance(MINUTE)
+    report = await run_lane(runtime, clock, "minute", dry_run=True)
+    assert report is not None
+    drained = report.to_json()["jobs"]["deliverEffects"]
+    assert drained["effects_delivered"] == 2  # what a real run would deliver
+    assert resend.server.requests == [] and await f.queue_messages(db, "rss-invalidation") == []
+    assert await db.fetch("SELECT * FROM nightcrew.effects ORDER BY id") == before
