@@ -291,10 +291,12 @@ async def _deliver_claimed(
     groups: dict[str, list[Effect]] = {}
     for effect in claimed:
         groups.setdefault(_same_delivery(effect), []).append(effect)
-    await asyncio.gather(*(one(g) for g in groups.values()))
-    # Outcomes must be recorded even when the run is being cancelled: a lost 'delivered'
-    # would make the next drain send it again.
-    await asyncio.shield(outbox.settle(runtime.db, list(settles.values()), clock.now()))
+    try:
+        await asyncio.gather(*(one(g) for g in groups.values()))
+    finally:
+        # What was settled is recorded even when the run is being cancelled (SIGTERM): a lost
+        # 'delivered' would have the next drain send it again once the lease runs out.
+        await asyncio.shield(outbox.settle(runtime.db, list(settles.values()), clock.now()))
     return deliveries
 
 
