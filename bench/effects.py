@@ -11,7 +11,8 @@ real PostgreSQL:
 * delivery: ``drain`` (one minute-lane process, DRAIN_BATCH claimed per statement,
   DRAIN_CONCURRENCY in flight) until nothing is due: effects delivered per second, the process's
   CPU time and peak RSS, and — computed from that rate, not run — what one minute-lane run with
-  the default DRAIN_BUDGET_SECONDS would deliver;
+  the default DRAIN_BUDGET_SECONDS would deliver; for comparison, the same sends in the same
+  batches without the database (the HTTP client's own ceiling here);
 * the idle cost: the table topped up to M delivered rows, then ``deliver_effects`` (the whole
   minute-lane sweep: adopt the feed outbox, drain, purge, counts) with nothing due, median and
   p95 of R runs, plus EXPLAIN (ANALYZE, BUFFERS) of the claim, the purge and the counts.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import math
 import multiprocessing
@@ -38,7 +40,7 @@ import httpx
 from bench._db import admin_url, drop, proc_kib, recreate, reset_peak_rss
 from nightcrew.adapters.billing import NoBilling
 from nightcrew.adapters.feedcache import RecordingFeedCache
-from nightcrew.adapters.mail import ResendMailer
+from nightcrew.adapters.mail import Email, ResendMailer
 from nightcrew.adapters.queues import PostgresQueueProducer
 from nightcrew.adapters.storage import open_store
 from nightcrew.clock import FrozenClock
@@ -62,6 +64,7 @@ NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 SINK_DELAY_SECONDS = 0.005
 API_KEY = "re_bench"
 FROM_EMAIL = "bench@example.test"
+CLIENT_ALONE_SENDS = 5000
 
 SEED_PENDING = """
 INSERT INTO nightcrew.effects (kind, key, payload, created_at, next_attempt_at, expires_at)
@@ -96,10 +99,11 @@ SELECT count(*) FILTER (WHERE delivered_at IS NOT NULL) AS delivered,
 
 # --- the sink: its own process, so it does not share the benchmark's event loop --------------
 async def _sink(conn: Connection, delay: float) -> None:
-    stats = {"requests": 0, "in_flight": 0, "max_in_flight": 0, "other": 0}
+    stats = {"requests": 0, "in_flight": 0, "max_in_flight": 0, "other": 0, "connections": 0}
     keys: set[str] = set()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        stats["connections"] += 1
         try:
             while True:
                 head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
@@ -122,8 +126,9 @@ async def _sink(conn: Connection, delay: float) -> None:
                     await asyncio.sleep(delay)
                     stats["in_flight"] -= 1
                     body = json.dumps({"id": f"bench-{stats['requests']}"}).encode()
-                elif method == "GET" and target == "/stats":
+                elif method == "GET" and target == "/stats":  # the peak is since the last read
                     body = json.dumps({**stats, "distinct_keys": len(keys)}).encode()
+                    stats["max_in_flight"] = stats["in_flight"]
                 else:
                     stats["other"] += 1
                     status, body = "404 Not Found", b'{"error": "not found"}'
@@ -177,6 +182,15 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
+def _claim_params() -> dict[str, Any]:
+    return {
+        "now": NOW,
+        "lease_until": NOW + outbox.CLAIM_LEASE,
+        "limit": DRAIN_BATCH,
+        "kinds": None,
+    }
+
+
 async def _explain(db: Database, query: str, params: dict[str, Any]) -> str:
     async with db.session() as conn:
         await conn.execute("BEGIN")
@@ -185,6 +199,32 @@ async def _explain(db: Database, query: str, params: dict[str, Any]) -> str:
         )
         await conn.execute("ROLLBACK")
     return "\n".join(r["QUERY PLAN"] for r in rows)
+
+
+async def _client_alone(mailer: ResendMailer, n: int, prefix: str) -> dict[str, float]:
+    """The drain's sending pattern without its database: the same mailer and sink, batches of
+    DRAIN_BATCH with DRAIN_CONCURRENCY in flight — the HTTP client's own ceiling here."""
+
+    async def one(gate: asyncio.Semaphore, i: int) -> None:
+        async with gate:
+            result = await mailer.send(
+                Email(
+                    to=f"calibrate{i}@example.test",
+                    subject="Calibration",
+                    text="Your storage is over its cap.",
+                    html="<p>Your storage is over its cap.</p>",
+                    idempotency_key=f"{prefix}:{i}",
+                )
+            )
+        assert result.outcome == "sent", result
+
+    cpu_started = time.process_time()
+    started = time.perf_counter()
+    for first in range(0, n, DRAIN_BATCH):
+        gate = asyncio.Semaphore(DRAIN_CONCURRENCY)
+        await asyncio.gather(*(one(gate, i) for i in range(first, min(n, first + DRAIN_BATCH))))
+    wall = time.perf_counter() - started
+    return {"n": n, "rate": n / wall, "cpu_ms": (time.process_time() - cpu_started) / n * 1000}
 
 
 async def _idle_runs(runtime: Runtime, clock: FrozenClock, repeat: int) -> list[float]:
@@ -235,6 +275,10 @@ async def measure(url: str, sink: Sink, n: int, delivered: int, repeat: int) -> 
         )
 
         # --- delivery -------------------------------------------------------------------------
+        assert isinstance(runtime.mail, ResendMailer)
+        await _client_alone(runtime.mail, 500, "warm-up")  # the connections, the code paths
+        out["claim_plan_busy"] = await _explain(db, outbox.SQL["claim_due"], _claim_params())
+        sink_before = await sink.stats(http)
         rss_before = proc_kib("VmRSS")
         rss_reset = reset_peak_rss()
         calls = 0
@@ -262,13 +306,27 @@ async def measure(url: str, sink: Sink, n: int, delivered: int, repeat: int) -> 
             rss_peak_mib=proc_kib("VmHWM") / 1024 if rss_reset else None,
             rss_before_mib=rss_before / 1024,
             settled=await db.fetch_one(SETTLED),
-            sink=await sink.stats(http),
+            sink={
+                k: v if k == "max_in_flight" else v - sink_before[k]
+                for k, v in (await sink.stats(http)).items()
+            },
         )
 
         # --- idle, right after the drain: dead index entries not vacuumed yet ------------------
         first = await _idle_runs(runtime, clock, 1)
         after = await _idle_runs(runtime, clock, repeat)
-        out["idle_unvacuumed"] = {"first_ms": first[0], "median_ms": statistics.median(after)}
+        out["idle_unvacuumed"] = {
+            "first_ms": first[0],
+            "median_ms": statistics.median(after),
+            "counts_plan": await _explain(db, outbox.SQL["counts"], {}),
+            "stats": await db.fetch_one(
+                "SELECT n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count"
+                " FROM pg_stat_user_tables WHERE relid = 'nightcrew.effects'::regclass"
+            ),
+        }
+
+        # --- the HTTP client alone, for comparison --------------------------------------------
+        out["client"] = await _client_alone(runtime.mail, min(n, CLIENT_ALONE_SENDS), "alone")
 
         # --- idle, at M delivered rows ---------------------------------------------------------
         started = time.perf_counter()
@@ -291,16 +349,7 @@ async def measure(url: str, sink: Sink, n: int, delivered: int, repeat: int) -> 
         times = await _idle_runs(runtime, clock, repeat)
         out["idle_ms"] = times
         out["plans"] = {
-            "claim_due": await _explain(
-                db,
-                outbox.SQL["claim_due"],
-                {
-                    "now": NOW,
-                    "lease_until": NOW + outbox.CLAIM_LEASE,
-                    "limit": DRAIN_BATCH,
-                    "kinds": None,
-                },
-            ),
+            "claim_due": await _explain(db, outbox.SQL["claim_due"], _claim_params()),
             "purge_delivered": await _explain(
                 db,
                 outbox.SQL["purge_delivered"],
@@ -341,28 +390,40 @@ async def main() -> None:
     finally:
         sink.stop()
 
-    s, sink_stats = r["settled"], r["sink"]
-    ceiling = DRAIN_CONCURRENCY / SINK_DELAY_SECONDS
-    batch_ceiling = DRAIN_BATCH / (math.ceil(DRAIN_BATCH / DRAIN_CONCURRENCY) * SINK_DELAY_SECONDS)
+    s, sink_stats, c = r["settled"], r["sink"], r["client"]
+    waves = math.ceil(DRAIN_BATCH / DRAIN_CONCURRENCY)
     print(f"   seeded in {r['seed_s']:.1f} s")
     print(
         f"   drain (batch {DRAIN_BATCH}, {DRAIN_CONCURRENCY} in flight): {r['delivered']:,} "
         f"delivered in {r['drain_s']:.2f} s → {r['rate']:,.0f} effects/s "
-        f"({r['drain_calls']} drain call(s); retried {r['retried']}, dead {r['dead']})"
+        f"({r['drain_calls']} drain calls, the last finding nothing; "
+        f"retried {r['retried']}, dead {r['dead']})"
     )
     print(
         f"   one minute-lane run ({DRAIN_BUDGET_SECONDS:.0f} s budget), computed from that "
         f"rate, not run: ~{r['rate'] * DRAIN_BUDGET_SECONDS:,.0f} effects"
     )
     print(
-        f"   ceiling at this sink: {ceiling:,.0f}/s ({DRAIN_CONCURRENCY} × 1/5 ms); with the "
-        f"batch barrier ({math.ceil(DRAIN_BATCH / DRAIN_CONCURRENCY)} waves per "
-        f"{DRAIN_BATCH}) {batch_ceiling:,.0f}/s"
+        f"   bench process CPU during the drain: {r['cpu_s']:.1f} s of {r['drain_s']:.1f} s "
+        f"wall ({100 * r['cpu_s'] / r['drain_s']:.0f}% of one core; "
+        f"{r['cpu_s'] / r['delivered'] * 1000:.2f} ms per effect)"
     )
     print(
-        f"   bench process CPU: {r['cpu_s']:.1f} s of {r['drain_s']:.1f} s wall "
-        f"({100 * r['cpu_s'] / r['drain_s']:.0f}%)"
+        f"   for comparison: the sink's ceiling {DRAIN_CONCURRENCY / SINK_DELAY_SECONDS:,.0f}/s "
+        f"({DRAIN_CONCURRENCY} in flight, 5 ms each), "
+        f"{DRAIN_BATCH / (waves * SINK_DELAY_SECONDS):,.0f}/s with the batch barrier "
+        f"({waves} waves per {DRAIN_BATCH})"
     )
+    print(
+        f"   for comparison: the HTTP client alone (same ResendMailer, sink and batches, "
+        f"no database, {c['n']:,} sends): {c['rate']:,.0f}/s, "
+        f"{c['cpu_ms']:.2f} ms CPU per send"
+    )
+    if importlib.util.find_spec("sniffio") is None:
+        print(
+            "   note: sniffio is not installed; httpcore then retries `import sniffio` for every "
+            "lock it creates (encode/httpcore#1103)"
+        )
     rss = f"{r['rss_peak_mib']:.1f} MiB" if r["rss_peak_mib"] is not None else "n/a"
     print(f"   peak RSS during the drain: {rss} (before: {r['rss_before_mib']:.1f} MiB)")
     print(
@@ -371,15 +432,29 @@ async def main() -> None:
     )
     once = sink_stats["requests"] == sink_stats["distinct_keys"] == args.effects
     print(
-        f"   sink: {sink_stats['requests']:,} requests, {sink_stats['distinct_keys']:,} distinct "
-        f"Idempotency-Keys, max {sink_stats['max_in_flight']} in flight, "
+        f"   sink, during the drain: {sink_stats['requests']:,} requests, "
+        f"{sink_stats['distinct_keys']:,} distinct Idempotency-Keys, max "
+        f"{sink_stats['max_in_flight']} in flight, {sink_stats['connections']} new connections, "
         f"{sink_stats['other']} other requests → "
         f"{'each effect sent exactly once' if once else 'MISMATCH with ' + str(args.effects)}"
     )
-    u = r["idle_unvacuumed"]
     print(
-        f"\n== idle sweep right after the drain (dead index entries not yet vacuumed): "
-        f"first {u['first_ms']:.2f} ms, then median {u['median_ms']:.2f} ms"
+        f"\n   -- EXPLAIN (ANALYZE, BUFFERS) claim_due with {args.effects:,} due "
+        "(before the drain, rolled back)\n"
+        + "\n".join("   " + line for line in r["claim_plan_busy"].splitlines())
+    )
+    u = r["idle_unvacuumed"]
+    st = u["stats"] or {}
+    print(
+        f"\n== idle sweep right after the drain, before any VACUUM of ours (the planner's "
+        f"statistics from before the drain unless autovacuum ran: autovacuum "
+        f"runs {st.get('autovacuum_count')}, autoanalyze runs {st.get('autoanalyze_count')}; "
+        f"{st.get('n_dead_tup', 0):,} dead tuples): first {u['first_ms']:.2f} ms, then median "
+        f"{u['median_ms']:.2f} ms of {args.repeat}"
+    )
+    print(
+        "\n   -- EXPLAIN (ANALYZE, BUFFERS) counts, in that state\n"
+        + "\n".join("   " + line for line in u["counts_plan"].splitlines())
     )
     t = r["table"]
     times = r["idle_ms"]
@@ -387,10 +462,10 @@ async def main() -> None:
     print(
         f"\n== idle sweep at {t['delivered']:,} delivered rows ({t['rows']:,} rows, "
         f"{t['undelivered']} undelivered, {t['size']}; {r['top_up']:,} added in "
-        f"{r['top_up_s']:.1f} s)"
+        f"{r['top_up_s']:.1f} s, then VACUUM ANALYZE)"
     )
     print(
-        f"   deliver_effects (adopt, drain, purge, counts), {len(times)} runs: "
+        f"   deliver_effects (adopt, drain, purge, counts), {len(times)} runs after 3 warm-up: "
         f"median {median:.2f} ms, p95 {p95:.2f} ms, min {min(times):.2f}, max {max(times):.2f}"
     )
     print(f"   target: < 20 ms → {'met' if median < 20 and p95 < 20 else 'MISSED'}")
