@@ -191,9 +191,18 @@ def _claim_params() -> dict[str, Any]:
     }
 
 
-async def _explain(db: Database, query: str, params: dict[str, Any]) -> str:
+# outbox.counts() runs its query under this setting (see its comment).
+COUNTS_AS_RUN = "SET LOCAL enable_seqscan = off"
+
+
+async def _explain(
+    db: Database, query: str, params: dict[str, Any], *, as_run: str | None = None
+) -> str:
+    """The plan, in a rolled-back transaction; ``as_run``: a SET LOCAL the code runs it under."""
     async with db.session() as conn:
         await conn.execute("BEGIN")
+        if as_run:
+            await conn.execute(as_run)
         rows = await conn.fetch(
             "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, SUMMARY ON) " + query, params
         )
@@ -318,7 +327,7 @@ async def measure(url: str, sink: Sink, n: int, delivered: int, repeat: int) -> 
         out["idle_unvacuumed"] = {
             "first_ms": first[0],
             "median_ms": statistics.median(after),
-            "counts_plan": await _explain(db, outbox.SQL["counts"], {}),
+            "counts_plan": await _explain(db, outbox.SQL["counts"], {}, as_run=COUNTS_AS_RUN),
             "stats": await db.fetch_one(
                 "SELECT n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count"
                 " FROM pg_stat_user_tables WHERE relid = 'nightcrew.effects'::regclass"
@@ -355,7 +364,7 @@ async def measure(url: str, sink: Sink, n: int, delivered: int, repeat: int) -> 
                 outbox.SQL["purge_delivered"],
                 {"before": NOW - DELIVERED_RETENTION, "limit": PURGE_BATCH},
             ),
-            "counts": await _explain(db, outbox.SQL["counts"], {}),
+            "counts": await _explain(db, outbox.SQL["counts"], {}, as_run=COUNTS_AS_RUN),
         }
     finally:
         await http.aclose()

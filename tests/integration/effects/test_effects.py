@@ -39,6 +39,8 @@ from nightcrew.runtime import Runtime
 from tests import factories as f
 from tests.acceptance.test_cli import _env, _nightcrew, run
 from tests.conftest import NOW, make_runtime
+from tests.integration.lifecycle.test_overage import _account, _stamps, _suspend_now
+from tests.integration.lifecycle.test_pauses import _paused_podcast
 from tests.support.servers import RecordingServer, stripe_responder
 
 DAY = timedelta(days=1)
@@ -111,35 +113,6 @@ def _runtime(
     )
 
 
-async def _account(db: Database, podcasts: int = 2) -> tuple[str, list[str]]:
-    await db.execute(
-        "INSERT INTO public.plan_limits VALUES ('starter', 'podcasts_per_account', 1),"
-        " ('starter', 'storage_gb_per_account', 1) ON CONFLICT DO NOTHING"
-    )
-    owner = await f.user(db, email="owner@example.test")
-    account = await f.account(db, plan="starter", owner_user_id=owner)
-    await db.execute(
-        "INSERT INTO public.user_profiles (id, email, billing_account_id)"
-        " VALUES (%(u)s, 'owner@example.test', %(a)s)",
-        {"u": owner, "a": account},
-    )
-    ids = [
-        await f.podcast(db, billing_account_id=account, created_at=NOW - (100 - n) * DAY)
-        for n in range(podcasts)
-    ]
-    return account, ids
-
-
-async def _at_final_warning(db: Database, account: str, now: datetime) -> None:
-    """Armed 31 days ago, final warning sent 4 days ago: the next run suspends."""
-    await db.execute(
-        "UPDATE public.billing_accounts SET content_overage_since = %(s)s,"
-        " content_overage_deadline = %(d)s, content_overage_nag_stage = 3,"
-        " content_overage_last_nag_at = %(l)s WHERE id = %(a)s",
-        {"s": now - 31 * DAY, "d": now - DAY, "l": now - 4 * DAY, "a": account},
-    )
-
-
 async def _refuse_queue(db: Database, queue: str) -> None:
     """PostgreSQL itself refuses messages to one queue (a broken consumer's table, a full
     partition): the in-database producer's INSERT fails for real."""
@@ -182,14 +155,13 @@ async def test_a_refused_public_api_invalidation_is_delivered_once_the_queue_rec
     clock = FrozenClock(NOW)
     runtime = _runtime(db, clock, fresh_db_url, http, resend, feed_server)
     account, (_, newest) = await _account(db)
-    await _at_final_warning(db, account, NOW)
     await _refuse_queue(db, PUBLIC_API_INVALIDATION)
-
-    report = await run_overage_escalation(runtime, clock)
-    assert report.suspended_podcasts == 1
-    [failed] = [e for e in report.errors if e["event"] == "overage_cache_invalidation_failed"]
-    assert failed["cache"] == "public-api" and failed["retried"] is True
+    with capture_logs() as logs:
+        await _suspend_now(runtime, db, account, clock)
+    [failed] = [e for e in logs if e["event"] == "effect_delivery_failed"]
+    assert failed["kind"] == "queue" and failed["key"].startswith(PUBLIC_API_INVALIDATION)
     assert "refused" in failed["error"]
+    assert await _stamps(db, [newest]) == [NOW]
     assert await f.queue_messages(db, PUBLIC_API_INVALIDATION) == []
 
     # Before: the stamp had committed, so no later run ever sent it. Now the minute lane does.
@@ -226,8 +198,7 @@ async def test_the_restored_email_survives_resend_failing_and_arrives_once(
     clock = FrozenClock(NOW)
     runtime = _runtime(db, clock, fresh_db_url, http, resend, feed_server)
     account, _ = await _account(db)
-    await _at_final_warning(db, account, NOW)
-    await run_overage_escalation(runtime, clock)  # suspended
+    await _suspend_now(runtime, db, account, clock)
     since = NOW - 31 * DAY
     key = idempotency_key(account, since, "restored")
 
@@ -258,35 +229,6 @@ async def test_the_restored_email_survives_resend_failing_and_arrives_once(
 
 
 # --- loss 3: the Stripe billing resume -----------------------------------------------------------
-async def _paused(db: Database) -> tuple[str, str]:
-    owner = await f.user(db)
-    account = await f.account(
-        db,
-        owner_user_id=owner,
-        billing_model="subscription",
-        stripe_customer_id="cus_1",
-        stripe_subscription_id="sub_1",
-    )
-    await db.execute(
-        "INSERT INTO public.user_profiles (id, email, billing_account_id)"
-        " VALUES (%(u)s, 'owner@example.test', %(a)s)",
-        {"u": owner, "a": account},
-    )
-    podcast = await f.podcast(
-        db,
-        billing_account_id=account,
-        status="paused",
-        paused_at=NOW - 30 * DAY,
-        pause_expires_at=NOW - MINUTE,
-    )
-    await db.execute(
-        "INSERT INTO public.podcast_members (podcast_id, user_id, role)"
-        " VALUES (%(p)s, %(u)s, 'owner')",
-        {"p": podcast, "u": owner},
-    )
-    return podcast, account
-
-
 def _stripe_updates(stripe: RecordingServer) -> list[str]:
     return [
         r.headers.get("Idempotency-Key", "")
@@ -303,7 +245,7 @@ async def test_a_failed_billing_resume_is_retried_until_stripe_confirms_it(
     stripe_server: RecordingServer,
     status: int,
 ) -> None:
-    podcast, account = await _paused(db)
+    podcast, account = await _paused_podcast(db, expires=NOW - MINUTE)
     stripe_server.responder = stripe_responder({}, fail_status=status)
     billing = StripeBilling(
         "sk_test_123", api_base=stripe_server.url, timeout=2, max_network_retries=0
@@ -417,7 +359,7 @@ def _hanging_stripe(server: RecordingServer, seconds: float) -> Callable[[Reques
 async def test_sigkill_after_the_commit_loses_no_billing_resume(
     db: Database, fresh_db_url: str, stripe_server: RecordingServer
 ) -> None:
-    podcast, _ = await _paused(db)
+    podcast, _ = await _paused_podcast(db, expires=NOW - MINUTE)
     stripe_server.responder = _hanging_stripe(stripe_server, 4.0)
     env = _env(
         DATABASE_URL=fresh_db_url,
