@@ -281,7 +281,11 @@ def effects_retry(
 
     outcomes = _run(work, settings)
     if effect_id is not None and not outcomes:
-        _fail(f"effects retry: no undelivered effect {effect_id}", 1)
+        _fail(
+            f"effects retry: no undelivered effect {effect_id} at rest "
+            "(delivered, being delivered right now, or no such effect)",
+            1,
+        )
     if as_json:
         typer.echo(json.dumps(outcomes, indent=2))
         return

@@ -16,7 +16,8 @@ SELECT * FROM nightcrew.effects WHERE kind = %(kind)s AND key = %(key)s;
 -- limit (the in-flight lease): no other drain, on any replica, takes them meanwhile; a
 -- process killed mid-delivery leaves them due again when the lease runs out.
 UPDATE nightcrew.effects e
-   SET attempts = e.attempts + 1, last_attempt_at = %(now)s, next_attempt_at = %(lease_until)s
+   SET attempts = e.attempts + 1, last_attempt_at = %(now)s,
+       next_attempt_at = %(lease_until)s, claimed_until = %(lease_until)s
  WHERE e.id IN (SELECT id FROM nightcrew.effects
                  WHERE delivered_at IS NULL AND dead_at IS NULL
                    AND next_attempt_at <= %(now)s
@@ -30,7 +31,8 @@ RETURNING e.*;
 -- The first attempt, right after the commit that recorded them (same lease as claim_due):
 -- whichever of this caller and a concurrent drain claims first delivers.
 UPDATE nightcrew.effects e
-   SET attempts = e.attempts + 1, last_attempt_at = %(now)s, next_attempt_at = %(lease_until)s
+   SET attempts = e.attempts + 1, last_attempt_at = %(now)s,
+       next_attempt_at = %(lease_until)s, claimed_until = %(lease_until)s
  WHERE e.id IN (SELECT id FROM nightcrew.effects
                  WHERE id = ANY(%(ids)s::bigint[])
                    AND delivered_at IS NULL AND dead_at IS NULL
@@ -46,6 +48,7 @@ UPDATE nightcrew.effects e
        dead_at = CASE WHEN u.outcome = 'dead' THEN %(now)s END,
        next_attempt_at = coalesce(u.next_at, e.next_attempt_at),
        attempts = CASE WHEN u.outcome = 'released' THEN e.attempts - 1 ELSE e.attempts END,
+       claimed_until = NULL,
        last_error = CASE WHEN u.outcome = 'released' THEN e.last_error ELSE u.error END
   FROM unnest(%(ids)s::bigint[], %(outcomes)s::text[], %(next_at)s::timestamptz[],
               %(errors)s::text[]) AS u (id, outcome, next_at, error)
@@ -74,10 +77,12 @@ SELECT id, kind, key, payload, created_at, next_attempt_at, expires_at, attempts
 SELECT * FROM nightcrew.effects WHERE id = %(id)s;
 
 -- name: retry
--- Re-drive undelivered effects now, with a fresh maximum age. A delivered one is left alone.
+-- Re-drive undelivered effects now, with a fresh maximum age. A delivered one is left alone,
+-- and so is one whose attempt is in flight (it would be a second delivery at once).
 UPDATE nightcrew.effects
    SET dead_at = NULL, next_attempt_at = %(now)s, expires_at = %(expires_at)s
  WHERE delivered_at IS NULL
+   AND (claimed_until IS NULL OR claimed_until <= %(now)s)
    AND (id = ANY(%(ids)s::bigint[])
         OR (%(all_dead)s AND dead_at IS NOT NULL
             AND (%(kind)s::text IS NULL OR kind = %(kind)s)))

@@ -564,3 +564,19 @@ async def test_a_dry_run_of_the_minute_lane_delivers_nothing_and_changes_no_effe
     assert drained["effects_delivered"] == 2  # what a real run would deliver
     assert resend.server.requests == [] and await f.queue_messages(db, "rss-invalidation") == []
     assert await db.fetch("SELECT * FROM nightcrew.effects ORDER BY id") == before
+
+
+async def test_retry_never_starts_a_second_delivery_of_an_effect_in_flight(
+    db: Database, clock: FrozenClock
+) -> None:
+    async with db.transaction() as tx:
+        effect = await outbox.record(
+            tx, kind="queue", key="inflight:1", payload={"queue": "q", "body": {}}, now=NOW
+        )
+    [claimed] = await outbox.claim_due(db, NOW, limit=10)  # a drain holds it, mid-send
+    assert claimed.id == effect.id
+    assert await outbox.retry(db, NOW + MINUTE, ids=[effect.id]) == []
+    assert await outbox.claim_due(db, NOW + MINUTE, limit=10) == []
+    # once the lease has run out (the drain died), the operator may re-drive it
+    later = NOW + outbox.CLAIM_LEASE + MINUTE
+    assert [r["id"] for r in await outbox.retry(db, later, ids=[effect.id])] == [effect.id]

@@ -18,6 +18,7 @@ CREATE TABLE nightcrew.effects (
     expires_at      timestamptz NOT NULL,
     attempts        integer NOT NULL DEFAULT 0,
     last_attempt_at timestamptz,
+    claimed_until   timestamptz,  -- while an attempt is in flight
     last_error      text,
     delivered_at    timestamptz,
     dead_at         timestamptz,
