@@ -307,7 +307,7 @@ def effects_drop(
 
     async def work() -> dict[str, Any] | None:
         async with open_database(settings) as db:
-            dropped = await outbox.drop(db, effect_id)
+            dropped = await outbox.drop(db, effect_id, SystemClock().now())
         if dropped is not None:  # the row is gone: the log keeps what it was
             event(
                 "effect_dropped",

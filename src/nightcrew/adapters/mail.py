@@ -5,7 +5,7 @@
 get one delivery. The outcome tells the caller whether to claim the stage:
 
 * ``sent``      — 2xx;
-* ``transient`` — 429, 5xx, a timeout or a network error: retry later, do not claim;
+* ``transient`` — 408, 409, 429, 5xx, a timeout or a network error: retry later, do not claim;
 * ``permanent`` — any other 4xx, or Resend not configured: retrying will not help; claim and
                   move on (a misconfiguration must never stall the escalation).
 """
@@ -104,7 +104,11 @@ class ResendMailer:
                 pass
             return SendResult(outcome="sent", status=status, message_id=message_id)
         detail = response.text[:200].strip()
-        outcome: Outcome = "transient" if status == 429 or status >= 500 else "permanent"
+        # 409: Resend is still processing a request with the same Idempotency-Key (our own
+        # earlier attempt that timed out) — retry later, like 408, 429 and 5xx.
+        outcome: Outcome = (
+            "transient" if status in (408, 409, 429) or status >= 500 else "permanent"
+        )
         return SendResult(
             outcome=outcome, status=status, error=f"Resend answered {status}: {detail}"
         )

@@ -44,6 +44,8 @@ DRAIN_CONCURRENCY = 16
 DRAIN_BUDGET_SECONDS = 40.0
 # The first attempts after a commit start within this long; the rest are left to the drain.
 FIRST_ATTEMPT_BUDGET_SECONDS = 60.0
+# A retry is never scheduled later than this before the effect's maximum age.
+LAST_CALL = timedelta(minutes=2)
 # Undelivered feed_invalidation_outbox rows given an effect per run.
 ADOPT_FEED_OUTBOX_MAX = 500
 # Delivered effects are kept this long for inspection, then purged (a bounded batch per run).
@@ -220,10 +222,13 @@ def _settlement(
             runtime.metrics.inc("nightcrew_effects_delivered_total", kind=effect.kind)
         if log_delivered:
             event("effect_delivered", **ids, attempts=effect.attempts, **delivery.detail)
-        return Settle(effect_id=effect.id, outcome="delivered")
+        return Settle(effect_id=effect.id, claimed_until=effect.claimed_until, outcome="delivered")
     error = delivery.error or "not confirmed"
-    if delivery.status == "transient" and now + timedelta(seconds=1) < effect.expires_at:
-        next_at = min(now + outbox.retry_delay(effect.id, effect.attempts), effect.expires_at)
+    # The last retry is due a little before the maximum age, so a minute tick still makes it.
+    next_at = min(
+        now + outbox.retry_delay(effect.id, effect.attempts), effect.expires_at - LAST_CALL
+    )
+    if delivery.status == "transient" and next_at > now:
         report.retried += 1
         failure: Failure = {
             "event": "effect_delivery_failed",
@@ -234,14 +239,33 @@ def _settlement(
         }
         warning(**failure)
         report.errors.append(failure)
-        return Settle(effect_id=effect.id, outcome="retry", next_attempt_at=next_at, error=error)
-    if delivery.status == "transient":
-        error = f"expired: not confirmed within {outbox.EFFECT_MAX_AGE} (last error: {error})"
+        return Settle(
+            effect_id=effect.id,
+            claimed_until=effect.claimed_until,
+            outcome="retry",
+            next_attempt_at=next_at,
+            error=error,
+        )
+    expired = delivery.status == "transient"
+    if expired:
+        max_age = effect.expires_at - effect.created_at
+        error = f"expired: not confirmed within {max_age} (last error: {error})"
     report.dead += 1
-    dead: Failure = {"event": "effects_dead", **ids, "attempts": effect.attempts, "error": error}
+    dead: Failure = {
+        "event": "effects_dead",
+        **ids,
+        "attempts": effect.attempts,
+        "reason": "expired" if expired else "permanent",
+        "error": error,
+    }
     warning(**dead)
     report.errors.append(dead)
-    return Settle(effect_id=effect.id, outcome="dead", error=error)
+    return Settle(
+        effect_id=effect.id,
+        claimed_until=effect.claimed_until,
+        outcome="expired" if expired else "permanent",
+        error=error,
+    )
 
 
 async def _deliver_claimed(
@@ -281,7 +305,10 @@ async def _deliver_claimed(
                 for effect in live:
                     report.released += 1
                     settles[effect.id] = Settle(
-                        effect_id=effect.id, outcome="released", next_attempt_at=now
+                        effect_id=effect.id,
+                        claimed_until=effect.claimed_until,
+                        outcome="released",
+                        next_attempt_at=now,
                     )
                 return
             delivery = await deliver(runtime, live[0], now, live[1:])

@@ -25,10 +25,19 @@ KINDS: tuple[Kind, ...] = ("queue", "mail", "billing_resume", "feed_invalidate")
 # Retries: 30 s doubling to a cap of 30 min, each delay scaled by a jitter in [0.8, 1.2).
 RETRY_BASE_SECONDS = 30
 RETRY_CAP_SECONDS = 30 * 60
-# An effect not confirmed within this long is given up (dead): inside the 24-hour window in
-# which Resend and Stripe honour an idempotency key, so a retry is never a second email or a
-# second billing change.
+# An effect not confirmed within its kind's maximum age is given up (dead, 'expired'). Emails
+# and Stripe calls stop inside the 24-hour window in which Resend and Stripe honour an
+# idempotency key, so a retry is never a second email or a second billing change. Queue
+# messages (consumers drop a duplicate by its effect_id) and feed invalidations (idempotent)
+# are bound by no such window: they keep trying for a week.
 EFFECT_MAX_AGE = timedelta(hours=20)
+IDEMPOTENT_EFFECT_MAX_AGE = timedelta(days=7)
+MAX_AGE: dict[str, timedelta] = {
+    "mail": EFFECT_MAX_AGE,
+    "billing_resume": EFFECT_MAX_AGE,
+    "queue": IDEMPOTENT_EFFECT_MAX_AGE,
+    "feed_invalidate": IDEMPOTENT_EFFECT_MAX_AGE,
+}
 # A claim's lease: longer than a claim can stay in flight (a delivery starts within the drain's
 # or the first attempt's time budget and takes at most DELIVERY_TIMEOUT_SECONDS, see
 # deliver.py), so no second delivery starts while one is in flight. It is also how long an
@@ -48,10 +57,17 @@ class Effect:
     last_error: str | None = None
     delivered_at: datetime | None = None
     dead_at: datetime | None = None
+    dead_reason: str | None = None
+    claimed_until: datetime | None = None
 
     @property
     def settled(self) -> bool:
         return self.delivered_at is not None or self.dead_at is not None
+
+    @property
+    def expired(self) -> bool:
+        """Given up only because it was not confirmed in time (not because it cannot work)."""
+        return self.dead_reason == "expired"
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Effect:
@@ -66,6 +82,8 @@ class Effect:
             last_error=row["last_error"],
             delivered_at=row["delivered_at"],
             dead_at=row["dead_at"],
+            dead_reason=row["dead_reason"],
+            claimed_until=row["claimed_until"],
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -80,6 +98,7 @@ class Effect:
             "last_error": self.last_error,
             "delivered_at": self.delivered_at.isoformat() if self.delivered_at else None,
             "dead_at": self.dead_at.isoformat() if self.dead_at else None,
+            "dead_reason": self.dead_reason,
         }
 
 
@@ -95,7 +114,7 @@ async def record(
             "key": key,
             "payload": json_param(payload),
             "now": now,
-            "expires_at": now + EFFECT_MAX_AGE,
+            "expires_at": now + MAX_AGE[kind],
         },
     )
     if row is None:
@@ -128,12 +147,13 @@ async def claim_ids(db: Database, ids: Sequence[int], now: datetime) -> list[Eff
     return [Effect.from_row(r) for r in rows]
 
 
-Settlement = Literal["delivered", "retry", "dead", "released"]
+Settlement = Literal["delivered", "retry", "permanent", "expired", "released"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Settle:
     effect_id: int
+    claimed_until: datetime | None  # the claim that made the attempt
     outcome: Settlement
     next_attempt_at: datetime | None = None
     error: str | None = None
@@ -151,6 +171,7 @@ async def settle(db: Database, settles: Sequence[Settle], now: datetime) -> None
             "outcomes": [s.outcome for s in settles],
             "next_at": [s.next_attempt_at for s in settles],
             "errors": [s.error for s in settles],
+            "claims": [s.claimed_until for s in settles],
         },
     )
 
@@ -207,14 +228,36 @@ async def retry(
             "all_dead": all_dead,
             "kind": kind,
             "now": now,
-            "expires_at": now + EFFECT_MAX_AGE,
         },
     )
 
 
-async def drop(db: Database, effect_id: int) -> dict[str, Any] | None:
-    """Forget an undelivered effect for good; returns the row that was dropped."""
-    return await db.fetch_one(SQL["drop"], {"id": effect_id})
+async def supersede(
+    tx: Database | Tx,
+    *,
+    kind: Kind,
+    now: datetime,
+    reason: str,
+    keys: Sequence[str] = (),
+    patterns: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """Give up undelivered effects that a later state change made wrong to deliver (by exact
+    key, or by LIKE pattern); one in flight is left to finish."""
+    return await tx.fetch(
+        SQL["supersede"],
+        {
+            "kind": kind,
+            "now": now,
+            "reason": reason,
+            "keys": list(keys),
+            "patterns": list(patterns),
+        },
+    )
+
+
+async def drop(db: Database, effect_id: int, now: datetime) -> dict[str, Any] | None:
+    """Forget an undelivered effect for good (not one in flight); returns the dropped row."""
+    return await db.fetch_one(SQL["drop"], {"id": effect_id, "now": now})
 
 
 async def purge_delivered(db: Database, before: datetime, *, limit: int) -> int:
@@ -224,5 +267,6 @@ async def purge_delivered(db: Database, before: datetime, *, limit: int) -> int:
 async def adopt_feed_outbox(db: Database, now: datetime, *, limit: int) -> int:
     """Give every undelivered ``feed_invalidation_outbox`` intent an effect that drives it."""
     return await db.execute(
-        SQL["adopt_feed_outbox"], {"now": now, "expires_at": now + EFFECT_MAX_AGE, "limit": limit}
+        SQL["adopt_feed_outbox"],
+        {"now": now, "expires_at": now + MAX_AGE["feed_invalidate"], "limit": limit},
     )

@@ -45,14 +45,19 @@ RETURNING e.*;
 -- ran out of time before starting it).
 UPDATE nightcrew.effects e
    SET delivered_at = CASE WHEN u.outcome = 'delivered' THEN %(now)s END,
-       dead_at = CASE WHEN u.outcome = 'dead' THEN %(now)s END,
+       dead_at = CASE WHEN u.outcome IN ('permanent', 'expired') THEN %(now)s END,
+       dead_reason = CASE WHEN u.outcome IN ('permanent', 'expired') THEN u.outcome END,
        next_attempt_at = coalesce(u.next_at, e.next_attempt_at),
        attempts = CASE WHEN u.outcome = 'released' THEN e.attempts - 1 ELSE e.attempts END,
        claimed_until = NULL,
        last_error = CASE WHEN u.outcome = 'released' THEN e.last_error ELSE u.error END
   FROM unnest(%(ids)s::bigint[], %(outcomes)s::text[], %(next_at)s::timestamptz[],
-              %(errors)s::text[]) AS u (id, outcome, next_at, error)
- WHERE e.id = u.id AND e.delivered_at IS NULL AND e.dead_at IS NULL;
+              %(errors)s::text[], %(claims)s::timestamptz[])
+           AS u (id, outcome, next_at, error, claimed_until)
+ WHERE e.id = u.id AND e.delivered_at IS NULL AND e.dead_at IS NULL
+   -- only the claim that made the attempt settles it (a claimant that stalled past its lease
+   -- finds the effect claimed by another, and leaves it to that one)
+   AND e.claimed_until IS NOT DISTINCT FROM u.claimed_until;
 
 -- name: counts
 -- Pending and dead per kind: the undelivered partial index, never the delivered history.
@@ -65,7 +70,7 @@ SELECT kind,
 
 -- name: list
 SELECT id, kind, key, payload, created_at, next_attempt_at, expires_at, attempts,
-       last_attempt_at, last_error, delivered_at, dead_at
+       last_attempt_at, claimed_until, last_error, delivered_at, dead_at, dead_reason
   FROM nightcrew.effects
  WHERE delivered_at IS NULL
    AND (%(dead)s::boolean IS NULL OR (dead_at IS NOT NULL) = %(dead)s)
@@ -78,18 +83,33 @@ SELECT * FROM nightcrew.effects WHERE id = %(id)s;
 
 -- name: retry
 -- Re-drive undelivered effects now, with a fresh maximum age. A delivered one is left alone,
--- and so is one whose attempt is in flight (it would be a second delivery at once).
+-- and so is one whose attempt is in flight (it would be a second delivery at once); --dead
+-- skips the superseded (an email about a state that no longer holds), an explicit ID does not.
 UPDATE nightcrew.effects
-   SET dead_at = NULL, next_attempt_at = %(now)s, expires_at = %(expires_at)s
+   SET dead_at = NULL, dead_reason = NULL, next_attempt_at = %(now)s,
+       expires_at = %(now)s + (expires_at - created_at)
  WHERE delivered_at IS NULL
    AND (claimed_until IS NULL OR claimed_until <= %(now)s)
    AND (id = ANY(%(ids)s::bigint[])
-        OR (%(all_dead)s AND dead_at IS NOT NULL
+        OR (%(all_dead)s AND dead_at IS NOT NULL AND dead_reason <> 'superseded'
             AND (%(kind)s::text IS NULL OR kind = %(kind)s)))
 RETURNING id, kind, key;
 
+-- name: supersede
+-- Undelivered effects that a later state change made wrong to deliver (a nag after a restore,
+-- a `podcast.suspended` after a `podcast.restored`): given up, unless an attempt is in flight.
+UPDATE nightcrew.effects
+   SET dead_at = coalesce(dead_at, %(now)s), dead_reason = 'superseded', last_error = %(reason)s
+ WHERE kind = %(kind)s
+   AND delivered_at IS NULL
+   AND (claimed_until IS NULL OR claimed_until <= %(now)s)
+   AND (key = ANY(%(keys)s::text[]) OR key LIKE ANY(%(patterns)s::text[]))
+RETURNING id, key;
+
 -- name: drop
-DELETE FROM nightcrew.effects WHERE id = %(id)s AND delivered_at IS NULL
+DELETE FROM nightcrew.effects
+ WHERE id = %(id)s AND delivered_at IS NULL
+   AND (claimed_until IS NULL OR claimed_until <= %(now)s)
 RETURNING id, kind, key, payload, attempts, last_error, dead_at;
 
 -- name: purge_delivered

@@ -9,7 +9,7 @@ from datetime import datetime
 
 from nightcrew.db.database import Database, Tx
 from nightcrew.db.queries import load_queries
-from nightcrew.effects.outbox import EFFECT_MAX_AGE, Effect
+from nightcrew.effects.outbox import MAX_AGE, Effect
 
 SQL = load_queries(__file__)
 
@@ -27,7 +27,7 @@ async def record(
             "podcast_ids": podcast_ids,
             "reason": reason,
             "now": now,
-            "expires_at": now + EFFECT_MAX_AGE,
+            "expires_at": now + MAX_AGE["feed_invalidate"],
         },
     )
     return [Effect.from_row(r) for r in rows]

@@ -300,6 +300,14 @@ async def _restore(
             return  # another caller restored it first
         owed = await _owe_invalidations(tx, now, cleared, "podcast.restored", "overage_restored")
         if since is not None:
+            # A warning or notice still being retried would now arrive after "you're back".
+            await effects.supersede(
+                tx,
+                kind="mail",
+                now=now,
+                reason="superseded: the account was restored",
+                keys=[idempotency_key(account, since, stage) for stage in range(5)],
+            )
             names = [p["slug"] for p in cleared]
             restored = await _owe_email(
                 runtime, tx, now, account, since, "restored", overage, names
@@ -361,6 +369,12 @@ async def _send(
     retried by the minute lane with the same key, and the stage stays unclaimed meanwhile."""
     if email is None:
         return True
+    if email.expired:
+        # It was never confirmed, only timed out (Resend down for 20 h): the stage must not be
+        # claimed on an email the owner never got. Re-drive it, with a fresh maximum age.
+        await effects.retry(runtime.db, clock.now(), ids=[email.id])
+        email = await effects.get(runtime.db, email.id) or email
+        event("effect_retried", effect_id=email.id, kind="mail", key=email.key, reason="expired")
     [delivery] = await deliver_now(runtime, clock, [email])
     if delivery.status == "delivered":
         if not delivery.detail.get("earlier"):
@@ -410,7 +424,17 @@ async def _owe_invalidations(
 ) -> list[effects.Effect]:
     """Both caches, per podcast, owed in the transaction that changed its stamp: the feed
     worker's confirmable lane (a feed_invalidation_outbox intent and its effect) and a
-    public-api-invalidation message."""
+    public-api-invalidation message. A message of the opposite kind still being retried for the
+    same podcast is superseded: it must not arrive after this one."""
+    opposite = "podcast.restored" if kind == "podcast.suspended" else "podcast.suspended"
+    if podcasts:
+        await effects.supersede(
+            tx,
+            kind="queue",
+            now=now,
+            reason=f"superseded: {kind} is owed after it",
+            patterns=[f"{PUBLIC_API_INVALIDATION}:{opposite}:{p['id']}:%" for p in podcasts],
+        )
     owed = await feed_outbox.record(tx, [str(p["id"]) for p in podcasts], reason, now)
     for podcast in podcasts:
         podcast_id = str(podcast["id"])

@@ -22,6 +22,9 @@ CREATE TABLE nightcrew.effects (
     last_error      text,
     delivered_at    timestamptz,
     dead_at         timestamptz,
+    -- why it was given up: 'permanent' (retrying cannot help), 'expired' (not confirmed within
+    -- its maximum age), 'superseded' (a later state change made it wrong to deliver)
+    dead_reason     text CHECK (dead_reason IN ('permanent', 'expired', 'superseded')),
     CONSTRAINT effects_one_per_key UNIQUE (kind, key)
 );
 -- The drain's claim: an index scan over what is due, however many delivered rows there are.

@@ -57,14 +57,18 @@ SELECT e.id, e.podcast_id, e.status, e.audio_url, k.key
 -- ".../my%%20a.mp3" reference "a.mp3" and "my a.mp3". A podcast with an episode URL under the
 -- prefix whose key cannot be derived keeps all its audio (`unknown`).
 WITH refs AS (
-    SELECT e.podcast_id, nightcrew.object_key(u.url, %(prefix)s) AS key
+    SELECT e.podcast_id, nightcrew.object_key(u.url, %(prefix)s) AS key,
+           substr(u.url, length(%(prefix)s) + 1) AS raw
       FROM public.episodes e
      CROSS JOIN LATERAL (VALUES (e.audio_url), (e.original_audio_url)) AS u (url)
      WHERE left(u.url, length(%(prefix)s)) = %(prefix)s
 ), referenced AS (
     SELECT key FROM refs WHERE key IS NOT NULL
 ), unknown AS (
-    SELECT DISTINCT podcast_id::text AS podcast_id FROM refs WHERE key IS NULL
+    -- the episode's podcast, and the podcast folder the URL itself names
+    SELECT podcast_id::text AS podcast_id FROM refs WHERE key IS NULL
+    UNION
+    SELECT split_part(raw, '/', 2) FROM refs WHERE key IS NULL
 )
 SELECT o.key, o.size, o.last_modified,
        EXISTS (SELECT 1 FROM public.feed_invalidation_outbox f
@@ -78,13 +82,16 @@ SELECT o.key, o.size, o.last_modified,
 
 -- name: unreferenced_episode_images
 WITH refs AS (
-    SELECT e.podcast_id, nightcrew.object_key(e.cover_image_url, %(prefix)s) AS key
+    SELECT e.podcast_id, nightcrew.object_key(e.cover_image_url, %(prefix)s) AS key,
+           substr(e.cover_image_url, length(%(prefix)s) + 1) AS raw
       FROM public.episodes e
      WHERE left(e.cover_image_url, length(%(prefix)s)) = %(prefix)s
 ), referenced AS (
     SELECT key FROM refs WHERE key IS NOT NULL
 ), unknown AS (
-    SELECT DISTINCT podcast_id::text AS podcast_id FROM refs WHERE key IS NULL
+    SELECT podcast_id::text AS podcast_id FROM refs WHERE key IS NULL
+    UNION
+    SELECT split_part(raw, '/', 2) FROM refs WHERE key IS NULL
 )
 SELECT o.key, o.size, o.last_modified, false AS invalidation_pending
   FROM reconcile_objects o
@@ -102,35 +109,47 @@ SELECT o.key, o.size, o.last_modified, false AS invalidation_pending
 
 -- name: recheck_audio_references
 -- The final re-check, immediately before a delete batch: which of these keys must stay?
--- Referenced now by either audio column (exact URL, or the same key however the URL spells it,
--- looked up within the key's podcast through its index), or its podcast has an episode URL
--- whose key cannot be derived, or an undelivered invalidation.
+-- Referenced now by either audio column (exact URL, or the same key however the URL spells it:
+-- each URL of the batch's podcasts is decoded once, through the podcast index), or its podcast
+-- has an episode URL whose key cannot be derived, or an undelivered invalidation.
+WITH k AS (
+    SELECT key, CASE WHEN split_part(key, '/', 2) ~ %(uuid_re)s
+                     THEN split_part(key, '/', 2)::uuid END AS podcast_id
+      FROM unnest(%(keys)s::text[]) AS t (key)
+), refs AS MATERIALIZED (
+    SELECT e.podcast_id, nightcrew.object_key(u.url, %(prefix)s) AS key
+      FROM public.episodes e
+     CROSS JOIN LATERAL (VALUES (e.audio_url), (e.original_audio_url)) AS u (url)
+     WHERE e.podcast_id IN (SELECT DISTINCT podcast_id FROM k WHERE podcast_id IS NOT NULL)
+       AND left(u.url, length(%(prefix)s)) = %(prefix)s
+)
 SELECT k.key
-  FROM unnest(%(keys)s::text[]) AS k (key)
+  FROM k
  WHERE EXISTS (SELECT 1 FROM public.episodes e
                 WHERE e.audio_url = %(prefix)s || k.key
                    OR e.original_audio_url = %(prefix)s || k.key)
-    OR EXISTS (SELECT 1 FROM public.episodes e
-                CROSS JOIN LATERAL (VALUES (e.audio_url), (e.original_audio_url)) AS u (url)
-                WHERE e.podcast_id = CASE WHEN split_part(k.key, '/', 2) ~ %(uuid_re)s
-                                          THEN split_part(k.key, '/', 2)::uuid END
-                  AND left(u.url, length(%(prefix)s)) = %(prefix)s
-                  AND (nightcrew.object_key(u.url, %(prefix)s) IS NULL
-                       OR nightcrew.object_key(u.url, %(prefix)s) = k.key))
+    OR EXISTS (SELECT 1 FROM refs r
+                WHERE r.podcast_id = k.podcast_id AND (r.key IS NULL OR r.key = k.key))
     OR EXISTS (SELECT 1 FROM public.feed_invalidation_outbox f
                 WHERE f.delivered_at IS NULL
                   AND f.podcast_id::text = split_part(k.key, '/', 2));
 
 -- name: recheck_image_references
+WITH k AS (
+    SELECT key, CASE WHEN split_part(key, '/', 2) ~ %(uuid_re)s
+                     THEN split_part(key, '/', 2)::uuid END AS podcast_id
+      FROM unnest(%(keys)s::text[]) AS t (key)
+), refs AS MATERIALIZED (
+    SELECT e.podcast_id, nightcrew.object_key(e.cover_image_url, %(prefix)s) AS key
+      FROM public.episodes e
+     WHERE e.podcast_id IN (SELECT DISTINCT podcast_id FROM k WHERE podcast_id IS NOT NULL)
+       AND left(e.cover_image_url, length(%(prefix)s)) = %(prefix)s
+)
 SELECT k.key
-  FROM unnest(%(keys)s::text[]) AS k (key)
+  FROM k
  WHERE EXISTS (SELECT 1 FROM public.episodes e WHERE e.cover_image_url = %(prefix)s || k.key)
-    OR EXISTS (SELECT 1 FROM public.episodes e
-                WHERE e.podcast_id = CASE WHEN split_part(k.key, '/', 2) ~ %(uuid_re)s
-                                          THEN split_part(k.key, '/', 2)::uuid END
-                  AND left(e.cover_image_url, length(%(prefix)s)) = %(prefix)s
-                  AND (nightcrew.object_key(e.cover_image_url, %(prefix)s) IS NULL
-                       OR nightcrew.object_key(e.cover_image_url, %(prefix)s) = k.key));
+    OR EXISTS (SELECT 1 FROM refs r
+                WHERE r.podcast_id = k.podcast_id AND (r.key IS NULL OR r.key = k.key));
 
 -- name: write_size
 -- Only if the row still has what the scan saw: a concurrent upload wins.
