@@ -240,6 +240,11 @@ async def _follow_invalidation(
         cleanup.invalidation_effect_id = owed.id
         [delivery] = await deliver_now(runtime, clock, [owed])
         _invalidation_outcome(cleanup, delivery, clock.now(), errors)
+    elif not record["effect_exists"]:
+        # `nightcrew effects drop`: the operator decided nothing more is owed. Settle the
+        # record (or it would be reported forever), and say so.
+        cleanup.invalidated_via = "given up (effect dropped)"
+        cleanup.invalidated_at = clock.now()
     else:
         dead = record["effect_dead_at"] is not None
         cleanup.invalidation_state = "dead" if dead else "retrying"

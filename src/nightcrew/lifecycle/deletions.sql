@@ -30,6 +30,7 @@ UPDATE nightcrew.podcast_deletions
 -- With the state of the feed-invalidation effect each one owes (delivered by deliverEffects).
 SELECT d.podcast_id, d.slug, d.deleted_at, d.storage_cleaned_at, d.objects_deleted,
        d.objects_left, d.invalidated_at, d.attempts, d.last_error, d.invalidation_effect_id,
+       e.id IS NOT NULL AS effect_exists,
        e.delivered_at AS effect_delivered_at, e.dead_at AS effect_dead_at,
        e.attempts AS effect_attempts, e.last_error AS effect_error
   FROM nightcrew.podcast_deletions d

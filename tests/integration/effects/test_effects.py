@@ -582,3 +582,29 @@ async def test_retry_never_starts_a_second_delivery_of_an_effect_in_flight(
     # once the lease has run out (the drain died), the operator may re-drive it
     later = NOW + outbox.CLAIM_LEASE + MINUTE
     assert [r["id"] for r in await outbox.retry(db, later, ids=[effect.id])] == [effect.id]
+
+
+async def test_a_dropped_deletion_invalidation_stops_being_reported(
+    db: Database, clock: FrozenClock, fresh_db_url: str
+) -> None:
+    from nightcrew.adapters.queues import MemoryQueueProducer
+    from nightcrew.lifecycle.deletions import hard_delete_expired_podcasts
+
+    podcast = await f.podcast(db, status="pending_deletion", deletion_scheduled_at=NOW - DAY)
+    down = MemoryQueueProducer(clock, failing_queues=frozenset({"rss-invalidation"}))
+    async with httpx.AsyncClient() as http:  # and no feed worker to fall back on
+        runtime = make_runtime(
+            db, clock, fresh_db_url, queues=down, feedcache=HttpFeedCache(http, None, None)
+        )
+        first = await hard_delete_expired_podcasts(runtime, clock)
+    [left] = first.leftovers
+    assert left["invalidation_state"] == "retrying"
+    assert await outbox.drop(db, left["invalidation_effect_id"], NOW) is not None
+    async with httpx.AsyncClient() as http:
+        runtime = make_runtime(
+            db, clock, fresh_db_url, queues=down, feedcache=HttpFeedCache(http, None, None)
+        )
+        second = await hard_delete_expired_podcasts(runtime, clock)
+    assert second.leftovers == []
+    assert second.retried[0]["invalidated_via"] == "given up (effect dropped)"
+    assert second.retried[0]["podcast_id"] == podcast
