@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
@@ -144,6 +145,13 @@ def make_runtime(
 @pytest.fixture
 def runtime(db: Database, clock: FrozenClock, fresh_db_url: str) -> Runtime:
     return make_runtime(db, clock, fresh_db_url)
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client for adapters under test (news tests override it with their own)."""
+    async with httpx.AsyncClient() as client:
+        yield client
 
 
 @pytest.fixture(scope="session")

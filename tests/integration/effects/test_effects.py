@@ -15,7 +15,7 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -75,12 +75,6 @@ class Resend:
         if self.mode == "hang":
             time.sleep(0.6)
         return 200, {"id": f"email-{key}"}
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 @pytest.fixture

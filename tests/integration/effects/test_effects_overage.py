@@ -3,13 +3,12 @@ idempotency answers must never do (found in review of issue 9's first cut)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import httpx
-import pytest
 
 from nightcrew.adapters.feedcache import HttpFeedCache
+from nightcrew.adapters.queues import PUBLIC_API_INVALIDATION
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
 from nightcrew.effects.deliver import deliver_effects
@@ -20,22 +19,18 @@ from nightcrew.lifecycle.overage import (
 )
 from tests import factories as f
 from tests.conftest import NOW, make_runtime
+from tests.integration.effects.test_effects import _accept_queues, _refuse_queue
 from tests.integration.lifecycle.test_overage import (
     _account,
     _clock_columns,
     _stamps,
+    _suspend_now,
     runtime_with,
 )
 from tests.support.servers import RecordingServer
 
 DAY = timedelta(days=1)
 MINUTE = timedelta(minutes=1)
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 def _keys(resend: RecordingServer) -> list[str]:
@@ -127,29 +122,15 @@ async def test_a_suspended_message_still_retried_never_arrives_after_restored(
     account, (_, newest) = await _account(db)
     clock = FrozenClock(NOW)
     runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
-    await db.execute(
-        "UPDATE public.billing_accounts SET content_overage_since = %(s)s,"
-        " content_overage_deadline = %(d)s, content_overage_nag_stage = 3,"
-        " content_overage_last_nag_at = %(l)s WHERE id = %(a)s",
-        {"s": NOW - 31 * DAY, "d": NOW - DAY, "l": NOW - 4 * DAY, "a": account},
-    )
-    # the public-api queue refuses while the feed is suspended
-    await db.execute(
-        "CREATE FUNCTION nightcrew.refuse() RETURNS trigger LANGUAGE plpgsql AS $$"
-        " BEGIN RAISE EXCEPTION 'refused'; END $$"
-    )
-    await db.execute(
-        "CREATE TRIGGER refuse BEFORE INSERT ON nightcrew.queue_messages FOR EACH ROW"
-        " EXECUTE FUNCTION nightcrew.refuse()"
-    )
-    await run_overage_escalation(runtime, clock)
+    await _refuse_queue(db, PUBLIC_API_INVALIDATION)  # while the feed is suspended
+    await _suspend_now(runtime, db, account, clock)
     assert await _stamps(db, [newest]) == [NOW]
     await db.execute(
         "INSERT INTO public.cap_overrides (billing_account_id, resource, limit_value)"
         " VALUES (%(a)s, 'podcasts_per_account', 5)",
         {"a": account},
     )
-    await db.execute("DROP TRIGGER refuse ON nightcrew.queue_messages")
+    await _accept_queues(db)
     clock.advance(MINUTE)  # restored before the suspended message was ever delivered
     await run_overage_escalation(runtime, clock)
     clock.advance(DAY)

@@ -4,12 +4,10 @@ caches are told what changed — ``podcast.restored`` for the feeds no longer sa
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 import httpx
-import pytest
 
 from nightcrew.adapters.queues import PUBLIC_API_INVALIDATION
 from nightcrew.clock import FrozenClock
@@ -27,12 +25,6 @@ from tests.integration.lifecycle.test_overage import (
 from tests.support.servers import RecordingServer
 
 DAY = timedelta(days=1)
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 async def _messages(db: Database, after: int = 0) -> list[dict[str, Any]]:

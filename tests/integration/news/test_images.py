@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
 import pytest
 from werkzeug import Request, Response
@@ -15,12 +13,6 @@ PAGE = """<html><head><title>x</title>
 <meta property="og:image" content="/img/lead.jpg">
 <meta name="twitter:image" content="https://cdn.example/twitter.jpg">
 </head><body>story</body></html>"""
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 def pages(server: RecordingServer, routes: dict[str, Response]) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -23,12 +22,6 @@ STORY = Article(
     title="Council approves the new bridge",
     summary="After two years of debate the city council voted 9 to 2 for it.",
 )
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 async def test_offline_rules_are_named() -> None:
