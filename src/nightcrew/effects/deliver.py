@@ -337,7 +337,10 @@ async def deliver_now(runtime: Runtime, clock: Clock, effects: Sequence[Effect])
     if not effects:
         return []
     if runtime.dry_run:
-        return [await deliver(runtime, e, clock.now()) for e in effects]
+        return [
+            _settled_outcome(e) if e.settled else await deliver(runtime, e, clock.now())
+            for e in effects
+        ]
     report = DrainReport()
     claimed = await outbox.claim_ids(
         runtime.db, [e.id for e in effects if not e.settled], clock.now()
@@ -354,19 +357,20 @@ async def deliver_now(runtime: Runtime, clock: Clock, effects: Sequence[Effect])
     for effect in effects:
         if effect.id in done:
             out.append(done[effect.id])
-        elif effect.delivered_at is not None:
-            out.append(_delivered(earlier=True))
-        elif effect.dead_at is not None:
-            out.append(_failed(effect.last_error or "dead", permanent=True))
-        else:
-            current = await outbox.get(runtime.db, effect.id)
-            if current is not None and current.delivered_at is not None:
-                out.append(_delivered(earlier=True))
-            elif current is not None and current.dead_at is not None:
-                out.append(_failed(current.last_error or "dead", permanent=True))
-            else:  # in flight elsewhere, or left to the drain by the time budget
-                out.append(_failed("left to deliverEffects", permanent=False))
+            continue
+        current = effect if effect.settled else await outbox.get(runtime.db, effect.id)
+        if current is not None and current.settled:
+            out.append(_settled_outcome(current))
+        else:  # in flight elsewhere, or left to the drain by the time budget
+            out.append(_failed("left to deliverEffects", permanent=False))
     return out
+
+
+def _settled_outcome(effect: Effect) -> Delivery:
+    """The outcome of an effect settled before this caller could attempt it."""
+    if effect.delivered_at is not None:
+        return _delivered(earlier=True)
+    return _failed(effect.last_error or "dead", permanent=True)
 
 
 async def drain(
