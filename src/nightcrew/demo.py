@@ -24,6 +24,7 @@ from nightcrew.config import Settings
 from nightcrew.db.database import Database, with_dbname
 from nightcrew.db.embedded import EmbeddedPostgres
 from nightcrew.db.migrate import migrate
+from nightcrew.effects import outbox as effects_outbox
 from nightcrew.lifecycle.lanes import LaneReport, run_lane
 from nightcrew.runtime import Runtime, open_runtime
 
@@ -354,6 +355,10 @@ async def _run(
     news_lines = await _news(runtime, clock, now)
     assert minute is not None and daily is not None
     after, files_after = await _state(runtime.db), await _count_files(runtime.store)
+    owed = await effects_outbox.counts(runtime.db)
+    delivered = await runtime.db.fetch_one(
+        "SELECT count(*) AS n FROM nightcrew.effects WHERE delivered_at IS NOT NULL"
+    )
 
     lines = [
         "nightcrew demo — a sample podcast platform, and the crew at work on it",
@@ -388,6 +393,12 @@ async def _run(
         "scheduled for deletion in 10 days; the 2-day-old and the invited signups are kept.",
         "Stripe and the feed worker are not configured here, so billing resumes are skipped "
         "(loudly) and invalidations go to the in-database queue.",
+        f"Effects (every call that leaves the database, owed in the same transaction as its "
+        f"change): {delivered['n'] if delivered else 0} delivered, "
+        f"{sum(k['pending'] for k in owed.values())} being retried, "
+        f"{sum(k['dead'] for k in owed.values())} given up because Stripe and the feed worker "
+        "are not configured here (on your own database, `nightcrew effects list --dead` lists "
+        "such effects and `nightcrew effects retry --dead` re-drives them once configured).",
         "",
         f"Both runs are in the demo database's run history (nightcrew.runs {minute.run_id} and "
         f"{daily.run_id}). In normal runs every step above is also a JSON event on stderr.",
