@@ -4,11 +4,17 @@ Every request has timeouts, a response-size cap (a hostile feed cannot exhaust m
 bounded redirects (a loop is an error, not a hang), and conditional GET (ETag /
 Last-Modified → 304, nothing to parse). 429 and 503 honour ``Retry-After``. Parsing is
 ``feedparser``'s; a document it cannot read as a feed is a failure with a reason.
+
+The bytes are untrusted, so nothing that comes out of them may fail a run: any exception while
+reading a feed is that feed's failure; every item is sanitised before it goes anywhere (NUL
+and lone surrogates removed — PostgreSQL text holds neither —, titles and summaries bounded,
+links over 2,048 characters dropped, an impossible date read as no date).
 """
 
 from __future__ import annotations
 
 import email.utils
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -25,6 +31,15 @@ TIMEOUT = httpx.Timeout(15.0, connect=5.0)
 DEFAULT_RETRY_AFTER_SECONDS = 300
 MAX_RETRY_AFTER_SECONDS = 24 * 3600
 TRACKING_PARAMS = ("utm_", "fbclid", "gclid", "mc_cid", "mc_eid")
+# Bounds on what one item may carry into the database, the snapshot and a model's prompt.
+MAX_TITLE_CHARS = 1024
+MAX_SUMMARY_CHARS = 16 * 1024
+MAX_URL_CHARS = 2048
+
+# Numeric character references: feedparser turns one naming a surrogate into a lone surrogate
+# that later fails to encode (inside feedparser itself), and one naming NUL into a NUL.
+_CHAR_REF = re.compile(rb"&#(?:[xX]([0-9a-fA-F]{1,8})|([0-9]{1,10}));")
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 Outcome = Literal["ok", "not_modified", "retry_later", "failed"]
 
@@ -142,21 +157,64 @@ async def fetch_feed(
     except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
         return FetchResult(outcome="failed", error=describe_error(exc))
 
-    parsed = feedparser.parse(bytes(body))
-    if parsed.bozo and not parsed.entries:
-        reason = describe_error(parsed.bozo_exception) if parsed.get("bozo_exception") else ""
+    try:
+        parsed = feedparser.parse(_clean_char_refs(bytes(body)))
+        if parsed.bozo and not parsed.entries:
+            reason = describe_error(parsed.bozo_exception) if parsed.get("bozo_exception") else ""
+            return FetchResult(
+                outcome="failed",
+                status=status,
+                error=f"not a readable RSS/Atom feed ({reason or 'no entries'})",
+            )
+        if not parsed.entries and not parsed.get("version"):
+            # an empty body, an HTML page, XML that is no feed: a failure, counted toward parking
+            return FetchResult(
+                outcome="failed", status=status, error="not an RSS/Atom feed (no feed found)"
+            )
+        items = _items(parsed.entries)
+    except Exception as exc:  # untrusted bytes: whatever breaks is this feed's failure alone
         return FetchResult(
-            outcome="failed",
-            status=status,
-            error=f"not a readable RSS/Atom feed ({reason or 'no entries'})",
+            outcome="failed", status=status, error=f"could not read the feed: {describe_error(exc)}"
         )
     return FetchResult(
         outcome="ok",
         status=status,
-        items=_items(parsed.entries),
+        items=items,
         etag=new_etag,
         last_modified=new_last_modified,
     )
+
+
+def _clean_char_refs(body: bytes) -> bytes:
+    """Replace character references that name no storable character (a surrogate, NUL, past
+    U+10FFFF) with U+FFFD, before the parser turns them into text nothing can encode."""
+    if b"&#" not in body:
+        return body
+
+    def swap(match: re.Match[bytes]) -> bytes:
+        hex_digits, decimal = match.groups()
+        code = int(hex_digits, 16) if hex_digits else int(decimal)
+        if code == 0 or 0xD800 <= code <= 0xDFFF or code > 0x10FFFF:
+            return b"&#xFFFD;"
+        return match.group(0)
+
+    return _CHAR_REF.sub(swap, body)
+
+
+def _text(value: Any, limit: int) -> str:
+    """A feed string as it may be stored: no NUL, no lone surrogate, at most ``limit`` chars."""
+    return _UNSTORABLE.sub("", str(value)).strip()[:limit]
+
+
+def _published(stamp: Any) -> datetime | None:
+    """The entry's date in UTC; None when there is none or it is impossible (year 0, 10000)."""
+    if not stamp:
+        return None
+    try:
+        year, month, day, hour, minute, second = stamp[:6]
+        return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def _items(entries: list[Any]) -> list[FeedItem]:
@@ -166,6 +224,8 @@ def _items(entries: list[Any]) -> list[FeedItem]:
         link = entry.get("link") or entry.get("id")
         if not link or not str(link).startswith(("http://", "https://")):
             continue
+        if len(str(link)) > MAX_URL_CHARS or _UNSTORABLE.search(str(link)):
+            continue  # not an address a reader could follow, nor one an index can hold
         try:
             url = normalize_url(str(link))
         except ValueError:
@@ -173,21 +233,18 @@ def _items(entries: list[Any]) -> list[FeedItem]:
         if url in seen:
             continue
         seen.add(url)
-        published = None
-        stamp = entry.get("published_parsed") or entry.get("updated_parsed")
-        if stamp:
-            year, month, day, hour, minute, second = stamp[:6]
-            published = datetime(year, month, day, hour, minute, second, tzinfo=UTC)
+        published = _published(entry.get("published_parsed") or entry.get("updated_parsed"))
         image = None
         for media in entry.get("media_content", []) + entry.get("media_thumbnail", []):
-            if media.get("url"):
-                image = str(media["url"])
+            candidate = media.get("url")
+            if candidate and len(str(candidate)) <= MAX_URL_CHARS:
+                image = _text(candidate, MAX_URL_CHARS)
                 break
         items.append(
             FeedItem(
                 url=url,
-                title=str(entry.get("title", "")).strip(),
-                summary=str(entry.get("summary", "")).strip(),
+                title=_text(entry.get("title", ""), MAX_TITLE_CHARS),
+                summary=_text(entry.get("summary", ""), MAX_SUMMARY_CHARS),
                 published=published,
                 image_url=image,
             )

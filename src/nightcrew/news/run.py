@@ -29,7 +29,7 @@ from nightcrew.db.database import Database, QueryError, json_param
 from nightcrew.db.queries import load_queries
 from nightcrew.log import describe_error, event, warning
 from nightcrew.news import sources as news_sources
-from nightcrew.news.fetch import FeedItem, fetch_feed, new_client
+from nightcrew.news.fetch import FeedItem, FetchResult, fetch_feed, new_client
 from nightcrew.news.images import hydrate_image
 from nightcrew.news.review import Article, Reviewer, ReviewError, Verdict, make_reviewer
 from nightcrew.runtime import Runtime
@@ -387,19 +387,26 @@ async def _fetch_all(
 ) -> dict[str, tuple[dict[str, Any], FeedItem]]:
     gate = asyncio.Semaphore(FETCH_CONCURRENCY)
 
-    async def one(source: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    async def one(source: dict[str, Any]) -> tuple[dict[str, Any], FetchResult]:
         async with gate:
-            return source, await fetch_feed(
-                deps.http,
-                source["feed_url"],
-                now,
-                etag=source["etag"],
-                last_modified=source["last_modified"],
-            )
+            try:
+                return source, await fetch_feed(
+                    deps.http,
+                    source["feed_url"],
+                    now,
+                    etag=source["etag"],
+                    last_modified=source["last_modified"],
+                )
+            except Exception as exc:  # one source never takes the others' results with it
+                return source, FetchResult(outcome="failed", error=describe_error(exc))
 
     candidates: dict[str, tuple[dict[str, Any], FeedItem]] = {}
     for source, result in await asyncio.gather(*(one(s) for s in due)):
-        await news_sources.record_fetch(db, source, result, now)
+        try:
+            await news_sources.record_fetch(db, source, result, now)
+        except Exception as exc:
+            report.fetch_errors.append({"source": source["name"], "error": describe_error(exc)})
+            continue
         if result.outcome in ("failed", "retry_later"):
             report.fetch_errors.append({"source": source["name"], "error": result.error})
         for item in result.items:
