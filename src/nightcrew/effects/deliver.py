@@ -400,7 +400,9 @@ async def deliver_effects(runtime: Runtime, clock: Clock) -> DrainReport:
     intents, drain what is due, purge old delivered rows, refresh the gauges."""
     report = DrainReport()
     now = clock.now()
-    report.adopted = await outbox.adopt_feed_outbox(runtime.db, now, limit=ADOPT_FEED_OUTBOX_MAX)
+    report.adopted = len(
+        await outbox.adopt_feed_outbox(runtime.db, now, limit=ADOPT_FEED_OUTBOX_MAX)
+    )
     await drain(runtime, clock, report=report)
     report.purged = await outbox.purge_delivered(
         runtime.db, now - DELIVERED_RETENTION, limit=PURGE_BATCH

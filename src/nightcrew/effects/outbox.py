@@ -264,9 +264,18 @@ async def purge_delivered(db: Database, before: datetime, *, limit: int) -> int:
     return await db.execute(SQL["purge_delivered"], {"before": before, "limit": limit})
 
 
-async def adopt_feed_outbox(db: Database, now: datetime, *, limit: int) -> int:
-    """Give every undelivered ``feed_invalidation_outbox`` intent an effect that drives it."""
-    return await db.execute(
+async def adopt_feed_outbox(
+    db: Database | Tx, now: datetime, *, limit: int, ids: Sequence[str] | None = None
+) -> list[Effect]:
+    """Give undelivered ``feed_invalidation_outbox`` intents (these ``ids``, or any) the
+    ``feed_invalidate`` effect that drives them; returns the effects created."""
+    rows = await db.fetch(
         SQL["adopt_feed_outbox"],
-        {"now": now, "expires_at": now + MAX_AGE["feed_invalidate"], "limit": limit},
+        {
+            "now": now,
+            "expires_at": now + MAX_AGE["feed_invalidate"],
+            "limit": limit,
+            "ids": list(ids) if ids is not None else None,
+        },
     )
+    return [Effect.from_row(r) for r in rows]

@@ -121,16 +121,19 @@ DELETE FROM nightcrew.effects
                LIMIT %(limit)s);
 
 -- name: adopt_feed_outbox
--- Undelivered feed_invalidation_outbox intents that no effect drives yet (written by the
--- platform itself, or before this table existed): one feed_invalidate effect each.
+-- Undelivered feed_invalidation_outbox intents that no effect drives yet: the ones a caller
+-- just recorded (`ids`, in its transaction), or any (NULL: written by the platform itself, or
+-- before this table existed). One feed_invalidate effect each.
 INSERT INTO nightcrew.effects (kind, key, payload, created_at, next_attempt_at, expires_at)
 SELECT 'feed_invalidate', 'feed_invalidate:' || f.id,
        jsonb_build_object('podcast_id', f.podcast_id, 'outbox_id', f.id),
        %(now)s, %(now)s, %(expires_at)s
   FROM public.feed_invalidation_outbox f
  WHERE f.delivered_at IS NULL
+   AND (%(ids)s::uuid[] IS NULL OR f.id = ANY(%(ids)s::uuid[]))
    AND NOT EXISTS (SELECT 1 FROM nightcrew.effects e
                     WHERE e.kind = 'feed_invalidate' AND e.key = 'feed_invalidate:' || f.id)
  ORDER BY f.created_at
  LIMIT %(limit)s
-ON CONFLICT ON CONSTRAINT effects_one_per_key DO NOTHING;
+ON CONFLICT ON CONSTRAINT effects_one_per_key DO NOTHING
+RETURNING *;

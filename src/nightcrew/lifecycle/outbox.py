@@ -9,7 +9,7 @@ from datetime import datetime
 
 from nightcrew.db.database import Database, Tx
 from nightcrew.db.queries import load_queries
-from nightcrew.effects.outbox import MAX_AGE, Effect
+from nightcrew.effects.outbox import Effect, adopt_feed_outbox
 
 SQL = load_queries(__file__)
 
@@ -21,16 +21,9 @@ async def record(
     ``outbox_id``) for the caller's first delivery attempt after its commit."""
     if not podcast_ids:
         return []
-    rows = await db.fetch(
-        SQL["record"],
-        {
-            "podcast_ids": podcast_ids,
-            "reason": reason,
-            "now": now,
-            "expires_at": now + MAX_AGE["feed_invalidate"],
-        },
-    )
-    return [Effect.from_row(r) for r in rows]
+    rows = await db.fetch(SQL["record"], {"podcast_ids": podcast_ids, "reason": reason, "now": now})
+    ids = [str(r["id"]) for r in rows]
+    return await adopt_feed_outbox(db, now, limit=len(ids), ids=ids)
 
 
 async def pending_for_podcast(db: Database, podcast_id: str) -> list[str]:
