@@ -72,6 +72,12 @@ class Settings(BaseSettings):
     news_run_interval_minutes: Annotated[
         int, Field(alias="NEWS_RUN_INTERVAL_MINUTES", ge=1, le=60)
     ] = 10
+    news_allowed_private_hosts: Annotated[str, Field(alias="NEWS_ALLOWED_PRIVATE_HOSTS")] = ""
+    news_fetch_budget_seconds: Annotated[
+        float, Field(alias="NEWS_FETCH_BUDGET_SECONDS", gt=0, le=600)
+    ] = 30.0
+    news_max_title_chars: Annotated[int, Field(alias="NEWS_MAX_TITLE_CHARS", ge=16)] = 1024
+    news_max_summary_chars: Annotated[int, Field(alias="NEWS_MAX_SUMMARY_CHARS", ge=16)] = 16384
 
     # --- nightcrew's own knobs ---------------------------------------------------------------
     db_connect_timeout_seconds: Annotated[
@@ -88,6 +94,14 @@ class Settings(BaseSettings):
         if value == "postgres" or urlsplit(value).scheme in ("amqp", "amqps"):
             return value
         raise ValueError(f"unknown queue backend {value!r}; expected 'postgres' or amqp://…")
+
+    @field_validator("news_allowed_private_hosts")
+    @classmethod
+    def _allowed_hosts(cls, value: str) -> str:
+        from nightcrew.news.addresses import AddressPolicy
+
+        AddressPolicy.parse(value)  # a ValueError names the entry it cannot read
+        return value
 
     @field_validator("database_url")
     @classmethod

@@ -411,6 +411,7 @@ async def _run(
 async def _news(runtime: Runtime, clock: Clock, now: datetime) -> list[str]:
     """Two sample feeds on a loopback server, two news runs: the second finds nothing new."""
     from nightcrew.adapters.locks import PostgresLeases
+    from nightcrew.news.addresses import AddressPolicy
     from nightcrew.news.demo_feeds import serve_sample_feeds
     from nightcrew.news.fetch import new_client
     from nightcrew.news.review import OfflineReviewer
@@ -420,11 +421,14 @@ async def _news(runtime: Runtime, clock: Clock, now: datetime) -> list[str]:
     with serve_sample_feeds() as base:
         for path, name in (("/city.xml", "City desk"), ("/science.xml", "Science desk")):
             await add_source(runtime.db, url=base + path, name=name, shard="demo", now=now)
-        async with new_client() as http:
+        # the sample feeds are on this machine: the one private address the demo may fetch
+        policy = AddressPolicy.parse("127.0.0.1")
+        async with new_client(policy) as http:
             deps = NewsDeps(
                 leases=PostgresLeases(runtime.db, clock),
                 http=http,
                 reviewer=OfflineReviewer(blocked_terms=frozenset({"casino"})),
+                policy=policy,
             )
             first = await run_shard(runtime, clock, deps, "demo", trigger="manual")
             second = await run_shard(runtime, clock, deps, "demo", trigger="manual")

@@ -7,10 +7,16 @@ Both backends give the same guarantees:
 * ``extend`` and ``release`` work only for the holder (the token is checked atomically), and
   ``extend`` *replaces* the TTL — redis-py's ``Lock.extend`` adds to the remaining TTL unless
   told ``replace_ttl=True``, a classic source of immortal locks;
-* a lease whose TTL ran out can be taken by someone else, whose fence is higher.
+* a lease whose TTL ran out can be taken by someone else, whose fence is higher;
+* ``acquire(..., fence_floor=F)`` draws a fence above F: a caller that keeps the newest fence
+  written (the news shard) passes it, so a holder from the other backend — PostgreSQL while
+  Redis is down, Redis again afterwards — is never fenced out by its backend's own counter.
 
 Redis locks are redis-py ``Lock`` objects with explicit tokens and ``thread_local=False``: the
-default thread-local token is shared by every task of one event loop.
+default thread-local token is shared by every task of one event loop. When Redis itself fails
+(connection refused or cut, a timeout), ``acquire`` raises ``LeaseBackendDown`` so the caller can
+fall back to PostgreSQL, and ``extend``/``release`` answer False: a lease that cannot be proven
+is treated as lost, never as held.
 """
 
 from __future__ import annotations
@@ -22,14 +28,33 @@ from typing import Any, Protocol
 
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database
+from nightcrew.errors import NightcrewError
+from nightcrew.log import describe_error, warning
 
 FENCE_SUFFIX = ":fence"
 ACQUIRE_WITH_FENCE = """
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    return redis.call('incr', KEYS[2])
+    local fence = redis.call('incr', KEYS[2])
+    local floor = tonumber(ARGV[3])
+    if fence <= floor then
+        fence = floor + 1
+        redis.call('set', KEYS[2], fence)
+    end
+    return fence
 end
 return 0
 """
+
+
+class LeaseBackendDown(NightcrewError):
+    """The lease backend (Redis) could not be reached; the message says how."""
+
+
+def _redis_failures() -> tuple[type[BaseException], ...]:
+    from redis.exceptions import RedisError
+
+    # callers catch LockError (the lease's own answer: not owned, expired) before these
+    return (RedisError, OSError, TimeoutError)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,7 +69,9 @@ class Lease:
 class Leases(Protocol):
     backend: str
 
-    async def acquire(self, name: str, ttl_seconds: float) -> Lease | None: ...
+    async def acquire(
+        self, name: str, ttl_seconds: float, *, fence_floor: int = 0
+    ) -> Lease | None: ...
 
     async def acquire_many(self, names: list[str], ttl_seconds: float) -> dict[str, Lease]:
         """Every lease of ``names`` that was free, in as few round trips as the backend can."""
@@ -63,17 +90,28 @@ class RedisLeases:
     def __init__(self, redis: Any) -> None:
         self._redis = redis
 
-    async def acquire(self, name: str, ttl_seconds: float) -> Lease | None:
+    async def acquire(
+        self, name: str, ttl_seconds: float, *, fence_floor: int = 0
+    ) -> Lease | None:
         from redis.asyncio.lock import Lock
 
         token = secrets.token_hex(16)
         # Lock and fence in one atomic step: a holder that stalls between the two could
         # otherwise draw a newer fence than the holder that replaced it.
-        fence = int(
-            await self._redis.eval(
-                ACQUIRE_WITH_FENCE, 2, name, name + FENCE_SUFFIX, token, int(ttl_seconds * 1000)
+        try:
+            fence = int(
+                await self._redis.eval(
+                    ACQUIRE_WITH_FENCE,
+                    2,
+                    name,
+                    name + FENCE_SUFFIX,
+                    token,
+                    int(ttl_seconds * 1000),
+                    fence_floor,
+                )
             )
-        )
+        except _redis_failures() as exc:
+            raise LeaseBackendDown(f"Redis lease {name}: {describe_error(exc)}") from exc
         if fence == 0:
             return None
         lock = Lock(self._redis, name, timeout=ttl_seconds, blocking=False, thread_local=False)
@@ -101,6 +139,9 @@ class RedisLeases:
             )
         except LockError:  # LockNotOwnedError included: expired, or someone else holds it
             return False
+        except _redis_failures() as exc:
+            warning("lease.redis_unavailable", lease=lease.name, error=describe_error(exc))
+            return False
 
     async def release(self, lease: Lease) -> bool:
         from redis.exceptions import LockError
@@ -108,6 +149,9 @@ class RedisLeases:
         try:
             await lease.handle.release()
         except LockError:
+            return False
+        except _redis_failures() as exc:  # it expires by its TTL
+            warning("lease.redis_unavailable", lease=lease.name, error=describe_error(exc))
             return False
         return True
 
@@ -119,24 +163,33 @@ class PostgresLeases:
         self._db = db
         self._clock = clock
 
-    async def acquire(self, name: str, ttl_seconds: float) -> Lease | None:
-        return (await self.acquire_many([name], ttl_seconds)).get(name)
+    async def acquire(
+        self, name: str, ttl_seconds: float, *, fence_floor: int = 0
+    ) -> Lease | None:
+        return (await self._acquire([name], ttl_seconds, fence_floor)).get(name)
 
     async def acquire_many(self, names: list[str], ttl_seconds: float) -> dict[str, Lease]:
+        return await self._acquire(names, ttl_seconds, 0)
+
+    async def _acquire(
+        self, names: list[str], ttl_seconds: float, fence_floor: int
+    ) -> dict[str, Lease]:
         if not names:
             return {}
         now = self._clock.now()
         token = secrets.token_hex(16)  # one token for the batch; names keep them apart
         rows = await self._db.fetch(
             "INSERT INTO nightcrew.leases AS l (name, token, fence, expires_at)"
-            " SELECT n, %(token)s, 1, %(expires)s FROM unnest(%(names)s::text[]) AS n"
+            " SELECT n, %(token)s, %(floor)s + 1, %(expires)s FROM unnest(%(names)s::text[]) AS n"
             " ON CONFLICT (name) DO UPDATE"
-            "   SET token = excluded.token, fence = l.fence + 1, expires_at = excluded.expires_at"
+            "   SET token = excluded.token, fence = greatest(l.fence + 1, excluded.fence),"
+            "       expires_at = excluded.expires_at"
             "   WHERE l.expires_at <= %(now)s"
             " RETURNING name, fence",
             {
                 "names": names,
                 "token": token,
+                "floor": fence_floor,
                 "now": now,
                 "expires": now + timedelta(seconds=ttl_seconds),
             },

@@ -1,29 +1,39 @@
 """Fetching one RSS/Atom feed, politely and defensively.
 
-Every request has timeouts, a response-size cap (a hostile feed cannot exhaust memory),
-bounded redirects (a loop is an error, not a hang), and conditional GET (ETag /
-Last-Modified → 304, nothing to parse). 429 and 503 honour ``Retry-After``. Parsing is
-``feedparser``'s; a document it cannot read as a feed is a failure with a reason.
+Every request goes through the address policy (``news/addresses.py``), has per-read timeouts
+and a total time budget (a server sending a byte every few seconds cannot hold a run), a
+response-size cap (a hostile feed cannot exhaust memory), bounded redirects (a loop is an
+error, not a hang), and conditional GET (ETag / Last-Modified → 304, nothing to parse); a body
+identical to the last one (its SHA-256 is kept) is not parsed again either. 429 and 503 honour
+``Retry-After``. Parsing is ``news/parse.py``'s; a document that is no feed — an empty body, an
+HTML page, other XML — is a failure with a reason, counted toward parking.
 
 The bytes are untrusted, so nothing that comes out of them may fail a run: any exception while
 reading a feed is that feed's failure; every item is sanitised before it goes anywhere (NUL
 and lone surrogates removed — PostgreSQL text holds neither —, titles and summaries bounded,
-links over 2,048 characters dropped, an impossible date read as no date).
+links over 2,048 characters dropped, an impossible date read as no date). Links are resolved
+against the feed's own address (``xml:base`` and ``Content-Location`` first), schemes compared
+case-insensitively, credentials stripped; a feed's image URL must pass the address policy.
 """
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
+import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from typing import Literal
+from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
 
-import feedparser
+import httpcore
 import httpx
 
 from nightcrew.log import describe_error
+from nightcrew.news.addresses import AddressPolicy, PolicyTransport, UnsafeURL, host_port
+from nightcrew.news.parse import RawEntry, parse_feed
 
 MAX_FEED_BYTES = 5 * 1024 * 1024
 MAX_REDIRECTS = 5
@@ -35,6 +45,7 @@ TRACKING_PARAMS = ("utm_", "fbclid", "gclid", "mc_cid", "mc_eid")
 MAX_TITLE_CHARS = 1024
 MAX_SUMMARY_CHARS = 16 * 1024
 MAX_URL_CHARS = 2048
+FETCH_BUDGET_SECONDS = 30.0
 
 # Numeric character references: feedparser turns one naming a surrogate into a lone surrogate
 # that later fails to encode (inside feedparser itself), and one naming NUL into a NUL.
@@ -54,14 +65,34 @@ class FeedItem:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ItemLimits:
+    """How much of one item is kept (``NEWS_MAX_TITLE_CHARS``, ``NEWS_MAX_SUMMARY_CHARS``)."""
+
+    title_chars: int = MAX_TITLE_CHARS
+    summary_chars: int = MAX_SUMMARY_CHARS
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FeedRules:
+    """What one fetch must respect: whose addresses, how long in all, how much per item."""
+
+    policy: AddressPolicy
+    budget_seconds: float = FETCH_BUDGET_SECONDS
+    limits: ItemLimits = ItemLimits()
+    max_bytes: int = MAX_FEED_BYTES
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class FetchResult:
     outcome: Outcome
     items: list[FeedItem] = field(default_factory=list)
     etag: str | None = None
     last_modified: str | None = None
+    body_hash: str | None = None
     retry_after_seconds: int | None = None
     status: int | None = None
     error: str | None = None
+    parser: str | None = None
 
 
 def normalize_url(url: str) -> str:
@@ -74,12 +105,13 @@ def normalize_url(url: str) -> str:
         for k, v in parse_qsl(parts.query, keep_blank_values=True)
         if not k.lower().startswith(TRACKING_PARAMS)
     )
-    netloc = parts.netloc.lower()
-    if (parts.scheme == "https" and netloc.endswith(":443")) or (
-        parts.scheme == "http" and netloc.endswith(":80")
+    scheme = parts.scheme.lower()
+    netloc = host_port(parts)  # lower-cased host, and no ``user:secret@``
+    if (scheme == "https" and netloc.endswith(":443")) or (
+        scheme == "http" and netloc.endswith(":80")
     ):
         netloc = netloc.rsplit(":", 1)[0]
-    return urlunsplit((parts.scheme.lower(), netloc, parts.path or "/", urlencode(query), ""))
+    return urlunsplit((scheme, netloc, parts.path or "/", urlencode(query), ""))
 
 
 def retry_after_seconds(value: str | None, now: datetime) -> int:
@@ -104,10 +136,31 @@ async def fetch_feed(
     client: httpx.AsyncClient,
     url: str,
     now: datetime,
+    rules: FeedRules,
     *,
     etag: str | None = None,
     last_modified: str | None = None,
-    max_bytes: int = MAX_FEED_BYTES,
+    body_hash: str | None = None,
+) -> FetchResult:
+    """One feed, within ``rules.budget_seconds`` from the first byte sent to the last parsed."""
+    try:
+        async with asyncio.timeout(rules.budget_seconds):
+            return await _fetch(client, url, now, rules, etag, last_modified, body_hash)
+    except TimeoutError:
+        return FetchResult(
+            outcome="failed",
+            error=f"the feed took longer than the {rules.budget_seconds:g} s budget",
+        )
+
+
+async def _fetch(
+    client: httpx.AsyncClient,
+    url: str,
+    now: datetime,
+    rules: FeedRules,
+    etag: str | None,
+    last_modified: str | None,
+    body_hash: str | None,
 ) -> FetchResult:
     headers = {
         "Accept": "application/rss+xml, application/atom+xml, application/xml;q=0.9, */*;q=0.5"
@@ -116,14 +169,20 @@ async def fetch_feed(
         headers["If-None-Match"] = etag
     if last_modified:
         headers["If-Modified-Since"] = last_modified
+    max_bytes = rules.max_bytes
     try:
+        rules.policy.check_url(url)
         async with client.stream(
             "GET", url, headers=headers, timeout=TIMEOUT, follow_redirects=True
         ) as response:
             status = response.status_code
             if status == 304:
                 return FetchResult(
-                    outcome="not_modified", status=status, etag=etag, last_modified=last_modified
+                    outcome="not_modified",
+                    status=status,
+                    etag=etag,
+                    last_modified=last_modified,
+                    body_hash=body_hash,
                 )
             if status in (429, 503):
                 return FetchResult(
@@ -152,26 +211,34 @@ async def fetch_feed(
                     )
             new_etag = response.headers.get("ETag")
             new_last_modified = response.headers.get("Last-Modified")
+            base = urljoin(str(response.url), response.headers.get("Content-Location", ""))
+    except UnsafeURL as exc:
+        return FetchResult(outcome="failed", error=f"refused: {exc}")
     except httpx.TooManyRedirects:
         return FetchResult(outcome="failed", error=f"more than {MAX_REDIRECTS} redirects")
-    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
+    except (httpx.HTTPError, httpcore.TimeoutException, httpx.InvalidURL, ValueError) as exc:
         return FetchResult(outcome="failed", error=describe_error(exc))
 
+    digest = hashlib.sha256(body).hexdigest()
+    if body_hash is not None and digest == body_hash:
+        # a server that sends neither ETag nor Last-Modified, and the same bytes: nothing new
+        return FetchResult(
+            outcome="not_modified",
+            status=status,
+            etag=new_etag,
+            last_modified=new_last_modified,
+            body_hash=digest,
+        )
     try:
-        parsed = feedparser.parse(_clean_char_refs(bytes(body)))
-        if parsed.bozo and not parsed.entries:
-            reason = describe_error(parsed.bozo_exception) if parsed.get("bozo_exception") else ""
+        parsed = parse_feed(_clean_char_refs(bytes(body)), base)
+        if not parsed.is_feed or (parsed.problem and not parsed.entries):
+            # an empty body, an HTML page, XML that is no feed: a failure, counted toward parking
             return FetchResult(
                 outcome="failed",
                 status=status,
-                error=f"not a readable RSS/Atom feed ({reason or 'no entries'})",
+                error=f"not a readable RSS/Atom feed ({parsed.problem or 'no feed found'})",
             )
-        if not parsed.entries and not parsed.get("version"):
-            # an empty body, an HTML page, XML that is no feed: a failure, counted toward parking
-            return FetchResult(
-                outcome="failed", status=status, error="not an RSS/Atom feed (no feed found)"
-            )
-        items = _items(parsed.entries)
+        items = _items(parsed.entries, base, rules)
     except Exception as exc:  # untrusted bytes: whatever breaks is this feed's failure alone
         return FetchResult(
             outcome="failed", status=status, error=f"could not read the feed: {describe_error(exc)}"
@@ -182,6 +249,8 @@ async def fetch_feed(
         items=items,
         etag=new_etag,
         last_modified=new_last_modified,
+        body_hash=digest,
+        parser=parsed.parser,
     )
 
 
@@ -201,12 +270,12 @@ def _clean_char_refs(body: bytes) -> bytes:
     return _CHAR_REF.sub(swap, body)
 
 
-def _text(value: Any, limit: int) -> str:
+def _text(value: str, limit: int) -> str:
     """A feed string as it may be stored: no NUL, no lone surrogate, at most ``limit`` chars."""
-    return _UNSTORABLE.sub("", str(value)).strip()[:limit]
+    return _UNSTORABLE.sub("", value).strip()[:limit]
 
 
-def _published(stamp: Any) -> datetime | None:
+def _published(stamp: tuple[int, ...] | None) -> datetime | None:
     """The entry's date in UTC; None when there is none or it is impossible (year 0, 10000)."""
     if not stamp:
         return None
@@ -217,36 +286,46 @@ def _published(stamp: Any) -> datetime | None:
         return None
 
 
-def _items(entries: list[Any]) -> list[FeedItem]:
+def article_url(link: str, base: str) -> str | None:
+    """The normalised address a reader can follow, or None: resolved against the feed's
+    address, http(s) in any case, at most 2,048 characters, nothing an index cannot hold."""
+    if len(link) > MAX_URL_CHARS or _UNSTORABLE.search(link):
+        return None
+    try:
+        absolute = urljoin(base, link.strip())
+        if urlsplit(absolute).scheme.lower() not in ("http", "https"):
+            return None
+        url = normalize_url(absolute)
+    except ValueError:
+        return None  # a malformed link (a bad port, a broken IPv6 literal) is not an article
+    return url if len(url) <= MAX_URL_CHARS and urlsplit(url).hostname else None
+
+
+def _image(candidates: Iterable[str], base: str, policy: AddressPolicy) -> str | None:
+    for candidate in candidates:
+        if len(candidate) > MAX_URL_CHARS or _UNSTORABLE.search(candidate):
+            continue
+        image = policy.published_url(urljoin(base, candidate))
+        if image is not None:
+            return image
+    return None
+
+
+def _items(entries: list[RawEntry], base: str, rules: FeedRules) -> list[FeedItem]:
     items: list[FeedItem] = []
     seen: set[str] = set()
     for entry in entries:
-        link = entry.get("link") or entry.get("id")
-        if not link or not str(link).startswith(("http://", "https://")):
-            continue
-        if len(str(link)) > MAX_URL_CHARS or _UNSTORABLE.search(str(link)):
-            continue  # not an address a reader could follow, nor one an index can hold
-        try:
-            url = normalize_url(str(link))
-        except ValueError:
-            continue  # a malformed link (a bad port, a broken IPv6 literal) is not an article
-        if url in seen:
+        url = article_url(entry.link, base) if entry.link else None
+        if url is None or url in seen:
             continue
         seen.add(url)
-        published = _published(entry.get("published_parsed") or entry.get("updated_parsed"))
-        image = None
-        for media in entry.get("media_content", []) + entry.get("media_thumbnail", []):
-            candidate = media.get("url")
-            if candidate and len(str(candidate)) <= MAX_URL_CHARS:
-                image = _text(candidate, MAX_URL_CHARS)
-                break
         items.append(
             FeedItem(
                 url=url,
-                title=_text(entry.get("title", ""), MAX_TITLE_CHARS),
-                summary=_text(entry.get("summary", ""), MAX_SUMMARY_CHARS),
-                published=published,
-                image_url=image,
+                title=_text(entry.title, rules.limits.title_chars),
+                summary=_text(entry.summary, rules.limits.summary_chars),
+                published=_published(entry.published),
+                image_url=_image(entry.images, base, rules.policy),
             )
         )
     return items
@@ -258,5 +337,13 @@ def next_check(now: datetime, result: FetchResult, interval: timedelta) -> datet
     return now + interval
 
 
-def new_client() -> httpx.AsyncClient:
-    return httpx.AsyncClient(max_redirects=MAX_REDIRECTS, headers={"User-Agent": "nightcrew"})
+def new_client(
+    policy: AddressPolicy, *, inner: httpcore.AsyncNetworkBackend | None = None
+) -> httpx.AsyncClient:
+    """The news worker's client for untrusted addresses: every connection through the policy."""
+    return httpx.AsyncClient(
+        transport=PolicyTransport(policy, inner=inner),
+        max_redirects=MAX_REDIRECTS,
+        headers={"User-Agent": "nightcrew"},
+        trust_env=False,
+    )

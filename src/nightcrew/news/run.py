@@ -1,10 +1,12 @@
 """One news run of one shard, in spec 001's order.
 
-lock → fetch RSS candidates → processed-URL lookup (Redis set + database, in bulk) → queued
-counts by source and shard → article count → backpressure check → extend the lease → image
-hydration → per-article AI review locks → review + translation → writes (fenced) → snapshot
-→ report. When the queue or the database is over its limit the run stops before the first
-expensive step and saves a lightweight report that says why.
+lock → fetch RSS candidates → processed-URL lookup (Redis set + database, in bulk) → hold
+the new candidates (with each source's fetch state, in one transaction) → queued counts by
+source and shard → article count → backpressure check → extend the lease → image hydration →
+per-article AI review locks → review + translation → writes (fenced) → snapshot → report.
+When the queue or the database is over its limit the run stops before the first expensive
+step and saves a lightweight report that says why. Whatever a run does not write stays held in
+``news.candidates`` (``news/candidates.py``) and goes first next time: deferred means later.
 """
 
 from __future__ import annotations
@@ -23,13 +25,30 @@ from typing import Any, Literal
 import httpx
 
 from nightcrew import runs
-from nightcrew.adapters.locks import Lease, Leases, PostgresLeases, RedisLeases
+from nightcrew.adapters.locks import (
+    Lease,
+    LeaseBackendDown,
+    Leases,
+    PostgresLeases,
+    RedisLeases,
+)
+from nightcrew.adapters.processed import RedisProcessedUrls
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database, QueryError, json_param
 from nightcrew.db.queries import load_queries
 from nightcrew.log import describe_error, event, warning
+from nightcrew.news import candidates as held_candidates
 from nightcrew.news import sources as news_sources
-from nightcrew.news.fetch import FeedItem, FetchResult, fetch_feed, new_client
+from nightcrew.news.addresses import AddressPolicy
+from nightcrew.news.candidates import Candidate
+from nightcrew.news.fetch import (
+    FeedItem,
+    FeedRules,
+    FetchResult,
+    ItemLimits,
+    fetch_feed,
+    new_client,
+)
 from nightcrew.news.images import hydrate_image
 from nightcrew.news.review import Article, Reviewer, ReviewError, Verdict, make_reviewer
 from nightcrew.runtime import Runtime
@@ -42,7 +61,6 @@ HYDRATE_CONCURRENCY = 8
 NO_THUMBNAIL_RETRY_AGE_SECONDS = 6 * 3600
 NO_THUMBNAIL_RETRY_MAX = 20
 SNAPSHOT_SIZE = 50
-PROCESSED_SET = "news:processed"
 TRANSLATION_LANGUAGE = "English"
 
 Trigger = Literal["manual", "scheduled"]
@@ -54,13 +72,14 @@ class StaleLease(Exception):
 
 @dataclass(kw_only=True)
 class NewsDeps:
-    """What a run needs beyond the Runtime: the lease backend, Redis (if any), HTTP, a reviewer."""
+    """What a run needs beyond the Runtime: the lease backend, Redis (if any), the HTTP client
+    for untrusted addresses (``new_client(policy)``) and its policy, a reviewer."""
 
     leases: Leases
     http: httpx.AsyncClient
     reviewer: Reviewer
+    policy: AddressPolicy
     redis: Any = None  # redis.asyncio client, or None
-    allowed_image_hosts: frozenset[str] = frozenset()
 
 
 @dataclass(kw_only=True)
@@ -86,6 +105,7 @@ class NewsReport:
     translated_count: int = 0
     skipped: bool = False
     fetch_errors: list[dict[str, Any]] = field(default_factory=list)
+    write_errors: list[dict[str, Any]] = field(default_factory=list)
     duration_ms: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -111,6 +131,7 @@ class NewsReport:
             "redisEnabled": self.redis_enabled,
             "translatedCount": self.translated_count,
             "fetchErrors": self.fetch_errors,
+            "writeErrors": self.write_errors,
             "durationMs": self.duration_ms,
         }
 
@@ -131,28 +152,35 @@ async def run_shard(
         backpressure_queue_limit=settings.ingestion_backpressure_queue_limit,
         backpressure_db_article_limit=settings.ingestion_backpressure_db_article_limit,
     )
-    lease = await deps.leases.acquire(shard_lock_name(shard), settings.worker_lock_ttl_seconds)
+    leases = deps.leases
+    # the newest fence written: a lease from either backend draws a fence above it
+    row = await runtime.db.fetch_one(SQL["shard_fence"], {"shard": shard})
+    floor = int(row["fence"]) if row else 0
+    name, ttl = shard_lock_name(shard), settings.worker_lock_ttl_seconds
+    try:
+        lease = await leases.acquire(name, ttl, fence_floor=floor)
+    except LeaseBackendDown as exc:  # Redis trouble never kills a run: PostgreSQL leases
+        warning("worker.redis.unavailable", error=str(exc))
+        report.redis_enabled = False
+        leases = PostgresLeases(runtime.db, clock)
+        lease = await leases.acquire(name, ttl, fence_floor=floor)
     if lease is None:
         report.skipped, report.locked_count = True, 1
+        report.deferred_count = await held_candidates.count_held(runtime.db, shard)
         report.deferred_reasons.append("another run holds this shard's lock")
         (event if trigger == "manual" else warning)(
             "worker.shard_locked", shard=shard, trigger=trigger
         )
-        return _finish(report, started)
+        report = _finish(report, started)
+        await _save(runtime.db, report, clock)
+        return report
+    work = _Run(runtime=runtime, clock=clock, deps=deps, leases=leases, lease=lease, report=report)
     try:
-        await _run(runtime, clock, deps, lease, report)
+        await work.run()
     finally:
-        await deps.leases.release(lease)
+        await leases.release(lease)
     report = _finish(report, started)
-    await runtime.db.execute(
-        SQL["save_report"],
-        {
-            "shard": shard,
-            "trigger": trigger,
-            "now": clock.now(),
-            "report": json_param(report.to_json()),
-        },
-    )
+    await _save(runtime.db, report, clock)
     event(
         "worker.run_completed",
         **{k: v for k, v in report.to_json().items() if isinstance(v, int | bool | str)},
@@ -160,213 +188,362 @@ async def run_shard(
     return report
 
 
+async def _save(db: Database, report: NewsReport, clock: Clock) -> None:
+    await db.execute(
+        SQL["save_report"],
+        {
+            "shard": report.shard,
+            "trigger": report.trigger,
+            "now": clock.now(),
+            "report": json_param(report.to_json()),
+        },
+    )
+
+
 def _finish(report: NewsReport, started: float) -> NewsReport:
     report.duration_ms = round((time.perf_counter() - started) * 1000, 1)
     return report
 
 
-async def _run(
-    runtime: Runtime, clock: Clock, deps: NewsDeps, lease: Lease, report: NewsReport
-) -> None:
-    db, settings, now = runtime.db, runtime.settings, clock.now()
+Verdicts = list[tuple[Candidate, Verdict | None, str | None]]
 
-    # 1. RSS candidates from every due source of the shard
-    due = await db.fetch(news_sources.SQL["due_sources"], {"shard": report.shard, "now": now})
-    candidates = await _fetch_all(db, deps, due, now, report)
 
-    # 2. processed-URL lookup, in bulk: the Redis set first, then the database
-    urls = list(candidates)
-    seen: set[str] = set()
-    redis = deps.redis  # per run: one run's Redis trouble does not switch it off for the next
-    if redis is not None and urls:
+@dataclass(kw_only=True)
+class _Run:
+    """One run of one shard, holding ``lease`` (from ``leases``: Redis, or PostgreSQL when
+    Redis failed)."""
+
+    runtime: Runtime
+    clock: Clock
+    deps: NewsDeps
+    leases: Leases
+    lease: Lease
+    report: NewsReport
+
+    async def run(self) -> None:
+        runtime, deps, report, lease = self.runtime, self.deps, self.report, self.lease
+        db, settings, now = runtime.db, runtime.settings, self.clock.now()
+        processed = RedisProcessedUrls(deps.redis) if deps.redis is not None else None
+        if not report.redis_enabled:
+            processed = None
+
+        # 1. RSS candidates from every due source of the shard
+        due = await db.fetch(news_sources.SQL["due_sources"], {"shard": report.shard, "now": now})
+        fetched = await _fetch_all(deps, feed_rules(settings, deps.policy), due, now)
+
+        # 2. processed-URL lookup in bulk: the Redis set here, the database as they are held
+        seen: set[str] = set()
+        if processed is not None:
+            hits = await processed.seen([i.url for _, r in fetched for i in r.items])
+            if hits is None:  # Redis went away mid-run: the database still knows
+                processed, report.redis_enabled = None, False
+            else:
+                seen = hits
+
+        # 3. hold what is new, with each source's fetch state; then the shard's queue, oldest
+        # first — what earlier runs deferred goes before what this run fetched
+        for source, result in fetched:
+            await self._hold(source, result, [i for i in result.items if i.url not in seen], now)
+        queue = await held_candidates.held(db, report.shard)
+        report.queued_count = len(queue)
+        report.queued_by_source = dict(Counter(c.source_label for c in queue))
+
+        # 4. the article count (telemetry: a failure is reported and the run goes on)
+        await self._count_articles()
+        retries = await db.fetch(
+            SQL["retry_candidates"],
+            {
+                "shard": report.shard,
+                "now": now,
+                "retry_age_seconds": NO_THUMBNAIL_RETRY_AGE_SECONDS,
+                "limit": NO_THUMBNAIL_RETRY_MAX,
+            },
+        )
+        report.retried_count = len(retries)
+
+        # 5. backpressure, before anything expensive
+        if self._pressure():
+            report.deferred_count = report.queued_count
+            await self._defer(queue, "; ".join(report.deferred_reasons))
+            warning(
+                "worker.backpressure.deferred", shard=report.shard, reasons=report.deferred_reasons
+            )
+            return
+
+        # 6. extend the lease before the expensive work (holder-only; replaces the TTL)
+        if not await self.leases.extend(lease, settings.worker_lock_ttl_seconds):
+            warning("worker.redis.worker_lock_extend_failed", shard=report.shard)
+            report.deferred_count = report.queued_count
+            report.deferred_reasons.append("the shard lease was lost before the expensive steps")
+            await self._defer(queue, report.deferred_reasons[-1])
+            return
+
+        # 7. image hydration (items without a feed image), and the no-thumbnail retries
+        to_process, later = queue[: settings.max_ai_reviews], queue[settings.max_ai_reviews :]
+        if later:
+            report.deferred_reasons.append(f"MAX_AI_REVIEWS {settings.max_ai_reviews} reached")
+            await self._defer(later, report.deferred_reasons[-1])
+        images = await _hydrate(deps, [c.url for c in to_process if not c.item.image_url])
+        await _retry_thumbnails(db, deps, retries, now)
+
+        # 8-10. per-article review locks, review and translation, fenced writes
+        written = await self._review_and_write(to_process, images)
+        report.deferred_count = await held_candidates.count_held(db, report.shard)
+        if processed is not None and written and not await processed.add(written):
+            report.redis_enabled = False
+
+        # 10b. the translation backlog (earlier summaries whose translation failed), under the
+        # same lease, extended first
+        if deps.reviewer.translation_enabled:
+            await _translate_backlog(
+                db,
+                deps,
+                self.leases,
+                lease,
+                report,
+                settings.max_ai_reviews,
+                settings.worker_lock_ttl_seconds,
+            )
+
+        # 11. the public snapshot — only while this holder's fence is still the newest
+        if (
+            await db.fetch_one(SQL["claim_fence"], {"shard": report.shard, "fence": lease.fence})
+            is None
+        ):
+            raise StaleLease(f"shard {report.shard}: a newer lease holder has written")
+        latest = await db.fetch(SQL["snapshot"], {"shard": report.shard, "limit": SNAPSHOT_SIZE})
+        document = {"shard": report.shard, "generatedAt": now.isoformat(), "articles": latest}
+        await runtime.store.put(
+            f"news/snapshots/{report.shard}.json", json.dumps(document, default=str).encode()
+        )
+
+    async def _hold(
+        self, source: dict[str, Any], result: FetchResult, items: list[FeedItem], now: datetime
+    ) -> None:
+        report, db = self.report, self.runtime.db
         try:
-            flags = await redis.smismember(PROCESSED_SET, urls)
-            seen.update(u for u, hit in zip(urls, flags, strict=True) if hit)
-        except Exception as exc:  # Redis went away mid-run: the database still knows
-            warning("worker.redis.unavailable", error=describe_error(exc))
-            redis, report.redis_enabled = None, False
-    rest = [u for u in urls if u not in seen]
-    if rest:
-        seen.update(r["url"] for r in await db.fetch(SQL["processed_urls"], {"urls": rest}))
-    queued = {u: candidates[u] for u in urls if u not in seen}
+            await held_candidates.record_and_hold(db, source, result, items, now)
+        except QueryError as exc:  # nothing held, fetch state not saved: fetched again next run
+            error = f"could not hold its items: {describe_error(exc)}"
+            report.fetch_errors.append({"source": source["name"], "error": error})
+            await news_sources.record_fetch(
+                db, source, FetchResult(outcome="failed", error=error), now
+            )
+            return
+        if result.outcome in ("failed", "retry_later"):
+            report.fetch_errors.append({"source": source["name"], "error": result.error})
 
-    # 3. queue visibility
-    report.queued_count = len(queued)
-    by_source = Counter(f"{src['name']} ({src['shard']})" for src, _ in queued.values())
-    report.queued_by_source = dict(by_source)
-
-    # 4. the article count (telemetry: a failure is reported and the run goes on)
-    try:
-        row = await db.fetch_one(SQL["article_count"])
-    except QueryError as exc:
-        report.backpressure_db_article_count_error = describe_error(exc)
-        warning("worker.backpressure.db_count_failed", error=describe_error(exc))
-    else:
+    async def _count_articles(self) -> None:
+        report = self.report
+        try:
+            row = await self.runtime.db.fetch_one(SQL["article_count"])
+        except QueryError as exc:
+            report.backpressure_db_article_count_error = describe_error(exc)
+            warning("worker.backpressure.db_count_failed", error=describe_error(exc))
+            return
         try:
             report.backpressure_db_article_count = int(row["n"])  # type: ignore[index]
         except (TypeError, ValueError) as exc:
             report.backpressure_db_article_count_error = f"not a count: {row!r}"
             warning("worker.backpressure.db_count_parse_failed", error=describe_error(exc))
 
-    # 5. backpressure, before anything expensive
-    if report.queued_count > settings.ingestion_backpressure_queue_limit:
-        report.deferred_reasons.append(
-            f"queue limit: {report.queued_count} queued > "
-            f"INGESTION_BACKPRESSURE_QUEUE_LIMIT {settings.ingestion_backpressure_queue_limit}"
+    def _pressure(self) -> bool:
+        report, settings = self.report, self.runtime.settings
+        if report.queued_count > settings.ingestion_backpressure_queue_limit:
+            report.deferred_reasons.append(
+                f"queue limit: {report.queued_count} queued > "
+                f"INGESTION_BACKPRESSURE_QUEUE_LIMIT {settings.ingestion_backpressure_queue_limit}"
+            )
+        count = report.backpressure_db_article_count
+        if count is not None and count >= settings.ingestion_backpressure_db_article_limit:
+            report.deferred_reasons.append(
+                f"database limit: {count} articles >= INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT "
+                f"{settings.ingestion_backpressure_db_article_limit}"
+            )
+        return bool(report.deferred_reasons)
+
+    async def _defer(self, queue: list[Candidate], reason: str, *, attempted: bool = False) -> None:
+        await held_candidates.defer(
+            self.runtime.db, [c.url for c in queue], reason, self.clock.now(), attempted=attempted
         )
-    count = report.backpressure_db_article_count
-    if count is not None and count >= settings.ingestion_backpressure_db_article_limit:
-        report.deferred_reasons.append(
-            f"database limit: {count} articles >= INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT "
-            f"{settings.ingestion_backpressure_db_article_limit}"
-        )
-    if report.deferred_reasons:
-        report.deferred_count = report.queued_count
-        warning("worker.backpressure.deferred", shard=report.shard, reasons=report.deferred_reasons)
-        return
 
-    # 6. extend the lease before the expensive work (holder-only; replaces the TTL)
-    if not await deps.leases.extend(lease, settings.worker_lock_ttl_seconds):
-        warning("worker.redis.worker_lock_extend_failed", shard=report.shard)
-        report.deferred_count = report.queued_count
-        report.deferred_reasons.append("the shard lease was lost before the expensive steps")
-        return
-
-    # 7. image hydration (items without a feed image), and the no-thumbnail retries
-    to_process = list(queued.items())[: settings.max_ai_reviews]
-    report.deferred_count = max(0, len(queued) - len(to_process))
-    if report.deferred_count:
-        report.deferred_reasons.append(f"MAX_AI_REVIEWS {settings.max_ai_reviews} reached")
-    images = await _hydrate(deps, [u for u, (_, item) in to_process if not item.image_url])
-    report.retried_count = await _retry_thumbnails(db, deps, report.shard, now)
-
-    # 8-9. per-article review locks (claimed in bulk), review and translation
-    names = {
-        url: "news:review:" + hashlib.sha256(url.encode()).hexdigest()[:32] for url, _ in to_process
-    }
-    locks = await deps.leases.acquire_many(
-        list(names.values()), settings.ai_review_lock_ttl_seconds
-    )
-    try:
-        held = [(u, pair) for u, pair in to_process if names[u] in locks]
-        report.redis_ai_review_lock_skipped_count += len(to_process) - len(held)
-        # Processed since our look-up (another shard, a run whose lease ran out)? Skip it: the
-        # review lock only says nobody is reviewing it *now*.
-        done = (
-            {
-                r["url"]
-                for r in await db.fetch(SQL["processed_urls"], {"urls": [u for u, _ in held]})
-            }
-            if held
-            else set()
-        )
-        verdicts: list[tuple[str, dict[str, Any], FeedItem, Verdict | None, str | None]] = []
-        last_extend = time.monotonic()
-        for url, (source, item) in held:
-            if url in done:
-                continue
-            if time.monotonic() - last_extend > settings.worker_lock_ttl_seconds / 3:
-                # a long review batch keeps its shard lease alive
-                if not await deps.leases.extend(lease, settings.worker_lock_ttl_seconds):
-                    warning("worker.redis.worker_lock_extend_failed", shard=report.shard)
-                    break
-                last_extend = time.monotonic()
-            verdict, translation, transient = await _review(deps.reviewer, item, report)
-            if transient:
-                continue  # not written, so not "processed": the next run reviews it again
-            verdicts.append((url, source, item, verdict, translation))
-
-        # 10. writes, fenced
-        written = await _write(db, lease, report.shard, verdicts, images, now)
-    finally:
-        await deps.leases.release_many(list(locks.values()))
-    report.processed_count = len(written)
-    if redis is not None and written:
+    async def _review_locks(self, names: list[str], ttl: float) -> tuple[Leases, dict[str, Lease]]:
         try:
-            await redis.sadd(PROCESSED_SET, *written)
-        except Exception as exc:
-            warning("worker.redis.unavailable", error=describe_error(exc))
-            report.redis_enabled = False
+            return self.leases, await self.leases.acquire_many(names, ttl)
+        except LeaseBackendDown as exc:
+            warning("worker.redis.unavailable", error=str(exc))
+            self.report.redis_enabled = False
+            fallback = PostgresLeases(self.runtime.db, self.clock)
+            return fallback, await fallback.acquire_many(names, ttl)
 
-    # 10b. the translation backlog (earlier summaries whose translation failed), under the same
-    # lease, extended first
-    if deps.reviewer.translation_enabled:
-        await _translate_backlog(
-            db, deps, lease, report, settings.max_ai_reviews, settings.worker_lock_ttl_seconds
+    async def _review_and_write(
+        self, to_process: list[Candidate], images: dict[str, str]
+    ) -> list[str]:
+        db, deps, report, settings = self.runtime.db, self.deps, self.report, self.runtime.settings
+        names = {
+            c.url: "news:review:" + hashlib.sha256(c.url.encode()).hexdigest()[:32]
+            for c in to_process
+        }
+        lock_leases, locks = await self._review_locks(
+            list(names.values()), settings.ai_review_lock_ttl_seconds
         )
+        try:
+            held = [c for c in to_process if names[c.url] in locks]
+            report.redis_ai_review_lock_skipped_count += len(to_process) - len(held)
+            await self._defer(
+                [c for c in to_process if names[c.url] not in locks],
+                "another run is reviewing it",
+            )
+            # Processed since our look-up (another shard, a run whose lease ran out)? Drop it:
+            # the review lock only says nobody is reviewing it *now*.
+            done = (
+                {
+                    r["url"]
+                    for r in await db.fetch(SQL["processed_urls"], {"urls": [c.url for c in held]})
+                }
+                if held
+                else set()
+            )
+            await held_candidates.drop(db, sorted(done))
+            verdicts: Verdicts = []
+            transient: list[Candidate] = []
+            last_extend = time.monotonic()
+            pending = [c for c in held if c.url not in done]
+            for index, candidate in enumerate(pending):
+                if time.monotonic() - last_extend > settings.worker_lock_ttl_seconds / 3:
+                    # a long review batch keeps its shard lease alive
+                    if not await self.leases.extend(self.lease, settings.worker_lock_ttl_seconds):
+                        warning("worker.redis.worker_lock_extend_failed", shard=report.shard)
+                        report.deferred_reasons.append("the shard lease was lost during review")
+                        await self._defer(pending[index:], report.deferred_reasons[-1])
+                        break
+                    last_extend = time.monotonic()
+                verdict, translation, failed_for_now = await _review(
+                    deps.reviewer, candidate.item, report
+                )
+                if failed_for_now:
+                    transient.append(candidate)  # held: the next run reviews it again
+                    continue
+                verdicts.append((candidate, verdict, translation))
+            if transient:
+                report.deferred_reasons.append(
+                    f"{len(transient)} reviews failed for now; retried next run"
+                )
+                await self._defer(transient, "the model failed for now", attempted=True)
 
-    # 11. the public snapshot — only while this holder's fence is still the newest
-    if (
-        await db.fetch_one(SQL["claim_fence"], {"shard": report.shard, "fence": lease.fence})
-        is None
-    ):
-        raise StaleLease(f"shard {report.shard}: a newer lease holder has written")
-    latest = await db.fetch(SQL["snapshot"], {"shard": report.shard, "limit": SNAPSHOT_SIZE})
-    document = {"shard": report.shard, "generatedAt": now.isoformat(), "articles": latest}
-    await runtime.store.put(
-        f"news/snapshots/{report.shard}.json", json.dumps(document, default=str).encode()
+            # 10. writes, fenced
+            written = await _write(db, self.lease, report, verdicts, images, self.clock.now())
+        finally:
+            await lock_leases.release_many(list(locks.values()))
+        report.processed_count = len(written)
+        return written
+
+
+def feed_rules(settings: Any, policy: AddressPolicy) -> FeedRules:
+    return FeedRules(
+        policy=policy,
+        budget_seconds=settings.news_fetch_budget_seconds,
+        limits=ItemLimits(
+            title_chars=settings.news_max_title_chars,
+            summary_chars=settings.news_max_summary_chars,
+        ),
     )
 
 
 async def _write(
     db: Database,
     lease: Lease,
-    shard: str,
-    verdicts: list[tuple[str, dict[str, Any], FeedItem, Verdict | None, str | None]],
+    report: NewsReport,
+    verdicts: Verdicts,
     images: dict[str, str],
     now: datetime,
 ) -> list[str]:
-    """One transaction, fenced, two bulk statements: a holder whose lease expired (and whose
-    shard a newer holder has since written) gets StaleLease and writes nothing."""
+    """Fenced writes, in one transaction when they all go in; when the batch is refused, one
+    transaction per article, so only the article the database cannot store is rejected (and
+    reported with the reason). A holder whose lease expired (and whose shard a newer holder
+    has since written) gets StaleLease and writes nothing."""
     if not verdicts:
         return []
+    try:
+        return await _write_batch(db, lease, report.shard, verdicts, images, now)
+    except QueryError as exc:
+        warning("worker.write_batch_failed", shard=report.shard, error=describe_error(exc))
+    written: list[str] = []
+    for verdict in verdicts:
+        try:
+            written += await _write_batch(db, lease, report.shard, [verdict], images, now)
+        except QueryError as exc:
+            url = verdict[0].url
+            report.write_errors.append({"url": url, "error": describe_error(exc)})
+            warning("worker.write_rejected", url=url, error=describe_error(exc))
+            await held_candidates.reject(db, url, describe_error(exc), now)
+    return written
+
+
+async def _write_batch(
+    db: Database,
+    lease: Lease,
+    shard: str,
+    verdicts: Verdicts,
+    images: dict[str, str],
+    now: datetime,
+) -> list[str]:
     async with db.transaction() as tx:
         fenced = await tx.fetch_one(SQL["claim_fence"], {"shard": shard, "fence": lease.fence})
         if fenced is None:
             raise StaleLease(f"shard {shard}: a newer lease holder has written")
+        items = [c.item for c, _, _ in verdicts]
         rows = await tx.fetch(
             SQL["insert_articles"],
             {
                 "shard": shard,
                 "fence": lease.fence,
                 "now": now,
-                "urls": [v[0] for v in verdicts],
-                "source_ids": [v[1]["id"] for v in verdicts],
-                "titles": [v[2].title or v[0] for v in verdicts],
-                "summaries": [v[2].summary for v in verdicts],
-                "images": [v[2].image_url or images.get(v[0]) for v in verdicts],
-                "published": [v[2].published for v in verdicts],
+                "urls": [i.url for i in items],
+                "source_ids": [c.source_id for c, _, _ in verdicts],
+                "titles": [i.title or i.url for i in items],
+                "summaries": [i.summary for i in items],
+                "images": [i.image_url or images.get(i.url) for i in items],
+                "published": [i.published for i in items],
                 "statuses": [
-                    "unreviewed" if v[3] is None else ("accepted" if v[3].accepted else "rejected")
-                    for v in verdicts
+                    "unreviewed" if v is None else ("accepted" if v.accepted else "rejected")
+                    for _, v, _ in verdicts
                 ],
             },
         )
         ids = {r["url"]: r["id"] for r in rows}
-        reviewed = [v for v in verdicts if v[3] is not None and v[0] in ids]
+        reviewed = [(ids[c.url], v, t) for c, v, t in verdicts if v is not None and c.url in ids]
         if reviewed:
             await tx.execute(
                 SQL["insert_reviews"],
                 {
                     "now": now,
-                    "article_ids": [ids[v[0]] for v in reviewed],
-                    "reviewers": [v[3].reviewer for v in reviewed if v[3] is not None],
-                    "accepted": [v[3].accepted for v in reviewed if v[3] is not None],
-                    "reasons": [json_param(v[3].reasons) for v in reviewed if v[3] is not None],
-                    "summaries": [v[3].summary for v in reviewed if v[3] is not None],
-                    "translations": [v[4] for v in reviewed],
+                    "article_ids": [a for a, _, _ in reviewed],
+                    "reviewers": [v.reviewer for _, v, _ in reviewed],
+                    "accepted": [v.accepted for _, v, _ in reviewed],
+                    "reasons": [json_param(v.reasons) for _, v, _ in reviewed],
+                    "summaries": [v.summary for _, v, _ in reviewed],
+                    "translations": [t for _, _, t in reviewed],
                 },
             )
-    return [v[0] for v in verdicts if v[0] in ids]
+        # written now, or already (ON CONFLICT): either way no longer a candidate
+        await held_candidates.drop(tx, [c.url for c, _, _ in verdicts])
+    return [c.url for c, _, _ in verdicts if c.url in ids]
 
 
 async def _translate_backlog(
-    db: Database, deps: NewsDeps, lease: Lease, report: NewsReport, limit: int, ttl: int
+    db: Database,
+    deps: NewsDeps,
+    leases: Leases,
+    lease: Lease,
+    report: NewsReport,
+    limit: int,
+    ttl: int,
 ) -> None:
     backlog = await db.fetch(SQL["translation_backlog"], {"shard": report.shard, "limit": limit})
     if not backlog:
         return
-    if not await deps.leases.extend(lease, ttl):
+    if not await leases.extend(lease, ttl):
         warning("worker.redis.translation_lock_extend_failed", shard=report.shard)
         return
     for row in backlog:
@@ -383,8 +560,8 @@ async def _translate_backlog(
 
 
 async def _fetch_all(
-    db: Database, deps: NewsDeps, due: list[dict[str, Any]], now: datetime, report: NewsReport
-) -> dict[str, tuple[dict[str, Any], FeedItem]]:
+    deps: NewsDeps, rules: FeedRules, due: list[dict[str, Any]], now: datetime
+) -> list[tuple[dict[str, Any], FetchResult]]:
     gate = asyncio.Semaphore(FETCH_CONCURRENCY)
 
     async def one(source: dict[str, Any]) -> tuple[dict[str, Any], FetchResult]:
@@ -394,24 +571,15 @@ async def _fetch_all(
                     deps.http,
                     source["feed_url"],
                     now,
+                    rules,
                     etag=source["etag"],
                     last_modified=source["last_modified"],
+                    body_hash=source["body_hash"],
                 )
             except Exception as exc:  # one source never takes the others' results with it
                 return source, FetchResult(outcome="failed", error=describe_error(exc))
 
-    candidates: dict[str, tuple[dict[str, Any], FeedItem]] = {}
-    for source, result in await asyncio.gather(*(one(s) for s in due)):
-        try:
-            await news_sources.record_fetch(db, source, result, now)
-        except Exception as exc:
-            report.fetch_errors.append({"source": source["name"], "error": describe_error(exc)})
-            continue
-        if result.outcome in ("failed", "retry_later"):
-            report.fetch_errors.append({"source": source["name"], "error": result.error})
-        for item in result.items:
-            candidates.setdefault(item.url, (source, item))
-    return candidates
+    return list(await asyncio.gather(*(one(s) for s in due)))
 
 
 async def _hydrate(deps: NewsDeps, urls: list[str]) -> dict[str, str]:
@@ -419,31 +587,22 @@ async def _hydrate(deps: NewsDeps, urls: list[str]) -> dict[str, str]:
 
     async def one(url: str) -> tuple[str, str | None]:
         async with gate:
-            image, _ = await hydrate_image(deps.http, url, allowed_hosts=deps.allowed_image_hosts)
+            image, _ = await hydrate_image(deps.http, url, deps.policy)
             return url, image
 
     return {u: i for u, i in await asyncio.gather(*(one(u) for u in urls)) if i}
 
 
-async def _retry_thumbnails(db: Database, deps: NewsDeps, shard: str, now: datetime) -> int:
-    rows = await db.fetch(
-        SQL["retry_candidates"],
-        {
-            "shard": shard,
-            "now": now,
-            "retry_age_seconds": NO_THUMBNAIL_RETRY_AGE_SECONDS,
-            "limit": NO_THUMBNAIL_RETRY_MAX,
-        },
-    )
-    if rows:
-        await db.execute(
-            SQL["mark_thumbnail_attempts"], {"now": now, "ids": [r["id"] for r in rows]}
-        )
+async def _retry_thumbnails(
+    db: Database, deps: NewsDeps, rows: list[dict[str, Any]], now: datetime
+) -> None:
+    if not rows:
+        return
+    await db.execute(SQL["mark_thumbnail_attempts"], {"now": now, "ids": [r["id"] for r in rows]})
     found = await _hydrate(deps, [r["url"] for r in rows])
     for row in rows:
         if row["url"] in found:
             await db.execute(SQL["set_image"], {"id": row["id"], "image_url": found[row["url"]]})
-    return len(rows)
 
 
 async def _review(
@@ -475,7 +634,9 @@ async def _review(
 @asynccontextmanager
 async def open_news_deps(runtime: Runtime, clock: Clock) -> AsyncIterator[NewsDeps]:
     """Redis when REDIS_URL is set and answers (else PostgreSQL leases, ``redisEnabled:
-    false``), one HTTP client, and the reviewer the configuration names."""
+    false``), the client for untrusted addresses under NEWS_ALLOWED_PRIVATE_HOSTS' policy, and
+    the reviewer the configuration names (on its own client: the model's address is the
+    operator's, not a feed's)."""
     settings = runtime.settings
     redis: Any = None
     if settings.redis_url:
@@ -491,10 +652,15 @@ async def open_news_deps(runtime: Runtime, clock: Clock) -> AsyncIterator[NewsDe
             warning("worker.redis.unavailable", error=describe_error(exc))
             await client.aclose()
     leases: Leases = RedisLeases(redis) if redis is not None else PostgresLeases(runtime.db, clock)
+    policy = AddressPolicy.parse(settings.news_allowed_private_hosts)
     try:
-        async with new_client() as http:
+        async with new_client(policy) as http, httpx.AsyncClient() as model_http:
             yield NewsDeps(
-                leases=leases, http=http, reviewer=make_reviewer(settings, http), redis=redis
+                leases=leases,
+                http=http,
+                reviewer=make_reviewer(settings, model_http),
+                policy=policy,
+                redis=redis,
             )
     finally:
         if redis is not None:

@@ -6,6 +6,9 @@ SELECT url FROM news.articles WHERE url = ANY(%(urls)s::text[]);
 -- name: article_count
 SELECT news.article_count() AS n;
 
+-- name: shard_fence
+SELECT fence FROM news.shard_fences WHERE shard = %(shard)s;
+
 -- name: claim_fence
 -- The fencing check: this holder's fence must be at least the newest any writer has used.
 INSERT INTO news.shard_fences AS f (shard, fence) VALUES (%(shard)s, %(fence)s)

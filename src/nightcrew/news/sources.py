@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from nightcrew.db.database import Database
+from nightcrew.db.database import Database, Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import NightcrewError
 from nightcrew.log import event, warning
@@ -55,7 +55,7 @@ async def set_enabled(db: Database, ref: str, *, enabled: bool) -> dict[str, Any
 
 
 async def record_fetch(
-    db: Database, source: dict[str, Any], result: FetchResult, now: datetime
+    db: Database | Tx, source: dict[str, Any], result: FetchResult, now: datetime
 ) -> None:
     if result.outcome in ("ok", "not_modified"):
         await db.execute(
@@ -64,6 +64,7 @@ async def record_fetch(
                 "id": source["id"],
                 "etag": result.etag,
                 "last_modified": result.last_modified,
+                "body_hash": result.body_hash,
                 "now": now,
                 "next_check_at": next_check(now, result, CHECK_INTERVAL),
             },

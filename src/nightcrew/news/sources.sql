@@ -25,7 +25,7 @@ UPDATE news.sources
 RETURNING id, name, feed_url;
 
 -- name: due_sources
-SELECT id, name, feed_url, shard, etag, last_modified, consecutive_failures
+SELECT id, name, feed_url, shard, etag, last_modified, body_hash, consecutive_failures
   FROM news.sources
  WHERE shard = %(shard)s AND enabled AND parked_at IS NULL
    AND (next_check_at IS NULL OR next_check_at <= %(now)s)
@@ -33,7 +33,8 @@ SELECT id, name, feed_url, shard, etag, last_modified, consecutive_failures
 
 -- name: record_success
 UPDATE news.sources
-   SET etag = %(etag)s, last_modified = %(last_modified)s, consecutive_failures = 0,
+   SET etag = %(etag)s, last_modified = %(last_modified)s, body_hash = %(body_hash)s,
+       consecutive_failures = 0,
        last_error = NULL, last_fetched_at = %(now)s, next_check_at = %(next_check_at)s
  WHERE id = %(id)s;
 

@@ -4,6 +4,7 @@ a redirect loop — and the source bookkeeping that follows (ETag kept, failures
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,7 +14,14 @@ from werkzeug import Request, Response
 
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.news.fetch import fetch_feed, new_client, normalize_url, retry_after_seconds
+from nightcrew.news.addresses import AddressPolicy
+from nightcrew.news.fetch import (
+    FeedRules,
+    fetch_feed,
+    new_client,
+    normalize_url,
+    retry_after_seconds,
+)
 from nightcrew.news.sources import (
     PARK_AFTER_FAILURES,
     SourceError,
@@ -23,6 +31,7 @@ from nightcrew.news.sources import (
     set_enabled,
 )
 from tests.conftest import NOW
+from tests.support.network import LoopbackOnlyBackend
 from tests.support.servers import RecordingServer
 
 RSS = b"""<?xml version="1.0"?><rss version="2.0"><channel><title>Daily</title>
@@ -38,9 +47,12 @@ ATOM = b"""<?xml version="1.0" encoding="utf-8"?><feed xmlns="http://www.w3.org/
 <id>urn:x</id><updated>2026-11-28T10:00:00Z</updated><summary>S</summary></entry></feed>"""
 
 
+RULES = FeedRules(policy=AddressPolicy.parse("127.0.0.1"))
+
+
 @pytest.fixture
 async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with new_client() as client:
+    async with new_client(RULES.policy, inner=LoopbackOnlyBackend()) as client:
         yield client
 
 
@@ -62,12 +74,12 @@ async def test_rss_and_atom_become_normalised_items(
             "/atom": Response(ATOM),
         },
     )
-    rss = await fetch_feed(http, feed_server.url + "/rss", NOW)
+    rss = await fetch_feed(http, feed_server.url + "/rss", NOW, RULES)
     assert rss.outcome == "ok" and rss.etag == '"v1"'
     assert [i.url for i in rss.items] == ["https://news.example/a?id=1", "https://news.example/b"]
     assert rss.items[0].title == "First story"
     assert rss.items[0].published == datetime(2026, 11, 29, 3, 0, tzinfo=UTC)
-    atom = await fetch_feed(http, feed_server.url + "/atom", NOW)
+    atom = await fetch_feed(http, feed_server.url + "/atom", NOW, RULES)
     assert [i.url for i in atom.items] == ["https://atom.example/x"]
 
 
@@ -83,8 +95,8 @@ async def test_conditional_get_yields_not_modified(
         return Response(RSS, headers={"ETag": '"v1"'})
 
     serve(feed_server, {"/rss": conditional})
-    first = await fetch_feed(http, feed_server.url + "/rss", NOW)
-    second = await fetch_feed(http, feed_server.url + "/rss", NOW, etag=first.etag)
+    first = await fetch_feed(http, feed_server.url + "/rss", NOW, RULES)
+    second = await fetch_feed(http, feed_server.url + "/rss", NOW, RULES, etag=first.etag)
     assert second.outcome == "not_modified" and second.items == []
     assert seen[1]["If-None-Match"] == '"v1"'
 
@@ -110,7 +122,7 @@ async def test_hostile_feeds_are_failures_with_a_reason(
             "/gone": Response(status=404),
         },
     )
-    result = await fetch_feed(http, feed_server.url + route, NOW, max_bytes=64_000)
+    result = await fetch_feed(http, feed_server.url + route, NOW, replace(RULES, max_bytes=64_000))
     assert result.outcome == "failed" and error in (result.error or ""), result
 
 
@@ -118,7 +130,7 @@ async def test_429_honours_retry_after(
     feed_server: RecordingServer, http: httpx.AsyncClient
 ) -> None:
     serve(feed_server, {"/busy": Response(status=429, headers={"Retry-After": "120"})})
-    result = await fetch_feed(http, feed_server.url + "/busy", NOW)
+    result = await fetch_feed(http, feed_server.url + "/busy", NOW, RULES)
     assert result.outcome == "retry_later" and result.retry_after_seconds == 120
 
 

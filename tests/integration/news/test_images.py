@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import httpx
 import pytest
 from werkzeug import Request, Response
 
-from nightcrew.news.images import UnsafeURL, check_public_url, extract_image, hydrate_image
+from nightcrew.news.addresses import AddressPolicy, UnsafeURL
+from nightcrew.news.fetch import new_client
+from nightcrew.news.images import extract_image, hydrate_image
+from tests.support.network import LoopbackOnlyBackend
 from tests.support.servers import RecordingServer
+
+LOOPBACK = AddressPolicy.parse("127.0.0.1")
+PRODUCTION = AddressPolicy.parse("")
+
+
+@pytest.fixture
+def network() -> LoopbackOnlyBackend:
+    return LoopbackOnlyBackend()
+
+
+@pytest.fixture
+async def http(network: LoopbackOnlyBackend) -> AsyncIterator[httpx.AsyncClient]:
+    async with new_client(LOOPBACK, inner=network) as client:
+        yield client
+
 
 PAGE = """<html><head><title>x</title>
 <meta property="og:image" content="/img/lead.jpg">
@@ -33,9 +53,9 @@ async def test_og_image_is_found_and_resolved_against_the_page(
             "/bare": Response("<html><head></head></html>", content_type="text/html"),
         },
     )
-    image, why = await hydrate_image(http, feed_server.url + "/moved", allow_private=True)
+    image, why = await hydrate_image(http, feed_server.url + "/moved", LOOPBACK)
     assert image == feed_server.url + "/img/lead.jpg" and why is None
-    image, why = await hydrate_image(http, feed_server.url + "/bare", allow_private=True)
+    image, why = await hydrate_image(http, feed_server.url + "/bare", LOOPBACK)
     assert image is None and why == "no og:image or twitter:image"
 
 
@@ -56,16 +76,18 @@ def test_twitter_image_is_the_fallback() -> None:
     ],
 )
 async def test_production_mode_refuses_the_inside_of_the_network(
-    url: str, http: httpx.AsyncClient
+    url: str, network: LoopbackOnlyBackend
 ) -> None:
     with pytest.raises(UnsafeURL):
-        await check_public_url(url)
-    image, why = await hydrate_image(http, url)
+        PRODUCTION.check_url(url)
+    async with new_client(PRODUCTION, inner=network) as client:
+        image, why = await hydrate_image(client, url, PRODUCTION)
     assert image is None and why is not None and why.startswith("refused")
+    assert network.opened == [] and network.refused == []  # refused before any connection
 
 
 async def test_a_redirect_into_the_network_is_refused(
-    feed_server: RecordingServer, http: httpx.AsyncClient
+    feed_server: RecordingServer, http: httpx.AsyncClient, network: LoopbackOnlyBackend
 ) -> None:
     pages(
         feed_server,
@@ -73,9 +95,8 @@ async def test_a_redirect_into_the_network_is_refused(
             "/out": Response(status=302, headers={"Location": "http://169.254.169.254/latest/"}),
         },
     )
-    # only the test server's own host is exempt; where it redirects to is checked for real
-    image, why = await hydrate_image(
-        http, feed_server.url + "/out", allowed_hosts=frozenset({"127.0.0.1"})
-    )
+    # only the test server's own address is allowed; where it redirects to is checked for real
+    image, why = await hydrate_image(http, feed_server.url + "/out", LOOPBACK)
     assert image is None and why is not None and "169.254.169.254" in why
     assert [r.path for r in feed_server.requests] == ["/out"]  # the metadata IP never asked
+    assert network.refused == []  # the policy refused it, not the test's network guard

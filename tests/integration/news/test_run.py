@@ -17,12 +17,14 @@ from nightcrew.adapters.locks import PostgresLeases
 from nightcrew.adapters.storage import open_store
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
+from nightcrew.news.addresses import AddressPolicy
 from nightcrew.news.fetch import new_client
 from nightcrew.news.review import OfflineReviewer
 from nightcrew.news.run import NewsDeps, StaleLease, run_shard, shard_lock_name
 from nightcrew.news.sources import add_source
 from nightcrew.runtime import Runtime
 from tests.conftest import NOW, make_runtime
+from tests.support.network import LoopbackOnlyBackend
 from tests.support.servers import RecordingServer, answers
 
 
@@ -58,9 +60,13 @@ def site(server: RecordingServer, feeds: dict[str, bytes], *, slow: float = 0.0)
     server.responder = respond
 
 
+# The test servers' address is the one private address these tests may fetch.
+LOOPBACK = AddressPolicy.parse("127.0.0.1")
+
+
 @pytest.fixture
 async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with new_client() as client:
+    async with new_client(LOOPBACK, inner=LoopbackOnlyBackend()) as client:
         yield client
 
 
@@ -69,7 +75,7 @@ def deps_for(db: Database, clock: FrozenClock, http: httpx.AsyncClient, **kw: An
         leases=kw.pop("leases", PostgresLeases(db, clock)),
         http=http,
         reviewer=kw.pop("reviewer", OfflineReviewer()),
-        allowed_image_hosts=frozenset({"127.0.0.1"}),
+        policy=kw.pop("policy", LOOPBACK),
         **kw,
     )
 
@@ -188,6 +194,21 @@ async def test_a_held_shard_lock_answers_locked_and_does_nothing(
     assert done[0].processed_count == 3
 
 
+class FenceBumpingReviewer(OfflineReviewer):
+    """While this run reviews, a newer holder of the shard writes with a higher fence."""
+
+    def __init__(self, db: Database) -> None:
+        super().__init__()
+        self.db = db
+
+    async def review(self, article: Any) -> Any:
+        await self.db.execute(
+            "INSERT INTO news.shard_fences VALUES ('s1', 1000)"
+            " ON CONFLICT (shard) DO UPDATE SET fence = excluded.fence"
+        )
+        return await super().review(article)
+
+
 async def test_a_late_holder_is_refused_by_the_fence(
     db: Database,
     clock: FrozenClock,
@@ -197,15 +218,42 @@ async def test_a_late_holder_is_refused_by_the_fence(
 ) -> None:
     site(feed_server, {"/feeds/a": rss(feed_server.url, 2)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
-    # a newer holder (fence 7) has already written this shard
+    # an earlier holder's fence (7) is below this run's: its lease draws a fence above it
     await db.execute("INSERT INTO news.shard_fences VALUES ('s1', 7)")
+    reviewer = FenceBumpingReviewer(db)
     with pytest.raises(StaleLease):
         await run_shard(
-            runtime_for(db, clock, fresh_db_url), clock, deps_for(db, clock, http), "s1"
+            runtime_for(db, clock, fresh_db_url),
+            clock,
+            deps_for(db, clock, http, reviewer=reviewer),
+            "s1",
         )
     assert await db.fetch("SELECT 1 FROM news.articles") == []
+    # nothing lost: both candidates still wait for the holder that may write
+    held = await db.fetch("SELECT url FROM news.candidates WHERE state = 'held'")
+    assert len(held) == 2
     # and the late holder's lease was released on the way out
     assert await PostgresLeases(db, clock).acquire(shard_lock_name("s1"), 60) is not None
+
+
+async def test_a_lease_drawn_after_another_backend_wrote_is_above_its_fence(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: httpx.AsyncClient,
+) -> None:
+    """Redis wrote fence 57; Redis is down now and the PostgreSQL lease counter is at 1: the run
+    still writes, because a lease draws its fence above the newest one written."""
+    site(feed_server, {"/feeds/a": rss(feed_server.url, 2)})
+    await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
+    await db.execute("INSERT INTO news.shard_fences VALUES ('s1', 57)")
+    report = await run_shard(
+        runtime_for(db, clock, fresh_db_url), clock, deps_for(db, clock, http), "s1"
+    )
+    assert report.processed_count == 2
+    fences = await db.fetch("SELECT DISTINCT fence FROM news.articles")
+    assert [r["fence"] for r in fences] == [58]
 
 
 async def test_redis_down_mid_run_falls_back_and_nothing_is_processed_twice(
@@ -249,7 +297,7 @@ async def test_with_real_redis_the_processed_set_and_locks_are_used(
     import redis.asyncio as aioredis
 
     from nightcrew.adapters.locks import RedisLeases
-    from nightcrew.news import run as news_run
+    from nightcrew.adapters.processed import PROCESSED_SET
 
     client = aioredis.from_url("redis://127.0.0.1:6379/15")
     shard = f"r-{uuid.uuid4().hex[:6]}"
@@ -274,8 +322,8 @@ async def test_with_real_redis_the_processed_set_and_locks_are_used(
         )
         assert done.processed_count == 2
         urls = [r["url"] for r in await db.fetch("SELECT url FROM news.articles")]
-        assert all(await client.smismember(news_run.PROCESSED_SET, urls))
-        await client.srem(news_run.PROCESSED_SET, *urls)
+        assert all(await client.smismember(PROCESSED_SET, urls))
+        await client.srem(PROCESSED_SET, *urls)
     finally:
         await client.aclose()
 

@@ -1,0 +1,252 @@
+"""One address policy for every fetch the news worker makes, and the HTTP client that keeps it.
+
+Feeds, their redirects, article pages and images are all untrusted addresses: any of them may
+point at the inside of the network (the cloud metadata service at 169.254.169.254, a database
+on 10.x, the machine itself). The policy allows public addresses only, plus what
+``NEWS_ALLOWED_PRIVATE_HOSTS`` names (host names, addresses, CIDRs — a developer's loopback
+feeds). It is enforced where the socket is opened, not where the URL is read: the client's
+network backend resolves the name once, checks every answer, and connects to a checked address
+— so every redirect hop is checked, and a name that resolves to a public address for the check
+and to loopback a moment later (DNS rebinding) cannot steer the connection.
+
+A URL that is only published (a feed's image, an article's og:image) is never fetched here; it
+is checked without DNS: http(s), no credentials, no internal name, no non-public address
+literal in any spelling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+import typing
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from urllib.parse import SplitResult, urlsplit, urlunsplit
+
+import httpcore
+import httpx
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# Names that never mean a public site, whatever a resolver answers for them.
+INTERNAL_NAMES = ("localhost",)
+INTERNAL_SUFFIXES = (".localhost", ".local", ".internal", ".home.arpa", ".localdomain")
+
+
+class UnsafeURL(ValueError):
+    """A URL that must not be fetched or published; the message says why."""
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def is_public(address: IPAddress) -> bool:
+    """Global, and so is any IPv4 address an IPv6 one carries (mapped, 6to4, NAT64, compat):
+    ``64:ff9b::a9fe:a9fe`` is the metadata service too."""
+    if not address.is_global:
+        return False
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = [address.ipv4_mapped, address.sixtofour]
+        if address in NAT64 or int(address) >> 32 == 0:
+            embedded.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+        return all(e is None or e.is_global for e in embedded)
+    return True
+
+
+def address_literal(host: str) -> IPAddress | None:
+    """The address a host names literally, or None for a name. Spellings other than the
+    canonical dotted quad (``0x7f000001``, ``2130706433``, ``0177.0.0.1``, ``127.1``) are
+    refused: resolvers read them as addresses, and no honest site is linked that way."""
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        pass
+    try:
+        socket.inet_aton(host)
+    except OSError:
+        return None
+    raise UnsafeURL(f"{host!r} is an address in a non-canonical spelling")
+
+
+def _internal_name(host: str) -> bool:
+    name = host.lower().rstrip(".")
+    return name in INTERNAL_NAMES or name.endswith(INTERNAL_SUFFIXES)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AddressPolicy:
+    """Public addresses only, except the hosts and networks a developer allowed."""
+
+    allowed_hosts: frozenset[str] = frozenset()
+    allowed_networks: tuple[IPNetwork, ...] = ()
+    resolver: Resolver = field(default=system_resolver, compare=False)
+
+    @classmethod
+    def parse(cls, value: str, *, resolver: Resolver = system_resolver) -> AddressPolicy:
+        """``NEWS_ALLOWED_PRIVATE_HOSTS``: comma-separated host names, addresses and CIDRs."""
+        hosts: set[str] = set()
+        networks: list[IPNetwork] = []
+        for raw in value.split(","):
+            entry = raw.strip()
+            if not entry:
+                continue
+            try:
+                networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
+                continue
+            except ValueError:
+                pass
+            label = entry.lower().rstrip(".")
+            if not label or any(not (c.isalnum() or c in "-._") for c in label):
+                raise ValueError(f"not a host name, address or CIDR: {entry!r}")
+            hosts.add(label)
+        return cls(
+            allowed_hosts=frozenset(hosts), allowed_networks=tuple(networks), resolver=resolver
+        )
+
+    def allows(self, address: IPAddress) -> bool:
+        if is_public(address):
+            return True
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        return any(address.version == n.version and address in n for n in self.allowed_networks)
+
+    def check_host(self, host: str) -> IPAddress | None:
+        """What can be said of a host without DNS: an allowed literal, or a name that is
+        not internal (unless allowed by name). Returns the literal address, if any."""
+        literal = address_literal(host)
+        if literal is not None:
+            if not self.allows(literal):
+                raise UnsafeURL(f"{host} is not a public address")
+            return literal
+        if _internal_name(host) and host.lower().rstrip(".") not in self.allowed_hosts:
+            raise UnsafeURL(f"{host} is an internal name")
+        return None
+
+    async def resolve(self, host: str, port: int) -> list[str]:
+        """The addresses to connect to for host, every one of them checked. One non-public
+        answer refuses them all: a rebinding resolver often answers both kinds."""
+        literal = self.check_host(host)
+        if literal is not None:
+            return [str(literal)]
+        try:
+            answers = await self.resolver(host, port)
+        except OSError as exc:
+            raise UnsafeURL(f"cannot resolve {host}: {exc}") from exc
+        if not answers:
+            raise UnsafeURL(f"{host} resolves to no address")
+        if host.lower().rstrip(".") in self.allowed_hosts:
+            return answers
+        for answer in answers:
+            if not self.allows(ipaddress.ip_address(answer)):
+                raise UnsafeURL(f"{host} resolves to a non-public address ({answer})")
+        return answers
+
+    def check_url(self, url: str) -> SplitResult:
+        """Scheme, host and port of a URL we are about to fetch (DNS comes at connect)."""
+        try:
+            parts = urlsplit(url)
+            _ = parts.port
+        except ValueError as exc:
+            raise UnsafeURL(f"malformed URL {url[:200]!r}: {exc}") from exc
+        if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+            raise UnsafeURL(f"not an http(s) URL: {url[:200]!r}")
+        self.check_host(parts.hostname)
+        return parts
+
+    def published_url(self, url: str) -> str | None:
+        """A URL we publish but never fetch (an image), checked without DNS and without its
+        credentials; None when it is not safe to hand to a reader's browser."""
+        try:
+            parts = self.check_url(url.strip())
+        except UnsafeURL:
+            return None
+        return urlunsplit(
+            (parts.scheme.lower(), host_port(parts), parts.path, parts.query, parts.fragment)
+        )
+
+
+def host_port(parts: SplitResult) -> str:
+    """The netloc without credentials: ``user:secret@`` never leaves nightcrew."""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{parts.port}" if parts.port is not None else host
+
+
+class PinnedBackend(httpcore.AsyncNetworkBackend):
+    """Opens a TCP connection only to an address the policy checked, resolving each name once
+    per connection. ``inner`` does the actual connecting (tests give one that records instead
+    of connecting)."""
+
+    def __init__(
+        self, policy: AddressPolicy, inner: httpcore.AsyncNetworkBackend | None = None
+    ) -> None:
+        self._policy = policy
+        self._inner = inner or httpcore.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
+        local_address: str | None = None,
+        socket_options: typing.Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        addresses = await self._policy.resolve(host, port)
+        failure: Exception | None = None
+        for address in addresses:
+            try:
+                return await self._inner.connect_tcp(
+                    address,
+                    port,
+                    timeout=timeout,
+                    local_address=local_address,
+                    socket_options=socket_options,
+                )
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                failure = exc
+        assert failure is not None
+        raise failure
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
+        socket_options: typing.Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        raise UnsafeURL("unix sockets are not fetched")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+DEFAULT_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
+
+
+class PolicyTransport(httpx.AsyncHTTPTransport):
+    """httpx's transport with the pinned backend underneath and no proxy from the
+    environment (a proxy would do its own resolving, past the policy)."""
+
+    def __init__(
+        self,
+        policy: AddressPolicy,
+        *,
+        inner: httpcore.AsyncNetworkBackend | None = None,
+        limits: httpx.Limits = DEFAULT_LIMITS,
+    ) -> None:
+        super().__init__(trust_env=False, limits=limits)
+        # httpx has no public hook for a network backend; the pool it built is replaced by the
+        # same pool over ours (tests/integration/news/test_addresses.py proves it is used).
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=httpx.create_ssl_context(trust_env=False),
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            network_backend=PinnedBackend(policy, inner),
+        )

@@ -1,0 +1,44 @@
+-- news.candidates: fetched, not yet written (issue 10).
+
+-- name: hold
+-- A source's fetched items, minus what is already written; one already held keeps its place.
+INSERT INTO news.candidates AS c (url, source_id, shard, title, summary, image_url,
+                                  published_at, reason, created_at, updated_at)
+SELECT i.url, %(source_id)s, %(shard)s, i.title, i.summary, i.image_url, i.published_at,
+       'fetched', %(now)s, %(now)s
+  FROM unnest(%(urls)s::text[], %(titles)s::text[], %(summaries)s::text[],
+              %(images)s::text[], %(published)s::timestamptz[])
+       WITH ORDINALITY AS i (url, title, summary, image_url, published_at, n)
+ WHERE NOT EXISTS (SELECT 1 FROM news.articles a WHERE a.url = i.url)
+ ORDER BY i.n
+ON CONFLICT (url) DO NOTHING;
+
+-- name: forget_written
+-- Held candidates that another run (or shard) has written meanwhile.
+DELETE FROM news.candidates c
+ WHERE c.shard = %(shard)s AND c.state = 'held'
+   AND EXISTS (SELECT 1 FROM news.articles a WHERE a.url = c.url);
+
+-- name: held
+-- Oldest first: what earlier runs deferred goes before what this run fetched.
+SELECT c.url, c.source_id, c.title, c.summary, c.image_url, c.published_at, c.reason,
+       c.attempts, s.name AS source_name, s.shard AS source_shard
+  FROM news.candidates c JOIN news.sources s ON s.id = c.source_id
+ WHERE c.shard = %(shard)s AND c.state = 'held'
+ ORDER BY c.created_at, c.url;
+
+-- name: count_held
+SELECT count(*) AS n FROM news.candidates WHERE shard = %(shard)s AND state = 'held';
+
+-- name: defer
+UPDATE news.candidates
+   SET reason = %(reason)s, updated_at = %(now)s,
+       attempts = attempts + CASE WHEN %(attempted)s THEN 1 ELSE 0 END
+ WHERE url = ANY(%(urls)s::text[]) AND state = 'held';
+
+-- name: drop
+DELETE FROM news.candidates WHERE url = ANY(%(urls)s::text[]);
+
+-- name: reject
+UPDATE news.candidates SET state = 'rejected', reason = %(reason)s, updated_at = %(now)s
+ WHERE url = %(url)s;
