@@ -90,9 +90,7 @@ class RedisLeases:
     def __init__(self, redis: Any) -> None:
         self._redis = redis
 
-    async def acquire(
-        self, name: str, ttl_seconds: float, *, fence_floor: int = 0
-    ) -> Lease | None:
+    async def acquire(self, name: str, ttl_seconds: float, *, fence_floor: int = 0) -> Lease | None:
         from redis.asyncio.lock import Lock
 
         token = secrets.token_hex(16)
@@ -163,9 +161,7 @@ class PostgresLeases:
         self._db = db
         self._clock = clock
 
-    async def acquire(
-        self, name: str, ttl_seconds: float, *, fence_floor: int = 0
-    ) -> Lease | None:
+    async def acquire(self, name: str, ttl_seconds: float, *, fence_floor: int = 0) -> Lease | None:
         return (await self._acquire([name], ttl_seconds, fence_floor)).get(name)
 
     async def acquire_many(self, names: list[str], ttl_seconds: float) -> dict[str, Lease]:

@@ -10,6 +10,7 @@ behind a longer one).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -90,6 +91,11 @@ class MemoryQueueProducer:
         )
 
 
+# aio-pika's robust channel makes a publish wait for the reconnection while the broker is away,
+# however long that takes: a send is bounded, and a timeout is an ordinary (retried) failure.
+SEND_TIMEOUT_SECONDS = 10.0
+
+
 class RabbitQueueProducer:
     """RabbitMQ through aio-pika: one robust connection, one confirming channel."""
 
@@ -116,9 +122,20 @@ class RabbitQueueProducer:
             self._declared.add(name)
 
     async def send(self, queue: str, body: Mapping[str, Any], delay_seconds: int = 0) -> None:
-        import aio_pika
 
         payload = _validate(queue, body, delay_seconds)
+        try:
+            async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
+                await self._publish(queue, payload, delay_seconds)
+        except TimeoutError as exc:
+            raise QueueError(
+                f"could not publish to {queue}: no confirm within {SEND_TIMEOUT_SECONDS:g} s"
+                " (the broker is unreachable or reconnecting)"
+            ) from exc
+
+    async def _publish(self, queue: str, payload: str, delay_seconds: int) -> None:
+        import aio_pika
+
         try:
             await self._declare(queue)
             target = queue

@@ -25,7 +25,7 @@ SELECT c.url, c.source_id, c.title, c.summary, c.image_url, c.published_at, c.re
        c.attempts, s.name AS source_name, s.shard AS source_shard
   FROM news.candidates c JOIN news.sources s ON s.id = c.source_id
  WHERE c.shard = %(shard)s AND c.state = 'held'
- ORDER BY c.created_at, c.url;
+ ORDER BY c.created_at, c.id;
 
 -- name: count_held
 SELECT count(*) AS n FROM news.candidates WHERE shard = %(shard)s AND state = 'held';

@@ -10,6 +10,7 @@
 -- nor Last-Modified: the same bytes again are not parsed again.
 
 CREATE TABLE news.candidates (
+    id           bigint GENERATED ALWAYS AS IDENTITY,
     url          text PRIMARY KEY,
     source_id    bigint NOT NULL REFERENCES news.sources (id) ON DELETE CASCADE,
     shard        text NOT NULL,
@@ -23,7 +24,7 @@ CREATE TABLE news.candidates (
     created_at   timestamptz NOT NULL,
     updated_at   timestamptz NOT NULL
 );
-CREATE INDEX idx_news_candidates_held ON news.candidates (shard, created_at, url)
+CREATE INDEX idx_news_candidates_held ON news.candidates (shard, created_at, id)
     WHERE state = 'held';
 
 ALTER TABLE news.sources ADD COLUMN body_hash text;

@@ -1,0 +1,210 @@
+"""Deferred means later, not never (issue 10): what a run does not write waits in
+``news.candidates`` and comes back first, although the feed answers 304 from then on."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from werkzeug import Request, Response
+
+from nightcrew.adapters.locks import PostgresLeases
+from nightcrew.clock import FrozenClock
+from nightcrew.db.database import Database
+from nightcrew.news.review import OfflineReviewer, ReviewError
+from nightcrew.news.run import run_shard, shard_lock_name
+from nightcrew.news.sources import add_source
+from tests.conftest import NOW
+from tests.integration.news.test_run import deps_for, rss, runtime_for
+from tests.support.servers import RecordingServer
+
+
+def etag_site(server: RecordingServer, feeds: dict[str, bytes]) -> list[int]:
+    """Feeds with an ETag; a request that sends it back gets 304. Returns the statuses sent."""
+    statuses: list[int] = []
+
+    def respond(request: Request) -> Response:
+        if request.path in feeds:
+            tag = f'"v1-{len(feeds[request.path])}"'
+            if request.headers.get("If-None-Match") == tag:
+                statuses.append(304)
+                return Response(status=304)
+            statuses.append(200)
+            return Response(
+                feeds[request.path], content_type="application/rss+xml", headers={"ETag": tag}
+            )
+        if request.path.startswith("/articles/"):
+            return Response(
+                '<html><head><meta property="og:image" content="/img/1.jpg"></head></html>',
+                content_type="text/html",
+            )
+        return Response(status=404)
+
+    server.responder = respond
+    return statuses
+
+
+async def _articles(db: Database) -> set[str]:
+    return {r["url"] for r in await db.fetch("SELECT url FROM news.articles")}
+
+
+async def test_a_100_item_feed_with_max_ai_reviews_25_is_written_in_four_runs_over_304s(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: httpx.AsyncClient,
+) -> None:
+    statuses = etag_site(feed_server, {"/feeds/big": rss(feed_server.url, 100)})
+    await add_source(db, url=feed_server.url + "/feeds/big", name="Big", shard="s", now=NOW)
+    runtime = runtime_for(db, clock, fresh_db_url, MAX_AI_REVIEWS="25")
+    reports = []
+    for _ in range(4):
+        reports.append((await run_shard(runtime, clock, deps_for(db, clock, http), "s")).to_json())
+        clock.advance(timedelta(hours=1))
+
+    assert statuses == [200, 304, 304, 304]
+    assert [r["queuedCount"] for r in reports] == [100, 75, 50, 25]
+    assert [r["processedCount"] for r in reports] == [25, 25, 25, 25]
+    assert [r["deferredCount"] for r in reports] == [75, 50, 25, 0]
+    assert reports[0]["deferredReasons"] == ["MAX_AI_REVIEWS 25 reached"]
+    assert len(await _articles(db)) == 100
+    assert await db.fetch("SELECT 1 FROM news.candidates") == []
+    # oldest first: the first run's 25 are stories 0-24, in feed order
+    first = await db.fetch("SELECT url FROM news.articles ORDER BY id LIMIT 25")
+    assert [r["url"].rsplit("-", 1)[1] for r in first] == [str(n) for n in range(25)]
+
+
+async def test_a_backpressure_deferred_batch_is_written_once_pressure_drops(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: httpx.AsyncClient,
+) -> None:
+    statuses = etag_site(feed_server, {"/feeds/a": rss(feed_server.url, 8)})
+    await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
+    pressured = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="5")
+    first = (await run_shard(pressured, clock, deps_for(db, clock, http), "s")).to_json()
+    assert first["deferredCount"] == 8 and first["processedCount"] == 0
+    assert await _articles(db) == set()
+    held = await db.fetch("SELECT reason FROM news.candidates WHERE state = 'held'")
+    assert len(held) == 8 and all(r["reason"].startswith("queue limit: 8 queued") for r in held)
+
+    clock.advance(timedelta(hours=1))
+    calm = runtime_for(db, clock, fresh_db_url)
+    second = (await run_shard(calm, clock, deps_for(db, clock, http), "s")).to_json()
+    assert statuses == [200, 304]
+    assert second["queuedCount"] == 8 and second["processedCount"] == 8
+    assert second["deferredCount"] == 0 and len(await _articles(db)) == 8
+
+
+async def test_a_lock_skip_report_is_saved_with_what_waits(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: httpx.AsyncClient,
+) -> None:
+    etag_site(feed_server, {"/feeds/a": rss(feed_server.url, 4)})
+    await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
+    runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="1")
+    await run_shard(runtime, clock, deps_for(db, clock, http), "s")  # defers all 4
+    holder = await PostgresLeases(db, clock).acquire(shard_lock_name("s"), 600)
+    assert holder is not None
+    skipped = (await run_shard(runtime, clock, deps_for(db, clock, http), "s")).to_json()
+    assert skipped["skipped"] is True and skipped["lockedCount"] == 1
+    assert skipped["deferredCount"] == 4
+    saved = await db.fetch("SELECT report FROM news.worker_reports ORDER BY id")
+    assert len(saved) == 2 and saved[1]["report"]["deferredCount"] == 4
+
+
+async def test_retried_count_is_known_before_the_backpressure_stop(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: httpx.AsyncClient,
+) -> None:
+    etag_site(feed_server, {"/feeds/a": rss(feed_server.url, 3)})
+    source = await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
+    await db.execute(
+        "INSERT INTO news.articles (url, source_id, shard, title, summary, status, fence,"
+        " created_at) VALUES ('https://old.example/x', %(s)s, 's', 'old', 'old', 'accepted', 1,"
+        " %(t)s)",
+        {"s": source["id"], "t": NOW - timedelta(hours=7)},
+    )
+    runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="1")
+    report = (await run_shard(runtime, clock, deps_for(db, clock, http), "s")).to_json()
+    assert report["deferredCount"] == 3 and report["retriedCount"] == 1
+    assert [r.path for r in feed_server.requests] == ["/feeds/a"]  # no page fetched
+
+
+class FlakyReviewer(OfflineReviewer):
+    """The model is down (transiently) for the first ``failures`` reviews."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def review(self, article: Any) -> Any:
+        if self.failures > 0:
+            self.failures -= 1
+            raise ReviewError("the model answered 503", transient=True)
+        return await super().review(article)
+
+
+async def test_a_transient_review_failure_is_held_and_reviewed_next_run_despite_304(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: httpx.AsyncClient,
+) -> None:
+    statuses = etag_site(feed_server, {"/feeds/a": rss(feed_server.url, 3)})
+    await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
+    runtime = runtime_for(db, clock, fresh_db_url)
+    first = (
+        await run_shard(runtime, clock, deps_for(db, clock, http, reviewer=FlakyReviewer(2)), "s")
+    ).to_json()
+    assert first["processedCount"] == 1 and first["deferredCount"] == 2
+    assert "2 reviews failed for now; retried next run" in first["deferredReasons"]
+    held = await db.fetch("SELECT reason, attempts FROM news.candidates")
+    assert [(r["reason"], r["attempts"]) for r in held] == [("the model failed for now", 1)] * 2
+    clock.advance(timedelta(hours=1))
+    second = (await run_shard(runtime, clock, deps_for(db, clock, http), "s")).to_json()
+    assert statuses == [200, 304]
+    assert second["processedCount"] == 2 and len(await _articles(db)) == 3
+
+
+async def test_one_article_the_database_refuses_is_rejected_alone(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: httpx.AsyncClient,
+) -> None:
+    """The batch write fails on one row; the run falls back to one transaction per article,
+    writes the rest, rejects that one with the database's reason, and never retries it."""
+    base = feed_server.url
+    etag_site(feed_server, {"/feeds/a": rss(base, 4), "/feeds/b": rss(base, 2, prefix="b")})
+    await add_source(db, url=base + "/feeds/a", name="A", shard="s", now=NOW)
+    await add_source(db, url=base + "/feeds/b", name="B", shard="s", now=NOW)
+    await db.execute(
+        "ALTER TABLE news.articles ADD CONSTRAINT test_no_story_2 CHECK (url NOT LIKE '%%/story-2')"
+    )
+    runtime = runtime_for(db, clock, fresh_db_url)
+    report = (await run_shard(runtime, clock, deps_for(db, clock, http), "s")).to_json()
+    assert report["processedCount"] == 5
+    assert [e["url"] for e in report["writeErrors"]] == [f"{base}/articles/story-2"]
+    assert "test_no_story_2" in report["writeErrors"][0]["error"]
+    assert await _articles(db) == {f"{base}/articles/story-{n}" for n in (0, 1, 3)} | {
+        f"{base}/articles/b-0",
+        f"{base}/articles/b-1",
+    }
+    rejected = await db.fetch("SELECT url, state FROM news.candidates")
+    assert [(r["url"], r["state"]) for r in rejected] == [(f"{base}/articles/story-2", "rejected")]
+    clock.advance(timedelta(hours=1))
+    again = (await run_shard(runtime, clock, deps_for(db, clock, http), "s")).to_json()
+    assert again["queuedCount"] == 0 and again["writeErrors"] == []
