@@ -176,7 +176,7 @@ class PostgresLeases:
         token = secrets.token_hex(16)  # one token for the batch; names keep them apart
         rows = await self._db.fetch(
             "INSERT INTO nightcrew.leases AS l (name, token, fence, expires_at)"
-            " SELECT n, %(token)s, %(floor)s + 1, %(expires)s FROM unnest(%(names)s::text[]) AS n"
+            " SELECT n, %(token)s, %(floor)s + 1, %(expires)s FROM unnest(%(names)b::text[]) AS n"
             " ON CONFLICT (name) DO UPDATE"
             "   SET token = excluded.token, fence = greatest(l.fence + 1, excluded.fence),"
             "       expires_at = excluded.expires_at"
@@ -208,7 +208,7 @@ class PostgresLeases:
         # Expire rather than delete: the row keeps the fence, which must only grow.
         return await self._db.execute(
             "UPDATE nightcrew.leases SET token = '', expires_at = '-infinity'"
-            " WHERE name = ANY(%(names)s::text[]) AND token = %(token)s",
+            " WHERE name = ANY(%(names)b::text[]) AND token = %(token)s",
             {"names": names, "token": token},
         )
 

@@ -69,7 +69,7 @@ class _Executor:
     async def fetch(self, query: str, params: Params = None) -> list[Row]:
         try:
             cur = await self._conn.execute(query, params)
-            return [dict(row) for row in await cur.fetchall()] if cur.description else []
+            return await cur.fetchall() if cur.description else []  # dict_row: dicts already
         except psycopg.Error as exc:
             raise _translate(exc) from exc
 

@@ -63,6 +63,8 @@ def address_literal(host: str) -> IPAddress | None:
     """The address a host names literally, or None for a name. Spellings other than the
     canonical dotted quad (``0x7f000001``, ``2130706433``, ``0177.0.0.1``, ``127.1``) are
     refused: resolvers read them as addresses, and no honest site is linked that way."""
+    if host[:1].isalpha() and ":" not in host:
+        return None  # a name: no address spelling starts with a letter (hex ones start "0x")
     try:
         return ipaddress.ip_address(host.strip("[]"))
     except ValueError:
@@ -147,36 +149,50 @@ class AddressPolicy:
                 raise UnsafeURL(f"{host} resolves to a non-public address ({answer})")
         return answers
 
-    def check_url(self, url: str) -> SplitResult:
-        """Scheme, host and port of a URL we are about to fetch (DNS comes at connect)."""
+    def check_url(self, url: str) -> tuple[SplitResult, str]:
+        """Scheme, host and port of a URL we are about to fetch (DNS comes at connect);
+        returns the split URL and its netloc without credentials."""
         try:
             parts = urlsplit(url)
-            _ = parts.port
+            host, port = split_host(parts)
         except ValueError as exc:
             raise UnsafeURL(f"malformed URL {url[:200]!r}: {exc}") from exc
-        if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        if parts.scheme.lower() not in ("http", "https") or not host:
             raise UnsafeURL(f"not an http(s) URL: {url[:200]!r}")
-        self.check_host(parts.hostname)
-        return parts
+        self.check_host(host)
+        return parts, join_host(host, port)
 
     def published_url(self, url: str) -> str | None:
         """A URL we publish but never fetch (an image), checked without DNS and without its
         credentials; None when it is not safe to hand to a reader's browser."""
         try:
-            parts = self.check_url(url.strip())
+            parts, netloc = self.check_url(url.strip())
         except UnsafeURL:
             return None
-        return urlunsplit(
-            (parts.scheme.lower(), host_port(parts), parts.path, parts.query, parts.fragment)
-        )
+        return urlunsplit((parts.scheme.lower(), netloc, parts.path, parts.query, parts.fragment))
 
 
-def host_port(parts: SplitResult) -> str:
-    """The netloc without credentials: ``user:secret@`` never leaves nightcrew."""
-    host = parts.hostname or ""
+def split_host(parts: SplitResult) -> tuple[str, int | None]:
+    """(lower-cased host, port) of a split URL, read once (``SplitResult.hostname`` and
+    ``.port`` each parse the netloc again); ValueError for a port that is not one."""
+    hostinfo = parts.netloc.rpartition("@")[2]
+    if hostinfo.startswith("["):
+        host, _, rest = hostinfo[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    else:
+        host, _, port_text = hostinfo.partition(":")
+    if not port_text:
+        return host.lower(), None
+    if not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError(f"port out of range or not a number: {port_text[:20]!r}")
+    return host.lower(), int(port_text)
+
+
+def join_host(host: str, port: int | None) -> str:
+    """A netloc from a host and port — without credentials: ``user:secret@`` never leaves."""
     if ":" in host:
         host = f"[{host}]"
-    return f"{host}:{parts.port}" if parts.port is not None else host
+    return f"{host}:{port}" if port is not None else host
 
 
 class PinnedBackend(httpcore.AsyncNetworkBackend):

@@ -15,7 +15,7 @@ from typing import Any
 from nightcrew.db.database import Database, Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.news import sources as news_sources
-from nightcrew.news.fetch import FeedItem, FetchResult
+from nightcrew.news.fetch import FeedItem, FetchResult, next_check
 
 SQL = load_queries(__file__)
 
@@ -49,35 +49,66 @@ class Candidate:
         )
 
 
-async def record_and_hold(
-    db: Database,
-    source: dict[str, Any],
-    result: FetchResult,
-    items: list[FeedItem],
-    now: datetime,
-) -> None:
-    """The fetch's outcome and its new items, in one transaction."""
+Fetched = tuple[dict[str, Any], FetchResult, list[FeedItem]]
+
+
+async def record_and_hold(db: Database, shard: str, fetched: list[Fetched], now: datetime) -> None:
+    """Every successful fetch's outcome (ETag, Last-Modified, body hash, next check) and its
+    new items, in one transaction: the state that makes the next fetch answer 304 is saved
+    only with the items it hides. Failed fetches are recorded by the caller."""
+    done = [(s, r, i) for s, r, i in fetched if r.outcome in ("ok", "not_modified")]
+    if not done:
+        return
+    items = [(source["id"], item) for source, _, new in done for item in new]
     async with db.transaction() as tx:
-        await news_sources.record_fetch(tx, source, result, now)
+        await tx.execute(
+            news_sources.SQL["record_successes"],
+            {
+                "now": now,
+                "ids": [s["id"] for s, _, _ in done],
+                "etags": [r.etag for _, r, _ in done],
+                "last_modified": [r.last_modified for _, r, _ in done],
+                "hashes": [r.body_hash for _, r, _ in done],
+                "next_check_at": [
+                    next_check(now, r, news_sources.CHECK_INTERVAL) for _, r, _ in done
+                ],
+            },
+        )
         if items:
             await tx.execute(
                 SQL["hold"],
                 {
-                    "source_id": source["id"],
-                    "shard": source["shard"],
+                    "shard": shard,
                     "now": now,
-                    "urls": [i.url for i in items],
-                    "titles": [i.title for i in items],
-                    "summaries": [i.summary for i in items],
-                    "images": [i.image_url for i in items],
-                    "published": [i.published for i in items],
+                    "urls": [i.url for _, i in items],
+                    "source_ids": [s for s, _ in items],
+                    "titles": [i.title for _, i in items],
+                    "summaries": [i.summary for _, i in items],
+                    "images": [i.image_url for _, i in items],
+                    "published": [i.published for _, i in items],
                 },
             )
 
 
-async def held(db: Database, shard: str) -> list[Candidate]:
+async def held(db: Database, shard: str, limit: int) -> list[Candidate]:
+    """The shard's first ``limit`` held candidates, oldest first."""
+    rows = await db.fetch(SQL["held"], {"shard": shard, "limit": limit})
+    return [Candidate.from_row(r) for r in rows]
+
+
+async def held_by_source(db: Database, shard: str) -> dict[str, int]:
+    """How many candidates wait, by "source (shard)" (forgetting those written meanwhile)."""
     await db.execute(SQL["forget_written"], {"shard": shard})
-    return [Candidate.from_row(r) for r in await db.fetch(SQL["held"], {"shard": shard})]
+    rows = await db.fetch(SQL["held_by_source"], {"shard": shard})
+    return {f"{r['source_name']} ({r['source_shard']})": int(r["n"]) for r in rows}
+
+
+async def defer_all_but(
+    db: Database, shard: str, taken: list[str], reason: str, now: datetime
+) -> None:
+    await db.execute(
+        SQL["defer_all_but"], {"shard": shard, "taken": taken, "reason": reason, "now": now}
+    )
 
 
 async def count_held(db: Database, shard: str) -> int:

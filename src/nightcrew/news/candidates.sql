@@ -1,14 +1,15 @@
 -- news.candidates: fetched, not yet written (issue 10).
 
 -- name: hold
--- A source's fetched items, minus what is already written; one already held keeps its place.
+-- Fetched items, minus what is already written; one already held keeps its place, and the
+-- first source to list a URL is its source.
 INSERT INTO news.candidates AS c (url, source_id, shard, title, summary, image_url,
                                   published_at, reason, created_at, updated_at)
-SELECT i.url, %(source_id)s, %(shard)s, i.title, i.summary, i.image_url, i.published_at,
+SELECT i.url, i.source_id, %(shard)s, i.title, i.summary, i.image_url, i.published_at,
        'fetched', %(now)s, %(now)s
-  FROM unnest(%(urls)s::text[], %(titles)s::text[], %(summaries)s::text[],
-              %(images)s::text[], %(published)s::timestamptz[])
-       WITH ORDINALITY AS i (url, title, summary, image_url, published_at, n)
+  FROM unnest(%(urls)b::text[], %(source_ids)b::bigint[], %(titles)b::text[],
+              %(summaries)b::text[], %(images)b::text[], %(published)b::timestamptz[])
+       WITH ORDINALITY AS i (url, source_id, title, summary, image_url, published_at, n)
  WHERE NOT EXISTS (SELECT 1 FROM news.articles a WHERE a.url = i.url)
  ORDER BY i.n
 ON CONFLICT (url) DO NOTHING;
@@ -25,7 +26,20 @@ SELECT c.url, c.source_id, c.title, c.summary, c.image_url, c.published_at, c.re
        c.attempts, s.name AS source_name, s.shard AS source_shard
   FROM news.candidates c JOIN news.sources s ON s.id = c.source_id
  WHERE c.shard = %(shard)s AND c.state = 'held'
- ORDER BY c.created_at, c.id;
+ ORDER BY c.created_at, c.id
+ LIMIT %(limit)s;
+
+-- name: held_by_source
+SELECT s.name AS source_name, s.shard AS source_shard, count(*) AS n
+  FROM news.candidates c JOIN news.sources s ON s.id = c.source_id
+ WHERE c.shard = %(shard)s AND c.state = 'held'
+ GROUP BY s.name, s.shard;
+
+-- name: defer_all_but
+-- The shard's held candidates except those this run is taking.
+UPDATE news.candidates
+   SET reason = %(reason)s, updated_at = %(now)s
+ WHERE shard = %(shard)s AND state = 'held' AND NOT (url = ANY(%(taken)b::text[]));
 
 -- name: count_held
 SELECT count(*) AS n FROM news.candidates WHERE shard = %(shard)s AND state = 'held';
@@ -34,10 +48,10 @@ SELECT count(*) AS n FROM news.candidates WHERE shard = %(shard)s AND state = 'h
 UPDATE news.candidates
    SET reason = %(reason)s, updated_at = %(now)s,
        attempts = attempts + CASE WHEN %(attempted)s THEN 1 ELSE 0 END
- WHERE url = ANY(%(urls)s::text[]) AND state = 'held';
+ WHERE url = ANY(%(urls)b::text[]) AND state = 'held';
 
 -- name: drop
-DELETE FROM news.candidates WHERE url = ANY(%(urls)s::text[]);
+DELETE FROM news.candidates WHERE url = ANY(%(urls)b::text[]);
 
 -- name: reject
 UPDATE news.candidates SET state = 'rejected', reason = %(reason)s, updated_at = %(now)s

@@ -26,13 +26,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
-from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
 
 import httpcore
 import httpx
 
 from nightcrew.log import describe_error
-from nightcrew.news.addresses import AddressPolicy, PolicyTransport, UnsafeURL, host_port
+from nightcrew.news.addresses import (
+    AddressPolicy,
+    PolicyTransport,
+    UnsafeURL,
+    join_host,
+    split_host,
+)
 from nightcrew.news.parse import RawEntry, parse_feed
 
 MAX_FEED_BYTES = 5 * 1024 * 1024
@@ -98,20 +104,28 @@ class FetchResult:
 def normalize_url(url: str) -> str:
     """The identity of an article: scheme and host lower-cased, no fragment, no tracking
     parameters, the remaining query sorted — so the same story is seen once."""
-    parts = urlsplit(url.strip())
-    _ = parts.port  # raises ValueError for a port out of range: not an article's address
-    query = sorted(
-        (k, v)
-        for k, v in parse_qsl(parts.query, keep_blank_values=True)
-        if not k.lower().startswith(TRACKING_PARAMS)
+    return _normalize(urlsplit(url.strip()))[0]
+
+
+def _normalize(parts: SplitResult) -> tuple[str, str]:
+    """(normalised URL, its host); ValueError for a port out of range: not an article's."""
+    host, port = split_host(parts)
+    query = (
+        urlencode(
+            sorted(
+                (k, v)
+                for k, v in parse_qsl(parts.query, keep_blank_values=True)
+                if not k.lower().startswith(TRACKING_PARAMS)
+            )
+        )
+        if parts.query
+        else ""
     )
     scheme = parts.scheme.lower()
-    netloc = host_port(parts)  # lower-cased host, and no ``user:secret@``
-    if (scheme == "https" and netloc.endswith(":443")) or (
-        scheme == "http" and netloc.endswith(":80")
-    ):
-        netloc = netloc.rsplit(":", 1)[0]
-    return urlunsplit((scheme, netloc, parts.path or "/", urlencode(query), ""))
+    if (scheme, port) in (("https", 443), ("http", 80)):
+        port = None
+    netloc = join_host(host, port)  # lower-cased host, and no ``user:secret@``
+    return urlunsplit((scheme, netloc, parts.path or "/", query, "")), host
 
 
 def retry_after_seconds(value: str | None, now: datetime) -> int:
@@ -286,26 +300,34 @@ def _published(stamp: tuple[int, ...] | None) -> datetime | None:
         return None
 
 
+def _absolute(link: str, base: str) -> str:
+    # most links are absolute already: urljoin (a split, a join) only for those that are not
+    head = link[:8].lower()
+    if head.startswith("https://") or head.startswith("http://"):
+        return link
+    return urljoin(base, link)
+
+
 def article_url(link: str, base: str) -> str | None:
     """The normalised address a reader can follow, or None: resolved against the feed's
     address, http(s) in any case, at most 2,048 characters, nothing an index cannot hold."""
     if len(link) > MAX_URL_CHARS or _UNSTORABLE.search(link):
         return None
     try:
-        absolute = urljoin(base, link.strip())
-        if urlsplit(absolute).scheme.lower() not in ("http", "https"):
+        parts = urlsplit(_absolute(link.strip(), base))
+        if parts.scheme.lower() not in ("http", "https"):
             return None
-        url = normalize_url(absolute)
+        url, host = _normalize(parts)
     except ValueError:
         return None  # a malformed link (a bad port, a broken IPv6 literal) is not an article
-    return url if len(url) <= MAX_URL_CHARS and urlsplit(url).hostname else None
+    return url if host and len(url) <= MAX_URL_CHARS else None
 
 
 def _image(candidates: Iterable[str], base: str, policy: AddressPolicy) -> str | None:
     for candidate in candidates:
         if len(candidate) > MAX_URL_CHARS or _UNSTORABLE.search(candidate):
             continue
-        image = policy.published_url(urljoin(base, candidate))
+        image = policy.published_url(_absolute(candidate.strip(), base))
         if image is not None:
             return image
     return None
@@ -314,6 +336,7 @@ def _image(candidates: Iterable[str], base: str, policy: AddressPolicy) -> str |
 def _items(entries: list[RawEntry], base: str, rules: FeedRules) -> list[FeedItem]:
     items: list[FeedItem] = []
     seen: set[str] = set()
+    limits = rules.limits
     for entry in entries:
         url = article_url(entry.link, base) if entry.link else None
         if url is None or url in seen:
@@ -322,10 +345,10 @@ def _items(entries: list[RawEntry], base: str, rules: FeedRules) -> list[FeedIte
         items.append(
             FeedItem(
                 url=url,
-                title=_text(entry.title, rules.limits.title_chars),
-                summary=_text(entry.summary, rules.limits.summary_chars),
+                title=_text(entry.title, limits.title_chars),
+                summary=_text(entry.summary, limits.summary_chars),
                 published=_published(entry.published),
-                image_url=_image(entry.images, base, rules.policy),
+                image_url=_image(entry.images, base, rules.policy) if entry.images else None,
             )
         )
     return items

@@ -15,7 +15,6 @@ import asyncio
 import hashlib
 import json
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -56,7 +55,7 @@ from nightcrew.scheduler import Schedule
 
 SQL = load_queries(__file__)
 
-FETCH_CONCURRENCY = 8
+FETCH_CONCURRENCY = 16
 HYDRATE_CONCURRENCY = 8
 NO_THUMBNAIL_RETRY_AGE_SECONDS = 6 * 3600
 NO_THUMBNAIL_RETRY_MAX = 20
@@ -240,13 +239,12 @@ class _Run:
             else:
                 seen = hits
 
-        # 3. hold what is new, with each source's fetch state; then the shard's queue, oldest
-        # first — what earlier runs deferred goes before what this run fetched
-        for source, result in fetched:
-            await self._hold(source, result, [i for i in result.items if i.url not in seen], now)
-        queue = await held_candidates.held(db, report.shard)
-        report.queued_count = len(queue)
-        report.queued_by_source = dict(Counter(c.source_label for c in queue))
+        # 3. hold what is new, with each source's fetch state; then count the shard's queue
+        await self._hold(
+            [(src, r, [i for i in r.items if i.url not in seen]) for src, r in fetched], now
+        )
+        report.queued_by_source = await held_candidates.held_by_source(db, report.shard)
+        report.queued_count = sum(report.queued_by_source.values())
 
         # 4. the article count (telemetry: a failure is reported and the run goes on)
         await self._count_articles()
@@ -264,7 +262,7 @@ class _Run:
         # 5. backpressure, before anything expensive
         if self._pressure():
             report.deferred_count = report.queued_count
-            await self._defer(queue, "; ".join(report.deferred_reasons))
+            await self._defer_all_but([], "; ".join(report.deferred_reasons))
             warning(
                 "worker.backpressure.deferred", shard=report.shard, reasons=report.deferred_reasons
             )
@@ -275,14 +273,15 @@ class _Run:
             warning("worker.redis.worker_lock_extend_failed", shard=report.shard)
             report.deferred_count = report.queued_count
             report.deferred_reasons.append("the shard lease was lost before the expensive steps")
-            await self._defer(queue, report.deferred_reasons[-1])
+            await self._defer_all_but([], report.deferred_reasons[-1])
             return
 
-        # 7. image hydration (items without a feed image), and the no-thumbnail retries
-        to_process, later = queue[: settings.max_ai_reviews], queue[settings.max_ai_reviews :]
-        if later:
+        # 7. image hydration (items without a feed image), and the no-thumbnail retries; held
+        # candidates are taken oldest first — what earlier runs deferred goes before the new
+        to_process = await held_candidates.held(db, report.shard, settings.max_ai_reviews)
+        if report.queued_count > len(to_process):
             report.deferred_reasons.append(f"MAX_AI_REVIEWS {settings.max_ai_reviews} reached")
-            await self._defer(later, report.deferred_reasons[-1])
+            await self._defer_all_but([c.url for c in to_process], report.deferred_reasons[-1])
         images = await _hydrate(deps, [c.url for c in to_process if not c.item.image_url])
         await _retry_thumbnails(db, deps, retries, now)
 
@@ -318,20 +317,32 @@ class _Run:
         )
 
     async def _hold(
-        self, source: dict[str, Any], result: FetchResult, items: list[FeedItem], now: datetime
+        self, fetched: list[tuple[dict[str, Any], FetchResult, list[FeedItem]]], now: datetime
     ) -> None:
+        """Failures recorded one by one (each may park its source); successes and their new
+        items in one transaction — or, if the database refuses that, one per source, so a
+        source whose items cannot be held is that source's error alone."""
         report, db = self.report, self.runtime.db
+        for source, result, _ in fetched:
+            if result.outcome in ("failed", "retry_later"):
+                report.fetch_errors.append({"source": source["name"], "error": result.error})
+                await news_sources.record_fetch(db, source, result, now)
         try:
-            await held_candidates.record_and_hold(db, source, result, items, now)
-        except QueryError as exc:  # nothing held, fetch state not saved: fetched again next run
-            error = f"could not hold its items: {describe_error(exc)}"
-            report.fetch_errors.append({"source": source["name"], "error": error})
-            await news_sources.record_fetch(
-                db, source, FetchResult(outcome="failed", error=error), now
-            )
+            await held_candidates.record_and_hold(db, report.shard, fetched, now)
             return
-        if result.outcome in ("failed", "retry_later"):
-            report.fetch_errors.append({"source": source["name"], "error": result.error})
+        except QueryError as exc:
+            warning("worker.hold_batch_failed", shard=report.shard, error=describe_error(exc))
+        for source, result, items in fetched:
+            try:
+                await held_candidates.record_and_hold(
+                    db, report.shard, [(source, result, items)], now
+                )
+            except QueryError as exc:  # nothing held, state not saved: fetched again next run
+                error = f"could not hold its items: {describe_error(exc)}"
+                report.fetch_errors.append({"source": source["name"], "error": error})
+                await news_sources.record_fetch(
+                    db, source, FetchResult(outcome="failed", error=error), now
+                )
 
     async def _count_articles(self) -> None:
         report = self.report
@@ -361,6 +372,11 @@ class _Run:
                 f"{settings.ingestion_backpressure_db_article_limit}"
             )
         return bool(report.deferred_reasons)
+
+    async def _defer_all_but(self, taken: list[str], reason: str) -> None:
+        await held_candidates.defer_all_but(
+            self.runtime.db, self.report.shard, taken, reason, self.clock.now()
+        )
 
     async def _defer(self, queue: list[Candidate], reason: str, *, attempted: bool = False) -> None:
         await held_candidates.defer(
@@ -521,7 +537,7 @@ async def _write_batch(
                     "article_ids": [a for a, _, _ in reviewed],
                     "reviewers": [v.reviewer for _, v, _ in reviewed],
                     "accepted": [v.accepted for _, v, _ in reviewed],
-                    "reasons": [json_param(v.reasons) for _, v, _ in reviewed],
+                    "reasons": json_param([v.reasons for _, v, _ in reviewed]),
                     "summaries": [v.summary for _, v, _ in reviewed],
                     "translations": [t for _, _, t in reviewed],
                 },

@@ -1,7 +1,7 @@
 -- The news run's statements (spec 001).
 
 -- name: processed_urls
-SELECT url FROM news.articles WHERE url = ANY(%(urls)s::text[]);
+SELECT url FROM news.articles WHERE url = ANY(%(urls)b::text[]);
 
 -- name: article_count
 SELECT news.article_count() AS n;
@@ -20,20 +20,22 @@ INSERT INTO news.articles (url, source_id, shard, title, summary, image_url, pub
                            status, fence, created_at)
 SELECT a.url, a.source_id, %(shard)s, a.title, a.summary, a.image_url, a.published_at,
        a.status, %(fence)s, %(now)s
-  FROM unnest(%(urls)s::text[], %(source_ids)s::bigint[], %(titles)s::text[],
-              %(summaries)s::text[], %(images)s::text[], %(published)s::timestamptz[],
-              %(statuses)s::text[])
+  FROM unnest(%(urls)b::text[], %(source_ids)b::bigint[], %(titles)b::text[],
+              %(summaries)b::text[], %(images)b::text[], %(published)b::timestamptz[],
+              %(statuses)b::text[])
        AS a (url, source_id, title, summary, image_url, published_at, status)
 ON CONFLICT (url) DO NOTHING
 RETURNING id, url;
 
 -- name: insert_reviews
+-- The reasons come as one JSON array (one document, not one parameter per review).
 INSERT INTO news.reviews (article_id, reviewer, accepted, reasons, summary, translation,
                           created_at)
-SELECT r.article_id, r.reviewer, r.accepted, r.reasons, r.summary, r.translation, %(now)s
-  FROM unnest(%(article_ids)s::bigint[], %(reviewers)s::text[], %(accepted)s::boolean[],
-              %(reasons)s::jsonb[], %(summaries)s::text[], %(translations)s::text[])
-       AS r (article_id, reviewer, accepted, reasons, summary, translation);
+SELECT r.article_id, r.reviewer, r.accepted, x.reasons, r.summary, r.translation, %(now)s
+  FROM unnest(%(article_ids)b::bigint[], %(reviewers)b::text[], %(accepted)b::boolean[],
+              %(summaries)b::text[], %(translations)b::text[])
+       WITH ORDINALITY AS r (article_id, reviewer, accepted, summary, translation, n)
+  JOIN jsonb_array_elements(%(reasons)s::jsonb) WITH ORDINALITY AS x (reasons, n) USING (n);
 
 -- name: retry_candidates
 -- Accepted articles still without a thumbnail whose last try (or creation) is older than the
@@ -46,7 +48,7 @@ SELECT id, url FROM news.articles
  LIMIT %(limit)s;
 
 -- name: mark_thumbnail_attempts
-UPDATE news.articles SET thumbnail_attempted_at = %(now)s WHERE id = ANY(%(ids)s::bigint[]);
+UPDATE news.articles SET thumbnail_attempted_at = %(now)s WHERE id = ANY(%(ids)b::bigint[]);
 
 -- name: set_image
 UPDATE news.articles SET image_url = %(image_url)s WHERE id = %(id)s AND image_url IS NULL;

@@ -48,3 +48,14 @@ UPDATE news.sources
                         ELSE parked_at END
  WHERE id = %(id)s
 RETURNING consecutive_failures, parked_at;
+
+-- name: record_successes
+-- Many sources' successful fetches in one statement (the run's bulk path).
+UPDATE news.sources AS s
+   SET etag = u.etag, last_modified = u.last_modified, body_hash = u.body_hash,
+       consecutive_failures = 0, last_error = NULL, last_fetched_at = %(now)s,
+       next_check_at = u.next_check_at
+  FROM unnest(%(ids)b::bigint[], %(etags)b::text[], %(last_modified)b::text[],
+              %(hashes)b::text[], %(next_check_at)b::timestamptz[])
+       AS u (id, etag, last_modified, body_hash, next_check_at)
+ WHERE s.id = u.id;
