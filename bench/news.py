@@ -339,6 +339,8 @@ def print_profile(rep: Repetition) -> None:
     for key in ("cumulative", "tottime"):
         print(f"\n-- first run: top {TOP} by {key}")
         first.sort_stats(key).print_stats(TOP)
+    print(f"\n-- first run: nightcrew's own functions, top {TOP} by cumulative")
+    first.sort_stats("cumulative").print_stats("src/nightcrew", TOP)
     print(f"\n-- second run ({rep.second_s:.2f} s under the profiler): top {TOP} by tottime")
     second.sort_stats("tottime").print_stats(TOP)
 
