@@ -720,7 +720,7 @@ def serve(
 
 
 async def _serve(settings: Settings, host: str, port: int) -> None:
-    from nightcrew.http import create_app
+    from nightcrew.http import Readiness, create_app
     from nightcrew.lifecycle.reconcile.core import ReconcileOptions
     from nightcrew.lifecycle.reconcile.engine import run_reconcile
     from nightcrew.log import warning
@@ -750,6 +750,9 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
         async def reports() -> list[dict[str, Any]]:
             return await latest_reports(runtime.db)
 
+        async def ping_database() -> None:
+            await runtime.db.fetch_one("SELECT 1")
+
         server = _QuietServer(
             uvicorn.Config(
                 create_app(
@@ -757,10 +760,16 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
                     reconcile=reconcile,
                     reconciler_secret=secret.get_secret_value() if secret else None,
                     news_reports=reports,
+                    readiness=Readiness(
+                        ping_database=ping_database,
+                        started_at=clock.now().timestamp(),
+                        now=lambda: clock.now().timestamp(),
+                    ),
                 ),
                 host=host,
                 port=port,
                 log_level="warning",
+                log_config=None,  # uvicorn's loggers go through nightcrew's JSON pipeline
                 access_log=False,
                 lifespan="off",
             )

@@ -84,6 +84,24 @@ class Settings(BaseSettings):
         float, Field(alias="NIGHTCREW_DB_CONNECT_TIMEOUT_SECONDS", gt=0)
     ] = 5.0
     db_pool_max_size: Annotated[int, Field(alias="NIGHTCREW_DB_POOL_MAX_SIZE", ge=2)] = 10
+    db_pool_timeout_seconds: Annotated[
+        float, Field(alias="NIGHTCREW_DB_POOL_TIMEOUT_SECONDS", gt=0)
+    ] = 10.0
+    db_statement_timeout_seconds: Annotated[
+        float, Field(alias="NIGHTCREW_DB_STATEMENT_TIMEOUT_SECONDS", ge=0)
+    ] = 120.0
+    db_long_statement_timeout_seconds: Annotated[
+        float, Field(alias="NIGHTCREW_DB_LONG_STATEMENT_TIMEOUT_SECONDS", ge=0)
+    ] = 3600.0
+    db_idle_in_transaction_timeout_seconds: Annotated[
+        float, Field(alias="NIGHTCREW_DB_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS", ge=0)
+    ] = 60.0
+    db_keepalives_idle_seconds: Annotated[
+        int, Field(alias="NIGHTCREW_DB_KEEPALIVES_IDLE_SECONDS", ge=1)
+    ] = 10
+    db_tcp_user_timeout_seconds: Annotated[
+        float, Field(alias="NIGHTCREW_DB_TCP_USER_TIMEOUT_SECONDS", ge=0)
+    ] = 15.0
     log_level: Annotated[
         Literal["debug", "info", "warning", "error"], Field(alias="NIGHTCREW_LOG_LEVEL")
     ] = "info"

@@ -8,8 +8,10 @@ value is a 400 that names it. The response is the reconciler's JSON report.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
@@ -56,15 +58,61 @@ def _unauthorized() -> JSONResponse:
     )
 
 
+# /ready answers 503 when no slot has fired for this long (the minute lane fires every 60 s).
+SCHEDULER_STALE_SECONDS = 180.0
+DB_CHECK_TIMEOUT_SECONDS = 2.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Readiness:
+    """What /ready checks: the database answers, and the scheduler fires slots."""
+
+    ping_database: Callable[[], Awaitable[None]]
+    started_at: float  # unix time the scheduler started (its grace before a first tick)
+    now: Callable[[], float]
+
+
 def create_app(
     metrics: Metrics,
     *,
     reconcile: Reconcile | None = None,
     reconciler_secret: str | None = None,
     news_reports: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None,
+    readiness: Readiness | None = None,
 ) -> Starlette:
+    async def database_up() -> str | None:
+        """None when PostgreSQL answered; else why not. Sets ``nightcrew_db_up``."""
+        if readiness is None:
+            return None
+        try:
+            async with asyncio.timeout(DB_CHECK_TIMEOUT_SECONDS):
+                await readiness.ping_database()
+        except TimeoutError:
+            problem: str | None = f"PostgreSQL did not answer within {DB_CHECK_TIMEOUT_SECONDS:g} s"
+        except NightcrewError as exc:
+            problem = describe_error(exc)
+        else:
+            problem = None
+        metrics.set("nightcrew_db_up", 0.0 if problem else 1.0)
+        return problem
+
     async def render_metrics(request: Request) -> PlainTextResponse:
+        await database_up()
         return PlainTextResponse(metrics.render(), media_type=PROMETHEUS_TEXT)
+
+    async def ready(request: Request) -> JSONResponse:
+        if readiness is None:
+            return JSONResponse({"status": "ready"})
+        problems = []
+        if (problem := await database_up()) is not None:
+            problems.append(f"database: {problem}")
+        last_tick = metrics.value("nightcrew_scheduler_last_tick_timestamp_seconds")
+        since = readiness.now() - max(last_tick, readiness.started_at)
+        if since > SCHEDULER_STALE_SECONDS:
+            problems.append(f"scheduler: no slot fired for {since:.0f} s")
+        if problems:
+            return JSONResponse({"status": "not ready", "problems": problems}, status_code=503)
+        return JSONResponse({"status": "ready"})
 
     async def reconcile_endpoint(request: Request) -> JSONResponse:
         if not authorized(request.headers.get("authorization"), reconciler_secret):
@@ -98,6 +146,7 @@ def create_app(
         routes=[
             Route("/health", health, methods=["GET"]),
             Route("/_health", health, methods=["GET"]),
+            Route("/ready", ready, methods=["GET"]),
             Route("/metrics", render_metrics, methods=["GET"]),
             Route("/reconcile", reconcile_endpoint, methods=["POST"]),
             Route("/openapi.json", openapi, methods=["GET"]),
@@ -168,6 +217,21 @@ OPENAPI: dict[str, Any] = {
                             "application/json": {"schema": {"$ref": "#/components/schemas/Health"}}
                         },
                     }
+                },
+            }
+        },
+        "/ready": {
+            "get": {
+                "summary": "Readiness: the database answers and the scheduler fires slots",
+                "responses": {
+                    "200": {
+                        "description": "ready",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    },
+                    "503": {
+                        "description": "not ready; `problems` says why",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    },
                 },
             }
         },

@@ -66,8 +66,41 @@ class SecretScrubber:
         return value
 
 
+class _StdlibJSON(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler through which other libraries' logging (uvicorn's "Invalid HTTP request
+    received", the connection pool's multi-line warnings) reaches stderr as one JSON line."""
+
+
+def _route_stdlib_logging(level: str, scrubber: SecretScrubber) -> None:
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[
+            structlog.stdlib.add_log_level,
+            structlog.stdlib.add_logger_name,
+            structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
+            scrubber,
+        ],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(default=str, sort_keys=False),
+        ],
+    )
+    handler = _StdlibJSON(sys.stderr)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers = [h for h in root.handlers if not isinstance(h, _StdlibJSON)] + [handler]
+    root.setLevel(max(_LEVELS.get(level, logging.INFO), logging.INFO))
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "psycopg", "psycopg.pool"):
+        library = logging.getLogger(name)
+        library.handlers = []  # uvicorn installs its own plain-text handlers
+        library.propagate = True
+
+
 def configure_logging(level: str = "info", secrets: Iterable[str] = ()) -> None:
-    """Set up the JSON pipeline once per process (structlog's configuration is process-wide)."""
+    """Set up the JSON pipeline once per process (structlog's configuration is process-wide);
+    the standard library's loggers go through it too, so every stderr line is one JSON
+    object."""
+    _route_stdlib_logging(level, SecretScrubber(secrets))
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -38,6 +38,14 @@ METRICS: dict[str, tuple[Kind, str]] = {
         "counter",
         "Scheduled slots by lane and whether this replica won the claim.",
     ),
+    "nightcrew_scheduler_last_tick_timestamp_seconds": (
+        "gauge",
+        "Unix time the scheduler last fired a slot (any lane): stale means nothing runs.",
+    ),
+    "nightcrew_db_up": (
+        "gauge",
+        "1 when PostgreSQL answered the last check (every /ready and /metrics request), else 0.",
+    ),
 }
 
 

@@ -1,37 +1,123 @@
-"""Run history: one ``nightcrew.runs`` row per lane run, and the per-slot claim for schedules."""
+"""Run history: one ``nightcrew.runs`` row per lane run, and the per-slot claim for schedules.
+
+A running run keeps a heartbeat (``heartbeat_at``, every ``HEARTBEAT_SECONDS``). The next run of
+its lane marks a ``running`` row whose heartbeat is older than ``ABANDON_AFTER_SECONDS``
+``abandoned``; a scheduled slot whose run was abandoned, or failed because the database went
+away, can be claimed again (``attempts`` counts the claims). A claim is a handle (id, attempt):
+a run that was given up on and comes back late cannot finish the row its successor holds.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from nightcrew.clock import Clock
 from nightcrew.db.database import Database, json_param
 from nightcrew.db.queries import load_queries
+from nightcrew.log import warning
 
 SQL = load_queries(__file__)
 
 RunStatus = Literal["completed", "failed"]
+HEARTBEAT_SECONDS = 10.0
+# Six missed heartbeats: long enough for a database blip, short enough that the next minute
+# lane run (or the daily catch-up a minute later) takes over a dead run's slot.
+ABANDON_AFTER_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class RunHandle:
+    id: int
+    attempt: int = 1
+
+
+async def abandon_stale(db: Database, *, lane: str, now: datetime) -> list[int]:
+    rows = await db.fetch(
+        SQL["abandon_stale"], {"lane": lane, "now": now, "grace_seconds": ABANDON_AFTER_SECONDS}
+    )
+    for row in rows:
+        warning(
+            "run_abandoned",
+            lane=lane,
+            run_id=row["id"],
+            slot=row["slot"].isoformat() if row["slot"] else None,
+        )
+    return [int(r["id"]) for r in rows]
 
 
 async def claim_slot(db: Database, *, lane: str, slot: datetime, now: datetime) -> int | None:
-    """Claim a scheduled slot; the run id if this caller won it, None if another replica did."""
+    """Claim a scheduled slot; the run id if this caller won it, None if another replica did.
+    A stale running run of the lane is marked abandoned first (its slot can then be claimed)."""
+    handle = await claim(db, lane=lane, slot=slot, now=now)
+    return None if handle is None else handle.id
+
+
+async def claim(db: Database, *, lane: str, slot: datetime, now: datetime) -> RunHandle | None:
+    await abandon_stale(db, lane=lane, now=now)
     row = await db.fetch_one(SQL["claim_scheduled_slot"], {"lane": lane, "slot": slot, "now": now})
-    return None if row is None else int(row["id"])
+    return None if row is None else RunHandle(int(row["id"]), int(row["attempts"]))
 
 
 async def start_manual(db: Database, *, lane: str, now: datetime) -> int:
+    await abandon_stale(db, lane=lane, now=now)
     row = await db.fetch_one(SQL["start_manual_run"], {"lane": lane, "now": now})
     assert row is not None  # INSERT … RETURNING always yields the row
     return int(row["id"])
 
 
 async def finish(
-    db: Database, run_id: int, *, status: RunStatus, now: datetime, report: dict[str, Any]
+    db: Database,
+    run_id: int | RunHandle,
+    *,
+    status: RunStatus,
+    now: datetime,
+    report: dict[str, Any],
 ) -> None:
+    handle = run_id if isinstance(run_id, RunHandle) else RunHandle(run_id, 0)
     await db.execute(
         SQL["finish_run"],
-        {"id": run_id, "status": status, "now": now, "report": json_param(report)},
+        {
+            "id": handle.id,
+            "attempt": handle.attempt,
+            "status": status,
+            "now": now,
+            "report": json_param(report),
+        },
     )
+
+
+@contextlib.asynccontextmanager
+async def heartbeat(
+    db: Database, run_id: int | RunHandle, clock: Clock, *, every: float = HEARTBEAT_SECONDS
+) -> AsyncIterator[None]:
+    """Refresh the run's heartbeat while the body runs. A failed beat is only logged: the
+    database being away is the body's problem to report, and a run whose beats stop is
+    what ``abandoned`` is for."""
+    handle = run_id if isinstance(run_id, RunHandle) else RunHandle(run_id, 0)
+
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await db.execute(
+                    SQL["heartbeat"],
+                    {"id": handle.id, "attempt": handle.attempt, "now": clock.now()},
+                )
+            except Exception as exc:
+                warning("run_heartbeat_failed", run_id=handle.id, error=str(exc))
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def recent(db: Database, *, lane: str, limit: int = 20) -> list[dict[str, Any]]:

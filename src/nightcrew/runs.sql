@@ -1,24 +1,47 @@
 -- Run history (nightcrew.runs). `now` comes from the Clock like every other decision.
 
+-- name: abandon_stale
+-- A running run of this lane whose heartbeat stopped: its process died (SIGKILL, a lost
+-- machine) or lost the database for longer than the grace period.
+UPDATE nightcrew.runs
+   SET status = 'abandoned', finished_at = %(now)s,
+       report = coalesce(report, '{}'::jsonb)
+                || jsonb_build_object('abandoned', 'no heartbeat since '
+                                      || coalesce(heartbeat_at, started_at)::text)
+ WHERE lane = %(lane)s AND status = 'running'
+   AND coalesce(heartbeat_at, started_at) < %(now)s - make_interval(secs => %(grace_seconds)s)
+RETURNING id, slot;
+
 -- name: claim_scheduled_slot
--- The cross-replica claim: exactly one INSERT per (lane, slot) succeeds.
-INSERT INTO nightcrew.runs (lane, trigger, slot, started_at, status)
-VALUES (%(lane)s, 'scheduled', %(slot)s, %(now)s, 'running')
-ON CONFLICT ON CONSTRAINT runs_one_per_slot DO NOTHING
-RETURNING id;
+-- The cross-replica claim: exactly one INSERT per (lane, slot) succeeds — or one UPDATE, when
+-- the slot's run was abandoned or failed for want of a database (it is run again).
+INSERT INTO nightcrew.runs AS r (lane, trigger, slot, started_at, heartbeat_at, status)
+VALUES (%(lane)s, 'scheduled', %(slot)s, %(now)s, %(now)s, 'running')
+ON CONFLICT ON CONSTRAINT runs_one_per_slot DO UPDATE
+   SET started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,
+       status = 'running', finished_at = NULL,
+       report = jsonb_build_object('previous', r.report), attempts = r.attempts + 1
+ WHERE r.status = 'abandoned' OR (r.status = 'failed' AND r.report ->> 'retry' = 'true')
+RETURNING id, attempts;
 
 -- name: start_manual_run
-INSERT INTO nightcrew.runs (lane, trigger, slot, started_at, status)
-VALUES (%(lane)s, 'manual', NULL, %(now)s, 'running')
+INSERT INTO nightcrew.runs (lane, trigger, slot, started_at, heartbeat_at, status)
+VALUES (%(lane)s, 'manual', NULL, %(now)s, %(now)s, 'running')
 RETURNING id;
 
+-- name: heartbeat
+-- attempt 0: any claim of the row (manual runs, callers that do not keep the handle)
+UPDATE nightcrew.runs SET heartbeat_at = %(now)s
+ WHERE id = %(id)s AND status = 'running' AND %(attempt)s IN (0, attempts);
+
 -- name: finish_run
+-- Only this claim's run: a run abandoned and re-claimed meanwhile is its successor's to finish.
 UPDATE nightcrew.runs
    SET status = %(status)s, finished_at = %(now)s, report = %(report)s
- WHERE id = %(id)s;
+ WHERE id = %(id)s AND %(attempt)s IN (0, attempts);
 
 -- name: recent_runs
-SELECT id, lane, trigger, slot, started_at, finished_at, status, report
+SELECT id, lane, trigger, slot, started_at, finished_at, heartbeat_at, status, attempts, report
   FROM nightcrew.runs
  WHERE lane = %(lane)s
  ORDER BY started_at DESC, id DESC

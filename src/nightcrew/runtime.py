@@ -26,7 +26,7 @@ from nightcrew.adapters.queues import (
 from nightcrew.adapters.storage import ObjectStore, ReadOnlyStore, open_store
 from nightcrew.clock import Clock
 from nightcrew.config import Settings
-from nightcrew.db.database import Database
+from nightcrew.db.database import ConnectionPolicy, Database
 from nightcrew.db.embedded import EmbeddedPostgres
 from nightcrew.metrics import Metrics
 
@@ -68,11 +68,7 @@ async def open_database(settings: Settings) -> AsyncIterator[Database]:
         embedded = EmbeddedPostgres.start(settings.embedded_pgdata)
         conninfo = embedded.uri
     try:
-        db = await Database.open(
-            conninfo,
-            connect_timeout=settings.db_connect_timeout_seconds,
-            max_size=settings.db_pool_max_size,
-        )
+        db = await Database.open(conninfo, policy=connection_policy(settings))
         try:
             yield db
         finally:
@@ -80,6 +76,18 @@ async def open_database(settings: Settings) -> AsyncIterator[Database]:
     finally:
         if embedded is not None:
             embedded.stop()
+
+
+def connection_policy(settings: Settings) -> ConnectionPolicy:
+    return ConnectionPolicy(
+        connect_timeout=settings.db_connect_timeout_seconds,
+        pool_timeout=settings.db_pool_timeout_seconds,
+        max_size=settings.db_pool_max_size,
+        keepalives_idle=settings.db_keepalives_idle_seconds,
+        tcp_user_timeout=settings.db_tcp_user_timeout_seconds,
+        statement_timeout=settings.db_statement_timeout_seconds,
+        idle_in_transaction_timeout=settings.db_idle_in_transaction_timeout_seconds,
+    )
 
 
 def _reveal(secret: SecretStr | None) -> str | None:

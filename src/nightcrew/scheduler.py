@@ -47,6 +47,11 @@ def previous_slot(cron: str, at: datetime) -> datetime:
     return value
 
 
+# A lane with a catch-up window re-checks its last slot this often while it waits for the next:
+# a run abandoned, or failed for want of a database, is run again once the database is back.
+RECHECK_SECONDS = 60.0
+
+
 class Scheduler:
     def __init__(
         self,
@@ -69,6 +74,9 @@ class Scheduler:
         runner: Callable[[datetime], Awaitable[bool]] | None = None,
     ) -> bool:
         """Try to run ``lane`` for ``slot``; True if this replica won the slot and ran it."""
+        self._runtime.metrics.set(
+            "nightcrew_scheduler_last_tick_timestamp_seconds", self._clock.now().timestamp()
+        )
         try:
             if runner is not None:
                 won = await runner(slot)
@@ -90,8 +98,9 @@ class Scheduler:
         return won
 
     async def catch_up(self, schedule: Schedule) -> bool:
-        """Started after a slot that no replica ran (a deploy at 04:00, an outage)? Run it late
-        rather than skip a day. If any replica ran it, its claim says so and this is a no-op."""
+        """A slot that no replica ran to the end (a deploy at 04:00, an outage, a run that
+        died or lost the database)? Run it late, within the catch-up window, rather than skip a
+        day. If a replica ran it (or runs it now), its claim says so and this is a no-op."""
         if schedule.catch_up <= timedelta(0):
             return False
         missed = previous_slot(schedule.cron, self._clock.now())
@@ -108,9 +117,12 @@ class Scheduler:
             now = self._clock.now()
             slot = next_slot(schedule.cron, max(now, last) if last else now)
             last = slot
-            delay = (slot - self._clock.now()).total_seconds()
-            if delay > 0:
-                await self._sleep(delay)
+            while (delay := (slot - self._clock.now()).total_seconds()) > 0:
+                if schedule.catch_up <= timedelta(0) or delay <= RECHECK_SECONDS:
+                    await self._sleep(delay)
+                    break
+                await self._sleep(RECHECK_SECONDS)
+                await self.catch_up(schedule)
             task = asyncio.create_task(self._fire_quietly(schedule, slot))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)

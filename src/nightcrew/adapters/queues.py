@@ -19,7 +19,12 @@ from typing import Any, Protocol
 
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database, json_param
-from nightcrew.errors import NightcrewError, QueueError, QueueUnavailableError
+from nightcrew.errors import (
+    DatabaseUnavailableError,
+    NightcrewError,
+    QueueError,
+    QueueUnavailableError,
+)
 
 # The queues spec 000 produces to.
 RSS_INVALIDATION = "rss-invalidation"
@@ -59,7 +64,9 @@ class PostgresQueueProducer:
                 " VALUES (%(queue)s, %(body)s, %(visible_at)s)",
                 {"queue": queue, "body": json_param(dict(body)), "visible_at": visible_at},
             )
-        except NightcrewError as exc:  # a refused statement, or the database gone
+        except DatabaseUnavailableError:
+            raise  # the database itself is gone: not a queue failure to log per message
+        except NightcrewError as exc:  # a refused statement
             raise QueueError(f"could not enqueue to {queue}: {exc}") from exc
 
 

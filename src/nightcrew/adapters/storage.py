@@ -10,7 +10,7 @@ that is already gone counts as deleted.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -207,12 +207,20 @@ class PrefixDeletion:
     left: int = 0  # objects still under the prefix when the run re-listed it
 
 
-async def delete_prefix(store: ObjectStore, prefix: str, *, verify: bool = True) -> PrefixDeletion:
+async def delete_prefix(
+    store: ObjectStore,
+    prefix: str,
+    *,
+    verify: bool = True,
+    on_batch: Callable[[int, int], Awaitable[None]] | None = None,
+) -> PrefixDeletion:
     """Delete every object under ``prefix``, page by page, then re-list to count what is left.
 
     Deletes go out as each listing page arrives, so memory is bounded by one page. The final
     listing is what makes "left" honest: it counts whatever a failed key, a concurrent upload
-    or a listing quirk left behind.
+    or a listing quirk left behind. ``on_batch(objects, bytes)`` hears each page's deletions as
+    the store confirms them, so a caller can persist the count before the next page: a crash
+    then loses at most the one page between the store's answer and the caller's write.
     """
     if not prefix or not prefix.endswith("/"):
         raise ValueError(f"refusing to delete a prefix that is not a folder: {prefix!r}")
@@ -221,9 +229,12 @@ async def delete_prefix(store: ObjectStore, prefix: str, *, verify: bool = True)
         result.listed += len(page)
         sizes = {o.key: o.size for o in page}
         outcome = await store.delete([o.key for o in page])
+        deleted_bytes = sum(s for k, s in sizes.items() if k not in outcome.failed)
         result.deleted += outcome.deleted
         result.failed.update(outcome.failed)
-        result.bytes_deleted += sum(s for k, s in sizes.items() if k not in outcome.failed)
+        result.bytes_deleted += deleted_bytes
+        if on_batch is not None and outcome.deleted:
+            await on_batch(outcome.deleted, deleted_bytes)
     if verify and not isinstance(store, ReadOnlyStore):
         async for page in store.list_prefix(prefix):
             result.left += len(page)

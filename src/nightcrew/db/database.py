@@ -6,8 +6,10 @@ that ``transaction()`` yields, and get ``QueryError`` (with its SQLSTATE) when P
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -54,10 +56,59 @@ def describe_target(conninfo: str) -> str:
     return f"{where}/{dbname}" if dbname else where
 
 
-def _translate(exc: psycopg.Error) -> QueryError:
+# SQLSTATEs that mean the connection, not the statement, failed: class 08 (connection
+# exception), and the server ending the session (pg_terminate_backend, shutdown, recovery).
+_CONNECTION_LOST = ("08", "57P01", "57P02", "57P03")
+
+
+def _translate(exc: psycopg.Error) -> QueryError | DatabaseUnavailableError:
+    """A refused statement is a QueryError; a lost connection (reset, terminated, timed out by
+    TCP) is DatabaseUnavailableError — which per-item error handling must not swallow."""
+    sqlstate = exc.sqlstate
+    if isinstance(exc, psycopg.OperationalError) and (
+        sqlstate is None or sqlstate.startswith(_CONNECTION_LOST)
+    ):
+        return DatabaseUnavailableError(f"lost PostgreSQL: {_first_line(exc)}")
+    if sqlstate is not None and sqlstate.startswith(_CONNECTION_LOST):
+        return DatabaseUnavailableError(f"lost PostgreSQL: {_first_line(exc)}")
     diag = getattr(exc, "diag", None)
     primary = diag.message_primary if diag is not None else None
-    return QueryError(primary or str(exc).strip() or type(exc).__name__, sqlstate=exc.sqlstate)
+    return QueryError(primary or str(exc).strip() or type(exc).__name__, sqlstate=sqlstate)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConnectionPolicy:
+    """How long nightcrew waits on PostgreSQL before it calls it lost (the NIGHTCREW_DB_*
+    settings). Keepalives find a dead peer on an idle connection; ``tcp_user_timeout`` finds
+    one that swallows what we send (a partition); the statement and idle-in-transaction
+    timeouts bound a server that answers but never finishes; ``pool_timeout`` bounds the wait
+    for a connection. A connection is checked before it is handed out."""
+
+    connect_timeout: float = 5.0
+    pool_timeout: float = 10.0
+    max_size: int = 10
+    keepalives_idle: int = 10
+    keepalives_interval: int = 5
+    keepalives_count: int = 3
+    tcp_user_timeout: float = 15.0
+    statement_timeout: float = 120.0
+    idle_in_transaction_timeout: float = 60.0
+
+    def connection_kwargs(self) -> dict[str, Any]:
+        options = (
+            f"-c statement_timeout={round(self.statement_timeout * 1000)}"
+            f" -c idle_in_transaction_session_timeout="
+            f"{round(self.idle_in_transaction_timeout * 1000)}"
+        )
+        return {
+            "connect_timeout": max(1, round(self.connect_timeout)),
+            "keepalives": 1,
+            "keepalives_idle": self.keepalives_idle,
+            "keepalives_interval": self.keepalives_interval,
+            "keepalives_count": self.keepalives_count,
+            "tcp_user_timeout": round(self.tcp_user_timeout * 1000),
+            "options": options,
+        }
 
 
 class _Executor:
@@ -139,25 +190,35 @@ class Database(_Executor):
 
     @classmethod
     async def open(
-        cls, conninfo: str, *, connect_timeout: float = 5.0, max_size: int = 10
+        cls,
+        conninfo: str,
+        *,
+        connect_timeout: float = 5.0,
+        max_size: int = 10,
+        policy: ConnectionPolicy | None = None,
     ) -> Database:
+        policy = policy or ConnectionPolicy(connect_timeout=connect_timeout, max_size=max_size)
         target = describe_target(conninfo)
-        await _preflight(conninfo, target, connect_timeout)
+        await _preflight(conninfo, target, policy.connect_timeout)
         pool: AsyncConnectionPool[psycopg.AsyncConnection[DictRow]] = AsyncConnectionPool(
             conninfo,
             min_size=1,
-            max_size=max_size,
+            max_size=policy.max_size,
             open=False,
-            timeout=max(connect_timeout, 30.0),
+            timeout=policy.pool_timeout,
+            # a connection the server dropped while it sat in the pool is found here, not by
+            # the statement that would have used it
+            check=AsyncConnectionPool.check_connection,
             kwargs={
                 "autocommit": True,
                 "row_factory": dict_row,
-                "connect_timeout": max(1, round(connect_timeout)),
                 "application_name": "nightcrew",
+                **policy.connection_kwargs(),
             },
             connection_class=psycopg.AsyncConnection[DictRow],
             name="nightcrew",
         )
+        connect_timeout = policy.connect_timeout
         try:
             await pool.open(wait=True, timeout=connect_timeout)
         except Exception as exc:
@@ -203,10 +264,22 @@ class Database(_Executor):
                 raise _translate(exc) from exc
 
     @asynccontextmanager
-    async def session(self) -> AsyncIterator[Tx]:
-        """One dedicated connection in autocommit mode (session-level locks, DDL batches)."""
+    async def session(self, *, statement_timeout: float | None = None) -> AsyncIterator[Tx]:
+        """One dedicated connection in autocommit mode (session-level locks, DDL batches, the
+        reconciler's COPY and joins). ``statement_timeout`` (seconds, 0 = none) replaces the
+        pool's for this session's long work."""
         async with self._acquire() as conn:
-            yield Tx(conn)
+            if statement_timeout is not None:
+                await Tx(conn).execute(
+                    "SELECT set_config('statement_timeout', %(ms)s, false)",
+                    {"ms": str(round(statement_timeout * 1000))},
+                )
+            try:
+                yield Tx(conn)
+            finally:
+                if statement_timeout is not None and not conn.closed:
+                    with contextlib.suppress(psycopg.Error):
+                        await conn.execute("RESET statement_timeout")
 
     def rollback_only(self) -> Database:
         """A view of this database in which every statement runs and is then rolled back.
@@ -241,8 +314,13 @@ class _RollbackDatabase(Database):
                 raise _translate(exc) from exc
 
     @asynccontextmanager
-    async def session(self) -> AsyncIterator[Tx]:
+    async def session(self, *, statement_timeout: float | None = None) -> AsyncIterator[Tx]:
         async with self.transaction() as tx:
+            if statement_timeout is not None:  # transaction-local: rolled back with the rest
+                await tx.execute(
+                    "SELECT set_config('statement_timeout', %(ms)s, true)",
+                    {"ms": str(round(statement_timeout * 1000))},
+                )
             yield tx
 
     async def close(self) -> None:

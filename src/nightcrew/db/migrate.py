@@ -105,7 +105,8 @@ async def applied_migrations(db: Database | Tx) -> dict[int, str]:
 async def migrate(db: Database, *, skip_reference: bool = False) -> MigrationResult:
     migrations = discover_migrations()
     result = MigrationResult()
-    async with db.session() as conn:
+    # no statement timeout: a migration's DDL may wait on locks and rewrite big tables
+    async with db.session(statement_timeout=0) as conn:
         # A session lock, not a transaction lock: each migration commits on its own, and a
         # second migrator waits here, then finds everything applied.
         await conn.execute("SELECT pg_advisory_lock(%(key)s)", {"key": MIGRATION_LOCK_KEY})

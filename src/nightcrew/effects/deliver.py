@@ -27,7 +27,7 @@ from nightcrew.adapters.mail import Email
 from nightcrew.clock import Clock
 from nightcrew.effects import outbox
 from nightcrew.effects.outbox import KINDS, Effect, Settle
-from nightcrew.errors import BillingError, NightcrewError
+from nightcrew.errors import BillingError, DatabaseUnavailableError, NightcrewError
 from nightcrew.lifecycle import billing_resume
 from nightcrew.lifecycle import outbox as feed_outbox
 from nightcrew.log import describe_error, event, warning
@@ -94,6 +94,8 @@ async def deliver(
             return _failed(f"unknown effect kind {effect.kind!r}", permanent=True)
     except TimeoutError:
         return _failed(f"no answer within {DELIVERY_TIMEOUT_SECONDS} s", permanent=False)
+    except DatabaseUnavailableError:
+        raise  # the run stops: every claimed effect is retried once the database is back
     except Exception as exc:  # a bug or the database: retried, and reported with its text
         return _failed(describe_error(exc), permanent=False)
 
@@ -104,6 +106,8 @@ async def _queue(runtime: Runtime, effect: Effect) -> Delivery:
     try:
         await runtime.queues.send(payload["queue"], body, int(payload.get("delay_seconds", 0)))
         return _delivered(via="queue")
+    except DatabaseUnavailableError:
+        raise
     except NightcrewError as exc:
         queue_error = describe_error(exc)
     fallback = payload.get("fallback_invalidate")

@@ -27,6 +27,7 @@ from nightcrew.db.database import Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects
 from nightcrew.effects.deliver import Delivery, deliver_now
+from nightcrew.errors import DatabaseUnavailableError
 from nightcrew.log import describe_error, error, event
 from nightcrew.reports import Failure
 from nightcrew.runtime import Runtime
@@ -234,6 +235,8 @@ async def _follow_invalidation(
         try:
             async with runtime.db.transaction() as tx:
                 owed = await _owe_invalidation(tx, cleanup.podcast_id, cleanup.slug, clock.now())
+        except DatabaseUnavailableError:
+            raise
         except Exception as exc:
             cleanup.errors.append(describe_error(exc))
             return
@@ -258,8 +261,16 @@ async def _follow_invalidation(
 async def _clean_storage(runtime: Runtime, cleanup: Cleanup, errors: list[Failure]) -> None:
     prefix = podcast_prefix(cleanup.podcast_id)
     failure: Failure
+
+    async def count(objects: int, size: int) -> None:
+        await runtime.db.execute(
+            SQL["count_deleted"], {"id": cleanup.podcast_id, "objects": objects, "bytes": size}
+        )
+
     try:
-        result: PrefixDeletion = await delete_prefix(runtime.store, prefix)
+        result: PrefixDeletion = await delete_prefix(runtime.store, prefix, on_batch=count)
+    except DatabaseUnavailableError:
+        raise
     except Exception as exc:
         message = describe_error(exc)
         cleanup.errors.append(message)
@@ -315,13 +326,13 @@ async def _record(runtime: Runtime, now: datetime, cleanup: Cleanup, errors: lis
                 "id": cleanup.podcast_id,
                 "now": now,
                 "storage_done": cleanup.storage_done,
-                "objects_deleted": cleanup.objects_deleted,
-                "bytes_deleted": cleanup.bytes_deleted,
                 "objects_left": cleanup.objects_left,
                 "invalidated_at": cleanup.invalidated_at,
                 "last_error": "; ".join(cleanup.errors) or None,
             },
         )
+    except DatabaseUnavailableError:
+        raise  # the run stops; the record is written by the next run, which finds the podcast
     except Exception as exc:
         failure = {
             "event": "podcast_deletion_record_failed",

@@ -44,8 +44,6 @@ SELECT d.podcast_id, d.slug, d.deleted_at, d.storage_cleaned_at, d.objects_delet
 UPDATE nightcrew.podcast_deletions
    SET storage_cleaned_at = CASE WHEN %(storage_done)s THEN coalesce(storage_cleaned_at, %(now)s)
                                  ELSE storage_cleaned_at END,
-       objects_deleted = objects_deleted + %(objects_deleted)s,
-       bytes_deleted = bytes_deleted + %(bytes_deleted)s,
        objects_left = %(objects_left)s,
        invalidated_at = CASE WHEN %(invalidated_at)s::timestamptz IS NOT NULL
                              THEN coalesce(invalidated_at, %(invalidated_at)s)
@@ -53,4 +51,12 @@ UPDATE nightcrew.podcast_deletions
        attempts = attempts + 1,
        last_error = %(last_error)s,
        updated_at = %(now)s
+ WHERE podcast_id = %(id)s;
+
+-- name: count_deleted
+-- One listing page's deletions, persisted as the store confirms them (not at the end of the
+-- podcast's cleanup): a crash mid-cleanup keeps the count of what is already gone.
+UPDATE nightcrew.podcast_deletions
+   SET objects_deleted = objects_deleted + %(objects)s,
+       bytes_deleted = bytes_deleted + %(bytes)s
  WHERE podcast_id = %(id)s;

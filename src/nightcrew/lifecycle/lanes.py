@@ -19,8 +19,9 @@ from typing import Any, Literal
 import structlog
 
 from nightcrew import runs
-from nightcrew.clock import Clock
+from nightcrew.clock import Clock, FrozenClock
 from nightcrew.effects.deliver import deliver_effects
+from nightcrew.errors import DatabaseUnavailableError
 from nightcrew.lifecycle import (
     deletions,
     overage,
@@ -277,37 +278,43 @@ async def run_lane(
             return await run_jobs(runtime.dry_run_view(clock), clock, lane)
 
     now = clock.now()
+    decide: Clock = clock
     if trigger == "scheduled":
         if slot is None:
             raise ValueError("a scheduled run needs its slot")
-        run_id = await runs.claim_slot(runtime.db, lane=lane.name, slot=slot, now=now)
-        if run_id is None:
+        handle = await runs.claim(runtime.db, lane=lane.name, slot=slot, now=now)
+        if handle is None:
             return None
+        # A scheduled run decides as of its slot, not the instant the tick fired: a cooldown
+        # of 60 s means two slots, whatever the timer's jitter.
+        decide = FrozenClock(slot)
     else:
-        run_id = await runs.start_manual(runtime.db, lane=lane.name, now=now)
+        handle = runs.RunHandle(await runs.start_manual(runtime.db, lane=lane.name, now=now))
 
-    _started(lane, trigger=trigger, run_id=run_id, slot=slot)
+    _started(lane, trigger=trigger, run_id=handle.id, slot=slot)
     metrics = runtime.metrics
     try:
-        report = await run_jobs(runtime, clock, lane)
+        async with runs.heartbeat(runtime.db, handle, clock):
+            report = await run_jobs(runtime, decide, lane)
     except BaseException as exc:  # cancelled (Ctrl-C, SIGTERM) too: never leave it "running"
         message = describe_error(exc)
-        error("lifecycle_cron_failed", lane=lane.name, run_id=run_id, error=message)
+        error("lifecycle_cron_failed", lane=lane.name, run_id=handle.id, error=message)
         metrics.inc("nightcrew_lane_runs_total", lane=lane.name, status="failed")
         with contextlib.suppress(Exception):
             await asyncio.shield(
                 runs.finish(
                     runtime.db,
-                    run_id,
+                    handle,
                     status="failed",
                     now=clock.now(),
-                    report={"error": message},
+                    # lost for want of a database: the slot may be claimed and run again
+                    report={"error": message, "retry": isinstance(exc, DatabaseUnavailableError)},
                 )
             )
         raise
-    report = replace(report, run_id=run_id)
+    report = replace(report, run_id=handle.id)
     await runs.finish(
-        runtime.db, run_id, status="completed", now=clock.now(), report=report.to_json()
+        runtime.db, handle, status="completed", now=clock.now(), report=report.to_json()
     )
     _record_metrics(runtime, clock, report)
     return report

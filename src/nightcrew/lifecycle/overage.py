@@ -38,6 +38,7 @@ from nightcrew.db.database import Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects
 from nightcrew.effects.deliver import deliver_now
+from nightcrew.errors import DatabaseUnavailableError
 from nightcrew.lifecycle import outbox as feed_outbox
 from nightcrew.lifecycle.overage_mail import Overage, render
 from nightcrew.log import describe_error, error, event, warning
@@ -153,6 +154,8 @@ async def _isolated(
 ) -> None:
     try:
         await _process(runtime, clock, row, report)
+    except DatabaseUnavailableError:
+        raise  # not this account's problem: the lane stops, the next run resumes
     except Exception as exc:
         failure = {
             "event": "overage_escalation_account_failed",

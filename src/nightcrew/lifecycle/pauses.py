@@ -18,6 +18,7 @@ from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects
 from nightcrew.effects.deliver import Delivery, deliver_now
+from nightcrew.errors import DatabaseUnavailableError
 from nightcrew.lifecycle.billing_resume import STRIPE_NOT_CONFIGURED, BillingResume, owed_resume
 from nightcrew.log import describe_error, error, event, warning
 from nightcrew.reports import Failure
@@ -77,6 +78,8 @@ async def reactivate_expired_pauses(runtime: Runtime, clock: Clock) -> PausesRep
                             payload={"podcast_id": podcast_id, "account_id": account_id},
                             now=now,
                         )
+        except DatabaseUnavailableError:
+            raise  # not this podcast's problem: the lane stops, the next run resumes
         except Exception as exc:  # one podcast never stops the next
             failure = {
                 "event": "pause_reactivation_failed",

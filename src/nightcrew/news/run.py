@@ -35,6 +35,7 @@ from nightcrew.adapters.processed import RedisProcessedUrls
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database, QueryError, json_param
 from nightcrew.db.queries import load_queries
+from nightcrew.errors import DatabaseUnavailableError
 from nightcrew.log import describe_error, event, warning
 from nightcrew.news import candidates as held_candidates
 from nightcrew.news import sources as news_sources
@@ -693,22 +694,26 @@ def news_schedules(runtime: Runtime, clock: Clock, deps: NewsDeps) -> tuple[Sche
         lane = f"news:{shard}"
 
         async def run(slot: datetime) -> bool:
-            run_id = await runs.claim_slot(runtime.db, lane=lane, slot=slot, now=clock.now())
-            if run_id is None:
+            handle = await runs.claim(runtime.db, lane=lane, slot=slot, now=clock.now())
+            if handle is None:
                 return False
             try:
-                report = await run_shard(runtime, clock, deps, shard, trigger="scheduled")
+                async with runs.heartbeat(runtime.db, handle, clock):
+                    report = await run_shard(runtime, clock, deps, shard, trigger="scheduled")
             except Exception as exc:
                 await runs.finish(
                     runtime.db,
-                    run_id,
+                    handle,
                     status="failed",
                     now=clock.now(),
-                    report={"error": describe_error(exc)},
+                    report={
+                        "error": describe_error(exc),
+                        "retry": isinstance(exc, DatabaseUnavailableError),
+                    },
                 )
                 raise
             await runs.finish(
-                runtime.db, run_id, status="completed", now=clock.now(), report=report.to_json()
+                runtime.db, handle, status="completed", now=clock.now(), report=report.to_json()
             )
             return True
 

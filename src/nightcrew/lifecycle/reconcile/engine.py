@@ -32,7 +32,7 @@ from nightcrew.db.database import QueryError, Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects_outbox
 from nightcrew.effects.deliver import drain
-from nightcrew.errors import NightcrewError
+from nightcrew.errors import DatabaseUnavailableError, NightcrewError
 from nightcrew.lifecycle import outbox as feed_outbox
 from nightcrew.lifecycle.reconcile.core import (
     PREP_TTL_DAYS,
@@ -170,7 +170,9 @@ async def run_reconcile(
     store: ObjectStore = runtime.store if options.apply else ReadOnlyStore(runtime.store)
     tick = progress or (lambda phase, n: None)
 
-    async with runtime.db.session() as conn:
+    # the listing's COPY and the joins over a million rows are long work, not a lane's statement
+    long_work = runtime.settings.db_long_statement_timeout_seconds
+    async with runtime.db.session(statement_timeout=long_work) as conn:
         await conn.execute(SQL["drop_listing"])
         await conn.execute(SQL["create_listing"])
         try:
@@ -447,6 +449,8 @@ async def _missing(
             try:
                 if await quarantine_episode(runtime, row, report.now):
                     quarantined += 1
+            except DatabaseUnavailableError:
+                raise
             except Exception as exc:  # rolled back whole; the next run rediscovers it
                 failure = {
                     "event": "reconcile_quarantine_failed",
