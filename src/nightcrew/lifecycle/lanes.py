@@ -207,6 +207,8 @@ async def _isolated(job: Job, runtime: Runtime, clock: Clock) -> JobOutcome:
     started = time.perf_counter()
     try:
         report = await job.run(runtime, clock)
+    except DatabaseUnavailableError:
+        raise  # not this job's failure: the lane stops (run_jobs) and its slot is retried
     except Exception as exc:  # isolation is the point: one job never stops the others
         message = describe_error(exc)
         error(job.failed_event, job=job.name, error=message)
@@ -231,7 +233,13 @@ async def run_jobs(runtime: Runtime, clock: Clock, lane: Lane) -> LaneReport:
     started = time.perf_counter()
     now = clock.now()
     if lane.concurrent:
-        outcomes = list(await asyncio.gather(*(_isolated(j, runtime, clock) for j in lane.jobs)))
+        results = await asyncio.gather(
+            *(_isolated(j, runtime, clock) for j in lane.jobs), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result  # the database went away: every sweep saw it, one line says so
+        outcomes = [r for r in results if isinstance(r, JobOutcome)]
     else:
         outcomes = [await _isolated(j, runtime, clock) for j in lane.jobs]
     report = LaneReport(
