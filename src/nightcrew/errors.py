@@ -41,11 +41,3 @@ class BillingError(NightcrewError):
     def __init__(self, message: str, *, http_status: int | None = None) -> None:
         super().__init__(message)
         self.http_status = http_status
-
-
-class MailError(NightcrewError):
-    """The mail provider failed a send. ``transient`` says whether retrying may succeed."""
-
-    def __init__(self, message: str, *, transient: bool) -> None:
-        super().__init__(message)
-        self.transient = transient

@@ -90,6 +90,8 @@ def test_sigkill_mid_quarantine_leaves_no_half_quarantined_episode(
     quarantined, untouched, inconsistent = _state(fresh_db_url)
     assert inconsistent == 0  # every episode is wholly old or wholly new
     assert quarantined >= 50 and quarantined + untouched == EPISODES
+    # the kill landed mid-run: had the process finished first, this would prove nothing
+    assert quarantined < EPISODES, "the reconcile finished before the kill; seed more episodes"
 
     again = run(
         "lifecycle", "reconcile", "--apply", "--quarantine-missing", "--json", env=env, timeout=300

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
@@ -52,8 +52,34 @@ async def test_two_replicas_tick_the_minute_slot_and_only_one_runs_it(
 async def test_a_failing_fire_is_logged_and_the_loop_survives(
     db: Database, fresh_db_url: str
 ) -> None:
-    clock = SystemClock()
+    """The run history is gone: every fire fails. The loop logs each failure and keeps
+    ticking (slots come every 0.2 s here: a sleep that fast-forwards the clock)."""
+    from structlog.testing import capture_logs
+
+    from nightcrew.clock import FrozenClock
+
+    clock = FrozenClock(datetime(2026, 11, 29, 4, 0, 30, tzinfo=UTC))
+
+    async def fast_sleep(seconds: float) -> None:
+        clock.advance(timedelta(seconds=seconds))
+        await asyncio.sleep(0.05)
+
     rt = make_runtime(db, clock, fresh_db_url)
-    await db.execute("DROP TABLE nightcrew.runs")
-    scheduler = Scheduler(rt, clock, (Schedule(lane="minute", cron="* * * * *"),))
-    assert await scheduler.fire("minute", clock.now().replace(second=0, microsecond=0)) is False
+    await db.execute("DROP TABLE nightcrew.runs CASCADE")
+    scheduler = Scheduler(rt, clock, (Schedule(lane="minute", cron="* * * * *"),), sleep=fast_sleep)
+    with capture_logs() as logs:
+        loop = asyncio.create_task(scheduler.run())
+        try:
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                failures = [e for e in logs if e["event"] == "scheduler_fire_failed"]
+                if len(failures) >= 3:
+                    break
+            assert not loop.done(), "the loop died with the first failing fire"
+        finally:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+    failures = [e for e in logs if e["event"] == "scheduler_fire_failed"]
+    assert len(failures) >= 3  # three slots in a row, each logged, the loop still ticking
+    assert {e["lane"] for e in failures} == {"minute"}
+    assert len({e["slot"] for e in failures}) == len(failures)  # each its own slot

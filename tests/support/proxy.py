@@ -1,5 +1,6 @@
-"""A TCP proxy on 127.0.0.1 that a test can cut and restore: a broker or a database going away
-for real (connections reset, new ones refused), then coming back on the same address."""
+"""A TCP proxy on 127.0.0.1 that a test can cut, blackhole and restore: a broker or a database
+going away for real (connections reset, new ones refused), or going silent (connections held
+open, nothing answered), then coming back on the same address."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ class TcpProxy:
     def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
         self.target = (target_host, target_port)
         self.port = free_port()
+        self.accepted = 0  # client connections accepted so far
         self._server: asyncio.Server | None = None
         self._open: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._flowing = asyncio.Event()
+        self._flowing.set()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
@@ -34,7 +38,23 @@ class TcpProxy:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
 
+    def blackhole(self) -> None:
+        """Go silent: keep accepting and holding connections, forward no byte either way.
+
+        Nothing is closed and nothing is answered. What a client sends is held here (the
+        kernel still acknowledges it, as it would for a frozen server) and is forwarded
+        only if ``restore()`` comes first.
+        """
+        self._flowing.clear()
+
+    async def restore(self) -> None:
+        """Forward again after ``blackhole()``; listen again (same port) after ``cut()``."""
+        self._flowing.set()
+        if self._server is None:
+            await self.start()
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
         except OSError:
@@ -48,10 +68,14 @@ class TcpProxy:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError, asyncio.CancelledError):
-            while data := await reader.read(65536):
+            while True:
+                await self._flowing.wait()
+                data = await reader.read(65536)
+                await self._flowing.wait()  # read while flowing, blackholed since: hold it
+                if not data:
+                    break
                 writer.write(data)
                 await writer.drain()
         writer.close()

@@ -27,6 +27,8 @@ from urllib.parse import SplitResult, urlsplit, urlunsplit
 import httpcore
 import httpx
 
+from nightcrew.errors import NightcrewError
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -37,7 +39,7 @@ INTERNAL_NAMES = ("localhost",)
 INTERNAL_SUFFIXES = (".localhost", ".local", ".internal", ".home.arpa", ".localdomain")
 
 
-class UnsafeURL(ValueError):
+class UnsafeURL(NightcrewError, ValueError):
     """A URL that must not be fetched or published; the message says why."""
 
 

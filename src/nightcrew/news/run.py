@@ -35,7 +35,7 @@ from nightcrew.adapters.processed import RedisProcessedUrls
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database, QueryError, json_param
 from nightcrew.db.queries import load_queries
-from nightcrew.errors import DatabaseUnavailableError
+from nightcrew.errors import DatabaseUnavailableError, NightcrewError
 from nightcrew.log import describe_error, event, warning
 from nightcrew.news import candidates as held_candidates
 from nightcrew.news import sources as news_sources
@@ -66,7 +66,7 @@ TRANSLATION_LANGUAGE = "English"
 Trigger = Literal["manual", "scheduled"]
 
 
-class StaleLease(Exception):
+class StaleLease(NightcrewError):
     """A newer holder of the shard has written: this run's writes are refused."""
 
 

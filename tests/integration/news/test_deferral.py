@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import httpx
+import pytest
 from werkzeug import Request, Response
 
 from nightcrew.adapters.locks import PostgresLeases
@@ -208,3 +209,23 @@ async def test_one_article_the_database_refuses_is_rejected_alone(
     clock.advance(timedelta(hours=1))
     again = (await run_shard(runtime, clock, deps_for(db, clock, http), "s")).to_json()
     assert again["queuedCount"] == 0 and again["writeErrors"] == []
+
+
+@pytest.mark.parametrize(("queued", "deferred"), [(4, False), (5, False), (6, True)])
+async def test_the_queue_limit_defers_only_above_it(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: httpx.AsyncClient,
+    queued: int,
+    deferred: bool,
+) -> None:
+    """INGESTION_BACKPRESSURE_QUEUE_LIMIT=5: 4 and 5 queued run, 6 defers (spec: "more than")."""
+    etag_site(feed_server, {"/feeds/a": rss(feed_server.url, queued)})
+    await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
+    runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="5")
+    report = (await run_shard(runtime, clock, deps_for(db, clock, http), "s")).to_json()
+    assert report["queuedCount"] == queued
+    assert bool(report["deferredReasons"]) is deferred
+    assert report["processedCount"] == (0 if deferred else queued)

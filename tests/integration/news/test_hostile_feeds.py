@@ -271,7 +271,7 @@ async def test_redis_killed_mid_run_costs_nothing_and_the_next_run_falls_back(
             if server.returncode is None:
                 server.kill()
                 await server.wait()
-                await asyncio.sleep(0.5)  # past a third of the 1 s lease TTL: extend next
+                await asyncio.sleep(1.5)  # past a third of the 3 s lease TTL: extend next
             return await super().review(article)
 
     client = aioredis.from_url(
@@ -282,7 +282,7 @@ async def test_redis_killed_mid_run_costs_nothing_and_the_next_run_falls_back(
             if answers(port):
                 break
             await asyncio.sleep(0.1)
-        runtime = runtime_for(db, clock, fresh_db_url, UPSTASH_REDIS_WORKER_LOCK_TTL_SECONDS="1")
+        runtime = runtime_for(db, clock, fresh_db_url, UPSTASH_REDIS_WORKER_LOCK_TTL_SECONDS="3")
         deps = deps_for(
             db, clock, http, leases=RedisLeases(client), redis=client, reviewer=KillingReviewer()
         )

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import unquote_to_bytes
+
+from nightcrew.errors import NightcrewError
 
 Mode = Literal["dryrun", "apply"]
 ObjectKind = Literal["audio", "episode_image", "podcast_image", "prep", "other"]
@@ -34,7 +36,7 @@ def clamp_orphan_age_hours(hours: int) -> int:
     return max(MIN_ORPHAN_AGE_HOURS, min(MAX_ORPHAN_AGE_HOURS, int(hours)))
 
 
-class OptionError(ValueError):
+class OptionError(NightcrewError, ValueError):
     """A reconcile flag is unknown or its value malformed; the message names the flag."""
 
 
@@ -63,9 +65,6 @@ class ReconcileOptions:
             "bypassCapForBackfill": self.bypass_cap_for_backfill,
             "minOrphanAgeHours": self.min_orphan_age_hours,
         }
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # The daily cron's safe subset: measured sizes, aged reference-checked orphans, outbox drain;
