@@ -182,6 +182,8 @@ FUNCTIONS: dict[str, str] = {
     "public.notify_media_job_result": "the media_jobs watchdog's notification",
     "nightcrew.object_key": "object keys from public URLs (reconciler)",
     "nightcrew.percent_decode": "URL path decoding for nightcrew.object_key",
+    "nightcrew.account_stored_bytes": "count-both stored bytes per account (overage, over-cap)",
+    "nightcrew.account_stored_bytes_of": "the same, for one account (overage re-measure)",
 }
 
 # (table, trigger name) — the reconciler disables this one by name.

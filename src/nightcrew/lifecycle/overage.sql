@@ -1,7 +1,8 @@
 -- The hosted-content overage escalation (spec 000 "Hosted-content overage escalation sweep").
 -- Occupancy = active/paused podcasts of any hosting type (pending_deletion excluded); storage =
--- audio + original bytes over non-pending_deletion podcasts (count-both, DESIGN §6); caps live
--- through effective_cap (NULL = unlimited).
+-- audio + original bytes over non-pending_deletion podcasts (count-both, DESIGN §6:
+-- nightcrew.account_stored_bytes, migration 0014); caps live through effective_cap (NULL =
+-- unlimited).
 
 -- name: scan
 -- One round trip: only accounts that can need work — over either cap, armed, or stamped.
@@ -13,14 +14,7 @@ WITH occupancy AS (
      WHERE p.billing_account_id IS NOT NULL
      GROUP BY p.billing_account_id
 ), storage AS (
-    SELECT p.billing_account_id AS account_id,
-           sum(coalesce(e.audio_file_size_bytes, 0)
-               + coalesce(e.original_audio_file_size_bytes, 0)) AS bytes
-      FROM public.podcasts p
-      JOIN public.episodes e ON e.podcast_id = p.id
-     WHERE p.billing_account_id IS NOT NULL
-       AND p.status <> 'pending_deletion'
-     GROUP BY p.billing_account_id
+    SELECT account_id, bytes FROM nightcrew.account_stored_bytes(false)
 ), caps AS (
     -- the same live caps as effective_cap(), computed set-based
     SELECT c.account_id,
@@ -55,10 +49,7 @@ SELECT b.id, b.content_overage_since, b.content_overage_deadline,
        b.content_overage_nag_stage, b.content_overage_last_nag_at,
        (SELECT count(*) FROM public.podcasts p
          WHERE p.billing_account_id = b.id AND p.status IN ('active', 'paused')) AS podcasts,
-       (SELECT coalesce(sum(coalesce(e.audio_file_size_bytes, 0)
-                            + coalesce(e.original_audio_file_size_bytes, 0)), 0)
-          FROM public.podcasts p JOIN public.episodes e ON e.podcast_id = p.id
-         WHERE p.billing_account_id = b.id AND p.status <> 'pending_deletion') AS bytes,
+       nightcrew.account_stored_bytes_of(b.id, false) AS bytes,
        EXISTS (SELECT 1 FROM public.podcasts p
                 WHERE p.billing_account_id = b.id AND p.overage_suspended_at IS NOT NULL)
            AS stamped,

@@ -189,15 +189,10 @@ UPDATE public.automation_jobs
  WHERE episode_id = %(id)s AND status = 'pending' AND trigger_type = 'time';
 
 -- name: over_cap_accounts
--- Count-both bytes (enclosure + master) per account against its live cap. Report only.
+-- Count-both bytes (enclosure + master) per account against its live cap, every podcast
+-- counted as the storage cap trigger counts it (spec 000). Report only.
 WITH usage AS (
-    SELECT p.billing_account_id AS account_id,
-           sum(coalesce(e.audio_file_size_bytes, 0)
-               + coalesce(e.original_audio_file_size_bytes, 0)) AS bytes
-      FROM public.podcasts p
-      JOIN public.episodes e ON e.podcast_id = p.id
-     WHERE p.billing_account_id IS NOT NULL
-     GROUP BY p.billing_account_id
+    SELECT account_id, bytes FROM nightcrew.account_stored_bytes(true)
 )
 SELECT account_id, bytes, cap_gb
   FROM (SELECT u.account_id, u.bytes,

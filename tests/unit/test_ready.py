@@ -1,0 +1,192 @@
+"""GET /ready and the readiness gauges of GET /metrics, on create_app with stand-in checks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import httpx
+import pytest
+
+from nightcrew import http as nightcrew_http
+from nightcrew.db.database import QueryError
+from nightcrew.errors import DatabaseUnavailableError
+from nightcrew.http import SCHEDULER_STALE_SECONDS, Readiness, create_app
+from nightcrew.metrics import Metrics
+
+T0 = 1_795_924_800.0  # 2026-11-29T04:00:00Z
+
+
+async def _ok() -> None:
+    return None
+
+
+async def _refused() -> None:
+    raise DatabaseUnavailableError("lost PostgreSQL at 127.0.0.1:5432/app: connection refused")
+
+
+async def _hangs() -> None:
+    await asyncio.Event().wait()
+
+
+def _app(
+    metrics: Metrics,
+    ping: Callable[[], Awaitable[None]] = _ok,
+    *,
+    started_at: float = T0,
+    now: float = T0 + 5,
+) -> httpx.AsyncClient:
+    readiness = Readiness(ping_database=ping, started_at=started_at, now=lambda: now)
+    transport = httpx.ASGITransport(app=create_app(metrics, readiness=readiness))
+    return httpx.AsyncClient(transport=transport, base_url="http://nightcrew")
+
+
+def _gauge(body: str, name: str) -> str | None:
+    for line in body.splitlines():
+        if line.startswith(f"{name} "):
+            return line.split(" ", 1)[1]
+    return None
+
+
+async def test_all_fine_is_200_and_db_up_1() -> None:
+    metrics = Metrics()
+    metrics.set("nightcrew_scheduler_last_tick_timestamp_seconds", T0 + 300)
+    async with _app(metrics, now=T0 + 310) as client:
+        ready = await client.get("/ready")
+        scraped = await client.get("/metrics")
+    assert ready.status_code == 200 and ready.json() == {"status": "ready"}
+    assert scraped.status_code == 200
+    assert _gauge(scraped.text, "nightcrew_db_up") == "1"
+    assert _gauge(scraped.text, "nightcrew_scheduler_last_tick_timestamp_seconds") == str(
+        int(T0 + 300)
+    )
+
+
+async def test_without_readiness_checks_ready_is_200() -> None:
+    transport = httpx.ASGITransport(app=create_app(Metrics()))
+    async with httpx.AsyncClient(transport=transport, base_url="http://nightcrew") as client:
+        response = await client.get("/ready")
+    assert response.status_code == 200 and response.json() == {"status": "ready"}
+
+
+@pytest.mark.parametrize(
+    ("ping_error", "message"),
+    [
+        (
+            DatabaseUnavailableError("lost PostgreSQL at 127.0.0.1:5432/app: connection refused"),
+            "DatabaseUnavailableError: lost PostgreSQL at 127.0.0.1:5432/app: connection refused",
+        ),
+        (QueryError("permission denied", sqlstate="42501"), "QueryError: permission denied"),
+    ],
+)
+async def test_a_failing_database_ping_is_503_naming_the_database_and_db_up_0(
+    ping_error: Exception, message: str
+) -> None:
+    async def ping() -> None:
+        raise ping_error
+
+    metrics = Metrics()
+    async with _app(metrics, ping) as client:
+        ready = await client.get("/ready")
+        scraped = await client.get("/metrics")
+    assert ready.status_code == 503
+    assert ready.json() == {"status": "not ready", "problems": [f"database: {message}"]}
+    assert scraped.status_code == 200  # /metrics still answers: db_up says what is wrong
+    assert _gauge(scraped.text, "nightcrew_db_up") == "0"
+
+
+async def test_db_up_follows_the_database_back_up() -> None:
+    state = {"up": False}
+
+    async def ping() -> None:
+        if not state["up"]:
+            await _refused()
+
+    metrics = Metrics()
+    async with _app(metrics, ping) as client:
+        assert (await client.get("/ready")).status_code == 503
+        assert metrics.value("nightcrew_db_up") == 0.0
+        state["up"] = True
+        assert (await client.get("/ready")).status_code == 200
+        assert metrics.value("nightcrew_db_up") == 1.0
+        state["up"] = False
+        assert _gauge((await client.get("/metrics")).text, "nightcrew_db_up") == "0"
+
+
+async def test_a_hanging_ping_is_503_after_the_default_2_s() -> None:
+    assert nightcrew_http.DB_CHECK_TIMEOUT_SECONDS == 2.0
+    metrics = Metrics()
+    async with _app(metrics, _hangs) as client:
+        started = time.monotonic()
+        ready = await client.get("/ready", timeout=10)
+        took = time.monotonic() - started
+    assert ready.status_code == 503
+    assert ready.json() == {
+        "status": "not ready",
+        "problems": ["database: PostgreSQL did not answer within 2 s"],
+    }
+    assert 1.9 <= took < 4.0
+    assert metrics.value("nightcrew_db_up") == 0.0
+
+
+async def test_a_hanging_ping_bounds_metrics_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nightcrew_http, "DB_CHECK_TIMEOUT_SECONDS", 0.2)
+    metrics = Metrics()
+    metrics.set("nightcrew_db_up", 1.0)  # up at the last check
+    async with _app(metrics, _hangs) as client:
+        started = time.monotonic()
+        scraped = await client.get("/metrics", timeout=10)
+        ready = await client.get("/ready", timeout=10)
+        took = time.monotonic() - started
+    assert scraped.status_code == 200 and _gauge(scraped.text, "nightcrew_db_up") == "0"
+    assert ready.status_code == 503
+    assert ready.json()["problems"] == ["database: PostgreSQL did not answer within 0.2 s"]
+    assert took < 2.0
+
+
+@pytest.mark.parametrize(
+    ("tick_age", "ready"),
+    [(SCHEDULER_STALE_SECONDS - 1, True), (SCHEDULER_STALE_SECONDS, True), (181.0, False)],
+)
+async def test_a_stale_scheduler_tick_is_503_naming_the_scheduler(
+    tick_age: float, ready: bool
+) -> None:
+    now = T0 + 3600
+    metrics = Metrics()
+    metrics.set("nightcrew_scheduler_last_tick_timestamp_seconds", now - tick_age)
+    async with _app(metrics, started_at=T0, now=now) as client:
+        response = await client.get("/ready")
+    if ready:
+        assert response.status_code == 200 and response.json() == {"status": "ready"}
+    else:
+        assert response.status_code == 503
+        assert response.json() == {
+            "status": "not ready",
+            "problems": ["scheduler: no slot fired for 181 s"],
+        }
+    assert metrics.value("nightcrew_db_up") == 1.0  # the database is fine either way
+
+
+@pytest.mark.parametrize(("since_start", "ready"), [(10.0, True), (180.0, True), (240.0, False)])
+async def test_before_a_first_tick_the_start_time_counts_as_one(
+    since_start: float, ready: bool
+) -> None:
+    metrics = Metrics()  # no tick yet: the gauge reads 0
+    async with _app(metrics, started_at=T0, now=T0 + since_start) as client:
+        response = await client.get("/ready")
+    assert response.status_code == (200 if ready else 503)
+    if not ready:
+        assert response.json()["problems"] == ["scheduler: no slot fired for 240 s"]
+
+
+async def test_both_problems_are_listed_database_first() -> None:
+    metrics = Metrics()
+    metrics.set("nightcrew_scheduler_last_tick_timestamp_seconds", T0)
+    async with _app(metrics, _refused, started_at=T0 - 60, now=T0 + 600) as client:
+        response = await client.get("/ready")
+    assert response.status_code == 503
+    problems = response.json()["problems"]
+    assert [p.split(":", 1)[0] for p in problems] == ["database", "scheduler"]
+    assert "connection refused" in problems[0]
+    assert problems[1] == "scheduler: no slot fired for 600 s"
