@@ -22,7 +22,7 @@ import uvicorn
 
 from nightcrew import __version__
 from nightcrew.clock import Clock, FrozenClock, SystemClock, parse_instant
-from nightcrew.config import Settings, load_settings
+from nightcrew.config import Settings, load_settings, reveal
 from nightcrew.db.contract import check_schema
 from nightcrew.db.migrate import migrate
 from nightcrew.errors import (
@@ -322,17 +322,21 @@ def effects_drop(
     typer.echo(f"dropped effect {effect_id} ({dropped['kind']} {dropped['key']})")
 
 
+# Every command that decides by time takes --now the same way.
+NowOption = Annotated[
+    str | None,
+    typer.Option(
+        "--now",
+        help="Run as of this ISO 8601 instant (with offset), e.g. 2026-11-29T04:00:00Z.",
+    ),
+]
+
+
 # --- lifecycle -----------------------------------------------------------------------------------
 @lifecycle_app.command("run")
 def lifecycle_run(
     lane: Annotated[Lane, typer.Argument(help="Which lane to run once.")],
-    now: Annotated[
-        str | None,
-        typer.Option(
-            "--now",
-            help="Run as of this ISO 8601 instant (with offset), e.g. 2026-11-29T04:00:00Z.",
-        ),
-    ] = None,
+    now: NowOption = None,
     dry_run: Annotated[
         bool,
         typer.Option("--dry-run", help="Report what the run would do; change nothing."),
@@ -410,9 +414,7 @@ def lifecycle_reconcile(
             "--min-orphan-age-hours", help="Minimum orphan age in hours (clamped to 24-720)."
         ),
     ] = 24,
-    now: Annotated[
-        str | None, typer.Option("--now", help="Run as of this ISO 8601 instant.")
-    ] = None,
+    now: NowOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Reconcile stored audio with the episodes table: dry run first, read, then --apply."""
@@ -503,9 +505,7 @@ def _print_reconcile_summary(report: dict[str, Any]) -> None:
 @lifecycle_app.command("overage")
 def lifecycle_overage(
     account: Annotated[str, typer.Option("--account", help="The billing account's id.")],
-    now: Annotated[
-        str | None, typer.Option("--now", help="Run as of this ISO 8601 instant.")
-    ] = None,
+    now: NowOption = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Report what would happen; change nothing.")
     ] = False,
@@ -555,9 +555,7 @@ def news_run(
             "--manual", help="A manual run (a held lock is answered with a skipped report)."
         ),
     ] = False,
-    now: Annotated[
-        str | None, typer.Option("--now", help="Run as of this ISO 8601 instant.")
-    ] = None,
+    now: NowOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Run one shard of the news worker once and print its report."""
@@ -758,7 +756,7 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
                 create_app(
                     runtime.metrics,
                     reconcile=reconcile,
-                    reconciler_secret=secret.get_secret_value() if secret else None,
+                    reconciler_secret=reveal(secret),
                     news_reports=reports,
                     readiness=Readiness(
                         ping_database=ping_database,

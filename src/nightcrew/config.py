@@ -147,8 +147,8 @@ class Settings(BaseSettings):
         """What the S3 client needs, read here so nothing else touches the environment."""
         creds = {
             "access_key_id": self.aws_access_key_id,
-            "secret_access_key": _reveal(self.aws_secret_access_key),
-            "session_token": _reveal(self.aws_session_token),
+            "secret_access_key": reveal(self.aws_secret_access_key),
+            "session_token": reveal(self.aws_session_token),
             "region": self.aws_region,
         }
         return {k: v for k, v in creds.items() if v}
@@ -175,7 +175,8 @@ class Settings(BaseSettings):
         return values
 
 
-def _reveal(secret: SecretStr | None) -> str | None:
+def reveal(secret: SecretStr | None) -> str | None:
+    """A secret's value where it must be used (a client's key); None when unset."""
     return secret.get_secret_value() if secret is not None else None
 
 

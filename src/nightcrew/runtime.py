@@ -12,7 +12,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 
 import httpx
-from pydantic import SecretStr
 
 from nightcrew.adapters.billing import Billing, DryRunBilling, NoBilling, StripeBilling
 from nightcrew.adapters.feedcache import FeedCache, HttpFeedCache, RecordingFeedCache
@@ -25,7 +24,7 @@ from nightcrew.adapters.queues import (
 )
 from nightcrew.adapters.storage import ObjectStore, ReadOnlyStore, open_store
 from nightcrew.clock import Clock
-from nightcrew.config import Settings
+from nightcrew.config import Settings, reveal
 from nightcrew.db.database import ConnectionPolicy, Database
 from nightcrew.db.embedded import EmbeddedPostgres
 from nightcrew.metrics import Metrics
@@ -90,10 +89,6 @@ def connection_policy(settings: Settings) -> ConnectionPolicy:
     )
 
 
-def _reveal(secret: SecretStr | None) -> str | None:
-    return secret.get_secret_value() if secret is not None else None
-
-
 def _billing(settings: Settings) -> StripeBilling | NoBilling:
     if settings.stripe_secret_key is None:
         return NoBilling()
@@ -127,14 +122,12 @@ async def open_runtime(settings: Settings, clock: Clock) -> AsyncIterator[Runtim
                 db=db,
                 queues=queues,
                 store=store,
-                feedcache=HttpFeedCache(
-                    http, settings.public_feed_url, secret.get_secret_value() if secret else None
-                ),
+                feedcache=HttpFeedCache(http, settings.public_feed_url, reveal(secret)),
                 billing=billing,
                 mail=ResendMailer(
                     http,
                     api_base=settings.resend_api_base,
-                    api_key=_reveal(settings.resend_api_key),
+                    api_key=reveal(settings.resend_api_key),
                     from_email=settings.resend_from_email,
                 ),
             )

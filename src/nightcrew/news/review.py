@@ -14,7 +14,7 @@ from typing import Protocol
 
 import httpx
 
-from nightcrew.config import Settings
+from nightcrew.config import Settings, reveal
 from nightcrew.errors import NightcrewError
 from nightcrew.log import describe_error
 
@@ -164,6 +164,6 @@ def make_reviewer(settings: Settings, client: httpx.AsyncClient) -> Reviewer:
             client,
             base_url=settings.news_ai_base_url,
             model=settings.news_ai_model,
-            api_key=key.get_secret_value() if key else None,
+            api_key=reveal(key),
         )
     return OfflineReviewer()
