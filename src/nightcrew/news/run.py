@@ -205,7 +205,27 @@ def _finish(report: NewsReport, started: float) -> NewsReport:
     return report
 
 
-Verdicts = list[tuple[Candidate, Verdict | None, str | None]]
+@dataclass(frozen=True, slots=True)
+class Reviewed:
+    """A candidate after review: its verdict (None: the model failed for good — written as
+    unreviewed) and, for an accepted one, the translation of its summary."""
+
+    candidate: Candidate
+    verdict: Verdict | None
+    translation: str | None
+
+    @property
+    def url(self) -> str:
+        return self.candidate.url
+
+    @property
+    def status(self) -> str:
+        if self.verdict is None:
+            return "unreviewed"
+        return "accepted" if self.verdict.accepted else "rejected"
+
+
+Verdicts = list[Reviewed]
 
 
 @dataclass(kw_only=True)
@@ -441,7 +461,7 @@ class _Run:
                 if failed_for_now:
                     transient.append(candidate)  # held: the next run reviews it again
                     continue
-                verdicts.append((candidate, verdict, translation))
+                verdicts.append(Reviewed(candidate, verdict, translation))
             if transient:
                 report.deferred_reasons.append(
                     f"{len(transient)} reviews failed for now; retried next run"
@@ -490,7 +510,7 @@ async def _write(
         try:
             written += await _write_batch(db, lease, report.shard, [verdict], images, now)
         except QueryError as exc:
-            url = verdict[0].url
+            url = verdict.url
             report.write_errors.append({"url": url, "error": describe_error(exc)})
             warning("worker.write_rejected", url=url, error=describe_error(exc))
             await held_candidates.reject(db, url, describe_error(exc), now)
@@ -509,7 +529,7 @@ async def _write_batch(
         fenced = await tx.fetch_one(SQL["claim_fence"], {"shard": shard, "fence": lease.fence})
         if fenced is None:
             raise StaleLease(f"shard {shard}: a newer lease holder has written")
-        items = [c.item for c, _, _ in verdicts]
+        items = [r.candidate.item for r in verdicts]
         rows = await tx.fetch(
             SQL["insert_articles"],
             {
@@ -517,19 +537,20 @@ async def _write_batch(
                 "fence": lease.fence,
                 "now": now,
                 "urls": [i.url for i in items],
-                "source_ids": [c.source_id for c, _, _ in verdicts],
+                "source_ids": [r.candidate.source_id for r in verdicts],
                 "titles": [i.title or i.url for i in items],
                 "summaries": [i.summary for i in items],
                 "images": [i.image_url or images.get(i.url) for i in items],
                 "published": [i.published for i in items],
-                "statuses": [
-                    "unreviewed" if v is None else ("accepted" if v.accepted else "rejected")
-                    for _, v, _ in verdicts
-                ],
+                "statuses": [r.status for r in verdicts],
             },
         )
         ids = {r["url"]: r["id"] for r in rows}
-        reviewed = [(ids[c.url], v, t) for c, v, t in verdicts if v is not None and c.url in ids]
+        reviewed = [
+            (ids[r.url], r.verdict, r.translation)
+            for r in verdicts
+            if r.verdict is not None and r.url in ids
+        ]
         if reviewed:
             await tx.execute(
                 SQL["insert_reviews"],
@@ -544,8 +565,8 @@ async def _write_batch(
                 },
             )
         # written now, or already (ON CONFLICT): either way no longer a candidate
-        await held_candidates.drop(tx, [c.url for c, _, _ in verdicts])
-    return [c.url for c, _, _ in verdicts if c.url in ids]
+        await held_candidates.drop(tx, [r.url for r in verdicts])
+    return [r.url for r in verdicts if r.url in ids]
 
 
 async def _translate_backlog(
