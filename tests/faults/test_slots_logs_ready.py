@@ -22,10 +22,6 @@ from typing import Any
 
 import httpx
 import pytest
-from tests import factories as f
-from tests.acceptance.test_cli import _env, _nightcrew
-from tests.conftest import NOW, make_runtime
-from tests.support.servers import free_port
 
 from nightcrew.adapters.queues import PODCAST_IMPORTS
 from nightcrew.adapters.storage import (
@@ -41,6 +37,10 @@ from nightcrew.lifecycle.deletions import hard_delete_expired_podcasts, podcast_
 from nightcrew.lifecycle.watchdogs import STALLED_IMPORT_RESEND_COOLDOWN_SECONDS
 from nightcrew.runtime import Runtime
 from nightcrew.scheduler import Scheduler
+from tests import factories as f
+from tests.acceptance.test_cli import _env, _nightcrew
+from tests.conftest import NOW, make_runtime
+from tests.support.servers import free_port
 
 MINUTE = timedelta(minutes=1)
 HOUR = timedelta(hours=1)

@@ -119,7 +119,7 @@ async def test_a_hanging_ping_is_503_after_the_default_2_s() -> None:
     metrics = Metrics()
     async with _app(metrics, _hangs) as client:
         started = time.monotonic()
-        ready = await client.get("/ready", timeout=10)
+        ready = await asyncio.wait_for(client.get("/ready"), timeout=10)
         took = time.monotonic() - started
     assert ready.status_code == 503
     assert ready.json() == {
@@ -136,8 +136,8 @@ async def test_a_hanging_ping_bounds_metrics_too(monkeypatch: pytest.MonkeyPatch
     metrics.set("nightcrew_db_up", 1.0)  # up at the last check
     async with _app(metrics, _hangs) as client:
         started = time.monotonic()
-        scraped = await client.get("/metrics", timeout=10)
-        ready = await client.get("/ready", timeout=10)
+        scraped = await asyncio.wait_for(client.get("/metrics"), timeout=5)
+        ready = await asyncio.wait_for(client.get("/ready"), timeout=5)
         took = time.monotonic() - started
     assert scraped.status_code == 200 and _gauge(scraped.text, "nightcrew_db_up") == "0"
     assert ready.status_code == 503

@@ -28,6 +28,7 @@ the email effect's key); the conditional claims are the advance-once guard.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -166,6 +167,25 @@ async def _isolated(
         report.errors.append(failure)
 
 
+@dataclass(frozen=True, slots=True)
+class OverageClock:
+    """An account's 30-day clock, as read at the query boundary (all None: not armed)."""
+
+    since: datetime | None
+    deadline: datetime | None
+    stage: int
+    last_nag_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> OverageClock:
+        return cls(
+            since=row["content_overage_since"],
+            deadline=row["content_overage_deadline"],
+            stage=int(row["content_overage_nag_stage"] or 0),
+            last_nag_at=row["content_overage_last_nag_at"],
+        )
+
+
 async def _process(
     runtime: Runtime, clock: Clock, row: dict[str, Any], report: EscalationReport
 ) -> None:
@@ -176,67 +196,109 @@ async def _process(
     fresh = await runtime.db.fetch_one(SQL["measure_account"], {"now": now, "account_id": account})
     if fresh is None:
         return  # the account is gone
-    row = fresh
     # NUMERIC and BIGINT sums arrive as Decimal: coerce at the boundary (invariant 7).
-    podcast_cap = _number(row["podcast_cap"])
-    storage_cap = _number(row["storage_cap_gb"])
-    used_podcasts, used_bytes = int(row["podcasts"]), int(row["bytes"])
+    podcast_cap = _number(fresh["podcast_cap"])
+    storage_cap = _number(fresh["storage_cap_gb"])
+    used_podcasts, used_bytes = int(fresh["podcasts"]), int(fresh["bytes"])
     over_count = podcast_cap is not None and used_podcasts > podcast_cap
     over_storage = storage_cap is not None and used_bytes > storage_cap * GB
-    clock_row = {
-        k: row[k]
-        for k in (
-            "content_overage_since",
-            "content_overage_deadline",
-            "content_overage_nag_stage",
-            "content_overage_last_nag_at",
-        )
-    }
+    clock_state = OverageClock.from_row(fresh)
     overage = Overage(
         podcasts=used_podcasts,
         podcast_cap=podcast_cap,
         bytes=used_bytes,
         storage_cap_gb=storage_cap,
-        deadline=row["content_overage_deadline"],
+        deadline=clock_state.deadline,
         app_url=runtime.settings.public_app_url or "",
     )
 
     if not (over_count or over_storage):
-        if clock_row["content_overage_since"] is not None or row["stamped"]:
-            await _restore(runtime, clock, account, clock_row, overage, report)
+        if clock_state.since is not None or fresh["stamped"]:
+            await _restore(runtime, clock, account, clock_state, overage, report)
         return
+    armed = await _arm(runtime, now, account, clock_state, report)
+    if armed is None or armed.since is None:
+        return  # the account is gone
+    overage = replace(overage, deadline=armed.deadline)  # if just armed
+    if armed.stage < FINAL_STAGE:
+        await _nag(runtime, clock, account, armed, overage, report)
+        return
+    await _suspend(
+        runtime,
+        clock,
+        account,
+        armed,
+        overage,
+        report,
+        over_storage=over_storage,
+        over_count=over_count,
+        podcast_cap=podcast_cap,
+    )
 
-    # --- Arm ------------------------------------------------------------------------------
-    if clock_row["content_overage_since"] is None:
-        armed = await runtime.db.fetch_one(
-            SQL["arm"], {"id": account, "now": now, "grace_days": OVERAGE_GRACE_DAYS}
+
+async def _arm(
+    runtime: Runtime,
+    now: datetime,
+    account: str,
+    clock_state: OverageClock,
+    report: EscalationReport,
+) -> OverageClock | None:
+    """Start the clock if it is not running; the clock as it now stands (None: no account)."""
+    if clock_state.since is not None:
+        return clock_state
+    armed = await runtime.db.fetch_one(
+        SQL["arm"], {"id": account, "now": now, "grace_days": OVERAGE_GRACE_DAYS}
+    )
+    if armed is not None:
+        report.armed += 1
+        event(
+            "overage_armed",
+            account_id=account,
+            deadline=armed["content_overage_deadline"].isoformat(),
         )
-        if armed is not None:
-            report.armed += 1
-            event(
-                "overage_armed",
-                account_id=account,
-                deadline=armed["content_overage_deadline"].isoformat(),
-            )
-            clock_row = armed
-        else:  # lost the race to the other entry point: take its clock
-            clock_row = await runtime.db.fetch_one(SQL["read_clock"], {"id": account}) or {}
-    since: datetime = clock_row["content_overage_since"]
-    stage: int = clock_row["content_overage_nag_stage"]
-    overage = replace(overage, deadline=clock_row["content_overage_deadline"])  # if just armed
+        return OverageClock.from_row(armed)
+    # lost the race to the other entry point: take its clock
+    current = await runtime.db.fetch_one(SQL["read_clock"], {"id": account})
+    return OverageClock.from_row(current) if current is not None else None
 
-    # --- Nag ------------------------------------------------------------------------------
-    if stage < FINAL_STAGE:
-        due = stage_due(now - since)
-        if due > stage:
-            async with runtime.db.transaction() as tx:
-                nag = await _owe_email(runtime, tx, now, account, since, due, overage, [])
-            if await _send(runtime, clock, account, due, nag, report):
-                await _claim(runtime, account, since, due, now, report)
+
+async def _nag(
+    runtime: Runtime,
+    clock: Clock,
+    account: str,
+    clock_state: OverageClock,
+    overage: Overage,
+    report: EscalationReport,
+) -> None:
+    """Owe and send the warning whose stage is due, if one is."""
+    now, since = clock.now(), clock_state.since
+    assert since is not None
+    due = stage_due(now - since)
+    if due <= clock_state.stage:
         return
+    async with runtime.db.transaction() as tx:
+        nag = await _owe_email(runtime, tx, now, account, since, due, overage, [])
+    if await _send(runtime, clock, account, due, nag, report):
+        await _claim(runtime, account, since, due, now, report)
 
-    # --- Suspend (stage 3 aged) and re-derive (stage 4) ----------------------------------
-    last_nag = clock_row["content_overage_last_nag_at"]
+
+async def _suspend(
+    runtime: Runtime,
+    clock: Clock,
+    account: str,
+    clock_state: OverageClock,
+    overage: Overage,
+    report: EscalationReport,
+    *,
+    over_storage: bool,
+    over_count: bool,
+    podcast_cap: float | None,
+) -> None:
+    """Stage 3 aged its notice: stamp the sanction set and send the suspension notice. Stage
+    4: re-derive the set (stamp the new, restore the no longer needed)."""
+    now, since, stage = clock.now(), clock_state.since, clock_state.stage
+    assert since is not None
+    last_nag = clock_state.last_nag_at
     if stage == FINAL_STAGE and (
         last_nag is None or last_nag + timedelta(days=SUSPEND_NOTICE_DAYS) > now
     ):
@@ -286,12 +348,12 @@ async def _restore(
     runtime: Runtime,
     clock: Clock,
     account: str,
-    clock_row: dict[str, Any],
+    clock_state: OverageClock,
     overage: Overage,
     report: EscalationReport,
 ) -> None:
     now = clock.now()
-    since = clock_row["content_overage_since"]
+    since = clock_state.since
     restored: effects.Effect | None = None
     async with runtime.db.transaction() as tx:
         locked = await tx.fetch_one(SQL["lock_clock"], {"id": account})
