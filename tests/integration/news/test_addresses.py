@@ -8,7 +8,6 @@ through to a non-loopback address is recorded and refused by the test, never ope
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -22,7 +21,8 @@ from nightcrew.news.fetch import FeedRules, fetch_feed, new_client
 from nightcrew.news.run import run_shard
 from nightcrew.news.sources import add_source
 from tests.conftest import NOW
-from tests.integration.news.test_run import LOOPBACK, deps_for, rss, runtime_for
+from tests.integration.news.conftest import LOOPBACK
+from tests.integration.news.test_run import article_page, deps_for, rss, runtime_for
 from tests.support.network import LoopbackOnlyBackend
 from tests.support.servers import RecordingServer
 
@@ -34,24 +34,10 @@ def routes(server: RecordingServer, table: dict[str, Response]) -> None:
         if request.path in table:
             return table[request.path]
         if request.path.startswith("/articles/"):
-            return Response(
-                '<html><head><meta property="og:image" content="/img/1.jpg"></head></html>',
-                content_type="text/html",
-            )
+            return article_page()
         return Response(status=404)
 
     server.responder = respond
-
-
-@pytest.fixture
-def network() -> LoopbackOnlyBackend:
-    return LoopbackOnlyBackend()
-
-
-@pytest.fixture
-async def http(network: LoopbackOnlyBackend) -> AsyncIterator[httpx.AsyncClient]:
-    async with new_client(LOOPBACK, inner=network) as client:
-        yield client
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,6 @@ from typing import Any
 
 import httpx
 import pytest
-from werkzeug import Request, Response
 
 from nightcrew.adapters.locks import PostgresLeases
 from nightcrew.clock import FrozenClock
@@ -17,33 +16,12 @@ from nightcrew.news.review import OfflineReviewer, ReviewError
 from nightcrew.news.run import run_shard, shard_lock_name
 from nightcrew.news.sources import add_source
 from tests.conftest import NOW
-from tests.integration.news.test_run import deps_for, rss, runtime_for
+from tests.integration.news.test_run import deps_for, rss, runtime_for, site
 from tests.support.servers import RecordingServer
 
 
 def etag_site(server: RecordingServer, feeds: dict[str, bytes]) -> list[int]:
-    """Feeds with an ETag; a request that sends it back gets 304. Returns the statuses sent."""
-    statuses: list[int] = []
-
-    def respond(request: Request) -> Response:
-        if request.path in feeds:
-            tag = f'"v1-{len(feeds[request.path])}"'
-            if request.headers.get("If-None-Match") == tag:
-                statuses.append(304)
-                return Response(status=304)
-            statuses.append(200)
-            return Response(
-                feeds[request.path], content_type="application/rss+xml", headers={"ETag": tag}
-            )
-        if request.path.startswith("/articles/"):
-            return Response(
-                '<html><head><meta property="og:image" content="/img/1.jpg"></head></html>',
-                content_type="text/html",
-            )
-        return Response(status=404)
-
-    server.responder = respond
-    return statuses
+    return site(server, feeds, etag=True)
 
 
 async def _articles(db: Database) -> set[str]:

@@ -3,7 +3,6 @@ a redirect loop — and the source bookkeeping that follows (ETag kept, failures
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,11 +13,9 @@ from werkzeug import Request, Response
 
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.news.addresses import AddressPolicy
 from nightcrew.news.fetch import (
     FeedRules,
     fetch_feed,
-    new_client,
     normalize_url,
     retry_after_seconds,
 )
@@ -31,7 +28,7 @@ from nightcrew.news.sources import (
     set_enabled,
 )
 from tests.conftest import NOW
-from tests.support.network import LoopbackOnlyBackend
+from tests.integration.news.conftest import LOOPBACK
 from tests.support.servers import RecordingServer
 
 RSS = b"""<?xml version="1.0"?><rss version="2.0"><channel><title>Daily</title>
@@ -47,13 +44,7 @@ ATOM = b"""<?xml version="1.0" encoding="utf-8"?><feed xmlns="http://www.w3.org/
 <id>urn:x</id><updated>2026-11-28T10:00:00Z</updated><summary>S</summary></entry></feed>"""
 
 
-RULES = FeedRules(policy=AddressPolicy.parse("127.0.0.1"))
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with new_client(RULES.policy, inner=LoopbackOnlyBackend()) as client:
-        yield client
+RULES = FeedRules(policy=LOOPBACK)
 
 
 def serve(server: RecordingServer, routes: dict[str, Any]) -> None:

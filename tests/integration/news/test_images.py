@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
 import pytest
 from werkzeug import Request, Response
@@ -11,22 +9,11 @@ from werkzeug import Request, Response
 from nightcrew.news.addresses import AddressPolicy, UnsafeURL
 from nightcrew.news.fetch import new_client
 from nightcrew.news.images import extract_image, hydrate_image
+from tests.integration.news.conftest import LOOPBACK
 from tests.support.network import LoopbackOnlyBackend
 from tests.support.servers import RecordingServer
 
-LOOPBACK = AddressPolicy.parse("127.0.0.1")
 PRODUCTION = AddressPolicy.parse("")
-
-
-@pytest.fixture
-def network() -> LoopbackOnlyBackend:
-    return LoopbackOnlyBackend()
-
-
-@pytest.fixture
-async def http(network: LoopbackOnlyBackend) -> AsyncIterator[httpx.AsyncClient]:
-    async with new_client(LOOPBACK, inner=network) as client:
-        yield client
 
 
 PAGE = """<html><head><title>x</title>

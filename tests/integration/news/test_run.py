@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -17,14 +16,12 @@ from nightcrew.adapters.locks import PostgresLeases
 from nightcrew.adapters.storage import open_store
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.news.addresses import AddressPolicy
-from nightcrew.news.fetch import new_client
 from nightcrew.news.review import OfflineReviewer
 from nightcrew.news.run import NewsDeps, StaleLease, run_shard, shard_lock_name
 from nightcrew.news.sources import add_source
 from nightcrew.runtime import Runtime
 from tests.conftest import NOW, make_runtime
-from tests.support.network import LoopbackOnlyBackend
+from tests.integration.news.conftest import LOOPBACK
 from tests.support.servers import RecordingServer, answers
 
 
@@ -42,32 +39,42 @@ def rss(base: str, count: int, prefix: str = "story") -> bytes:
     )
 
 
-def site(server: RecordingServer, feeds: dict[str, bytes], *, slow: float = 0.0) -> None:
+def article_page() -> Response:
+    """Every article's page: an og:image on the same (loopback, allowed) server."""
+    return Response(
+        '<html><head><meta property="og:image" content="/img/1.jpg"></head></html>',
+        content_type="text/html",
+    )
+
+
+def site(
+    server: RecordingServer, feeds: dict[str, bytes], *, slow: float = 0.0, etag: bool = False
+) -> list[int]:
+    """Feeds under /feeds/ and article pages under /articles/. With ``etag``, each feed has an
+    ETag and a request that sends it back gets 304. Returns the feed statuses sent."""
+    statuses: list[int] = []
+
     def respond(request: Request) -> Response:
-        if request.path.startswith("/feeds/"):
+        if request.path in feeds:
             if slow:
                 import time
 
                 time.sleep(slow)
-            return Response(feeds[request.path], content_type="application/rss+xml")
-        if request.path.startswith("/articles/"):
+            tag = f'"v1-{len(feeds[request.path])}"'
+            if etag and request.headers.get("If-None-Match") == tag:
+                statuses.append(304)
+                return Response(status=304)
+            statuses.append(200)
+            headers = {"ETag": tag} if etag else {}
             return Response(
-                '<html><head><meta property="og:image" content="/img/1.jpg"></head></html>',
-                content_type="text/html",
+                feeds[request.path], content_type="application/rss+xml", headers=headers
             )
+        if request.path.startswith("/articles/"):
+            return article_page()
         return Response(status=404)
 
     server.responder = respond
-
-
-# The test servers' address is the one private address these tests may fetch.
-LOOPBACK = AddressPolicy.parse("127.0.0.1")
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with new_client(LOOPBACK, inner=LoopbackOnlyBackend()) as client:
-        yield client
+    return statuses
 
 
 def deps_for(db: Database, clock: FrozenClock, http: httpx.AsyncClient, **kw: Any) -> NewsDeps:
