@@ -437,7 +437,7 @@ def lifecycle_reconcile(
                 report = await run_reconcile(runtime, clock, options)
             else:
                 report = await _with_progress(runtime, clock, options, run_reconcile)
-            event("reconcile_completed", **report.summary())
+            event("reconcile_completed", **report.summary().to_json())
             return report.to_json()
 
     report = _run(work, settings)

@@ -7,7 +7,11 @@ from typing import Any
 
 from nightcrew.clock import Clock
 from nightcrew.lifecycle.reconcile.core import SCHEDULED_OPTIONS
-from nightcrew.lifecycle.reconcile.engine import ReconcileUnavailable, run_reconcile
+from nightcrew.lifecycle.reconcile.engine import (
+    ReconcileSummary,
+    ReconcileUnavailable,
+    run_reconcile,
+)
 from nightcrew.log import event, warning
 from nightcrew.reports import Failure
 from nightcrew.runtime import Runtime
@@ -15,17 +19,18 @@ from nightcrew.runtime import Runtime
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ScheduledReconcileReport:
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: ReconcileSummary | None = None  # None: skipped
     report: dict[str, Any] = field(default_factory=dict)
     skipped: str | None = None
     errors: list[Failure] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
+        s = self.summary
         return {
-            "reconcile_size_written": int(self.summary.get("sizeWritten", 0)),
-            "reconcile_orphans_deleted": int(self.summary.get("orphansDeleted", 0)),
-            "reconcile_over_cap_accounts": int(self.summary.get("overCapAccounts", 0)),
-            "reconcile_outbox_drained": int(self.summary.get("outboxDrained", 0)),
+            "reconcile_size_written": s.size_written if s else 0,
+            "reconcile_orphans_deleted": s.orphans_deleted if s else 0,
+            "reconcile_over_cap_accounts": s.over_cap_accounts if s else 0,
+            "reconcile_outbox_drained": s.outbox_drained if s else 0,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -43,7 +48,7 @@ async def scheduled_reconcile(runtime: Runtime, clock: Clock) -> ScheduledReconc
         warning("scheduled_reconcile_skipped", reason=str(exc))
         return ScheduledReconcileReport(skipped=str(exc))
     summary = report.summary()
-    event("scheduled_reconcile", **summary)
+    event("scheduled_reconcile", **summary.to_json())
     return ScheduledReconcileReport(
         summary=summary,
         report=report.to_json(),

@@ -99,6 +99,28 @@ class Sweep:
         return body
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReconcileSummary:
+    """The spec's ``scheduled_reconcile`` fields, typed."""
+
+    size_written: int
+    orphans_deleted: int
+    over_cap_accounts: int
+    outbox_drained: int
+    errors: int
+    duration_ms: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sizeWritten": self.size_written,
+            "orphansDeleted": self.orphans_deleted,
+            "overCapAccounts": self.over_cap_accounts,
+            "outboxDrained": self.outbox_drained,
+            "errors": self.errors,
+            "durationMs": self.duration_ms,
+        }
+
+
 @dataclass(kw_only=True)
 class ReconcileReport:
     options: ReconcileOptions
@@ -115,25 +137,25 @@ class ReconcileReport:
     errors: list[dict[str, Any]] = field(default_factory=list)
     duration_ms: float = 0.0
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> ReconcileSummary:
         """The fields of the spec's scheduled_reconcile event."""
-        return {
-            "sizeWritten": self.size_backfill.get("written", 0),
-            "orphansDeleted": self.orphans.deleted
+        return ReconcileSummary(
+            size_written=int(self.size_backfill.get("written", 0)),
+            orphans_deleted=self.orphans.deleted
             + self.episode_images.deleted
             + self.transcribe_prep.deleted,
-            "overCapAccounts": len(self.over_cap),
-            "outboxDrained": self.outbox.get("delivered", 0),
-            "errors": len(self.errors),
-            "durationMs": self.duration_ms,
-        }
+            over_cap_accounts=len(self.over_cap),
+            outbox_drained=int(self.outbox.get("delivered", 0)),
+            errors=len(self.errors),
+            duration_ms=self.duration_ms,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
             "mode": self.options.mode,
             "options": self.options.to_json(),
             "now": self.now.isoformat(),
-            "summary": self.summary(),
+            "summary": self.summary().to_json(),
             "listing": self.listing,
             "sizeBackfill": self.size_backfill,
             "missing": self.missing,
