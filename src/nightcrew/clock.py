@@ -37,6 +37,28 @@ class FrozenClock:
         self._at = self._at + delta
 
 
+class SlotClock:
+    """A scheduled run's clock: ``now()`` is the slot instant — every decision (cooldowns,
+    thresholds, due dates) is taken as of the slot, whatever the timer's jitter — while
+    ``wall_now()`` is real time, for what must not be back-dated: claims with a lease (an
+    effect's ``claimed_until``), delivery and settle times."""
+
+    def __init__(self, slot: datetime, wall: Clock) -> None:
+        self._slot = _require_aware(slot)
+        self._wall = wall
+
+    def now(self) -> datetime:
+        return self._slot
+
+    def wall_now(self) -> datetime:
+        return self._wall.now()
+
+
+def wall_now(clock: Clock) -> datetime:
+    """Real time: a SlotClock's wall clock, any other clock's now()."""
+    return clock.wall_now() if isinstance(clock, SlotClock) else clock.now()
+
+
 def parse_instant(text: str) -> datetime:
     """Parse an ISO 8601 instant with an explicit offset (``Z`` or ``+02:00``).
 

@@ -77,11 +77,11 @@ def _route_stdlib_logging(level: str, scrubber: SecretScrubber) -> None:
             structlog.stdlib.add_log_level,
             structlog.stdlib.add_logger_name,
             structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
-            scrubber,
         ],
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.format_exc_info,
+            scrubber,  # after the traceback is text: a secret in it is scrubbed too
             structlog.processors.JSONRenderer(default=str, sort_keys=False),
         ],
     )
@@ -106,8 +106,8 @@ def configure_logging(level: str = "info", secrets: Iterable[str] = ()) -> None:
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
-            SecretScrubber(secrets),
             structlog.processors.format_exc_info,
+            SecretScrubber(secrets),  # after the traceback is text: a secret in it is scrubbed
             structlog.processors.JSONRenderer(default=str, sort_keys=False),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database, json_param
 from nightcrew.db.queries import load_queries
+from nightcrew.errors import NightcrewError
 from nightcrew.log import warning
 
 SQL = load_queries(__file__)
@@ -91,29 +92,51 @@ async def finish(
     )
 
 
+class RunSuperseded(NightcrewError):
+    """This run's row was given up (abandoned, then claimed again by another run): it stops."""
+
+
 @contextlib.asynccontextmanager
 async def heartbeat(
     db: Database, run_id: int | RunHandle, clock: Clock, *, every: float = HEARTBEAT_SECONDS
 ) -> AsyncIterator[None]:
     """Refresh the run's heartbeat while the body runs. A failed beat is only logged: the
-    database being away is the body's problem to report, and a run whose beats stop is
-    what ``abandoned`` is for."""
+    database being away is the body's problem to report, and a run whose beats stop is what
+    ``abandoned`` is for. A beat that finds the row no longer this run's (it went without
+    beats long enough to be abandoned, and another run took the slot) stops the body with
+    RunSuperseded: two copies of one slot never run on."""
     handle = run_id if isinstance(run_id, RunHandle) else RunHandle(run_id, 0)
+    body = asyncio.current_task()
+    superseded = False
 
     async def beat() -> None:
+        nonlocal superseded
         while True:
             await asyncio.sleep(every)
             try:
-                await db.execute(
+                touched = await db.execute(
                     SQL["heartbeat"],
                     {"id": handle.id, "attempt": handle.attempt, "now": clock.now()},
                 )
             except Exception as exc:
                 warning("run_heartbeat_failed", run_id=handle.id, error=str(exc))
+                continue
+            if touched == 0 and body is not None:
+                warning("run_superseded", run_id=handle.id, attempt=handle.attempt)
+                superseded = True
+                body.cancel()
+                return
 
     task = asyncio.create_task(beat())
     try:
         yield
+    except asyncio.CancelledError:
+        if not superseded or body is None:
+            raise
+        body.uncancel()
+        raise RunSuperseded(
+            f"run {handle.id} was given up and its slot claimed again; this copy stopped"
+        ) from None
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

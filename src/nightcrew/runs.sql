@@ -36,8 +36,12 @@ UPDATE nightcrew.runs SET heartbeat_at = %(now)s
 
 -- name: finish_run
 -- Only this claim's run: a run abandoned and re-claimed meanwhile is its successor's to finish.
+-- A re-run keeps what its earlier attempt left (report.previous).
 UPDATE nightcrew.runs
-   SET status = %(status)s, finished_at = %(now)s, report = %(report)s
+   SET status = %(status)s, finished_at = %(now)s,
+       report = CASE WHEN report ? 'previous'
+                     THEN %(report)s || jsonb_build_object('previous', report -> 'previous')
+                     ELSE %(report)s END
  WHERE id = %(id)s AND %(attempt)s IN (0, attempts);
 
 -- name: recent_runs

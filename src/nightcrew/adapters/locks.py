@@ -7,10 +7,8 @@ Both backends give the same guarantees:
 * ``extend`` and ``release`` work only for the holder (the token is checked atomically), and
   ``extend`` *replaces* the TTL — redis-py's ``Lock.extend`` adds to the remaining TTL unless
   told ``replace_ttl=True``, a classic source of immortal locks;
-* a lease whose TTL ran out can be taken by someone else, whose fence is higher;
-* ``acquire(..., fence_floor=F)`` draws a fence above F: a caller that keeps the newest fence
-  written (the news shard) passes it, so a holder from the other backend — PostgreSQL while
-  Redis is down, Redis again afterwards — is never fenced out by its backend's own counter.
+* a lease whose TTL ran out can be taken by someone else, whose fence is higher (within one
+  backend: a caller that may switch backends — the news shard — draws its fence elsewhere).
 
 Redis locks are redis-py ``Lock`` objects with explicit tokens and ``thread_local=False``: the
 default thread-local token is shared by every task of one event loop. When Redis itself fails
@@ -34,13 +32,7 @@ from nightcrew.log import describe_error, warning
 FENCE_SUFFIX = ":fence"
 ACQUIRE_WITH_FENCE = """
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    local fence = redis.call('incr', KEYS[2])
-    local floor = tonumber(ARGV[3])
-    if fence <= floor then
-        fence = floor + 1
-        redis.call('set', KEYS[2], fence)
-    end
-    return fence
+    return redis.call('incr', KEYS[2])
 end
 return 0
 """
@@ -69,9 +61,7 @@ class Lease:
 class Leases(Protocol):
     backend: str
 
-    async def acquire(
-        self, name: str, ttl_seconds: float, *, fence_floor: int = 0
-    ) -> Lease | None: ...
+    async def acquire(self, name: str, ttl_seconds: float) -> Lease | None: ...
 
     async def acquire_many(self, names: list[str], ttl_seconds: float) -> dict[str, Lease]:
         """Every lease of ``names`` that was free, in as few round trips as the backend can."""
@@ -105,7 +95,6 @@ class RedisLeases:
                     name + FENCE_SUFFIX,
                     token,
                     int(ttl_seconds * 1000),
-                    fence_floor,
                 )
             )
         except _redis_failures() as exc:
@@ -176,16 +165,14 @@ class PostgresLeases:
         token = secrets.token_hex(16)  # one token for the batch; names keep them apart
         rows = await self._db.fetch(
             "INSERT INTO nightcrew.leases AS l (name, token, fence, expires_at)"
-            " SELECT n, %(token)s, %(floor)s + 1, %(expires)s FROM unnest(%(names)b::text[]) AS n"
+            " SELECT n, %(token)s, 1, %(expires)s FROM unnest(%(names)b::text[]) AS n"
             " ON CONFLICT (name) DO UPDATE"
-            "   SET token = excluded.token, fence = greatest(l.fence + 1, excluded.fence),"
-            "       expires_at = excluded.expires_at"
+            "   SET token = excluded.token, fence = l.fence + 1, expires_at = excluded.expires_at"
             "   WHERE l.expires_at <= %(now)s"
             " RETURNING name, fence",
             {
                 "names": names,
                 "token": token,
-                "floor": fence_floor,
                 "now": now,
                 "expires": now + timedelta(seconds=ttl_seconds),
             },

@@ -6,8 +6,9 @@ that ``transaction()`` yields, and get ``QueryError`` (with its SQLSTATE) when P
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -61,16 +62,18 @@ def describe_target(conninfo: str) -> str:
 _CONNECTION_LOST = ("08", "57P01", "57P02", "57P03")
 
 
-def _translate(exc: psycopg.Error) -> QueryError | DatabaseUnavailableError:
+def _translate(
+    exc: psycopg.Error, target: str = "the database"
+) -> QueryError | DatabaseUnavailableError:
     """A refused statement is a QueryError; a lost connection (reset, terminated, timed out by
     TCP) is DatabaseUnavailableError — which per-item error handling must not swallow."""
     sqlstate = exc.sqlstate
     if isinstance(exc, psycopg.OperationalError) and (
         sqlstate is None or sqlstate.startswith(_CONNECTION_LOST)
     ):
-        return DatabaseUnavailableError(f"lost PostgreSQL: {_first_line(exc)}")
+        return DatabaseUnavailableError(f"lost PostgreSQL at {target}: {_first_line(exc)}")
     if sqlstate is not None and sqlstate.startswith(_CONNECTION_LOST):
-        return DatabaseUnavailableError(f"lost PostgreSQL: {_first_line(exc)}")
+        return DatabaseUnavailableError(f"lost PostgreSQL at {target}: {_first_line(exc)}")
     diag = getattr(exc, "diag", None)
     primary = diag.message_primary if diag is not None else None
     return QueryError(primary or str(exc).strip() or type(exc).__name__, sqlstate=sqlstate)
@@ -94,12 +97,21 @@ class ConnectionPolicy:
     statement_timeout: float = 120.0
     idle_in_transaction_timeout: float = 60.0
 
-    def connection_kwargs(self) -> dict[str, Any]:
+    def deadline(self, statement_timeout: float | None = None) -> float | None:
+        """Our side's bound on one statement: the server's timeout, plus the time TCP takes
+        to give up on a dead peer; None when the statement timeout is 0 (none)."""
+        seconds = self.statement_timeout if statement_timeout is None else statement_timeout
+        return seconds + max(self.tcp_user_timeout, 5.0) if seconds > 0 else None
+
+    def connection_kwargs(self, url_options: str = "") -> dict[str, Any]:
+        """libpq keywords; ``url_options`` (DATABASE_URL's own ``options``) are kept, ours
+        after them. (PgBouncer refuses ``options`` unless ``ignore_startup_parameters`` lists
+        it: set the timeouts on the role there instead.)"""
         options = (
-            f"-c statement_timeout={round(self.statement_timeout * 1000)}"
+            f"{url_options} -c statement_timeout={round(self.statement_timeout * 1000)}"
             f" -c idle_in_transaction_session_timeout="
             f"{round(self.idle_in_transaction_timeout * 1000)}"
-        )
+        ).strip()
         return {
             "connect_timeout": max(1, round(self.connect_timeout)),
             "keepalives": 1,
@@ -112,17 +124,28 @@ class ConnectionPolicy:
 
 
 class _Executor:
-    """fetch/execute over one psycopg connection, translating its errors."""
+    """fetch/execute over one psycopg connection, translating its errors.
 
-    def __init__(self, conn: psycopg.AsyncConnection[DictRow]) -> None:
+    ``deadline`` (seconds) bounds each statement on our side too: a server that accepts bytes
+    and never answers (frozen, or a stuck proxy in between) is seen by no TCP timeout and no
+    server-side one. Past it the connection is closed and the database counts as lost
+    (psycopg first tries to cancel the query, which adds up to 10 s)."""
+
+    def __init__(
+        self,
+        conn: psycopg.AsyncConnection[DictRow],
+        *,
+        target: str = "the database",
+        deadline: float | None = None,
+    ) -> None:
         self._conn = conn
+        self._target = target
+        self._deadline = deadline
 
     async def fetch(self, query: str, params: Params = None) -> list[Row]:
-        try:
+        async with self._bounded():
             cur = await self._conn.execute(query, params)
             return await cur.fetchall() if cur.description else []  # dict_row: dicts already
-        except psycopg.Error as exc:
-            raise _translate(exc) from exc
 
     async def fetch_one(self, query: str, params: Params = None) -> Row | None:
         rows = await self.fetch(query, params)
@@ -130,11 +153,23 @@ class _Executor:
 
     async def execute(self, query: str, params: Params = None) -> int:
         """Run a statement; returns the number of rows it touched."""
-        try:
+        async with self._bounded():
             cur = await self._conn.execute(query, params)
             return cur.rowcount
+
+    @asynccontextmanager
+    async def _bounded(self) -> AsyncIterator[None]:
+        try:
+            async with asyncio.timeout(self._deadline):
+                yield
+        except TimeoutError:
+            with contextlib.suppress(Exception):
+                await self._conn.close()
+            raise DatabaseUnavailableError(
+                f"lost PostgreSQL at {self._target}: no reply within {self._deadline:g} s"
+            ) from None
         except psycopg.Error as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, self._target) from exc
 
 
 class Tx(_Executor):
@@ -184,9 +219,18 @@ class Tx(_Executor):
 class Database(_Executor):
     """A psycopg async pool. Plain calls autocommit; ``transaction()`` groups statements."""
 
-    def __init__(self, pool: AsyncConnectionPool[psycopg.AsyncConnection[DictRow]], target: str):
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[psycopg.AsyncConnection[DictRow]],
+        target: str,
+        policy: ConnectionPolicy | None = None,
+    ):
         self._pool = pool
         self.target = target
+        self._policy = policy or ConnectionPolicy()
+
+    def _executor(self, conn: psycopg.AsyncConnection[DictRow]) -> Tx:
+        return Tx(conn, target=self.target, deadline=self._policy.deadline())
 
     @classmethod
     async def open(
@@ -208,12 +252,12 @@ class Database(_Executor):
             timeout=policy.pool_timeout,
             # a connection the server dropped while it sat in the pool is found here, not by
             # the statement that would have used it
-            check=AsyncConnectionPool.check_connection,
+            check=_checker(policy.connect_timeout, lambda: pool),
             kwargs={
                 "autocommit": True,
                 "row_factory": dict_row,
                 "application_name": "nightcrew",
-                **policy.connection_kwargs(),
+                **policy.connection_kwargs(_url_options(conninfo)),
             },
             connection_class=psycopg.AsyncConnection[DictRow],
             name="nightcrew",
@@ -226,7 +270,7 @@ class Database(_Executor):
             raise DatabaseUnavailableError(
                 f"cannot reach PostgreSQL at {target}: {type(exc).__name__}"
             ) from exc
-        return cls(pool, target)
+        return cls(pool, target, policy)
 
     async def close(self) -> None:
         await self._pool.close()
@@ -248,20 +292,20 @@ class Database(_Executor):
 
     async def fetch(self, query: str, params: Params = None) -> list[Row]:
         async with self._acquire() as conn:
-            return await _Executor(conn).fetch(query, params)
+            return await self._executor(conn).fetch(query, params)
 
     async def execute(self, query: str, params: Params = None) -> int:
         async with self._acquire() as conn:
-            return await _Executor(conn).execute(query, params)
+            return await self._executor(conn).execute(query, params)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
         async with self._acquire() as conn:
             try:
                 async with conn.transaction():
-                    yield Tx(conn)
+                    yield self._executor(conn)
             except psycopg.Error as exc:
-                raise _translate(exc) from exc
+                raise _translate(exc, self.target) from exc
 
     @asynccontextmanager
     async def session(self, *, statement_timeout: float | None = None) -> AsyncIterator[Tx]:
@@ -270,16 +314,22 @@ class Database(_Executor):
         pool's for this session's long work."""
         async with self._acquire() as conn:
             if statement_timeout is not None:
-                await Tx(conn).execute(
-                    "SELECT set_config('statement_timeout', %(ms)s, false)",
+                # long work may also sit inside a transaction between batches (a stream's
+                # cursor while the store answers): the same bound for both
+                await self._executor(conn).execute(
+                    "SELECT set_config('statement_timeout', %(ms)s, false),"
+                    " set_config('idle_in_transaction_session_timeout', %(ms)s, false)",
                     {"ms": str(round(statement_timeout * 1000))},
                 )
+            deadline = self._policy.deadline(statement_timeout)
             try:
-                yield Tx(conn)
+                yield Tx(conn, target=self.target, deadline=deadline)
             finally:
                 if statement_timeout is not None and not conn.closed:
                     with contextlib.suppress(psycopg.Error):
-                        await conn.execute("RESET statement_timeout")
+                        await conn.execute(
+                            "RESET statement_timeout; RESET idle_in_transaction_session_timeout"
+                        )
 
     def rollback_only(self) -> Database:
         """A view of this database in which every statement runs and is then rolled back.
@@ -289,7 +339,7 @@ class Database(_Executor):
         ``transaction()`` block) ends in ROLLBACK. Transactional side effects such as NOTIFY
         are discarded with it.
         """
-        return _RollbackDatabase(self._pool, self.target)
+        return _RollbackDatabase(self._pool, self.target, self._policy)
 
 
 class _RollbackDatabase(Database):
@@ -307,11 +357,11 @@ class _RollbackDatabase(Database):
             try:
                 await conn.execute("BEGIN")
                 try:
-                    yield Tx(conn)
+                    yield self._executor(conn)
                 finally:
                     await conn.execute("ROLLBACK")
             except psycopg.Error as exc:
-                raise _translate(exc) from exc
+                raise _translate(exc, self.target) from exc
 
     @asynccontextmanager
     async def session(self, *, statement_timeout: float | None = None) -> AsyncIterator[Tx]:
@@ -348,6 +398,50 @@ async def _preflight(conninfo: str, target: str, connect_timeout: float) -> None
             reason = reason.replace(str(password), "[redacted]")
         raise DatabaseUnavailableError(f"cannot reach PostgreSQL at {target}: {reason}") from exc
     await conn.close()
+
+
+def _checker(
+    timeout: float, pool: Callable[[], AsyncConnectionPool[psycopg.AsyncConnection[DictRow]]]
+) -> Callable[[psycopg.AsyncConnection[DictRow]], Awaitable[None]]:
+    """The pool's check on checkout, bounded (a silent server must not hang the checkout).
+    When it fails and the server does answer a fresh connection, the server has ended our
+    sessions (a restart, a failover, pg_terminate_backend): every idle connection is dead, and
+    the pool checks them all at once rather than discarding one per checkout, which outlasts
+    the pool timeout. While the server is away nothing more is tried: the pool's own reconnect
+    backoff is not to be stretched by purges that cannot succeed."""
+    purging: set[asyncio.Task[None]] = set()
+
+    async def purge_if_back() -> None:
+        the_pool = pool()
+        kwargs = the_pool.kwargs if isinstance(the_pool.kwargs, dict) else {}
+        try:
+            probe = await psycopg.AsyncConnection.connect(
+                the_pool.conninfo, **{**kwargs, "connect_timeout": max(1, round(timeout))}
+            )
+        except Exception:  # away: the pool's own reconnects handle it
+            return
+        await probe.close()
+        await the_pool.check()
+
+    async def check(conn: psycopg.AsyncConnection[DictRow]) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                await AsyncConnectionPool.check_connection(conn)
+        except BaseException:
+            if not purging:
+                task = asyncio.create_task(purge_if_back())
+                purging.add(task)
+                task.add_done_callback(purging.discard)
+            raise
+
+    return check
+
+
+def _url_options(conninfo: str) -> str:
+    try:
+        return str(conninfo_to_dict(conninfo).get("options") or "")
+    except psycopg.ProgrammingError:
+        return ""
 
 
 def _first_line(exc: BaseException) -> str:

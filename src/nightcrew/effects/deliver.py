@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from nightcrew.adapters.billing import is_transient
 from nightcrew.adapters.mail import Email
-from nightcrew.clock import Clock
+from nightcrew.clock import Clock, wall_now
 from nightcrew.effects import outbox
 from nightcrew.effects.outbox import KINDS, Effect, Settle
 from nightcrew.errors import BillingError, DatabaseUnavailableError, NightcrewError
@@ -283,7 +283,7 @@ async def _deliver_claimed(
 ) -> dict[int, Delivery]:
     """Deliver claimed effects (bounded concurrency) and settle them in one statement."""
     gate = asyncio.Semaphore(DRAIN_CONCURRENCY)
-    now = clock.now()
+    now = wall_now(clock)
     settles: dict[int, Settle] = {}
     deliveries: dict[int, Delivery] = {}
 
@@ -317,7 +317,7 @@ async def _deliver_claimed(
                 return
             delivery = await deliver(runtime, live[0], now, live[1:])
         for effect in live:
-            settle_as(effect, delivery, clock.now())
+            settle_as(effect, delivery, wall_now(clock))
 
     groups: dict[str, list[Effect]] = {}
     for effect in claimed:
@@ -327,7 +327,7 @@ async def _deliver_claimed(
     finally:
         # What was settled is recorded even when the run is being cancelled (SIGTERM): a lost
         # 'delivered' would have the next drain send it again once the lease runs out.
-        await asyncio.shield(outbox.settle(runtime.db, list(settles.values()), clock.now()))
+        await asyncio.shield(outbox.settle(runtime.db, list(settles.values()), wall_now(clock)))
     return deliveries
 
 
@@ -342,12 +342,12 @@ async def deliver_now(runtime: Runtime, clock: Clock, effects: Sequence[Effect])
         return []
     if runtime.dry_run:
         return [
-            _settled_outcome(e) if e.settled else await deliver(runtime, e, clock.now())
+            _settled_outcome(e) if e.settled else await deliver(runtime, e, wall_now(clock))
             for e in effects
         ]
     report = DrainReport()
     claimed = await outbox.claim_ids(
-        runtime.db, [e.id for e in effects if not e.settled], clock.now()
+        runtime.db, [e.id for e in effects if not e.settled], wall_now(clock)
     )
     done = await _deliver_claimed(
         runtime,
@@ -390,7 +390,9 @@ async def drain(
     report = report or DrainReport()
     deadline = time.monotonic() + budget_seconds
     while time.monotonic() < deadline:
-        claimed = await outbox.claim_due(runtime.db, clock.now(), limit=DRAIN_BATCH, kinds=kinds)
+        claimed = await outbox.claim_due(
+            runtime.db, wall_now(clock), limit=DRAIN_BATCH, kinds=kinds
+        )
         if not claimed:
             break
         await _deliver_claimed(runtime, clock, claimed, report, deadline=deadline)
@@ -403,7 +405,7 @@ async def deliver_effects(runtime: Runtime, clock: Clock) -> DrainReport:
     """The minute lane's fifth sweep (``deliverEffects``): adopt undelivered feed-outbox
     intents, drain what is due, purge old delivered rows, refresh the gauges."""
     report = DrainReport()
-    now = clock.now()
+    now = wall_now(clock)
     report.adopted = len(
         await outbox.adopt_feed_outbox(runtime.db, now, limit=ADOPT_FEED_OUTBOX_MAX)
     )

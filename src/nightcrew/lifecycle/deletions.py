@@ -117,6 +117,8 @@ async def hard_delete_expired_podcasts(runtime: Runtime, clock: Clock) -> Deleti
                         SQL["record_deletion"], {"id": podcast_id, "slug": slug, "now": now}
                     )
                     owed = await _owe_invalidation(tx, podcast_id, slug, now)
+        except DatabaseUnavailableError:
+            raise  # not this podcast's problem: the lane stops, the next run resumes
         except Exception as exc:  # one podcast never stops the next
             failure = {
                 "event": "podcast_deletion_failed",

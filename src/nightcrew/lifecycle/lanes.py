@@ -19,7 +19,7 @@ from typing import Any, Literal
 import structlog
 
 from nightcrew import runs
-from nightcrew.clock import Clock, FrozenClock
+from nightcrew.clock import Clock, SlotClock
 from nightcrew.effects.deliver import deliver_effects
 from nightcrew.errors import DatabaseUnavailableError
 from nightcrew.lifecycle import (
@@ -295,7 +295,7 @@ async def run_lane(
             return None
         # A scheduled run decides as of its slot, not the instant the tick fired: a cooldown
         # of 60 s means two slots, whatever the timer's jitter.
-        decide = FrozenClock(slot)
+        decide = SlotClock(slot, clock)
     else:
         handle = runs.RunHandle(await runs.start_manual(runtime.db, lane=lane.name, now=now))
 

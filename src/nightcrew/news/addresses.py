@@ -20,6 +20,7 @@ import asyncio
 import ipaddress
 import socket
 import typing
+import unicodedata
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from urllib.parse import SplitResult, urlsplit, urlunsplit
@@ -34,6 +35,11 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# IPv6 ranges that Python's is_global still calls global (3.11): local-use NAT64 (RFC 8215),
+# SIIT's IPv4-translated addresses, deprecated site-local.
+NOT_PUBLIC_V6 = tuple(
+    ipaddress.ip_network(n) for n in ("64:ff9b:1::/48", "::ffff:0:0:0/96", "fec0::/10")
+)
 # Names that never mean a public site, whatever a resolver answers for them.
 INTERNAL_NAMES = ("localhost",)
 INTERNAL_SUFFIXES = (".localhost", ".local", ".internal", ".home.arpa", ".localdomain")
@@ -54,6 +60,8 @@ def is_public(address: IPAddress) -> bool:
     if not address.is_global:
         return False
     if isinstance(address, ipaddress.IPv6Address):
+        if any(address in network for network in NOT_PUBLIC_V6):
+            return False
         embedded = [address.ipv4_mapped, address.sixtofour]
         if address in NAT64 or int(address) >> 32 == 0:
             embedded.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
@@ -122,7 +130,18 @@ class AddressPolicy:
 
     def check_host(self, host: str) -> IPAddress | None:
         """What can be said of a host without DNS: an allowed literal, or a name that is
-        not internal (unless allowed by name). Returns the literal address, if any."""
+        not internal (unless allowed by name). Returns the literal address, if any. A host a
+        browser would rewrite before resolving (percent-escapes, a backslash, full-width
+        digits, a trailing dot) is checked as the browser would read it, or refused."""
+        if any(c in host for c in "%\\@") or not host.isascii():
+            folded = unicodedata.normalize("NFKC", host)
+            if any(c in folded for c in "%\\@"):
+                raise UnsafeURL(f"{host[:100]!r} is not a plain host name")
+            try:  # an internationalised name is what its punycode spelling names
+                host = folded.encode("idna").decode("ascii")
+            except UnicodeError as exc:
+                raise UnsafeURL(f"{host[:100]!r} is not a plain host name") from exc
+        host = host.rstrip(".") or host
         literal = address_literal(host)
         if literal is not None:
             if not self.allows(literal):

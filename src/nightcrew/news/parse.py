@@ -6,6 +6,7 @@ more). Both results are reduced to the few fields nightcrew uses, as plain value
 
 from __future__ import annotations
 
+import io
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -57,8 +58,10 @@ def parse_feed(body: bytes, base_url: str) -> ParsedFeed:
         and not (b"xml:base" in body and any(_relative(e.link) for e in fast.entries))
     ):
         return fast
+    # a stream, never bytes: given bytes, feedparser first tries them as a file path
     slow = _from_result(
-        feedparser.parse(body, response_headers={"content-location": base_url}), "feedparser"
+        feedparser.parse(io.BytesIO(body), response_headers={"content-location": base_url}),
+        "feedparser",
     )
     if fast is not None and len(fast.entries) > len(slow.entries):
         return fast

@@ -17,7 +17,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -61,6 +61,7 @@ HYDRATE_CONCURRENCY = 8
 NO_THUMBNAIL_RETRY_AGE_SECONDS = 6 * 3600
 NO_THUMBNAIL_RETRY_MAX = 20
 SNAPSHOT_SIZE = 50
+MAX_REVIEW_ATTEMPTS = 5
 TRANSLATION_LANGUAGE = "English"
 
 Trigger = Literal["manual", "scheduled"]
@@ -153,17 +154,14 @@ async def run_shard(
         backpressure_db_article_limit=settings.ingestion_backpressure_db_article_limit,
     )
     leases = deps.leases
-    # the newest fence written: a lease from either backend draws a fence above it
-    row = await runtime.db.fetch_one(SQL["shard_fence"], {"shard": shard})
-    floor = int(row["fence"]) if row else 0
     name, ttl = shard_lock_name(shard), settings.worker_lock_ttl_seconds
     try:
-        lease = await leases.acquire(name, ttl, fence_floor=floor)
+        lease = await leases.acquire(name, ttl)
     except LeaseBackendDown as exc:  # Redis trouble never kills a run: PostgreSQL leases
         warning("worker.redis.unavailable", error=str(exc))
         report.redis_enabled = False
         leases = PostgresLeases(runtime.db, clock)
-        lease = await leases.acquire(name, ttl, fence_floor=floor)
+        lease = await leases.acquire(name, ttl)
     if lease is None:
         report.skipped, report.locked_count = True, 1
         report.deferred_count = await held_candidates.count_held(runtime.db, shard)
@@ -174,6 +172,11 @@ async def run_shard(
         report = _finish(report, started)
         await _save(runtime.db, report, clock)
         return report
+    # The fence comes from the shard's own counter, whichever backend granted the lease: every
+    # new holder draws a higher one, so an older holder (of either backend) is fenced out.
+    row = await runtime.db.fetch_one(SQL["draw_fence"], {"shard": shard})
+    assert row is not None  # INSERT … ON CONFLICT DO UPDATE … RETURNING always yields the row
+    lease = replace(lease, fence=int(row["fence"]))
     work = _Run(runtime=runtime, clock=clock, deps=deps, leases=leases, lease=lease, report=report)
     try:
         await work.run()
@@ -458,9 +461,11 @@ class _Run:
                 verdict, translation, failed_for_now = await _review(
                     deps.reviewer, candidate.item, report
                 )
-                if failed_for_now:
+                if failed_for_now and candidate.attempts + 1 < MAX_REVIEW_ATTEMPTS:
                     transient.append(candidate)  # held: the next run reviews it again
                     continue
+                # (a model that failed for it MAX_REVIEW_ATTEMPTS runs in a row: written as
+                # unreviewed, so one article cannot take a review slot of every run forever)
                 verdicts.append(Reviewed(candidate, verdict, translation))
             if transient:
                 report.deferred_reasons.append(
@@ -511,10 +516,23 @@ async def _write(
             written += await _write_batch(db, lease, report.shard, [verdict], images, now)
         except QueryError as exc:
             url = verdict.url
+            if not _refused_for_its_data(exc):
+                # a timeout, a deadlock, a full disk: not this article's fault — held, retried
+                warning("worker.write_deferred", url=url, error=describe_error(exc))
+                await held_candidates.defer(
+                    db, [url], f"write failed for now: {describe_error(exc)}", now, attempted=True
+                )
+                continue
             report.write_errors.append({"url": url, "error": describe_error(exc)})
             warning("worker.write_rejected", url=url, error=describe_error(exc))
             await held_candidates.reject(db, url, describe_error(exc), now)
     return written
+
+
+def _refused_for_its_data(exc: QueryError) -> bool:
+    """SQLSTATE class 22 (data exception) or 23 (integrity constraint): the row itself is what
+    the database refuses, and will refuse again."""
+    return exc.sqlstate is not None and exc.sqlstate[:2] in ("22", "23")
 
 
 async def _write_batch(
@@ -680,15 +698,13 @@ async def open_news_deps(runtime: Runtime, clock: Clock) -> AsyncIterator[NewsDe
     if settings.redis_url:
         import redis.asyncio as aioredis
 
-        client = aioredis.from_url(  # type: ignore[no-untyped-call]
+        redis = aioredis.from_url(  # type: ignore[no-untyped-call]
             settings.redis_url, socket_connect_timeout=2, socket_timeout=5
         )
         try:
-            await client.ping()
-            redis = client
-        except Exception as exc:
+            await redis.ping()
+        except Exception as exc:  # kept all the same: each run tries Redis again
             warning("worker.redis.unavailable", error=describe_error(exc))
-            await client.aclose()
     leases: Leases = RedisLeases(redis) if redis is not None else PostgresLeases(runtime.db, clock)
     policy = AddressPolicy.parse(settings.news_allowed_private_hosts)
     try:

@@ -6,8 +6,12 @@ SELECT url FROM news.articles WHERE url = ANY(%(urls)b::text[]);
 -- name: article_count
 SELECT news.article_count() AS n;
 
--- name: shard_fence
-SELECT fence FROM news.shard_fences WHERE shard = %(shard)s;
+-- name: draw_fence
+-- A new holder's fence: one more than any holder of the shard has drawn, whichever lease
+-- backend (Redis, or PostgreSQL while Redis is down) granted the lease.
+INSERT INTO news.shard_fences AS f (shard, fence) VALUES (%(shard)s, 1)
+ON CONFLICT (shard) DO UPDATE SET fence = f.fence + 1
+RETURNING fence;
 
 -- name: claim_fence
 -- The fencing check: this holder's fence must be at least the newest any writer has used.

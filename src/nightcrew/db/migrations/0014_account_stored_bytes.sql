@@ -7,6 +7,10 @@
 -- * the overage escalation excludes pending_deletion podcasts ("scheduling the excess feed for
 --   deletion is the resolution and counting it would drive an empty-sanction suspension").
 -- So one rule with one switch: include_pending_deletion.
+--
+-- The bodies name the platform's tables, which a `--skip-reference` install may not have yet:
+-- they are checked when first called, not here.
+SET LOCAL check_function_bodies = off;
 
 CREATE FUNCTION nightcrew.account_stored_bytes(include_pending_deletion boolean)
 RETURNS TABLE (account_id uuid, bytes numeric)
