@@ -414,9 +414,10 @@ def _checker(
     async def purge_if_back() -> None:
         the_pool = pool()
         kwargs = the_pool.kwargs if isinstance(the_pool.kwargs, dict) else {}
+        conninfo = the_pool.conninfo if isinstance(the_pool.conninfo, str) else ""
         try:
             probe = await psycopg.AsyncConnection.connect(
-                the_pool.conninfo, **{**kwargs, "connect_timeout": max(1, round(timeout))}
+                conninfo, **{**kwargs, "connect_timeout": max(1, round(timeout))}
             )
         except Exception:  # away: the pool's own reconnects handle it
             return
