@@ -719,11 +719,12 @@ def serve(
 
 async def _serve(settings: Settings, host: str, port: int) -> None:
     from nightcrew.http import Readiness, create_app
+    from nightcrew.lifecycle.lanes import lifecycle_schedules
     from nightcrew.lifecycle.reconcile.core import ReconcileOptions
     from nightcrew.lifecycle.reconcile.engine import run_reconcile
     from nightcrew.log import warning
     from nightcrew.news.run import latest_reports, news_schedules, open_news_deps
-    from nightcrew.scheduler import DEFAULT_SCHEDULES, Scheduler
+    from nightcrew.scheduler import Scheduler
 
     # Bind first: a port in use is one line and exit 2, before anything starts ticking.
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -737,7 +738,7 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
     async with contextlib.AsyncExitStack() as stack:
         runtime = await stack.enter_async_context(open_runtime(settings, clock))
         secret = settings.reconciler_secret
-        schedules = DEFAULT_SCHEDULES
+        schedules = lifecycle_schedules(runtime, clock)
         if settings.news_shard_list:
             deps = await stack.enter_async_context(open_news_deps(runtime, clock))
             schedules = (*schedules, *news_schedules(runtime, clock, deps))

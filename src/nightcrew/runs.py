@@ -11,20 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database, json_param
 from nightcrew.db.queries import load_queries
-from nightcrew.errors import NightcrewError
-from nightcrew.log import warning
+from nightcrew.errors import DatabaseUnavailableError, NightcrewError
+from nightcrew.log import describe_error, warning
 
 SQL = load_queries(__file__)
 
 RunStatus = Literal["completed", "failed"]
+Report = TypeVar("Report")
 HEARTBEAT_SECONDS = 10.0
 # Six missed heartbeats: long enough for a database blip, short enough that the next minute
 # lane run (or the daily catch-up a minute later) takes over a dead run's slot.
@@ -141,6 +142,51 @@ async def heartbeat(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def recorded(
+    db: Database,
+    clock: Clock,
+    *,
+    lane: str,
+    slot: datetime | None,
+    work: Callable[[RunHandle], Awaitable[Report]],
+    report_json: Callable[[Report], dict[str, Any]],
+    on_failure: Callable[[RunHandle, BaseException], None] | None = None,
+) -> Report | None:
+    """One recorded run: claim the scheduled ``slot`` (None: start a manual run) → heartbeat
+    while ``work`` runs → finish ``completed`` with its report, or ``failed`` (with
+    ``retry: true`` when the database went away, so the slot may be claimed again). A slot
+    another replica won → None. Cancellation (Ctrl-C, SIGTERM) finishes the row too."""
+    now = clock.now()
+    if slot is not None:
+        handle = await claim(db, lane=lane, slot=slot, now=now)
+        if handle is None:
+            return None
+    else:
+        handle = RunHandle(await start_manual(db, lane=lane, now=now))
+    try:
+        async with heartbeat(db, handle, clock):
+            result = await work(handle)
+    except BaseException as exc:
+        if on_failure is not None:
+            on_failure(handle, exc)
+        with contextlib.suppress(Exception):
+            await asyncio.shield(
+                finish(
+                    db,
+                    handle,
+                    status="failed",
+                    now=clock.now(),
+                    report={
+                        "error": describe_error(exc),
+                        "retry": isinstance(exc, DatabaseUnavailableError),
+                    },
+                )
+            )
+        raise
+    await finish(db, handle, status="completed", now=clock.now(), report=report_json(result))
+    return result
 
 
 async def recent(db: Database, *, lane: str, limit: int = 20) -> list[dict[str, Any]]:

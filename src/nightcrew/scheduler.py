@@ -1,9 +1,11 @@
-"""The cron loop: fires each lane on its schedule, once per slot across every replica.
+"""The cron loop: fires each schedule's runner at its slots, knowing nothing of what it runs.
 
-Replicas do not talk to each other. Each one wakes at every slot and tries to claim it with an
-INSERT into ``nightcrew.runs`` on the unique (lane, slot) pair; the one whose INSERT lands runs
-the lane, the others log nothing and sleep until the next slot. A slot run that overruns the
-next slot does not delay it: every fire is its own task.
+Replicas do not talk to each other. Each one wakes at every slot and calls the schedule's
+runner, which claims the slot in ``nightcrew.runs`` on the unique (lane, slot) pair (see
+``runs.recorded``) and says whether this replica won it; the others log nothing and sleep until
+the next slot. A slot run that overruns the next slot does not delay it: every fire is its own
+task. The domains export their schedules: ``lifecycle.lanes.lifecycle_schedules`` and
+``news.run.news_schedules``.
 """
 
 from __future__ import annotations
@@ -16,23 +18,21 @@ from datetime import datetime, timedelta
 from croniter import croniter
 
 from nightcrew.clock import Clock
-from nightcrew.lifecycle.lanes import LANES, run_lane
 from nightcrew.log import describe_error, error, event
 from nightcrew.runtime import Runtime
+
+# Runs the slot; True if this replica won the slot's claim and ran it.
+Runner = Callable[[datetime], Awaitable[bool]]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Schedule:
-    lane: str
+    name: str
     cron: str
+    runner: Runner
+    # A replica starting after a missed slot still runs it if it is at most this late (the
+    # slot claim keeps it to one run); zero: the next slot is near enough.
     catch_up: timedelta = timedelta(0)
-    # Runs the slot and says whether this replica won it; None → the lifecycle lane ``lane``.
-    runner: Callable[[datetime], Awaitable[bool]] | None = None
-
-
-DEFAULT_SCHEDULES: tuple[Schedule, ...] = tuple(
-    Schedule(lane=lane.name, cron=lane.cron, catch_up=lane.catch_up) for lane in LANES.values()
-)
 
 
 def next_slot(cron: str, after: datetime) -> datetime:
@@ -57,42 +57,33 @@ class Scheduler:
         self,
         runtime: Runtime,
         clock: Clock,
-        schedules: tuple[Schedule, ...] = DEFAULT_SCHEDULES,
+        schedules: tuple[Schedule, ...],
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._runtime = runtime
         self._clock = clock
         self._schedules = schedules
+        self._by_name = {s.name: s for s in schedules}
         self._sleep = sleep
         self._inflight: set[asyncio.Task[None]] = set()
 
-    async def fire(
-        self,
-        lane: str,
-        slot: datetime,
-        runner: Callable[[datetime], Awaitable[bool]] | None = None,
-    ) -> bool:
-        """Try to run ``lane`` for ``slot``; True if this replica won the slot and ran it."""
+    async def fire(self, name: str, slot: datetime) -> bool:
+        """Run schedule ``name`` for ``slot``; True if this replica won the slot and ran it."""
+        schedule = self._by_name[name]
         self._runtime.metrics.set(
             "nightcrew_scheduler_last_tick_timestamp_seconds", self._clock.now().timestamp()
         )
         try:
-            if runner is not None:
-                won = await runner(slot)
-            else:
-                report = await run_lane(
-                    self._runtime, self._clock, lane, trigger="scheduled", slot=slot
-                )
-                won = report is not None
+            won = await schedule.runner(slot)
         except Exception as exc:  # the loop must outlive a bad run or a database blip
             error(
-                "scheduler_fire_failed", lane=lane, slot=slot.isoformat(), error=describe_error(exc)
+                "scheduler_fire_failed", lane=name, slot=slot.isoformat(), error=describe_error(exc)
             )
             return False
         self._runtime.metrics.inc(
             "nightcrew_scheduler_slots_total",
-            lane=lane,
+            lane=name,
             outcome="ran" if won else "claimed_elsewhere",
         )
         return won
@@ -106,7 +97,7 @@ class Scheduler:
         missed = previous_slot(schedule.cron, self._clock.now())
         if self._clock.now() - missed > schedule.catch_up:
             return False
-        return await self.fire(schedule.lane, missed, schedule.runner)
+        return await self.fire(schedule.name, missed)
 
     async def _loop(self, schedule: Schedule) -> None:
         await self.catch_up(schedule)
@@ -128,11 +119,11 @@ class Scheduler:
             task.add_done_callback(self._inflight.discard)
 
     async def _fire_quietly(self, schedule: Schedule, slot: datetime) -> None:
-        await self.fire(schedule.lane, slot, schedule.runner)
+        await self.fire(schedule.name, slot)
 
     async def run(self) -> None:
         """Tick every schedule until cancelled; in-flight runs are awaited on the way out."""
-        event("scheduler_started", schedules={s.lane: s.cron for s in self._schedules})
+        event("scheduler_started", schedules={s.name: s.cron for s in self._schedules})
         loops = [asyncio.create_task(self._loop(s)) for s in self._schedules]
         try:
             await asyncio.gather(*loops)

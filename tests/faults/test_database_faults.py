@@ -32,8 +32,8 @@ from nightcrew.adapters.queues import PODCAST_IMPORTS, PostgresQueueProducer
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import ConnectionPolicy, Database
 from nightcrew.errors import DatabaseUnavailableError
-from nightcrew.lifecycle.lanes import DAILY, MINUTE, run_lane
-from nightcrew.scheduler import Schedule, Scheduler
+from nightcrew.lifecycle.lanes import lane_schedule, run_lane
+from nightcrew.scheduler import Scheduler
 from tests import factories as f
 from tests.acceptance.test_cli import _env, _nightcrew
 from tests.conftest import NOW, make_runtime
@@ -393,10 +393,8 @@ async def _scheduler_every_2_s(
     """The minute lane's Scheduler on the proxied database, a slot every 2 s of real time
     (clock 30x), warmed up by two completed slots. Yields (clock, watch, captured logs)."""
     clock = FastClock(NOW - timedelta(seconds=5), factor=30)
-    schedule = Schedule(lane="minute", cron=MINUTE.cron)
-    scheduler = Scheduler(
-        make_runtime(pdb, clock, fresh_db_url), clock, (schedule,), sleep=clock.sleep
-    )
+    rt = make_runtime(pdb, clock, fresh_db_url)
+    scheduler = Scheduler(rt, clock, (lane_schedule(rt, clock, "minute"),), sleep=clock.sleep)
     async with await psycopg.AsyncConnection.connect(fresh_db_url, autocommit=True) as conn:
         watch = SlotWatch(conn)
         with capture_logs() as logs:
@@ -545,8 +543,9 @@ async def test_a_sigkilled_daily_run_is_abandoned_and_its_slot_run_again(
     assert reactivated == {"status": "active"}  # the killed run got that far, and committed it
 
     clock = FrozenClock(NOW + timedelta(seconds=runs.ABANDON_AFTER_SECONDS + 60))
-    schedule = Schedule(lane="daily", cron=DAILY.cron, catch_up=DAILY.catch_up)
-    scheduler = Scheduler(make_runtime(db, clock, fresh_db_url), clock, (schedule,))
+    rt = make_runtime(db, clock, fresh_db_url)
+    schedule = lane_schedule(rt, clock, "daily")
+    scheduler = Scheduler(rt, clock, (schedule,))
     with capture_logs() as logs:
         async with asyncio.timeout(BOUND):
             assert await scheduler.catch_up(schedule) is True

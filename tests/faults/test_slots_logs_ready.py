@@ -34,6 +34,7 @@ from nightcrew.adapters.storage import (
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
 from nightcrew.lifecycle.deletions import hard_delete_expired_podcasts, podcast_prefix
+from nightcrew.lifecycle.lanes import lifecycle_schedules
 from nightcrew.lifecycle.watchdogs import STALLED_IMPORT_RESEND_COOLDOWN_SECONDS
 from nightcrew.runtime import Runtime
 from nightcrew.scheduler import Scheduler
@@ -70,7 +71,7 @@ async def test_the_resend_cooldown_spans_two_slots_whatever_the_timer_jitter(
     # attempts 0..2: due again 120 s after a resend (thresholds 30 s grace / 67 s / 85 s), so
     # only the cooldown decides between slot k+1 and slot k+2.
     items = [await f.import_item(db, imp, attempts=a, updated_at=NOW - HOUR) for a in (0, 1, 2)]
-    scheduler = Scheduler(runtime, clock)
+    scheduler = Scheduler(runtime, clock, lifecycle_schedules(runtime, clock))
 
     sent_per_tick: list[list[str]] = []
     stamps: list[set[datetime]] = []

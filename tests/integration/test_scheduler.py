@@ -7,8 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
+from nightcrew.lifecycle.lanes import lane_schedule
 from nightcrew.runtime import Runtime
-from nightcrew.scheduler import Schedule, Scheduler
+from nightcrew.scheduler import Scheduler
 from tests.conftest import make_runtime
 
 
@@ -29,12 +30,11 @@ async def test_two_replicas_tick_the_minute_slot_and_only_one_runs_it(
 ) -> None:
     clock = ShiftedClock(seconds_to_boundary=0.3)
     other_db = await Database.open(fresh_db_url)
-    schedules = (Schedule(lane="minute", cron="* * * * *"),)
     try:
-        replicas = [
-            Scheduler(make_runtime(d, clock, fresh_db_url), clock, schedules)
-            for d in (db, other_db)
-        ]
+        replicas = []
+        for d in (db, other_db):
+            rt = make_runtime(d, clock, fresh_db_url)
+            replicas.append(Scheduler(rt, clock, (lane_schedule(rt, clock, "minute"),)))
         tasks = [asyncio.create_task(r.run()) for r in replicas]
         await asyncio.sleep(1.0)
         for task in tasks:
@@ -66,7 +66,7 @@ async def test_a_failing_fire_is_logged_and_the_loop_survives(
 
     rt = make_runtime(db, clock, fresh_db_url)
     await db.execute("DROP TABLE nightcrew.runs CASCADE")
-    scheduler = Scheduler(rt, clock, (Schedule(lane="minute", cron="* * * * *"),), sleep=fast_sleep)
+    scheduler = Scheduler(rt, clock, (lane_schedule(rt, clock, "minute"),), sleep=fast_sleep)
     with capture_logs() as logs:
         loop = asyncio.create_task(scheduler.run())
         try:

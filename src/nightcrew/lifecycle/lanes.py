@@ -8,7 +8,6 @@ throws is logged under its spec event name, lands in the report, and never stops
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -33,6 +32,7 @@ from nightcrew.lifecycle import (
 from nightcrew.log import describe_error, error, event
 from nightcrew.reports import Failure, JobReport
 from nightcrew.runtime import Runtime
+from nightcrew.scheduler import Schedule
 
 Trigger = Literal["manual", "scheduled"]
 
@@ -285,47 +285,49 @@ async def run_lane(
             _started(lane, trigger="manual", run_id=None, slot=None)
             return await run_jobs(runtime.dry_run_view(clock), clock, lane)
 
-    now = clock.now()
-    decide: Clock = clock
-    if trigger == "scheduled":
-        if slot is None:
-            raise ValueError("a scheduled run needs its slot")
-        handle = await runs.claim(runtime.db, lane=lane.name, slot=slot, now=now)
-        if handle is None:
-            return None
-        # A scheduled run decides as of its slot, not the instant the tick fired: a cooldown
-        # of 60 s means two slots, whatever the timer's jitter.
-        decide = SlotClock(slot, clock)
-    else:
-        handle = runs.RunHandle(await runs.start_manual(runtime.db, lane=lane.name, now=now))
+    if trigger == "scheduled" and slot is None:
+        raise ValueError("a scheduled run needs its slot")
+    claimed_slot = slot if trigger == "scheduled" else None
+    # A scheduled run decides as of its slot, not the instant the tick fired: a cooldown of
+    # 60 s means two slots, whatever the timer's jitter.
+    decide: Clock = SlotClock(slot, clock) if claimed_slot is not None and slot else clock
 
-    _started(lane, trigger=trigger, run_id=handle.id, slot=slot)
-    metrics = runtime.metrics
-    try:
-        async with runs.heartbeat(runtime.db, handle, clock):
-            report = await run_jobs(runtime, decide, lane)
-    except BaseException as exc:  # cancelled (Ctrl-C, SIGTERM) too: never leave it "running"
-        message = describe_error(exc)
-        error("lifecycle_cron_failed", lane=lane.name, run_id=handle.id, error=message)
-        metrics.inc("nightcrew_lane_runs_total", lane=lane.name, status="failed")
-        with contextlib.suppress(Exception):
-            await asyncio.shield(
-                runs.finish(
-                    runtime.db,
-                    handle,
-                    status="failed",
-                    now=clock.now(),
-                    # lost for want of a database: the slot may be claimed and run again
-                    report={"error": message, "retry": isinstance(exc, DatabaseUnavailableError)},
-                )
-            )
-        raise
-    report = replace(report, run_id=handle.id)
-    await runs.finish(
-        runtime.db, handle, status="completed", now=clock.now(), report=report.to_json()
+    async def work(handle: runs.RunHandle) -> LaneReport:
+        _started(lane, trigger=trigger, run_id=handle.id, slot=slot)
+        return replace(await run_jobs(runtime, decide, lane), run_id=handle.id)
+
+    def failed(handle: runs.RunHandle, exc: BaseException) -> None:
+        error("lifecycle_cron_failed", lane=lane.name, run_id=handle.id, error=describe_error(exc))
+        runtime.metrics.inc("nightcrew_lane_runs_total", lane=lane.name, status="failed")
+
+    report = await runs.recorded(
+        runtime.db,
+        clock,
+        lane=lane.name,
+        slot=claimed_slot,
+        work=work,
+        report_json=LaneReport.to_json,
+        on_failure=failed,
     )
-    _record_metrics(runtime, clock, report)
+    if report is not None:
+        _record_metrics(runtime, clock, report)
     return report
+
+
+def lane_schedule(runtime: Runtime, clock: Clock, lane_name: str) -> Schedule:
+    """The scheduler's view of a lifecycle lane: its cron, its catch-up window, and a runner
+    that runs the lane for a slot (False when another replica claimed it)."""
+    lane = LANES[lane_name]
+
+    async def runner(slot: datetime) -> bool:
+        report = await run_lane(runtime, clock, lane.name, trigger="scheduled", slot=slot)
+        return report is not None
+
+    return Schedule(name=lane.name, cron=lane.cron, runner=runner, catch_up=lane.catch_up)
+
+
+def lifecycle_schedules(runtime: Runtime, clock: Clock) -> tuple[Schedule, ...]:
+    return tuple(lane_schedule(runtime, clock, name) for name in LANES)
 
 
 def _record_metrics(runtime: Runtime, clock: Clock, report: LaneReport) -> None:

@@ -35,7 +35,7 @@ from nightcrew.adapters.processed import RedisProcessedUrls
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database, QueryError, json_param
 from nightcrew.db.queries import load_queries
-from nightcrew.errors import DatabaseUnavailableError, NightcrewError
+from nightcrew.errors import NightcrewError
 from nightcrew.log import describe_error, event, warning
 from nightcrew.news import candidates as held_candidates
 from nightcrew.news import sources as news_sources
@@ -731,33 +731,23 @@ def news_schedules(runtime: Runtime, clock: Clock, deps: NewsDeps) -> tuple[Sche
         lane = f"news:{shard}"
 
         async def run(slot: datetime) -> bool:
-            handle = await runs.claim(runtime.db, lane=lane, slot=slot, now=clock.now())
-            if handle is None:
-                return False
-            try:
-                async with runs.heartbeat(runtime.db, handle, clock):
-                    report = await run_shard(runtime, clock, deps, shard, trigger="scheduled")
-            except Exception as exc:
-                await runs.finish(
-                    runtime.db,
-                    handle,
-                    status="failed",
-                    now=clock.now(),
-                    report={
-                        "error": describe_error(exc),
-                        "retry": isinstance(exc, DatabaseUnavailableError),
-                    },
-                )
-                raise
-            await runs.finish(
-                runtime.db, handle, status="completed", now=clock.now(), report=report.to_json()
+            async def work(handle: runs.RunHandle) -> NewsReport:
+                return await run_shard(runtime, clock, deps, shard, trigger="scheduled")
+
+            report = await runs.recorded(
+                runtime.db,
+                clock,
+                lane=lane,
+                slot=slot,
+                work=work,
+                report_json=NewsReport.to_json,
             )
-            return True
+            return report is not None
 
         return run
 
     return tuple(
-        Schedule(lane=f"news:{shard}", cron=cron, runner=runner_for(shard))
+        Schedule(name=f"news:{shard}", cron=cron, runner=runner_for(shard))
         for shard in runtime.settings.news_shard_list
     )
 

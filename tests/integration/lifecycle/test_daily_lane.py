@@ -11,10 +11,10 @@ from nightcrew.adapters.queues import RSS_INVALIDATION
 from nightcrew.adapters.storage import ObjectStore, open_store
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.lifecycle.lanes import run_lane
+from nightcrew.lifecycle.lanes import lane_schedule, run_lane
 from nightcrew.lifecycle.signups import reap_unconfirmed_users
 from nightcrew.runtime import Runtime
-from nightcrew.scheduler import Schedule, Scheduler
+from nightcrew.scheduler import Scheduler
 from tests import factories as f
 from tests.conftest import NOW, make_runtime
 from tests.integration.lifecycle.test_lanes import _snapshot
@@ -167,11 +167,12 @@ async def test_a_replica_starting_after_a_missed_daily_slot_runs_it_once(
     paused = await f.podcast(db, status="paused", pause_expires_at=NOW - timedelta(hours=1))
     other_db = await Database.open(fresh_db_url)
     try:
-        schedule = (Schedule(lane="daily", cron="0 4 * * *", catch_up=timedelta(hours=12)),)
         fired = []
         for database in (db, other_db):
-            scheduler = Scheduler(make_runtime(database, clock, fresh_db_url), clock, schedule)
-            fired.append(await scheduler.catch_up(schedule[0]))
+            rt = make_runtime(database, clock, fresh_db_url)
+            daily = lane_schedule(rt, clock, "daily")
+            assert daily.cron == "0 4 * * *" and daily.catch_up == timedelta(hours=12)
+            fired.append(await Scheduler(rt, clock, (daily,)).catch_up(daily))
     finally:
         await other_db.close()
     assert fired == [True, False]

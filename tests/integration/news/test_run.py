@@ -441,11 +441,7 @@ async def test_scheduled_shard_slots_run_once_across_replicas_and_reports_are_se
             )
             [schedule] = news_schedules(runtime, clock, deps_for(database, clock, http))
             assert schedule.cron == "*/5 * * * *"
-            fired.append(
-                await Scheduler(runtime, clock, (schedule,)).fire(
-                    schedule.lane, NOW, schedule.runner
-                )
-            )
+            fired.append(await Scheduler(runtime, clock, (schedule,)).fire(schedule.name, NOW))
     finally:
         await other_db.close()
     assert sorted(fired) == [False, True]
