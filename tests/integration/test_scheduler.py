@@ -36,7 +36,13 @@ async def test_two_replicas_tick_the_minute_slot_and_only_one_runs_it(
             rt = make_runtime(d, clock, fresh_db_url)
             replicas.append(Scheduler(rt, clock, (lane_schedule(rt, clock, "minute"),)))
         tasks = [asyncio.create_task(r.run()) for r in replicas]
-        await asyncio.sleep(1.0)
+        # wait on the outcome, not a fixed sleep: the slot fires 0.3 s in, whatever the load
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            done = await db.fetch("SELECT 1 FROM nightcrew.runs WHERE status = 'completed'")
+            if done:
+                break
+        await asyncio.sleep(0.2)  # the other replica's claim, had it won too, would show now
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -46,6 +46,8 @@ from tests.support.servers import RecordingServer, stripe_responder
 DAY = timedelta(days=1)
 MINUTE = timedelta(minutes=1)
 CLIENT_TIMEOUT = httpx.Timeout(0.3)
+# A hang outlasts the client's timeout by a wide margin (a loaded CI box is slow, not that slow)
+SERVER_HANG_SECONDS = 1.5
 
 
 class Resend:
@@ -68,12 +70,12 @@ class Resend:
         if self.mode in ("500", "429"):
             return int(self.mode), {"name": "error", "message": f"answering {self.mode}"}
         if self.mode == "down":
-            time.sleep(0.6)
+            time.sleep(SERVER_HANG_SECONDS)
             return 503, {}
         if key not in self.delivered:
             self.delivered[key] += 1
         if self.mode == "hang":
-            time.sleep(0.6)
+            time.sleep(SERVER_HANG_SECONDS)
         return 200, {"id": f"email-{key}"}
 
 
@@ -211,7 +213,7 @@ async def test_the_restored_email_survives_resend_failing_and_arrives_once(
 
     await _minute(runtime, clock, MINUTE)  # still failing
     resend.mode = "ok"
-    await asyncio.sleep(0.7)  # the loopback server answers one request at a time
+    await asyncio.sleep(SERVER_HANG_SECONDS + 0.1)  # the loopback server: one request at a time
     drained = await _minute(runtime, clock, 5 * MINUTE)
     assert drained["effects_delivered"] == 1
     assert resend.delivered[key] == 1
@@ -324,7 +326,7 @@ async def test_a_timed_out_but_delivered_email_is_retried_within_minutes_with_th
     assert resend.delivered[key] == 1
 
     resend.mode = "ok"
-    await asyncio.sleep(0.7)  # the loopback server answers one request at a time
+    await asyncio.sleep(SERVER_HANG_SECONDS + 0.1)  # the loopback server: one request at a time
     await _minute(runtime, clock, MINUTE)
     [effect] = await _effects(db, "mail")
     assert effect["delivered_at"] is not None and effect["attempts"] == 2

@@ -374,7 +374,7 @@ async def test_outbox_failures_leave_the_row_pending_with_the_error(
     else:
 
         def slow(request: Any) -> tuple[int, dict[str, Any]]:
-            _time.sleep(1.0)
+            _time.sleep(2.0)  # far past the client's 0.3 s
             return 200, {}
 
         feed_server.responder = slow
@@ -391,7 +391,7 @@ async def test_outbox_failures_leave_the_row_pending_with_the_error(
         assert call.query == {"wait": "1"} and call.json() == {"id": podcast}
 
         feed_server.reset()  # the feed worker recovers: the next apply run delivers it
-        await asyncio.sleep(1.0)  # the loopback server answers one request at a time
+        await asyncio.sleep(2.1)  # the loopback server answers one request at a time
         clock.advance(timedelta(hours=1))  # past its backoff (the minute lane would be first)
         report = await run_reconcile(runtime, clock, APPLY)
     assert report.outbox["delivered"] == 1

@@ -28,6 +28,11 @@ class Counted:
         return self.counts()
 
 
+# Two jobs of this long: concurrent takes one, in sequence two — a margin of a whole job, so a
+# loaded CI machine cannot blur the difference.
+JOB_SECONDS = 0.6
+
+
 def _job(name: str, key: str, n: int, delay: float = 0.0) -> Job:
     async def run(runtime: Runtime, clock: Any) -> Counted:
         await asyncio.sleep(delay)
@@ -47,9 +52,9 @@ def _lane(concurrent: bool) -> Lane:
         concurrent=concurrent,
         completed_event="test_completed",
         jobs=(
-            _job("a", "items_requeued", 3, delay=0.2),
+            _job("a", "items_requeued", 3, delay=JOB_SECONDS),
             Job(name="b", failed_event="b_failed", run=boom),
-            _job("c", "links_requeued", 2, delay=0.2),
+            _job("c", "links_requeued", 2, delay=JOB_SECONDS),
         ),
     )
 
@@ -63,7 +68,7 @@ async def test_concurrent_jobs_overlap_and_a_raiser_is_isolated() -> None:
     with capture_logs() as logs:
         report = await run_jobs(cast(Runtime, _Runtime()), FrozenClock(NOW), _lane(True))
     elapsed = asyncio.get_running_loop().time() - started
-    assert elapsed < 0.35  # concurrent, not 0.4 s in sequence
+    assert elapsed < 1.5 * JOB_SECONDS  # concurrent, not 2 x JOB_SECONDS in sequence
     assert report.totals == {"items_requeued": 3, "links_requeued": 2}
     assert report.errors == [
         {"job": "b", "event": "b_failed", "error": "RuntimeError: queue binding missing"}
@@ -79,6 +84,6 @@ async def test_sequential_jobs_run_in_order_and_the_raiser_does_not_stop_the_nex
     started = asyncio.get_running_loop().time()
     report = await run_jobs(cast(Runtime, _Runtime()), FrozenClock(NOW), _lane(False))
     elapsed = asyncio.get_running_loop().time() - started
-    assert elapsed >= 0.4  # one after another, as the daily lane's spec order wants
+    assert elapsed >= 2 * JOB_SECONDS  # one after another, as the daily lane's spec order wants
     assert [j.name for j in report.jobs] == ["a", "b", "c"]
     assert [j.ok for j in report.jobs] == [True, False, True]
