@@ -205,49 +205,45 @@ async def run_reconcile(
                 await _drain_outbox(runtime, clock, report)
             deletes = options.apply and not options.skip_orphan_delete
             age = timedelta(hours=options.min_orphan_age_hours)
-            # Audio (both audio columns) and per-episode images: the same age guard and final
-            # re-check; only audio honours a pending invalidation (in its queries).
-            for tally, query, recheck, kind in (
-                (report.orphans, "unreferenced_audio", "recheck_audio_references", "orphan"),
-                (
-                    report.episode_images,
-                    "unreferenced_episode_images",
-                    "recheck_image_references",
-                    "episode_image",
+            sweeps = (
+                SweepSpec(
+                    kind="orphan",
+                    query=SQL["unreferenced_audio"],
+                    params={"prefix": prefix},
+                    recheck=SQL["recheck_audio_references"],
+                    min_age=age,
                 ),
-            ):
+                SweepSpec(
+                    kind="episode_image",
+                    query=SQL["unreferenced_episode_images"],
+                    params={"prefix": prefix},
+                    recheck=SQL["recheck_image_references"],
+                    min_age=age,
+                ),
+                SweepSpec(
+                    kind="transcribe_prep",
+                    query=SQL["expired_prep"],
+                    params={"now": report.now, "ttl_days": PREP_TTL_DAYS},
+                    recheck=None,
+                    min_age=timedelta(0),
+                    hooked=False,
+                ),
+            )
+            tallies = (report.orphans, report.episode_images, report.transcribe_prep)
+            for spec, tally in zip(sweeps, tallies, strict=True):
                 await _sweep(
                     runtime,
                     conn,
                     store,
+                    spec,
                     tally,
                     report,
-                    SQL[query],
-                    {"prefix": prefix},
-                    recheck=SQL[recheck],
                     prefix=prefix,
-                    min_age=age,
+                    # skipOrphanDelete holds back every sweep, prep too
                     delete=deletes,
-                    kind=kind,
                     tick=tick,
-                    before_delete=before_delete,
+                    before_delete=before_delete if spec.hooked else None,
                 )
-            await _sweep(
-                runtime,
-                conn,
-                store,
-                report.transcribe_prep,
-                report,
-                SQL["expired_prep"],
-                {"now": report.now, "ttl_days": PREP_TTL_DAYS},
-                recheck=None,
-                prefix=prefix,
-                min_age=timedelta(0),
-                delete=deletes,  # skipOrphanDelete holds back every sweep, prep too
-                kind="transcribe_prep",
-                tick=tick,
-                before_delete=None,
-            )
         finally:
             await conn.execute(SQL["drop_listing"])
 
@@ -527,24 +523,37 @@ async def _drain_outbox(runtime: Runtime, clock: Clock, report: ReconcileReport)
     }
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SweepSpec:
+    """One orphan sweep: what it finds (``query``), how old a find must be to go, and the
+    statement that re-checks references right before each delete (None: nothing can start
+    referencing it, e.g. expired transcription prep). Audio (both audio columns) and
+    per-episode images share the age guard and the re-check; only audio honours a pending
+    invalidation (in its queries)."""
+
+    kind: str
+    query: str
+    params: dict[str, Any]
+    recheck: str | None
+    min_age: timedelta
+    hooked: bool = True  # whether a test's before_delete applies
+
+
 async def _sweep(
     runtime: Runtime,
     conn: Tx,
     store: ObjectStore,
+    spec: SweepSpec,
     tally: Sweep,
     report: ReconcileReport,
-    query: str,
-    params: dict[str, Any],
     *,
-    recheck: str | None,
     prefix: str,
-    min_age: timedelta,
     delete: bool,
-    kind: str,
     tick: Progress,
     before_delete: Callable[[], Any] | None,
 ) -> None:
-    cutoff = report.now - min_age
+    query, params, recheck, kind = spec.query, spec.params, spec.recheck, spec.kind
+    cutoff = report.now - spec.min_age
     batch: list[tuple[str, int]] = []
 
     async def flush() -> None:
