@@ -1,0 +1,142 @@
+"""The command line's shared parts: the Typer apps, the exit-code discipline, ``--now``.
+
+Exit codes: 0 when a run completed (items that failed are in its report), 1 when a check found
+problems or a run failed outright, 2 when nothing could start (bad flag, bad configuration,
+database unreachable) — always with one line on stderr that names the problem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from enum import StrEnum
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+
+from nightcrew import __version__
+from nightcrew.clock import Clock, FrozenClock, SystemClock, parse_instant
+from nightcrew.config import Settings, load_settings
+from nightcrew.errors import (
+    ConfigError,
+    DatabaseUnavailableError,
+    NightcrewError,
+    QueueUnavailableError,
+)
+from nightcrew.log import SecretScrubber, configure_logging, describe_error
+
+T = TypeVar("T")
+
+app = typer.Typer(
+    name="nightcrew",
+    help="The background crew: lifecycle lanes and self-healing watchdogs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+db_app = typer.Typer(help="Apply or verify the database schema.", no_args_is_help=True)
+lifecycle_app = typer.Typer(help="The podcast platform's lifecycle lanes.", no_args_is_help=True)
+news_app = typer.Typer(help="The news platform's RSS ingestion worker.", no_args_is_help=True)
+sources_app = typer.Typer(help="Feed sources: add, list, disable, enable.", no_args_is_help=True)
+news_app.add_typer(sources_app, name="sources")
+effects_app = typer.Typer(
+    help="The effects outbox: what is owed outside the database, and its dead letters.",
+    no_args_is_help=True,
+)
+app.add_typer(effects_app, name="effects")
+app.add_typer(db_app, name="db")
+app.add_typer(lifecycle_app, name="lifecycle")
+app.add_typer(news_app, name="news")
+
+
+class Lane(StrEnum):
+    minute = "minute"
+    daily = "daily"
+
+
+class EffectKind(StrEnum):
+    queue = "queue"
+    mail = "mail"
+    billing_resume = "billing_resume"
+    feed_invalidate = "feed_invalidate"
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    typer.echo(f"nightcrew: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _settings() -> Settings:
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        _fail(str(exc), 2)
+    configure_logging(settings.log_level, settings.secret_values())
+    return settings
+
+
+def _clock(now: str | None) -> Clock:
+    if now is None:
+        return SystemClock()
+    try:
+        return FrozenClock(parse_instant(now))
+    except ValueError as exc:
+        _fail(f"--now: {exc}", 2)
+
+
+def _run(work: Callable[[], Awaitable[T]], settings: Settings) -> T:
+    """Run a coroutine, turning every failure into one scrubbed line and an exit code."""
+    scrub = SecretScrubber(settings.secret_values())
+    try:
+        return asyncio.run(_call(work))
+    except (DatabaseUnavailableError, QueueUnavailableError, ConfigError) as exc:
+        _fail(scrub.text(str(exc)), 2)
+    except NightcrewError as exc:
+        _fail(scrub.text(str(exc)), 1)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    except Exception as exc:  # last resort: still one line, never a traceback
+        _fail(scrub.text(f"unexpected error: {describe_error(exc)}"), 1)
+
+
+async def _call(work: Callable[[], Awaitable[T]]) -> T:
+    return await work()
+
+
+def _print_json(payload: dict[str, Any]) -> None:
+    typer.echo(json.dumps(payload, indent=2, default=str))
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"nightcrew {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """nightcrew: the work that runs at 04:00 while everyone sleeps."""
+
+
+# Every command that decides by time takes --now the same way.
+NowOption = Annotated[
+    str | None,
+    typer.Option(
+        "--now",
+        help="Run as of this ISO 8601 instant (with offset), e.g. 2026-11-29T04:00:00Z.",
+    ),
+]
+
+
+def main() -> None:
+    try:
+        app()
+    except BrokenPipeError:  # `nightcrew … | head` is not an error
+        sys.stderr.close()

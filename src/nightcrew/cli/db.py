@@ -1,0 +1,79 @@
+"""`nightcrew db`: apply or verify the schema."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from nightcrew.cli.common import (
+    _print_json,
+    _run,
+    _settings,
+    db_app,
+)
+from nightcrew.db.contract import check_schema
+from nightcrew.db.migrate import migrate
+from nightcrew.runtime import open_database
+
+
+# --- db ------------------------------------------------------------------------------------------
+@db_app.command("migrate")
+def db_migrate(
+    skip_reference: Annotated[
+        bool,
+        typer.Option(
+            "--skip-reference",
+            help="Apply only nightcrew's own tables (a production platform database).",
+        ),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Apply the numbered migrations that have not been applied yet."""
+    settings = _settings()
+
+    async def work() -> dict[str, list[str]]:
+        async with open_database(settings) as db:
+            return (await migrate(db, skip_reference=skip_reference)).to_json()
+
+    result = _run(work, settings)
+    if as_json:
+        _print_json(result)
+        return
+    for label in result["applied"]:
+        typer.echo(f"applied  {label}")
+    for label in result["skipped"]:
+        typer.echo(f"skipped  {label} (reference schema)")
+    if not result["applied"]:
+        typer.echo(f"up to date ({len(result['already_applied'])} migrations already applied)")
+
+
+@db_app.command("check")
+def db_check(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Report, table by table, what the database lacks that nightcrew needs. Exit 1 if any."""
+    settings = _settings()
+
+    async def work() -> dict[str, Any]:
+        async with open_database(settings) as db:
+            return (await check_schema(db)).to_json()
+
+    report = _run(work, settings)
+    if as_json:
+        _print_json(report)
+    else:
+        for table, result in report["tables"].items():
+            typer.echo(f"{'ok     ' if result['ok'] else 'MISSING'} {table}")
+            for problem in result["problems"]:
+                typer.echo(f"          - {problem}")
+            for advice in result["advice"]:
+                typer.echo(f"          ~ {advice}")
+        for problem in report["problems"]:
+            typer.echo(f"MISSING {problem}")
+        typer.echo("schema ok" if report["ok"] else "schema incomplete")
+    if not report["ok"]:
+        raise typer.Exit(1)
+
+
+# --- effects -------------------------------------------------------------------------------------

@@ -1,0 +1,148 @@
+"""`nightcrew demo` and `nightcrew serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+import typer
+import uvicorn
+
+from nightcrew.cli.common import (
+    _run,
+    _settings,
+    app,
+)
+from nightcrew.clock import FrozenClock, SystemClock
+from nightcrew.config import Settings, reveal
+from nightcrew.errors import (
+    ConfigError,
+)
+from nightcrew.log import configure_logging, event
+from nightcrew.runtime import open_runtime
+
+
+# --- demo ----------------------------------------------------------------------------------------
+@app.command("demo")
+def demo() -> None:
+    """Build a small sample podcast platform (embedded PostgreSQL, local files), run both lanes
+    on it and show what changed and why. Never touches DATABASE_URL or STORAGE_URL."""
+    from nightcrew.demo import run_demo
+
+    settings = _settings()
+    # The story is told on stdout; only warnings and failures are worth interleaving with it.
+    configure_logging(
+        "warning" if settings.log_level in ("debug", "info") else settings.log_level,
+        settings.secret_values(),
+    )
+    if settings.database_url or settings.storage_url:
+        typer.echo(
+            "note: the demo ignores DATABASE_URL and STORAGE_URL; it uses its own "
+            "embedded database and local files.",
+            err=True,
+        )
+    lines = _run(lambda: run_demo(settings, FrozenClock(SystemClock().now())), settings)
+    typer.echo("\n".join(lines))
+
+
+# --- serve ---------------------------------------------------------------------------------------
+@app.command("serve")
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port.")] = 8787,
+) -> None:
+    """Serve /health and run every lane on its schedule until stopped (Ctrl-C / SIGTERM)."""
+    settings = _settings()
+    _run(lambda: _serve(settings, host, port), settings)
+
+
+async def _serve(settings: Settings, host: str, port: int) -> None:
+    from nightcrew.http import Readiness, create_app
+    from nightcrew.lifecycle.lanes import lifecycle_schedules
+    from nightcrew.lifecycle.reconcile.core import ReconcileOptions
+    from nightcrew.lifecycle.reconcile.engine import run_reconcile
+    from nightcrew.log import warning
+    from nightcrew.news.run import latest_reports, news_schedules, open_news_deps
+    from nightcrew.scheduler import Scheduler
+
+    # Bind first: a port in use is one line and exit 2, before anything starts ticking.
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as exc:
+        listener.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    clock = SystemClock()
+    async with contextlib.AsyncExitStack() as stack:
+        runtime = await stack.enter_async_context(open_runtime(settings, clock))
+        secret = settings.reconciler_secret
+        schedules = lifecycle_schedules(runtime, clock)
+        if settings.news_shard_list:
+            deps = await stack.enter_async_context(open_news_deps(runtime, clock))
+            schedules = (*schedules, *news_schedules(runtime, clock, deps))
+
+        async def reconcile(options: ReconcileOptions) -> dict[str, Any]:
+            return (await run_reconcile(runtime, clock, options)).to_json()
+
+        async def reports() -> list[dict[str, Any]]:
+            return await latest_reports(runtime.db)
+
+        async def ping_database() -> None:
+            await runtime.db.fetch_one("SELECT 1")
+
+        server = _QuietServer(
+            uvicorn.Config(
+                create_app(
+                    runtime.metrics,
+                    reconcile=reconcile,
+                    reconciler_secret=reveal(secret),
+                    news_reports=reports,
+                    readiness=Readiness(
+                        ping_database=ping_database,
+                        started_at=clock.now().timestamp(),
+                        now=lambda: clock.now().timestamp(),
+                    ),
+                ),
+                host=host,
+                port=port,
+                log_level="warning",
+                log_config=None,  # uvicorn's loggers go through nightcrew's JSON pipeline
+                access_log=False,
+                lifespan="off",
+            )
+        )
+        # SIGTERM / SIGINT ask for a graceful stop: the HTTP server drains, the scheduler
+        # lets in-flight runs finish, the pool closes, the process exits 0.
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, server.request_exit)
+        scheduler = asyncio.create_task(Scheduler(runtime, clock, schedules).run())
+        event("serve_started", host=host, port=port, database=runtime.db.target)
+        if secret is None:
+            warning(
+                "reconcile_endpoint_disabled",
+                reason="RECONCILER_SECRET is unset: POST /reconcile answers 401 to everyone",
+            )
+        try:
+            await server.serve(sockets=[listener])
+        finally:
+            scheduler.cancel()
+            await asyncio.gather(scheduler, return_exceptions=True)
+            event("serve_stopped")
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn re-raises a captured SIGTERM after shutdown (killing us with -15); we own the
+    signals instead and exit normally."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    def request_exit(self) -> None:
+        self.should_exit = True
