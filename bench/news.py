@@ -46,24 +46,16 @@ import feedparser
 import feedparser_rs
 
 from bench._db import admin_url, drop, recreate
-from nightcrew.adapters.billing import NoBilling
-from nightcrew.adapters.feedcache import RecordingFeedCache
-from nightcrew.adapters.locks import PostgresLeases
-from nightcrew.adapters.queues import PostgresQueueProducer
-from nightcrew.adapters.storage import open_store
 from nightcrew.clock import FrozenClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.db.migrate import migrate
 from nightcrew.log import configure_logging
 from nightcrew.news import fetch as news_fetch
-from nightcrew.news.addresses import AddressPolicy
-from nightcrew.news.fetch import new_client
 from nightcrew.news.parse import parse_feed
-from nightcrew.news.review import OfflineReviewer
-from nightcrew.news.run import NewsDeps, NewsReport, run_shard
+from nightcrew.news.run import NewsReport, run_shard
 from nightcrew.news.sources import add_source
-from nightcrew.runtime import Runtime
+from nightcrew.runtime import open_runtime
 
 NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 DB_NAME = "nightcrew_bench_news"
@@ -239,32 +231,20 @@ async def repetition(
             settings = Settings.model_validate(
                 {
                     "DATABASE_URL": url,
+                    "STORAGE_URL": "memory://",
                     "NEWS_ALLOWED_PRIVATE_HOSTS": "127.0.0.1",
                     "INGESTION_BACKPRESSURE_QUEUE_LIMIT": total,
                     "INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT": total * 10,
                     "MAX_AI_REVIEWS": total,
                 }
             )
-            runtime = Runtime(
-                settings=settings,
-                db=db,
-                queues=PostgresQueueProducer(db, clock),
-                store=open_store("memory://"),
-                feedcache=RecordingFeedCache(),
-                billing=NoBilling(),
-            )
-            policy = AddressPolicy.parse(settings.news_allowed_private_hosts)
-            async with new_client(policy) as http:
-                deps = NewsDeps(
-                    leases=PostgresLeases(db, clock),
-                    http=http,
-                    reviewer=OfflineReviewer(),
-                    policy=policy,
-                )
+            # the service's own assembly: PostgreSQL leases (no REDIS_URL), the offline
+            # reviewer (no model configured), the policy client allowing the loopback server
+            async with open_runtime(settings, clock) as runtime:
                 served = server.served()
                 with Stopwatch(enabled=not profile) as inside:
                     first, first_s = await timed_run(
-                        run_shard(runtime, clock, deps, "bench"), profiles and profiles[0]
+                        run_shard(runtime, clock, "bench"), profiles and profiles[0]
                     )
                 first_gets = server.served() - served
                 hashed = await db.fetch_one(
@@ -272,7 +252,7 @@ async def repetition(
                 )
                 clock.advance(timedelta(hours=1))  # every source is due again
                 second, second_s = await timed_run(
-                    run_shard(runtime, clock, deps, "bench"), profiles and profiles[1]
+                    run_shard(runtime, clock, "bench"), profiles and profiles[1]
                 )
                 second_gets = server.served() - served - first_gets
         finally:

@@ -116,7 +116,7 @@ class Settings(BaseSettings):
     @field_validator("news_allowed_private_hosts")
     @classmethod
     def _allowed_hosts(cls, value: str) -> str:
-        from nightcrew.news.addresses import AddressPolicy
+        from nightcrew.adapters.addresses import AddressPolicy
 
         AddressPolicy.parse(value)  # a ValueError names the entry it cannot read
         return value

@@ -410,12 +410,14 @@ async def _run(
 
 async def _news(runtime: Runtime, clock: Clock, now: datetime) -> list[str]:
     """Two sample feeds on a loopback server, two news runs: the second finds nothing new."""
+    from dataclasses import replace
+
+    from nightcrew.adapters.addresses import AddressPolicy, new_client
     from nightcrew.adapters.locks import PostgresLeases
-    from nightcrew.news.addresses import AddressPolicy
+    from nightcrew.adapters.news import NewsAdapters
+    from nightcrew.adapters.reviewer import OfflineReviewer
     from nightcrew.news.demo_feeds import serve_sample_feeds
-    from nightcrew.news.fetch import new_client
-    from nightcrew.news.review import OfflineReviewer
-    from nightcrew.news.run import NewsDeps, run_shard
+    from nightcrew.news.run import run_shard
     from nightcrew.news.sources import add_source
 
     with serve_sample_feeds() as base:
@@ -424,14 +426,17 @@ async def _news(runtime: Runtime, clock: Clock, now: datetime) -> list[str]:
         # the sample feeds are on this machine: the one private address the demo may fetch
         policy = AddressPolicy.parse("127.0.0.1")
         async with new_client(policy) as http:
-            deps = NewsDeps(
-                leases=PostgresLeases(runtime.db, clock),
-                http=http,
-                reviewer=OfflineReviewer(blocked_terms=frozenset({"casino"})),
-                policy=policy,
+            demo = replace(
+                runtime,
+                news=NewsAdapters(
+                    leases=PostgresLeases(runtime.db, clock),
+                    http=http,
+                    reviewer=OfflineReviewer(blocked_terms=frozenset({"casino"})),
+                    policy=policy,
+                ),
             )
-            first = await run_shard(runtime, clock, deps, "demo", trigger="manual")
-            second = await run_shard(runtime, clock, deps, "demo", trigger="manual")
+            first = await run_shard(demo, clock, "demo", trigger="manual")
+            second = await run_shard(demo, clock, "demo", trigger="manual")
     rejected = await runtime.db.fetch(
         "SELECT a.title, r.reasons FROM news.articles a JOIN news.reviews r"
         " ON r.article_id = a.id WHERE NOT r.accepted ORDER BY a.id"

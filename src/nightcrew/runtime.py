@@ -16,6 +16,7 @@ import httpx
 from nightcrew.adapters.billing import Billing, DryRunBilling, NoBilling, StripeBilling
 from nightcrew.adapters.feedcache import FeedCache, HttpFeedCache, RecordingFeedCache
 from nightcrew.adapters.mail import Mailer, RecordingMailer, ResendMailer
+from nightcrew.adapters.news import NewsAdapters, open_news_adapters
 from nightcrew.adapters.queues import (
     MemoryQueueProducer,
     PostgresQueueProducer,
@@ -27,6 +28,7 @@ from nightcrew.clock import Clock
 from nightcrew.config import Settings, reveal
 from nightcrew.db.database import ConnectionPolicy, Database
 from nightcrew.db.embedded import EmbeddedPostgres
+from nightcrew.errors import ConfigError
 from nightcrew.metrics import Metrics
 
 USER_AGENT = "nightcrew"
@@ -41,8 +43,14 @@ class Runtime:
     feedcache: FeedCache
     billing: Billing
     mail: Mailer = field(default_factory=RecordingMailer)
+    news: NewsAdapters | None = None  # the news worker's leases, HTTP client, Redis, reviewer
     metrics: Metrics = field(default_factory=Metrics)
     dry_run: bool = False
+
+    def news_adapters(self) -> NewsAdapters:
+        if self.news is None:
+            raise ConfigError("this runtime was assembled without the news worker's adapters")
+        return self.news
 
     def dry_run_view(self, clock: Clock) -> Runtime:
         """The same runtime, except that nothing it does can change anything anywhere."""
@@ -107,6 +115,7 @@ async def open_runtime(settings: Settings, clock: Clock) -> AsyncIterator[Runtim
             headers={"User-Agent": USER_AGENT},
             follow_redirects=False,
         ) as http,
+        open_news_adapters(settings, db, clock) as news,
     ):
         billing = _billing(settings)
         secret = settings.rss_invalidation_secret
@@ -130,6 +139,7 @@ async def open_runtime(settings: Settings, clock: Clock) -> AsyncIterator[Runtim
                     api_key=reveal(settings.resend_api_key),
                     from_email=settings.resend_from_email,
                 ),
+                news=news,
             )
         finally:
             if isinstance(billing, StripeBilling):

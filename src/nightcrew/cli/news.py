@@ -34,15 +34,15 @@ def news_run(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Run one shard of the news worker once and print its report."""
-    from nightcrew.news.run import open_news_deps, run_shard
+    from nightcrew.news.run import run_shard
 
     settings = _settings()
     clock = _clock(now)
 
     async def work() -> dict[str, Any]:
-        async with open_runtime(settings, clock) as runtime, open_news_deps(runtime, clock) as deps:
+        async with open_runtime(settings, clock) as runtime:
             report = await run_shard(
-                runtime, clock, deps, shard, trigger="manual" if manual else "scheduled"
+                runtime, clock, shard, trigger="manual" if manual else "scheduled"
             )
             return report.to_json()
 

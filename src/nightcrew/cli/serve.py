@@ -66,7 +66,7 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
     from nightcrew.lifecycle.reconcile.core import ReconcileOptions
     from nightcrew.lifecycle.reconcile.engine import run_reconcile
     from nightcrew.log import warning
-    from nightcrew.news.run import latest_reports, news_schedules, open_news_deps
+    from nightcrew.news.run import latest_reports, news_schedules
     from nightcrew.scheduler import Scheduler
 
     # Bind first: a port in use is one line and exit 2, before anything starts ticking.
@@ -83,8 +83,7 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
         secret = settings.reconciler_secret
         schedules = lifecycle_schedules(runtime, clock)
         if settings.news_shard_list:
-            deps = await stack.enter_async_context(open_news_deps(runtime, clock))
-            schedules = (*schedules, *news_schedules(runtime, clock, deps))
+            schedules = (*schedules, *news_schedules(runtime, clock))
 
         async def reconcile(options: ReconcileOptions) -> dict[str, Any]:
             return (await run_reconcile(runtime, clock, options)).to_json()

@@ -1,6 +1,6 @@
 """Fetching one RSS/Atom feed, politely and defensively.
 
-Every request goes through the address policy (``news/addresses.py``), has per-read timeouts
+Every request goes through the address policy (``adapters/addresses.py``), has per-read timeouts
 and a total time budget (a server sending a byte every few seconds cannot hold a run), a
 response-size cap (a hostile feed cannot exhaust memory), bounded redirects (a loop is an
 error, not a hang), and conditional GET (ETag / Last-Modified → 304, nothing to parse); a body
@@ -31,14 +31,13 @@ from urllib.parse import SplitResult, parse_qsl, urlencode, urljoin, urlsplit, u
 import httpcore
 import httpx
 
-from nightcrew.log import describe_error
-from nightcrew.news.addresses import (
+from nightcrew.adapters.addresses import (
     AddressPolicy,
-    PolicyTransport,
     UnsafeURL,
     join_host,
     split_host,
 )
+from nightcrew.log import describe_error
 from nightcrew.news.parse import RawEntry, parse_feed
 
 MAX_FEED_BYTES = 5 * 1024 * 1024
@@ -358,15 +357,3 @@ def next_check(now: datetime, result: FetchResult, interval: timedelta) -> datet
     if result.outcome == "retry_later" and result.retry_after_seconds:
         return now + timedelta(seconds=result.retry_after_seconds)
     return now + interval
-
-
-def new_client(
-    policy: AddressPolicy, *, inner: httpcore.AsyncNetworkBackend | None = None
-) -> httpx.AsyncClient:
-    """The news worker's client for untrusted addresses: every connection through the policy."""
-    return httpx.AsyncClient(
-        transport=PolicyTransport(policy, inner=inner),
-        max_redirects=MAX_REDIRECTS,
-        headers={"User-Agent": "nightcrew"},
-        trust_env=False,
-    )

@@ -2,7 +2,7 @@
 feed steer us at the inside of the network.
 
 The page is fetched through the news client, whose transport keeps the address policy on every
-connection (``news/addresses.py``): public addresses only, each redirect hop checked again, the
+connection (``adapters/addresses.py``): public addresses only, each redirect hop checked again, the
 connection pinned to the address that was checked. The image found is only published, so it is
 checked without DNS. The page read is capped in bytes and time; only the <head> matters.
 """
@@ -16,8 +16,8 @@ import httpcore
 import httpx
 from selectolax.parser import HTMLParser
 
+from nightcrew.adapters.addresses import AddressPolicy, UnsafeURL
 from nightcrew.log import describe_error
-from nightcrew.news.addresses import AddressPolicy, UnsafeURL
 
 MAX_PAGE_BYTES = 512 * 1024
 MAX_HOPS = 3

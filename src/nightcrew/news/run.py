@@ -15,23 +15,21 @@ import asyncio
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
-import httpx
-
 from nightcrew import runs
+from nightcrew.adapters.addresses import AddressPolicy
 from nightcrew.adapters.locks import (
     Lease,
     LeaseBackendDown,
     Leases,
     PostgresLeases,
-    RedisLeases,
 )
-from nightcrew.adapters.processed import RedisProcessedUrls
+from nightcrew.adapters.news import NewsAdapters
+from nightcrew.adapters.reviewer import Article, Reviewer, ReviewError, Verdict
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database, QueryError, json_param
 from nightcrew.db.queries import load_queries
@@ -39,7 +37,6 @@ from nightcrew.errors import NightcrewError
 from nightcrew.log import describe_error, event, warning
 from nightcrew.news import candidates as held_candidates
 from nightcrew.news import sources as news_sources
-from nightcrew.news.addresses import AddressPolicy
 from nightcrew.news.candidates import Candidate
 from nightcrew.news.fetch import (
     FeedItem,
@@ -47,10 +44,8 @@ from nightcrew.news.fetch import (
     FetchResult,
     ItemLimits,
     fetch_feed,
-    new_client,
 )
 from nightcrew.news.images import hydrate_image
-from nightcrew.news.review import Article, Reviewer, ReviewError, Verdict, make_reviewer
 from nightcrew.runtime import Runtime
 from nightcrew.scheduler import Schedule
 
@@ -69,18 +64,6 @@ Trigger = Literal["manual", "scheduled"]
 
 class StaleLease(NightcrewError):
     """A newer holder of the shard has written: this run's writes are refused."""
-
-
-@dataclass(kw_only=True)
-class NewsDeps:
-    """What a run needs beyond the Runtime: the lease backend, Redis (if any), the HTTP client
-    for untrusted addresses (``new_client(policy)``) and its policy, a reviewer."""
-
-    leases: Leases
-    http: httpx.AsyncClient
-    reviewer: Reviewer
-    policy: AddressPolicy
-    redis: Any = None  # redis.asyncio client, or None
 
 
 @dataclass(kw_only=True)
@@ -142,14 +125,15 @@ def shard_lock_name(shard: str) -> str:
 
 
 async def run_shard(
-    runtime: Runtime, clock: Clock, deps: NewsDeps, shard: str, *, trigger: Trigger = "manual"
+    runtime: Runtime, clock: Clock, shard: str, *, trigger: Trigger = "manual"
 ) -> NewsReport:
     started = time.perf_counter()
     settings = runtime.settings
+    deps = runtime.news_adapters()
     report = NewsReport(
         shard=shard,
         trigger=trigger,
-        redis_enabled=deps.redis is not None,
+        redis_enabled=deps.redis_configured,
         backpressure_queue_limit=settings.ingestion_backpressure_queue_limit,
         backpressure_db_article_limit=settings.ingestion_backpressure_db_article_limit,
     )
@@ -238,7 +222,7 @@ class _Run:
 
     runtime: Runtime
     clock: Clock
-    deps: NewsDeps
+    deps: NewsAdapters
     leases: Leases
     lease: Lease
     report: NewsReport
@@ -246,7 +230,7 @@ class _Run:
     async def run(self) -> None:
         runtime, deps, report, lease = self.runtime, self.deps, self.report, self.lease
         db, settings, now = runtime.db, runtime.settings, self.clock.now()
-        processed = RedisProcessedUrls(deps.redis) if deps.redis is not None else None
+        processed = deps.processed
         if not report.redis_enabled:
             processed = None
 
@@ -589,7 +573,7 @@ async def _write_batch(
 
 async def _translate_backlog(
     db: Database,
-    deps: NewsDeps,
+    deps: NewsAdapters,
     leases: Leases,
     lease: Lease,
     report: NewsReport,
@@ -616,7 +600,7 @@ async def _translate_backlog(
 
 
 async def _fetch_all(
-    deps: NewsDeps, rules: FeedRules, due: list[dict[str, Any]], now: datetime
+    deps: NewsAdapters, rules: FeedRules, due: list[dict[str, Any]], now: datetime
 ) -> list[tuple[dict[str, Any], FetchResult]]:
     gate = asyncio.Semaphore(FETCH_CONCURRENCY)
 
@@ -638,7 +622,7 @@ async def _fetch_all(
     return list(await asyncio.gather(*(one(s) for s in due)))
 
 
-async def _hydrate(deps: NewsDeps, urls: list[str]) -> dict[str, str]:
+async def _hydrate(deps: NewsAdapters, urls: list[str]) -> dict[str, str]:
     gate = asyncio.Semaphore(HYDRATE_CONCURRENCY)
 
     async def one(url: str) -> tuple[str, str | None]:
@@ -650,7 +634,7 @@ async def _hydrate(deps: NewsDeps, urls: list[str]) -> dict[str, str]:
 
 
 async def _retry_thumbnails(
-    db: Database, deps: NewsDeps, rows: list[dict[str, Any]], now: datetime
+    db: Database, deps: NewsAdapters, rows: list[dict[str, Any]], now: datetime
 ) -> None:
     if not rows:
         return
@@ -687,41 +671,7 @@ async def _review(
     return verdict, translation, False
 
 
-@asynccontextmanager
-async def open_news_deps(runtime: Runtime, clock: Clock) -> AsyncIterator[NewsDeps]:
-    """Redis when REDIS_URL is set and answers (else PostgreSQL leases, ``redisEnabled:
-    false``), the client for untrusted addresses under NEWS_ALLOWED_PRIVATE_HOSTS' policy, and
-    the reviewer the configuration names (on its own client: the model's address is the
-    operator's, not a feed's)."""
-    settings = runtime.settings
-    redis: Any = None
-    if settings.redis_url:
-        import redis.asyncio as aioredis
-
-        redis = aioredis.from_url(  # type: ignore[no-untyped-call]
-            settings.redis_url, socket_connect_timeout=2, socket_timeout=5
-        )
-        try:
-            await redis.ping()
-        except Exception as exc:  # kept all the same: each run tries Redis again
-            warning("worker.redis.unavailable", error=describe_error(exc))
-    leases: Leases = RedisLeases(redis) if redis is not None else PostgresLeases(runtime.db, clock)
-    policy = AddressPolicy.parse(settings.news_allowed_private_hosts)
-    try:
-        async with new_client(policy) as http, httpx.AsyncClient() as model_http:
-            yield NewsDeps(
-                leases=leases,
-                http=http,
-                reviewer=make_reviewer(settings, model_http),
-                policy=policy,
-                redis=redis,
-            )
-    finally:
-        if redis is not None:
-            await redis.aclose()
-
-
-def news_schedules(runtime: Runtime, clock: Clock, deps: NewsDeps) -> tuple[Schedule, ...]:
+def news_schedules(runtime: Runtime, clock: Clock) -> tuple[Schedule, ...]:
     """One schedule per NEWS_SHARDS entry, every NEWS_RUN_INTERVAL_MINUTES; each slot is
     claimed in the run history (one replica runs it) and the shard lease guards the rest."""
     minutes = runtime.settings.news_run_interval_minutes
@@ -732,7 +682,7 @@ def news_schedules(runtime: Runtime, clock: Clock, deps: NewsDeps) -> tuple[Sche
 
         async def run(slot: datetime) -> bool:
             async def work(handle: runs.RunHandle) -> NewsReport:
-                return await run_shard(runtime, clock, deps, shard, trigger="scheduled")
+                return await run_shard(runtime, clock, shard, trigger="scheduled")
 
             report = await runs.recorded(
                 runtime.db,

@@ -9,8 +9,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from nightcrew.news.addresses import AddressPolicy
-from nightcrew.news.fetch import new_client
+from nightcrew.adapters.addresses import AddressPolicy, new_client
 from tests.support.network import LoopbackOnlyBackend
 
 # The test servers' address is the one private address these tests may fetch.

@@ -8,16 +8,23 @@ through to a non-loopback address is recorded and refused by the test, never ope
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import replace
 
 import httpx
 import pytest
 from werkzeug import Request, Response
 
+from nightcrew.adapters.addresses import (
+    AddressPolicy,
+    UnsafeURL,
+    address_literal,
+    is_public,
+    new_client,
+)
 from nightcrew.clock import FrozenClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
-from nightcrew.news.addresses import AddressPolicy, UnsafeURL, address_literal, is_public
-from nightcrew.news.fetch import FeedRules, fetch_feed, new_client
+from nightcrew.news.fetch import FeedRules, fetch_feed
 from nightcrew.news.run import run_shard
 from nightcrew.news.sources import add_source
 from tests.conftest import NOW
@@ -137,7 +144,11 @@ async def test_a_feed_redirecting_into_the_machine_is_refused_and_its_neighbour_
         await add_source(db, url=f"{base}/feeds/{name}", name=name, shard="s", now=NOW)
 
     report = (
-        await run_shard(runtime_for(db, clock, fresh_db_url), clock, deps_for(db, clock, http), "s")
+        await run_shard(
+            replace(runtime_for(db, clock, fresh_db_url), news=deps_for(db, clock, http)),
+            clock,
+            "s",
+        )
     ).to_json()
 
     errors = {e["source"]: e["error"] for e in report["fetchErrors"]}
@@ -254,7 +265,7 @@ async def test_links_resolve_like_a_reader_expects_and_lose_their_credentials(
     await add_source(db, url=base + "/feeds/atom", name="Atom", shard="s", now=NOW)
 
     report = await run_shard(
-        runtime_for(db, clock, fresh_db_url), clock, deps_for(db, clock, http), "s"
+        replace(runtime_for(db, clock, fresh_db_url), news=deps_for(db, clock, http)), clock, "s"
     )
 
     rows = {

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -10,9 +11,9 @@ import httpx
 import pytest
 
 from nightcrew.adapters.locks import PostgresLeases
+from nightcrew.adapters.reviewer import OfflineReviewer, ReviewError
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.news.review import OfflineReviewer, ReviewError
 from nightcrew.news.run import run_shard, shard_lock_name
 from nightcrew.news.sources import add_source
 from tests.conftest import NOW
@@ -40,7 +41,11 @@ async def test_a_100_item_feed_with_max_ai_reviews_25_is_written_in_four_runs_ov
     runtime = runtime_for(db, clock, fresh_db_url, MAX_AI_REVIEWS="25")
     reports = []
     for _ in range(4):
-        reports.append((await run_shard(runtime, clock, deps_for(db, clock, http), "s")).to_json())
+        reports.append(
+            (
+                await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+            ).to_json()
+        )
         clock.advance(timedelta(hours=1))
 
     assert statuses == [200, 304, 304, 304]
@@ -65,7 +70,9 @@ async def test_a_backpressure_deferred_batch_is_written_once_pressure_drops(
     statuses = etag_site(feed_server, {"/feeds/a": rss(feed_server.url, 8)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
     pressured = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="5")
-    first = (await run_shard(pressured, clock, deps_for(db, clock, http), "s")).to_json()
+    first = (
+        await run_shard(replace(pressured, news=deps_for(db, clock, http)), clock, "s")
+    ).to_json()
     assert first["deferredCount"] == 8 and first["processedCount"] == 0
     assert await _articles(db) == set()
     held = await db.fetch("SELECT reason FROM news.candidates WHERE state = 'held'")
@@ -73,7 +80,7 @@ async def test_a_backpressure_deferred_batch_is_written_once_pressure_drops(
 
     clock.advance(timedelta(hours=1))
     calm = runtime_for(db, clock, fresh_db_url)
-    second = (await run_shard(calm, clock, deps_for(db, clock, http), "s")).to_json()
+    second = (await run_shard(replace(calm, news=deps_for(db, clock, http)), clock, "s")).to_json()
     assert statuses == [200, 304]
     assert second["queuedCount"] == 8 and second["processedCount"] == 8
     assert second["deferredCount"] == 0 and len(await _articles(db)) == 8
@@ -89,10 +96,12 @@ async def test_a_lock_skip_report_is_saved_with_what_waits(
     etag_site(feed_server, {"/feeds/a": rss(feed_server.url, 4)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
     runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="1")
-    await run_shard(runtime, clock, deps_for(db, clock, http), "s")  # defers all 4
+    await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")  # defers all 4
     holder = await PostgresLeases(db, clock).acquire(shard_lock_name("s"), 600)
     assert holder is not None
-    skipped = (await run_shard(runtime, clock, deps_for(db, clock, http), "s")).to_json()
+    skipped = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+    ).to_json()
     assert skipped["skipped"] is True and skipped["lockedCount"] == 1
     assert skipped["deferredCount"] == 4
     saved = await db.fetch("SELECT report FROM news.worker_reports ORDER BY id")
@@ -115,7 +124,9 @@ async def test_retried_count_is_known_before_the_backpressure_stop(
         {"s": source["id"], "t": NOW - timedelta(hours=7)},
     )
     runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="1")
-    report = (await run_shard(runtime, clock, deps_for(db, clock, http), "s")).to_json()
+    report = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+    ).to_json()
     assert report["deferredCount"] == 3 and report["retriedCount"] == 1
     assert [r.path for r in feed_server.requests] == ["/feeds/a"]  # no page fetched
 
@@ -145,14 +156,18 @@ async def test_a_transient_review_failure_is_held_and_reviewed_next_run_despite_
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
     runtime = runtime_for(db, clock, fresh_db_url)
     first = (
-        await run_shard(runtime, clock, deps_for(db, clock, http, reviewer=FlakyReviewer(2)), "s")
+        await run_shard(
+            replace(runtime, news=deps_for(db, clock, http, reviewer=FlakyReviewer(2))), clock, "s"
+        )
     ).to_json()
     assert first["processedCount"] == 1 and first["deferredCount"] == 2
     assert "2 reviews failed for now; retried next run" in first["deferredReasons"]
     held = await db.fetch("SELECT reason, attempts FROM news.candidates")
     assert [(r["reason"], r["attempts"]) for r in held] == [("the model failed for now", 1)] * 2
     clock.advance(timedelta(hours=1))
-    second = (await run_shard(runtime, clock, deps_for(db, clock, http), "s")).to_json()
+    second = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+    ).to_json()
     assert statuses == [200, 304]
     assert second["processedCount"] == 2 and len(await _articles(db)) == 3
 
@@ -174,7 +189,9 @@ async def test_one_article_the_database_refuses_is_rejected_alone(
         "ALTER TABLE news.articles ADD CONSTRAINT test_no_story_2 CHECK (url NOT LIKE '%%/story-2')"
     )
     runtime = runtime_for(db, clock, fresh_db_url)
-    report = (await run_shard(runtime, clock, deps_for(db, clock, http), "s")).to_json()
+    report = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+    ).to_json()
     assert report["processedCount"] == 5
     assert [e["url"] for e in report["writeErrors"]] == [f"{base}/articles/story-2"]
     assert "test_no_story_2" in report["writeErrors"][0]["error"]
@@ -185,7 +202,9 @@ async def test_one_article_the_database_refuses_is_rejected_alone(
     rejected = await db.fetch("SELECT url, state FROM news.candidates")
     assert [(r["url"], r["state"]) for r in rejected] == [(f"{base}/articles/story-2", "rejected")]
     clock.advance(timedelta(hours=1))
-    again = (await run_shard(runtime, clock, deps_for(db, clock, http), "s")).to_json()
+    again = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+    ).to_json()
     assert again["queuedCount"] == 0 and again["writeErrors"] == []
 
 
@@ -203,7 +222,9 @@ async def test_the_queue_limit_defers_only_above_it(
     etag_site(feed_server, {"/feeds/a": rss(feed_server.url, queued)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
     runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="5")
-    report = (await run_shard(runtime, clock, deps_for(db, clock, http), "s")).to_json()
+    report = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+    ).to_json()
     assert report["queuedCount"] == queued
     assert bool(report["deferredReasons"]) is deferred
     assert report["processedCount"] == (0 if deferred else queued)

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -74,7 +75,9 @@ async def test_a_hostile_item_never_costs_the_neighbour_feed_its_articles(
     await add_source(db, url=base + "/feeds/bad", name="Bad", shard="s", now=NOW)
     runtime = runtime_for(db, clock, fresh_db_url)
 
-    report = (await run_shard(runtime, clock, deps_for(db, clock, http), "s")).to_json()
+    report = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+    ).to_json()
 
     rows = await db.fetch("SELECT url, title, summary, published_at FROM news.articles")
     urls = {r["url"] for r in rows}
@@ -107,7 +110,9 @@ async def test_a_feed_that_breaks_the_parser_is_its_own_fetch_error(
     for name in ("good", "empty", "html"):
         await add_source(db, url=f"{base}/feeds/{name}", name=name, shard="s", now=NOW)
     runtime = runtime_for(db, clock, fresh_db_url)
-    report = (await run_shard(runtime, clock, deps_for(db, clock, http), "s")).to_json()
+    report = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+    ).to_json()
     assert report["processedCount"] == 2
     assert {e["source"] for e in report["fetchErrors"]} == {"empty", "html"}
 
@@ -156,7 +161,11 @@ async def test_a_hostile_document_is_at_most_its_own_error(
     await add_source(db, url=base + "/feeds/good", name="Good", shard="s", now=NOW)
     await add_source(db, url=base + "/feeds/bad", name="Bad", shard="s", now=NOW)
     report = (
-        await run_shard(runtime_for(db, clock, fresh_db_url), clock, deps_for(db, clock, http), "s")
+        await run_shard(
+            replace(runtime_for(db, clock, fresh_db_url), news=deps_for(db, clock, http)),
+            clock,
+            "s",
+        )
     ).to_json()
     urls = {r["url"] for r in await db.fetch("SELECT url FROM news.articles")}
     assert {f"{base}/articles/good-0", f"{base}/articles/good-1"} <= urls, report
@@ -220,7 +229,9 @@ async def test_a_slow_loris_feed_is_cut_at_the_fetch_budget(
         await add_source(db, url=loris + "/feed", name="Loris", shard="s", now=NOW)
         runtime = runtime_for(db, clock, fresh_db_url, NEWS_FETCH_BUDGET_SECONDS="2")
         started = time.monotonic()
-        report = (await run_shard(runtime, clock, deps_for(db, clock, http), "s")).to_json()
+        report = (
+            await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+        ).to_json()
         elapsed = time.monotonic() - started
     # every read arrives well within the 15 s read timeout: only the budget can end it
     assert elapsed < 6, elapsed
@@ -244,7 +255,7 @@ async def test_redis_killed_mid_run_costs_nothing_and_the_next_run_falls_back(
     import redis.asyncio as aioredis
 
     from nightcrew.adapters.locks import RedisLeases
-    from nightcrew.news.review import OfflineReviewer
+    from nightcrew.adapters.reviewer import OfflineReviewer
 
     base = feed_server.url
     site(feed_server, {"/feeds/a": rss(base, 3), "/feeds/b": rss(base, 2, prefix="b")})
@@ -286,13 +297,13 @@ async def test_redis_killed_mid_run_costs_nothing_and_the_next_run_falls_back(
         deps = deps_for(
             db, clock, http, leases=RedisLeases(client), redis=client, reviewer=KillingReviewer()
         )
-        first = (await run_shard(runtime, clock, deps, "s")).to_json()
+        first = (await run_shard(replace(runtime, news=deps), clock, "s")).to_json()
         assert first["redisEnabled"] is False
         assert first["processedCount"] == 1 and first["deferredCount"] == 4, first
         assert "the shard lease was lost during review" in first["deferredReasons"]
 
         clock.advance(timedelta(hours=1))
-        second = (await run_shard(runtime, clock, deps, "s")).to_json()
+        second = (await run_shard(replace(runtime, news=deps), clock, "s")).to_json()
         assert second["redisEnabled"] is False and second["processedCount"] == 4, second
     finally:
         if server.returncode is None:

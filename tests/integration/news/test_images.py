@@ -6,8 +6,7 @@ import httpx
 import pytest
 from werkzeug import Request, Response
 
-from nightcrew.news.addresses import AddressPolicy, UnsafeURL
-from nightcrew.news.fetch import new_client
+from nightcrew.adapters.addresses import AddressPolicy, UnsafeURL, new_client
 from nightcrew.news.images import extract_image, hydrate_image
 from tests.integration.news.conftest import LOOPBACK
 from tests.support.network import LoopbackOnlyBackend

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from werkzeug import Request
 
-from nightcrew.news.review import (
+from nightcrew.adapters.reviewer import (
     Article,
     OfflineReviewer,
     OpenAICompatibleReviewer,
@@ -101,8 +101,8 @@ async def test_chat_failures_say_whether_to_retry(
 
 
 def test_the_reviewer_follows_the_configuration() -> None:
+    from nightcrew.adapters.reviewer import make_reviewer
     from nightcrew.config import Settings
-    from nightcrew.news.review import make_reviewer
 
     client = httpx.AsyncClient()
     offline = make_reviewer(Settings.model_validate({}), client)

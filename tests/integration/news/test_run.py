@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -13,11 +14,13 @@ import pytest
 from werkzeug import Request, Response
 
 from nightcrew.adapters.locks import PostgresLeases
+from nightcrew.adapters.news import NewsAdapters
+from nightcrew.adapters.processed import RedisProcessedUrls
+from nightcrew.adapters.reviewer import OfflineReviewer
 from nightcrew.adapters.storage import open_store
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.news.review import OfflineReviewer
-from nightcrew.news.run import NewsDeps, StaleLease, run_shard, shard_lock_name
+from nightcrew.news.run import StaleLease, run_shard, shard_lock_name
 from nightcrew.news.sources import add_source
 from nightcrew.runtime import Runtime
 from tests.conftest import NOW, make_runtime
@@ -77,12 +80,17 @@ def site(
     return statuses
 
 
-def deps_for(db: Database, clock: FrozenClock, http: httpx.AsyncClient, **kw: Any) -> NewsDeps:
-    return NewsDeps(
+def deps_for(db: Database, clock: FrozenClock, http: httpx.AsyncClient, **kw: Any) -> NewsAdapters:
+    """The news adapters a test runtime gets (``replace(runtime, news=...)``): PostgreSQL
+    leases, the offline reviewer and the loopback policy unless a test says otherwise;
+    ``redis=`` a client makes it the processed-URL set."""
+    redis = kw.pop("redis", None)
+    return NewsAdapters(
         leases=kw.pop("leases", PostgresLeases(db, clock)),
         http=http,
         reviewer=kw.pop("reviewer", OfflineReviewer()),
         policy=kw.pop("policy", LOOPBACK),
+        processed=RedisProcessedUrls(redis) if redis is not None else None,
         **kw,
     )
 
@@ -105,7 +113,7 @@ async def test_a_run_processes_once_and_the_next_run_does_nothing_per_item(
     site(feed_server, {"/feeds/a": rss(feed_server.url, 5)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
     runtime = runtime_for(db, clock, fresh_db_url)
-    report = await run_shard(runtime, clock, deps_for(db, clock, http), "s1")
+    report = await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s1")
     r = report.to_json()
     assert r["queuedCount"] == 5 and r["processedCount"] == 5
     assert r["aiReviewedCount"] == 5 and r["acceptedCount"] == 5 and r["lockedCount"] == 0
@@ -122,7 +130,9 @@ async def test_a_run_processes_once_and_the_next_run_does_nothing_per_item(
     feed_server.reset()
     site(feed_server, {"/feeds/a": rss(feed_server.url, 5)})
     clock.advance(__import__("datetime").timedelta(hours=1))
-    again = (await run_shard(runtime, clock, deps_for(db, clock, http), "s1")).to_json()
+    again = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s1")
+    ).to_json()
     assert again["queuedCount"] == 0 and again["processedCount"] == 0
     assert page_requests(feed_server) == []  # no per-item work beyond the bulk de-dupe
 
@@ -138,7 +148,9 @@ async def test_251_queued_defers_every_expensive_step(
     await add_source(db, url=feed_server.url + "/feeds/big", name="Big", shard="s1", now=NOW)
     report = (
         await run_shard(
-            runtime_for(db, clock, fresh_db_url), clock, deps_for(db, clock, http), "s1"
+            replace(runtime_for(db, clock, fresh_db_url), news=deps_for(db, clock, http)),
+            clock,
+            "s1",
         )
     ).to_json()
     assert report["queuedCount"] == 251 and report["deferredCount"] == 251
@@ -163,7 +175,9 @@ async def test_the_database_limit_defers_too(
     site(feed_server, {"/feeds/a": rss(feed_server.url, 2)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
     runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT="0")
-    report = (await run_shard(runtime, clock, deps_for(db, clock, http), "s1")).to_json()
+    report = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s1")
+    ).to_json()
     assert report["backpressureDbArticleCount"] == 0
     assert report["deferredReasons"] == [
         "database limit: 0 articles >= INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT 0"
@@ -184,11 +198,12 @@ async def test_a_held_shard_lock_answers_locked_and_does_nothing(
     other_db = await Database.open(fresh_db_url)
     try:
         reports = await asyncio.gather(
-            run_shard(runtime, clock, deps_for(db, clock, http), "s1"),
+            run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s1"),
             run_shard(
-                runtime_for(other_db, clock, fresh_db_url),
+                replace(
+                    runtime_for(other_db, clock, fresh_db_url), news=deps_for(other_db, clock, http)
+                ),
                 clock,
-                deps_for(other_db, clock, http),
                 "s1",
             ),
         )
@@ -230,9 +245,11 @@ async def test_a_late_holder_is_refused_by_the_fence(
     reviewer = FenceBumpingReviewer(db)
     with pytest.raises(StaleLease):
         await run_shard(
-            runtime_for(db, clock, fresh_db_url),
+            replace(
+                runtime_for(db, clock, fresh_db_url),
+                news=deps_for(db, clock, http, reviewer=reviewer),
+            ),
             clock,
-            deps_for(db, clock, http, reviewer=reviewer),
             "s1",
         )
     assert await db.fetch("SELECT 1 FROM news.articles") == []
@@ -256,7 +273,7 @@ async def test_a_lease_drawn_after_another_backend_wrote_is_above_its_fence(
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
     await db.execute("INSERT INTO news.shard_fences VALUES ('s1', 57)")
     report = await run_shard(
-        runtime_for(db, clock, fresh_db_url), clock, deps_for(db, clock, http), "s1"
+        replace(runtime_for(db, clock, fresh_db_url), news=deps_for(db, clock, http)), clock, "s1"
     )
     assert report.processed_count == 2
     fences = await db.fetch("SELECT DISTINCT fence FROM news.articles")
@@ -281,13 +298,17 @@ async def test_redis_down_mid_run_falls_back_and_nothing_is_processed_twice(
     runtime = runtime_for(db, clock, fresh_db_url)
     try:
         first = (
-            await run_shard(runtime, clock, deps_for(db, clock, http, redis=dead), "s1")
+            await run_shard(
+                replace(runtime, news=deps_for(db, clock, http, redis=dead)), clock, "s1"
+            )
         ).to_json()
     finally:
         await dead.aclose()
     assert first["redisEnabled"] is False and first["processedCount"] == 3
     clock.advance(__import__("datetime").timedelta(hours=1))
-    second = (await run_shard(runtime, clock, deps_for(db, clock, http), "s1")).to_json()
+    second = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s1")
+    ).to_json()
     assert second["processedCount"] == 0 and second["queuedCount"] == 0
 
 
@@ -314,17 +335,21 @@ async def test_with_real_redis_the_processed_set_and_locks_are_used(
         held = await RedisLeases(client).acquire(shard_lock_name(shard), 30)
         assert held is not None
         locked = await run_shard(
-            runtime_for(db, clock, fresh_db_url),
+            replace(
+                runtime_for(db, clock, fresh_db_url),
+                news=deps_for(db, clock, http, leases=RedisLeases(client), redis=client),
+            ),
             clock,
-            deps_for(db, clock, http, leases=RedisLeases(client), redis=client),
             shard,
         )
         assert locked.skipped and locked.locked_count == 1 and locked.redis_enabled
         await RedisLeases(client).release(held)
         done = await run_shard(
-            runtime_for(db, clock, fresh_db_url),
+            replace(
+                runtime_for(db, clock, fresh_db_url),
+                news=deps_for(db, clock, http, leases=RedisLeases(client), redis=client),
+            ),
             clock,
-            deps_for(db, clock, http, leases=RedisLeases(client), redis=client),
             shard,
         )
         assert done.processed_count == 2
@@ -362,7 +387,9 @@ async def test_a_failing_article_count_is_reported_and_the_run_goes_on(
     with capture_logs() as logs:
         report = (
             await run_shard(
-                runtime_for(db, clock, fresh_db_url), clock, deps_for(db, clock, http), "s1"
+                replace(runtime_for(db, clock, fresh_db_url), news=deps_for(db, clock, http)),
+                clock,
+                "s1",
             )
         ).to_json()
     assert report["backpressureDbArticleCount"] is None
@@ -412,7 +439,9 @@ async def test_a_lease_that_expires_mid_run_is_extended_first_and_then_fenced_ou
     runtime = runtime_for(db, clock, fresh_db_url, UPSTASH_REDIS_WORKER_LOCK_TTL_SECONDS="30")
     reviewer = ClockJumpingReviewer(db, clock, 30)
     with pytest.raises(StaleLease):
-        await run_shard(runtime, clock, deps_for(db, clock, http, reviewer=reviewer), "s1")
+        await run_shard(
+            replace(runtime, news=deps_for(db, clock, http, reviewer=reviewer)), clock, "s1"
+        )
     # the lease had been extended (TTL replaced from "now") before the expensive steps
     assert reviewer.seen_expiry == NOW + __import__("datetime").timedelta(seconds=30)
     assert await db.fetch("SELECT 1 FROM news.articles") == []  # the late holder wrote nothing
@@ -439,7 +468,9 @@ async def test_scheduled_shard_slots_run_once_across_replicas_and_reports_are_se
             runtime = runtime_for(
                 database, clock, fresh_db_url, NEWS_SHARDS="s1", NEWS_RUN_INTERVAL_MINUTES="5"
             )
-            [schedule] = news_schedules(runtime, clock, deps_for(database, clock, http))
+            [schedule] = news_schedules(
+                replace(runtime, news=deps_for(database, clock, http)), clock
+            )
             assert schedule.cron == "*/5 * * * *"
             fired.append(await Scheduler(runtime, clock, (schedule,)).fire(schedule.name, NOW))
     finally:
@@ -466,7 +497,7 @@ async def test_a_model_reviews_translates_and_the_backlog_is_caught_up(
     stripe_server: RecordingServer,
     http: httpx.AsyncClient,
 ) -> None:
-    from nightcrew.news.review import OpenAICompatibleReviewer
+    from nightcrew.adapters.reviewer import OpenAICompatibleReviewer
 
     llm = stripe_server  # a second loopback recorder plays the model
 
@@ -485,7 +516,9 @@ async def test_a_model_reviews_translates_and_the_backlog_is_caught_up(
     reviewer = OpenAICompatibleReviewer(http, base_url=llm.url, model="m")
     runtime = runtime_for(db, clock, fresh_db_url)
     report = (
-        await run_shard(runtime, clock, deps_for(db, clock, http, reviewer=reviewer), "s1")
+        await run_shard(
+            replace(runtime, news=deps_for(db, clock, http, reviewer=reviewer)), clock, "s1"
+        )
     ).to_json()
     assert report["acceptedCount"] == 2
     rows = await db.fetch("SELECT summary, translation FROM news.reviews")
@@ -497,7 +530,9 @@ async def test_a_model_reviews_translates_and_the_backlog_is_caught_up(
     await db.execute("UPDATE news.reviews SET translation = NULL")
     clock.advance(__import__("datetime").timedelta(hours=1))
     again = (
-        await run_shard(runtime, clock, deps_for(db, clock, http, reviewer=reviewer), "s1")
+        await run_shard(
+            replace(runtime, news=deps_for(db, clock, http, reviewer=reviewer)), clock, "s1"
+        )
     ).to_json()
     assert again["processedCount"] == 0 and again["translatedCount"] == 2
     rows = await db.fetch("SELECT translation FROM news.reviews")
@@ -526,9 +561,11 @@ async def test_two_runs_started_together_on_redis_one_processes_one_is_locked(
         reports = await asyncio.gather(
             *(
                 run_shard(
-                    runtime_for(db, clock, fresh_db_url),
+                    replace(
+                        runtime_for(db, clock, fresh_db_url),
+                        news=deps_for(db, clock, http, leases=RedisLeases(client), redis=client),
+                    ),
                     clock,
-                    deps_for(db, clock, http, leases=RedisLeases(client), redis=client),
                     shard,
                 )
                 for _ in range(2)
@@ -549,7 +586,7 @@ async def test_a_malformed_link_is_skipped_and_a_transient_review_failure_retrie
     feed_server: RecordingServer,
     http: httpx.AsyncClient,
 ) -> None:
-    from nightcrew.news.review import ReviewError
+    from nightcrew.adapters.reviewer import ReviewError
 
     body = rss(feed_server.url, 2).replace(
         b"</channel>",
@@ -572,11 +609,15 @@ async def test_a_malformed_link_is_skipped_and_a_transient_review_failure_retrie
 
     runtime = runtime_for(db, clock, fresh_db_url)
     first = (
-        await run_shard(runtime, clock, deps_for(db, clock, http, reviewer=Flaky()), "s1")
+        await run_shard(
+            replace(runtime, news=deps_for(db, clock, http, reviewer=Flaky())), clock, "s1"
+        )
     ).to_json()
     assert first["queuedCount"] == 2  # the malformed link never became a candidate
     assert first["processedCount"] == 1  # the 503 one is left for the next run
     clock.advance(__import__("datetime").timedelta(hours=1))
-    second = (await run_shard(runtime, clock, deps_for(db, clock, http), "s1")).to_json()
+    second = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s1")
+    ).to_json()
     assert second["queuedCount"] == 1 and second["processedCount"] == 1
     assert await db.fetch_one("SELECT count(*) AS n FROM news.articles") == {"n": 2}

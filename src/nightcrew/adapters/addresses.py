@@ -287,3 +287,19 @@ class PolicyTransport(httpx.AsyncHTTPTransport):
             keepalive_expiry=limits.keepalive_expiry,
             network_backend=PinnedBackend(policy, inner),
         )
+
+
+MAX_REDIRECTS = 5
+
+
+def new_client(
+    policy: AddressPolicy, *, inner: httpcore.AsyncNetworkBackend | None = None
+) -> httpx.AsyncClient:
+    """The client for untrusted addresses (feeds, article pages): every connection through
+    the policy, at most MAX_REDIRECTS redirects, no proxy from the environment."""
+    return httpx.AsyncClient(
+        transport=PolicyTransport(policy, inner=inner),
+        max_redirects=MAX_REDIRECTS,
+        headers={"User-Agent": "nightcrew"},
+        trust_env=False,
+    )

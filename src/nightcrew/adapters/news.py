@@ -1,0 +1,64 @@
+"""What the news worker needs from the outside, assembled once with the Runtime: the lease
+backend, the processed-URL set (Redis, when configured), the HTTP client for untrusted
+addresses (under the address policy), and the reviewer the configuration names."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from nightcrew.adapters.addresses import AddressPolicy, new_client
+from nightcrew.adapters.locks import Leases, PostgresLeases, RedisLeases
+from nightcrew.adapters.processed import RedisProcessedUrls
+from nightcrew.adapters.reviewer import Reviewer, make_reviewer
+from nightcrew.clock import Clock
+from nightcrew.config import Settings
+from nightcrew.db.database import Database
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewsAdapters:
+    leases: Leases
+    http: httpx.AsyncClient  # new_client(policy): every connection through the policy
+    reviewer: Reviewer
+    policy: AddressPolicy
+    processed: RedisProcessedUrls | None = None  # None: no Redis configured
+
+    @property
+    def redis_configured(self) -> bool:
+        return self.processed is not None
+
+
+@asynccontextmanager
+async def open_news_adapters(
+    settings: Settings, db: Database, clock: Clock
+) -> AsyncIterator[NewsAdapters]:
+    """Redis when REDIS_URL is set — not contacted here: each run finds out, and falls back to
+    PostgreSQL leases and the database de-dupe for that run when Redis fails (``redisEnabled:
+    false``). The reviewer gets its own client: the model's address is the operator's, not a
+    feed's, so the address policy does not apply to it."""
+    redis: Any = None
+    if settings.redis_url:
+        import redis.asyncio as aioredis
+
+        redis = aioredis.from_url(  # type: ignore[no-untyped-call]
+            settings.redis_url, socket_connect_timeout=2, socket_timeout=5
+        )
+    leases: Leases = RedisLeases(redis) if redis is not None else PostgresLeases(db, clock)
+    policy = AddressPolicy.parse(settings.news_allowed_private_hosts)
+    try:
+        async with new_client(policy) as http, httpx.AsyncClient() as model_http:
+            yield NewsAdapters(
+                leases=leases,
+                http=http,
+                reviewer=make_reviewer(settings, model_http),
+                policy=policy,
+                processed=RedisProcessedUrls(redis) if redis is not None else None,
+            )
+    finally:
+        if redis is not None:
+            await redis.aclose()
