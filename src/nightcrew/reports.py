@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+from nightcrew.errors import DatabaseUnavailableError
+from nightcrew.log import describe_error, error
 
 # One failed item: {"event": <the spec's event name>, "error": <one line>, **ids}.
 Failure = dict[str, Any]
@@ -19,3 +25,26 @@ class JobReport(Protocol):
         ...
 
     def to_json(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class Item:
+    failed: bool = False
+
+
+@contextmanager
+def one_item(errors: list[Failure], event: str, **ids: Any) -> Iterator[Item]:
+    """One item's work, isolated: whatever it raises is logged under ``event`` with ``ids``,
+    recorded in ``errors``, and does not stop the next item (``item.failed`` says so) — except
+    the database going away, which is no item's problem: the lane stops, the next run resumes.
+    """
+    item = Item()
+    try:
+        yield item
+    except DatabaseUnavailableError:
+        raise
+    except Exception as exc:
+        failure = {"event": event, **ids, "error": describe_error(exc)}
+        error(**failure)
+        errors.append(failure)
+        item.failed = True

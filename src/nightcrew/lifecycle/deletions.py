@@ -29,7 +29,7 @@ from nightcrew.effects import outbox as effects
 from nightcrew.effects.deliver import Delivery, deliver_now
 from nightcrew.errors import DatabaseUnavailableError
 from nightcrew.log import describe_error, error, event
-from nightcrew.reports import Failure
+from nightcrew.reports import Failure, one_item
 from nightcrew.runtime import Runtime
 
 SQL = load_queries(__file__)
@@ -109,7 +109,8 @@ async def hard_delete_expired_podcasts(runtime: Runtime, clock: Clock) -> Deleti
     for podcast in await runtime.db.fetch(SQL["due_deletions"], {"now": now}):
         podcast_id, slug = str(podcast["id"]), podcast["slug"]
         owed: effects.Effect | None = None
-        try:
+        row = None
+        with one_item(errors, "podcast_deletion_failed", podcast_id=podcast_id, slug=slug) as item:
             async with runtime.db.transaction() as tx:
                 row = await tx.fetch_one(SQL["delete_podcast"], {"id": podcast_id, "now": now})
                 if row is not None:
@@ -117,17 +118,7 @@ async def hard_delete_expired_podcasts(runtime: Runtime, clock: Clock) -> Deleti
                         SQL["record_deletion"], {"id": podcast_id, "slug": slug, "now": now}
                     )
                     owed = await _owe_invalidation(tx, podcast_id, slug, now)
-        except DatabaseUnavailableError:
-            raise  # not this podcast's problem: the lane stops, the next run resumes
-        except Exception as exc:  # one podcast never stops the next
-            failure = {
-                "event": "podcast_deletion_failed",
-                "podcast_id": podcast_id,
-                "slug": slug,
-                "error": describe_error(exc),
-            }
-            error(**failure)
-            errors.append(failure)
+        if item.failed:
             continue
         if row is None or owed is None:
             continue  # restored, or deleted by another replica, since the scan

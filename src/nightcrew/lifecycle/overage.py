@@ -39,11 +39,10 @@ from nightcrew.db.database import Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects
 from nightcrew.effects.deliver import deliver_now
-from nightcrew.errors import DatabaseUnavailableError
 from nightcrew.lifecycle import outbox as feed_outbox
 from nightcrew.lifecycle.overage_mail import Overage, render
-from nightcrew.log import describe_error, error, event, warning
-from nightcrew.reports import Failure
+from nightcrew.log import event, warning
+from nightcrew.reports import Failure, one_item
 from nightcrew.runtime import Runtime
 
 SQL = load_queries(__file__)
@@ -153,18 +152,8 @@ async def reconcile_account_overage(
 async def _isolated(
     runtime: Runtime, clock: Clock, row: dict[str, Any], report: EscalationReport
 ) -> None:
-    try:
+    with one_item(report.errors, "overage_escalation_account_failed", account_id=str(row["id"])):
         await _process(runtime, clock, row, report)
-    except DatabaseUnavailableError:
-        raise  # not this account's problem: the lane stops, the next run resumes
-    except Exception as exc:
-        failure = {
-            "event": "overage_escalation_account_failed",
-            "account_id": str(row["id"]),
-            "error": describe_error(exc),
-        }
-        error(**failure)
-        report.errors.append(failure)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,10 +18,9 @@ from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects
 from nightcrew.effects.deliver import Delivery, deliver_now
-from nightcrew.errors import DatabaseUnavailableError
 from nightcrew.lifecycle.billing_resume import STRIPE_NOT_CONFIGURED, BillingResume, owed_resume
-from nightcrew.log import describe_error, error, event, warning
-from nightcrew.reports import Failure
+from nightcrew.log import error, event, warning
+from nightcrew.reports import Failure, one_item
 from nightcrew.runtime import Runtime
 
 SQL = load_queries(__file__)
@@ -63,7 +62,10 @@ async def reactivate_expired_pauses(runtime: Runtime, clock: Clock) -> PausesRep
         podcast_id, slug = str(podcast["id"]), podcast["slug"]
         owed: effects.Effect | None = None
         skipped: BillingResume | None = None
-        try:
+        claimed = None
+        with one_item(
+            errors, "pause_reactivation_failed", podcast_id=podcast_id, slug=slug
+        ) as item:
             async with runtime.db.transaction() as tx:
                 claimed = await tx.fetch_one(
                     SQL["reactivate_podcast"], {"id": podcast_id, "now": now}
@@ -78,18 +80,8 @@ async def reactivate_expired_pauses(runtime: Runtime, clock: Clock) -> PausesRep
                             payload={"podcast_id": podcast_id, "account_id": account_id},
                             now=now,
                         )
-        except DatabaseUnavailableError:
-            raise  # not this podcast's problem: the lane stops, the next run resumes
-        except Exception as exc:  # one podcast never stops the next
-            failure = {
-                "event": "pause_reactivation_failed",
-                "podcast_id": podcast_id,
-                "slug": slug,
-                "error": describe_error(exc),
-            }
-            error(**failure)
-            errors.append(failure)
-            continue
+        if item.failed:
+            continue  # one podcast never stops the next
         if claimed is None:
             continue  # resumed by hand, or by another replica, since the scan
         event(
