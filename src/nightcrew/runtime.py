@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import httpx
 
@@ -106,10 +107,25 @@ def _billing(settings: Settings) -> StripeBilling | NoBilling:
 
 
 @asynccontextmanager
-async def open_runtime(settings: Settings, clock: Clock) -> AsyncIterator[Runtime]:
+async def _database(settings: Settings, given: Database | None) -> AsyncIterator[Database]:
+    if given is not None:
+        yield given
+        return
+    async with open_database(settings) as db:
+        yield db
+
+
+@asynccontextmanager
+async def open_runtime(
+    settings: Settings, clock: Clock, **overrides: Any
+) -> AsyncIterator[Runtime]:
+    """Every adapter, from Settings — the one assembly point of serve, the CLI, the demo, the
+    benchmarks and the tests. ``overrides`` replace single adapters by field name (a test's
+    recording mailer, a benchmark's memory store); ``db=`` an open Database is used as it is,
+    not opened (nor closed) here."""
     store = open_store(settings.effective_storage_url, credentials=settings.storage_credentials())
     async with (
-        open_database(settings) as db,
+        _database(settings, overrides.pop("db", None)) as db,
         httpx.AsyncClient(
             timeout=httpx.Timeout(10.0, connect=5.0),
             headers={"User-Agent": USER_AGENT},
@@ -121,12 +137,12 @@ async def open_runtime(settings: Settings, clock: Clock) -> AsyncIterator[Runtim
         secret = settings.rss_invalidation_secret
         queues: QueueProducer
         rabbit: RabbitQueueProducer | None = None
-        if settings.queue_url == "postgres":
+        if "queues" in overrides or settings.queue_url == "postgres":
             queues = PostgresQueueProducer(db, clock)
         else:
             queues = rabbit = await RabbitQueueProducer.connect(settings.queue_url)
         try:
-            yield Runtime(
+            runtime = Runtime(
                 settings=settings,
                 db=db,
                 queues=queues,
@@ -141,6 +157,7 @@ async def open_runtime(settings: Settings, clock: Clock) -> AsyncIterator[Runtim
                 ),
                 news=news,
             )
+            yield replace(runtime, **overrides)
         finally:
             if isinstance(billing, StripeBilling):
                 await billing.close()
