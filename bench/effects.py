@@ -58,7 +58,7 @@ from nightcrew.effects.deliver import (
     drain,
 )
 from nightcrew.log import configure_logging
-from nightcrew.runtime import USER_AGENT, Runtime
+from nightcrew.runtime import USER_AGENT, Runtime, open_runtime
 
 NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 SINK_DELAY_SECONDS = 0.005
@@ -266,8 +266,8 @@ async def measure(url: str, sink: Sink, n: int, delivered: int, repeat: int) -> 
         out["seed_s"] = time.perf_counter() - started
 
         clock = FrozenClock(NOW)
-        runtime = Runtime(
-            settings=Settings.model_validate(
+        async with open_runtime(
+            Settings.model_validate(
                 {
                     "DATABASE_URL": url,
                     "RESEND_API_BASE": sink.url,
@@ -275,97 +275,97 @@ async def measure(url: str, sink: Sink, n: int, delivered: int, repeat: int) -> 
                     "RESEND_FROM_EMAIL": FROM_EMAIL,
                 }
             ),
+            clock,
             db=db,
             queues=PostgresQueueProducer(db, clock),
             store=open_store("memory://"),
             feedcache=RecordingFeedCache(),
             billing=NoBilling(),
             mail=ResendMailer(http, api_base=sink.url, api_key=API_KEY, from_email=FROM_EMAIL),
-        )
+        ) as runtime:
+            # --- delivery -------------------------------------------------------------------------
+            assert isinstance(runtime.mail, ResendMailer)
+            await _client_alone(runtime.mail, 500, "warm-up")  # the connections, the code paths
+            out["claim_plan_busy"] = await _explain(db, outbox.SQL["claim_due"], _claim_params())
+            sink_before = await sink.stats(http)
+            rss_before = proc_kib("VmRSS")
+            rss_reset = reset_peak_rss()
+            calls = 0
+            total = retried = dead = 0
+            cpu_started = time.process_time()
+            started = time.perf_counter()
+            while True:
+                report = await drain(runtime, clock, budget_seconds=3600.0)
+                calls += 1
+                total += report.delivered
+                retried += report.retried
+                dead += report.dead
+                if report.delivered + report.retried + report.dead + report.released == 0:
+                    break
+            wall = time.perf_counter() - started
+            cpu = time.process_time() - cpu_started
+            out.update(
+                delivered=total,
+                retried=retried,
+                dead=dead,
+                drain_calls=calls,
+                drain_s=wall,
+                cpu_s=cpu,
+                rate=total / wall,
+                rss_peak_mib=proc_kib("VmHWM") / 1024 if rss_reset else None,
+                rss_before_mib=rss_before / 1024,
+                settled=await db.fetch_one(SETTLED),
+                sink={
+                    k: v if k == "max_in_flight" else v - sink_before[k]
+                    for k, v in (await sink.stats(http)).items()
+                },
+            )
 
-        # --- delivery -------------------------------------------------------------------------
-        assert isinstance(runtime.mail, ResendMailer)
-        await _client_alone(runtime.mail, 500, "warm-up")  # the connections, the code paths
-        out["claim_plan_busy"] = await _explain(db, outbox.SQL["claim_due"], _claim_params())
-        sink_before = await sink.stats(http)
-        rss_before = proc_kib("VmRSS")
-        rss_reset = reset_peak_rss()
-        calls = 0
-        total = retried = dead = 0
-        cpu_started = time.process_time()
-        started = time.perf_counter()
-        while True:
-            report = await drain(runtime, clock, budget_seconds=3600.0)
-            calls += 1
-            total += report.delivered
-            retried += report.retried
-            dead += report.dead
-            if report.delivered + report.retried + report.dead + report.released == 0:
-                break
-        wall = time.perf_counter() - started
-        cpu = time.process_time() - cpu_started
-        out.update(
-            delivered=total,
-            retried=retried,
-            dead=dead,
-            drain_calls=calls,
-            drain_s=wall,
-            cpu_s=cpu,
-            rate=total / wall,
-            rss_peak_mib=proc_kib("VmHWM") / 1024 if rss_reset else None,
-            rss_before_mib=rss_before / 1024,
-            settled=await db.fetch_one(SETTLED),
-            sink={
-                k: v if k == "max_in_flight" else v - sink_before[k]
-                for k, v in (await sink.stats(http)).items()
-            },
-        )
+            # --- idle, right after the drain: dead index entries not vacuumed yet ---------------
+            first = await _idle_runs(runtime, clock, 1)
+            after = await _idle_runs(runtime, clock, repeat)
+            out["idle_unvacuumed"] = {
+                "first_ms": first[0],
+                "median_ms": statistics.median(after),
+                "counts_plan": await _explain(db, outbox.SQL["counts"], {}, as_run=COUNTS_AS_RUN),
+                "stats": await db.fetch_one(
+                    "SELECT n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count"
+                    " FROM pg_stat_user_tables WHERE relid = 'nightcrew.effects'::regclass"
+                ),
+            }
 
-        # --- idle, right after the drain: dead index entries not vacuumed yet ------------------
-        first = await _idle_runs(runtime, clock, 1)
-        after = await _idle_runs(runtime, clock, repeat)
-        out["idle_unvacuumed"] = {
-            "first_ms": first[0],
-            "median_ms": statistics.median(after),
-            "counts_plan": await _explain(db, outbox.SQL["counts"], {}, as_run=COUNTS_AS_RUN),
-            "stats": await db.fetch_one(
-                "SELECT n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count"
-                " FROM pg_stat_user_tables WHERE relid = 'nightcrew.effects'::regclass"
-            ),
-        }
+            # --- the HTTP client alone, for comparison --------------------------------------------
+            out["client"] = await _client_alone(runtime.mail, min(n, CLIENT_ALONE_SENDS), "alone")
 
-        # --- the HTTP client alone, for comparison --------------------------------------------
-        out["client"] = await _client_alone(runtime.mail, min(n, CLIENT_ALONE_SENDS), "alone")
-
-        # --- idle, at M delivered rows ---------------------------------------------------------
-        started = time.perf_counter()
-        have = await db.fetch_one(
-            "SELECT count(*) AS n FROM nightcrew.effects WHERE delivered_at IS NOT NULL"
-        )
-        top_up = max(0, delivered - int(have["n"] if have else 0))
-        await db.execute(SEED_DELIVERED, {"at": NOW - timedelta(hours=1), "n": top_up})
-        await db.execute("VACUUM ANALYZE nightcrew.effects")
-        out["top_up"] = top_up
-        out["top_up_s"] = time.perf_counter() - started
-        out["table"] = await db.fetch_one(
-            "SELECT count(*) AS rows,"
-            " count(*) FILTER (WHERE delivered_at IS NOT NULL) AS delivered,"
-            " count(*) FILTER (WHERE delivered_at IS NULL) AS undelivered,"
-            " pg_size_pretty(pg_total_relation_size('nightcrew.effects')) AS size"
-            " FROM nightcrew.effects"
-        )
-        await _idle_runs(runtime, clock, 3)  # warm the pool, the plan cache, shared buffers
-        times = await _idle_runs(runtime, clock, repeat)
-        out["idle_ms"] = times
-        out["plans"] = {
-            "claim_due": await _explain(db, outbox.SQL["claim_due"], _claim_params()),
-            "purge_delivered": await _explain(
-                db,
-                outbox.SQL["purge_delivered"],
-                {"before": NOW - DELIVERED_RETENTION, "limit": PURGE_BATCH},
-            ),
-            "counts": await _explain(db, outbox.SQL["counts"], {}, as_run=COUNTS_AS_RUN),
-        }
+            # --- idle, at M delivered rows ------------------------------------------------------
+            started = time.perf_counter()
+            have = await db.fetch_one(
+                "SELECT count(*) AS n FROM nightcrew.effects WHERE delivered_at IS NOT NULL"
+            )
+            top_up = max(0, delivered - int(have["n"] if have else 0))
+            await db.execute(SEED_DELIVERED, {"at": NOW - timedelta(hours=1), "n": top_up})
+            await db.execute("VACUUM ANALYZE nightcrew.effects")
+            out["top_up"] = top_up
+            out["top_up_s"] = time.perf_counter() - started
+            out["table"] = await db.fetch_one(
+                "SELECT count(*) AS rows,"
+                " count(*) FILTER (WHERE delivered_at IS NOT NULL) AS delivered,"
+                " count(*) FILTER (WHERE delivered_at IS NULL) AS undelivered,"
+                " pg_size_pretty(pg_total_relation_size('nightcrew.effects')) AS size"
+                " FROM nightcrew.effects"
+            )
+            await _idle_runs(runtime, clock, 3)  # warm the pool, the plan cache, shared buffers
+            times = await _idle_runs(runtime, clock, repeat)
+            out["idle_ms"] = times
+            out["plans"] = {
+                "claim_due": await _explain(db, outbox.SQL["claim_due"], _claim_params()),
+                "purge_delivered": await _explain(
+                    db,
+                    outbox.SQL["purge_delivered"],
+                    {"before": NOW - DELIVERED_RETENTION, "limit": PURGE_BATCH},
+                ),
+                "counts": await _explain(db, outbox.SQL["counts"], {}, as_run=COUNTS_AS_RUN),
+            }
     finally:
         await http.aclose()
         await db.close()

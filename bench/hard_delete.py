@@ -41,7 +41,7 @@ from nightcrew.db.database import Database
 from nightcrew.db.migrate import migrate
 from nightcrew.lifecycle.deletions import hard_delete_expired_podcasts
 from nightcrew.log import configure_logging
-from nightcrew.runtime import Runtime
+from nightcrew.runtime import open_runtime
 
 NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 REQUEST_LINE = re.compile(r'"(GET|PUT|POST|DELETE|HEAD) ')
@@ -124,27 +124,28 @@ async def measure(
         await migrate(db)
         await _load(db, store, objects, episodes)
         clock = FrozenClock(NOW)
-        runtime = Runtime(
-            settings=Settings.model_validate({"DATABASE_URL": url}),
+        async with open_runtime(
+            Settings.model_validate({"DATABASE_URL": url}),
+            clock,
             db=db,
             queues=PostgresQueueProducer(db, clock),
             store=store,
             feedcache=RecordingFeedCache(),
             billing=NoBilling(),
-        )
-        before_http = moto.requests() if moto else {}
-        store.stats.list_pages = store.stats.delete_requests = store.stats.heads = 0
-        store.stats.puts = 0
-        rss_before = proc_kib("VmRSS")
-        rss_reset = reset_peak_rss()
-        tracemalloc.start()
-        started = time.perf_counter()
-        report = await hard_delete_expired_podcasts(runtime, clock)
-        wall = time.perf_counter() - started
-        _, py_peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-        hwm = proc_kib("VmHWM")
-        after_http = moto.requests() if moto else {}
+        ) as runtime:
+            before_http = moto.requests() if moto else {}
+            store.stats.list_pages = store.stats.delete_requests = store.stats.heads = 0
+            store.stats.puts = 0
+            rss_before = proc_kib("VmRSS")
+            rss_reset = reset_peak_rss()
+            tracemalloc.start()
+            started = time.perf_counter()
+            report = await hard_delete_expired_podcasts(runtime, clock)
+            wall = time.perf_counter() - started
+            _, py_peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+            hwm = proc_kib("VmHWM")
+            after_http = moto.requests() if moto else {}
     finally:
         await db.close()
     assert report.counts()["objects_deleted"] == objects and not report.errors, report

@@ -32,7 +32,7 @@ from nightcrew.db.migrate import migrate
 from nightcrew.lifecycle import watchdogs as wd
 from nightcrew.lifecycle.lanes import run_lane
 from nightcrew.log import configure_logging
-from nightcrew.runtime import Runtime
+from nightcrew.runtime import open_runtime
 
 NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 
@@ -160,33 +160,34 @@ async def measure(url: str, n: int, ticks: int) -> dict[str, Any]:
         await migrate(db)
         load_s = await populate(db, n)
         clock = FrozenClock(NOW)
-        runtime = Runtime(
-            settings=Settings.model_validate({"DATABASE_URL": url}),
+        async with open_runtime(
+            Settings.model_validate({"DATABASE_URL": url}),
+            clock,
             db=db,
             queues=PostgresQueueProducer(db, clock),
             store=open_store("memory://"),
             feedcache=RecordingFeedCache(),
             billing=NoBilling(),
-        )
-        for _ in range(3):  # warm the pool, the plan cache and shared buffers
-            await run_lane(runtime, clock, "minute")
-        totals: list[float] = []
-        per_sweep: dict[str, list[float]] = {}
-        for _ in range(ticks):
-            started = time.perf_counter()
-            report = await run_lane(runtime, clock, "minute")
-            totals.append((time.perf_counter() - started) * 1000)
-            assert report is not None and not report.errors, report
-            assert report.total("items_requeued") == 0, "the benchmark tick must be idle"
-            for sweep in report.jobs:
-                per_sweep.setdefault(sweep.name, []).append(sweep.duration_ms)
-        plans = await explain(db)
-        counts = await db.fetch_one(
-            "SELECT (SELECT count(*) FROM public.import_items) AS import_items,"
-            " (SELECT count(*) FROM public.episodes) AS episodes,"
-            " (SELECT count(*) FROM public.podcast_imports) AS podcast_imports,"
-            " (SELECT count(*) FROM public.media_jobs) AS media_jobs"
-        )
+        ) as runtime:
+            for _ in range(3):  # warm the pool, the plan cache and shared buffers
+                await run_lane(runtime, clock, "minute")
+            totals: list[float] = []
+            per_sweep: dict[str, list[float]] = {}
+            for _ in range(ticks):
+                started = time.perf_counter()
+                report = await run_lane(runtime, clock, "minute")
+                totals.append((time.perf_counter() - started) * 1000)
+                assert report is not None and not report.errors, report
+                assert report.total("items_requeued") == 0, "the benchmark tick must be idle"
+                for sweep in report.jobs:
+                    per_sweep.setdefault(sweep.name, []).append(sweep.duration_ms)
+            plans = await explain(db)
+            counts = await db.fetch_one(
+                "SELECT (SELECT count(*) FROM public.import_items) AS import_items,"
+                " (SELECT count(*) FROM public.episodes) AS episodes,"
+                " (SELECT count(*) FROM public.podcast_imports) AS podcast_imports,"
+                " (SELECT count(*) FROM public.media_jobs) AS media_jobs"
+            )
     finally:
         await db.close()
     return {

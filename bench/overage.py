@@ -33,7 +33,7 @@ from nightcrew.db.database import Database
 from nightcrew.db.migrate import migrate
 from nightcrew.lifecycle import overage
 from nightcrew.log import configure_logging
-from nightcrew.runtime import Runtime
+from nightcrew.runtime import open_runtime
 
 NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 
@@ -107,22 +107,23 @@ async def main() -> None:
 
                 clock = FrozenClock(NOW)
                 mailer = RecordingMailer()
-                runtime = Runtime(
-                    settings=Settings.model_validate({"DATABASE_URL": url}),
+                async with open_runtime(
+                    Settings.model_validate({"DATABASE_URL": url}),
+                    clock,
                     db=db,
                     queues=PostgresQueueProducer(db, clock),
                     store=open_store("memory://"),
                     feedcache=RecordingFeedCache(),
                     billing=NoBilling(),
                     mail=mailer,
-                )
-                started = time.perf_counter()
-                first = await overage.run_overage_escalation(runtime, clock)
-                first_s = time.perf_counter() - started
-                clock.set(NOW + timedelta(days=1))
-                started = time.perf_counter()
-                second = await overage.run_overage_escalation(runtime, clock)
-                second_s = time.perf_counter() - started
+                ) as runtime:
+                    started = time.perf_counter()
+                    first = await overage.run_overage_escalation(runtime, clock)
+                    first_s = time.perf_counter() - started
+                    clock.set(NOW + timedelta(days=1))
+                    started = time.perf_counter()
+                    second = await overage.run_overage_escalation(runtime, clock)
+                    second_s = time.perf_counter() - started
             finally:
                 await db.close()
         finally:

@@ -42,7 +42,7 @@ from nightcrew.db.migrate import migrate
 from nightcrew.lifecycle.reconcile.core import ReconcileOptions
 from nightcrew.lifecycle.reconcile.engine import run_reconcile
 from nightcrew.log import configure_logging
-from nightcrew.runtime import Runtime
+from nightcrew.runtime import open_runtime
 
 BASE = "https://media.bench"
 
@@ -121,19 +121,20 @@ async def reconcile_once(url: str, root: Path, options: ReconcileOptions) -> dic
     try:
         clock = FrozenClock(SystemClock().now())
         store = open_store(f"file://{root}")
-        runtime = Runtime(
-            settings=Settings.model_validate({"DATABASE_URL": url, "R2_PUBLIC_URL": BASE}),
+        async with open_runtime(
+            Settings.model_validate({"DATABASE_URL": url, "R2_PUBLIC_URL": BASE}),
+            clock,
             db=db,
             queues=PostgresQueueProducer(db, clock),
             store=store,
             feedcache=RecordingFeedCache(),
             billing=NoBilling(),
-        )
-        reset_peak_rss()
-        started = time.perf_counter()
-        report = await run_reconcile(runtime, clock, options)
-        wall = time.perf_counter() - started
-        peak = proc_kib("VmHWM") / 1024
+        ) as runtime:
+            reset_peak_rss()
+            started = time.perf_counter()
+            report = await run_reconcile(runtime, clock, options)
+            wall = time.perf_counter() - started
+            peak = proc_kib("VmHWM") / 1024
     finally:
         await db.close()
     return {"wall_s": wall, "peak_rss_mib": peak, "stats": store.stats, "report": report}
