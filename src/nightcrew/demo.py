@@ -25,6 +25,7 @@ from nightcrew.db.database import Database, with_dbname
 from nightcrew.db.embedded import EmbeddedPostgres
 from nightcrew.db.migrate import migrate
 from nightcrew.effects import outbox as effects_outbox
+from nightcrew.lifecycle import watchdogs as wd
 from nightcrew.lifecycle.lanes import LaneReport, run_lane
 from nightcrew.runtime import Runtime, open_runtime
 
@@ -246,23 +247,26 @@ def explain(sample: Sample, minute: LaneReport, daily: LaneReport) -> list[str]:
     lines.append(
         f"  • {imports.get('items_requeued', 0)} lost podcast-imports message(s) re-sent "
         f"({imports.get('items_rescued', 0)} of them rescued from a 'processing' claim older "
-        "than 10 minutes: its worker is presumed dead). A pending item with 1 attempt is "
-        "stalled after 67 s; the one updated seconds ago was left alone."
+        f"than {wd.STALLED_PROCESSING_THRESHOLD_MINUTES} minutes: its worker is presumed dead). "
+        f"A pending item with 1 attempt is stalled after {wd.ATTEMPTS_THRESHOLDS_SECONDS[1]} s; "
+        "the one updated seconds ago was left alone."
     )
     links = jobs["sweepStalledExternalLinks"]
     lines.append(
         f"  • {links.get('links_requeued', 0)} external-episode-link message(s) re-sent: the link "
-        "was due 10 minutes ago (grace 90 s); its next attempt is pushed 90 s out, same attempt."
+        f"was due 10 minutes ago (grace {wd.STALLED_LINK_GRACE_SECONDS} s); its next attempt is "
+        f"pushed {wd.STALLED_LINK_RESEND_COOLDOWN_SECONDS} s out, same attempt."
     )
     for import_id in jobs["sweepStuckHostingMigrationPreviews"].get("import_ids", []):
         lines.append(
             f"  • {sample.name(import_id)} was canceled: stuck in preview for 20 minutes"
-            " (limit 15), it would have blocked every retry with a 409."
+            f" (limit {wd.STUCK_HOSTING_MIGRATION_PREVIEW_MINUTES}), it would have blocked every"
+            " retry with a 409."
         )
     for job_id in jobs["sweepWedgedMediaJobs"].get("job_ids", []):
         lines.append(
             f"  • {sample.name(job_id)} was marked failed: no progress for 4 hours "
-            "(limit 3), and its waiters were notified."
+            f"(limit {wd.WEDGED_MEDIA_JOB_HOURS}), and its waiters were notified."
         )
 
     lines += ["", "Daily lane — once a day at 04:00 UTC:"]
