@@ -203,18 +203,6 @@ class Tx(_Executor):
             raise _translate(exc) from exc
         return count
 
-    async def copy_in(self, statement: str, rows: Iterable[Sequence[Any]]) -> int:
-        """COPY rows in (``COPY t (a, b) FROM STDIN``); returns how many were written."""
-        count = 0
-        try:
-            async with self._conn.cursor() as cur, cur.copy(statement) as copy:
-                for row in rows:
-                    await copy.write_row(row)
-                    count += 1
-        except psycopg.Error as exc:
-            raise _translate(exc) from exc
-        return count
-
 
 class Database(_Executor):
     """A psycopg async pool. Plain calls autocommit; ``transaction()`` groups statements."""
