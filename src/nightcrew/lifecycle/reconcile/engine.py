@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from nightcrew.adapters.storage import ObjectStore, ReadOnlyStore, StoredObject
+from nightcrew.adapters.storage import ObjectStore, StoredObject
 from nightcrew.clock import Clock
 from nightcrew.db.database import QueryError, Tx
 from nightcrew.db.queries import load_queries
@@ -188,8 +188,11 @@ async def run_reconcile(
     started = time.perf_counter()
     report = ReconcileReport(options=options, now=clock.now())
     prefix = public_prefix(base)
-    # Belt and braces: a dry run's store cannot delete, whatever a bug upstream asks of it.
-    store: ObjectStore = runtime.store if options.apply else ReadOnlyStore(runtime.store)
+    if not options.apply:
+        # the one dry-run view: a rollback-only database, a read-only store, stand-ins for the
+        # rest — whatever a bug upstream asks of them, a dry run changes nothing
+        runtime = runtime.dry_run_view(clock)
+    store: ObjectStore = runtime.store
     tick = progress or (lambda phase, n: None)
 
     # the listing's COPY and the joins over a million rows are long work, not a lane's statement
@@ -247,8 +250,7 @@ async def run_reconcile(
         finally:
             await conn.execute(SQL["drop_listing"])
 
-    media_runtime = runtime if options.apply else runtime.dry_run_view(clock)
-    media = await sweep_wedged_media_jobs(media_runtime, clock)
+    media = await sweep_wedged_media_jobs(runtime, clock)
     report.media_jobs = {"flagged": media.media_jobs_flagged, "jobIds": media.job_ids}
     report.over_cap = [
         {
