@@ -29,6 +29,7 @@ from nightcrew.adapters.locks import (
     PostgresLeases,
 )
 from nightcrew.adapters.news import NewsAdapters
+from nightcrew.adapters.processed import RedisProcessedUrls
 from nightcrew.adapters.reviewer import Article, Reviewer, ReviewError, Verdict
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database, QueryError, json_param
@@ -161,7 +162,15 @@ async def run_shard(
     row = await runtime.db.fetch_one(SQL["draw_fence"], {"shard": shard})
     assert row is not None  # INSERT … ON CONFLICT DO UPDATE … RETURNING always yields the row
     lease = replace(lease, fence=int(row["fence"]))
-    work = _Run(runtime=runtime, clock=clock, deps=deps, leases=leases, lease=lease, report=report)
+    work = _Run(
+        runtime=runtime,
+        clock=clock,
+        deps=deps,
+        leases=leases,
+        lease=lease,
+        report=report,
+        processed=deps.processed if report.redis_enabled else None,
+    )
     try:
         await work.run()
     finally:
@@ -226,101 +235,111 @@ class _Run:
     leases: Leases
     lease: Lease
     report: NewsReport
+    processed: RedisProcessedUrls | None = None  # the Redis set, while it answers this run
 
     async def run(self) -> None:
-        runtime, deps, report, lease = self.runtime, self.deps, self.report, self.lease
-        db, settings, now = runtime.db, runtime.settings, self.clock.now()
-        processed = deps.processed
-        if not report.redis_enabled:
-            processed = None
+        """Spec 001's order, one named step each."""
+        now = self.clock.now()
+        await self._fetch_and_hold(now)
+        await self._count_articles()
+        retries = await self._thumbnail_retries(now)
+        if await self._stopped_before_expensive_work():
+            return
+        await self._process(retries, now)
+        if self.deps.reviewer.translation_enabled:
+            # the translation backlog (summaries whose translation failed), under the same
+            # lease, extended first
+            await _translate_backlog(
+                self.runtime.db,
+                self.deps,
+                self.leases,
+                self.lease,
+                self.report,
+                self.runtime.settings.max_ai_reviews,
+                self.runtime.settings.worker_lock_ttl_seconds,
+            )
+        await self._publish_snapshot(now)
 
-        # 1. RSS candidates from every due source of the shard
+    async def _fetch_and_hold(self, now: datetime) -> None:
+        """Fetch every due source; look the URLs up in the Redis processed set (the database
+        looks as they are held); hold what is new with each source's fetch state; count the
+        shard's queue by source."""
+        db, deps, report = self.runtime.db, self.deps, self.report
         due = await db.fetch(news_sources.SQL["due_sources"], {"shard": report.shard, "now": now})
-        fetched = await _fetch_all(deps, feed_rules(settings, deps.policy), due, now)
-
-        # 2. processed-URL lookup in bulk: the Redis set here, the database as they are held
+        fetched = await _fetch_all(deps, feed_rules(self.runtime.settings, deps.policy), due, now)
         seen: set[str] = set()
-        if processed is not None:
-            hits = await processed.seen([i.url for _, r in fetched for i in r.items])
+        if self.processed is not None:
+            hits = await self.processed.seen([i.url for _, r in fetched for i in r.items])
             if hits is None:  # Redis went away mid-run: the database still knows
-                processed, report.redis_enabled = None, False
+                self.processed, report.redis_enabled = None, False
             else:
                 seen = hits
-
-        # 3. hold what is new, with each source's fetch state; then count the shard's queue
         await self._hold(
             [(src, r, [i for i in r.items if i.url not in seen]) for src, r in fetched], now
         )
         report.queued_by_source = await held_candidates.held_by_source(db, report.shard)
         report.queued_count = sum(report.queued_by_source.values())
 
-        # 4. the article count (telemetry: a failure is reported and the run goes on)
-        await self._count_articles()
-        retries = await db.fetch(
+    async def _thumbnail_retries(self, now: datetime) -> list[dict[str, Any]]:
+        """Accepted articles still without a thumbnail, due another try — counted before the
+        backpressure stop (``retriedCount``), tried only if the run goes on."""
+        retries = await self.runtime.db.fetch(
             SQL["retry_candidates"],
             {
-                "shard": report.shard,
+                "shard": self.report.shard,
                 "now": now,
                 "retry_age_seconds": NO_THUMBNAIL_RETRY_AGE_SECONDS,
                 "limit": NO_THUMBNAIL_RETRY_MAX,
             },
         )
-        report.retried_count = len(retries)
+        self.report.retried_count = len(retries)
+        return retries
 
-        # 5. backpressure, before anything expensive
+    async def _stopped_before_expensive_work(self) -> bool:
+        """Backpressure, then the lease extended (holder-only; the TTL replaced): either
+        failing stops the run here, every candidate held with the reason."""
+        report, settings = self.report, self.runtime.settings
         if self._pressure():
             report.deferred_count = report.queued_count
             await self._defer_all_but([], "; ".join(report.deferred_reasons))
             warning(
                 "worker.backpressure.deferred", shard=report.shard, reasons=report.deferred_reasons
             )
-            return
-
-        # 6. extend the lease before the expensive work (holder-only; replaces the TTL)
-        if not await self.leases.extend(lease, settings.worker_lock_ttl_seconds):
+            return True
+        if not await self.leases.extend(self.lease, settings.worker_lock_ttl_seconds):
             warning("worker.redis.worker_lock_extend_failed", shard=report.shard)
             report.deferred_count = report.queued_count
             report.deferred_reasons.append("the shard lease was lost before the expensive steps")
             await self._defer_all_but([], report.deferred_reasons[-1])
-            return
+            return True
+        return False
 
-        # 7. image hydration (items without a feed image), and the no-thumbnail retries; held
-        # candidates are taken oldest first — what earlier runs deferred goes before the new
+    async def _process(self, retries: list[dict[str, Any]], now: datetime) -> list[str]:
+        """The held candidates, oldest first up to MAX_AI_REVIEWS (what earlier runs deferred
+        goes before the new): image hydration, the no-thumbnail retries, review locks, review
+        and translation, fenced writes. The URLs written."""
+        db, report, settings = self.runtime.db, self.report, self.runtime.settings
         to_process = await held_candidates.held(db, report.shard, settings.max_ai_reviews)
         if report.queued_count > len(to_process):
             report.deferred_reasons.append(f"MAX_AI_REVIEWS {settings.max_ai_reviews} reached")
             await self._defer_all_but([c.url for c in to_process], report.deferred_reasons[-1])
-        images = await _hydrate(deps, [c.url for c in to_process if not c.item.image_url])
-        await _retry_thumbnails(db, deps, retries, now)
-
-        # 8-10. per-article review locks, review and translation, fenced writes
+        images = await _hydrate(self.deps, [c.url for c in to_process if not c.item.image_url])
+        await _retry_thumbnails(db, self.deps, retries, now)
         written = await self._review_and_write(to_process, images)
         report.deferred_count = await held_candidates.count_held(db, report.shard)
-        if processed is not None and written and not await processed.add(written):
+        if self.processed is not None and written and not await self.processed.add(written):
             report.redis_enabled = False
+        return written
 
-        # 10b. the translation backlog (earlier summaries whose translation failed), under the
-        # same lease, extended first
-        if deps.reviewer.translation_enabled:
-            await _translate_backlog(
-                db,
-                deps,
-                self.leases,
-                lease,
-                report,
-                settings.max_ai_reviews,
-                settings.worker_lock_ttl_seconds,
-            )
-
-        # 11. the public snapshot — only while this holder's fence is still the newest
-        if (
-            await db.fetch_one(SQL["claim_fence"], {"shard": report.shard, "fence": lease.fence})
-            is None
-        ):
+    async def _publish_snapshot(self, now: datetime) -> None:
+        """The public snapshot — only while this holder's fence is still the newest."""
+        db, report = self.runtime.db, self.report
+        fence = {"shard": report.shard, "fence": self.lease.fence}
+        if await db.fetch_one(SQL["claim_fence"], fence) is None:
             raise StaleLease(f"shard {report.shard}: a newer lease holder has written")
         latest = await db.fetch(SQL["snapshot"], {"shard": report.shard, "limit": SNAPSHOT_SIZE})
         document = {"shard": report.shard, "generatedAt": now.isoformat(), "articles": latest}
-        await runtime.store.put(
+        await self.runtime.store.put(
             f"news/snapshots/{report.shard}.json", json.dumps(document, default=str).encode()
         )
 
