@@ -52,14 +52,9 @@ async def abandon_stale(db: Database, *, lane: str, now: datetime) -> list[int]:
     return [int(r["id"]) for r in rows]
 
 
-async def claim_slot(db: Database, *, lane: str, slot: datetime, now: datetime) -> int | None:
-    """Claim a scheduled slot; the run id if this caller won it, None if another replica did.
-    A stale running run of the lane is marked abandoned first (its slot can then be claimed)."""
-    handle = await claim(db, lane=lane, slot=slot, now=now)
-    return None if handle is None else handle.id
-
-
 async def claim(db: Database, *, lane: str, slot: datetime, now: datetime) -> RunHandle | None:
+    """Claim a scheduled slot; its handle if this caller won it, None if another replica did.
+    A stale running run of the lane is marked abandoned first (its slot can then be claimed)."""
     await abandon_stale(db, lane=lane, now=now)
     row = await db.fetch_one(SQL["claim_scheduled_slot"], {"lane": lane, "slot": slot, "now": now})
     return None if row is None else RunHandle(int(row["id"]), int(row["attempts"]))
@@ -74,13 +69,12 @@ async def start_manual(db: Database, *, lane: str, now: datetime) -> int:
 
 async def finish(
     db: Database,
-    run_id: int | RunHandle,
+    handle: RunHandle,
     *,
     status: RunStatus,
     now: datetime,
     report: dict[str, Any],
 ) -> None:
-    handle = run_id if isinstance(run_id, RunHandle) else RunHandle(run_id, 0)
     await db.execute(
         SQL["finish_run"],
         {
@@ -99,14 +93,13 @@ class RunSuperseded(NightcrewError):
 
 @contextlib.asynccontextmanager
 async def heartbeat(
-    db: Database, run_id: int | RunHandle, clock: Clock, *, every: float = HEARTBEAT_SECONDS
+    db: Database, handle: RunHandle, clock: Clock, *, every: float = HEARTBEAT_SECONDS
 ) -> AsyncIterator[None]:
     """Refresh the run's heartbeat while the body runs. A failed beat is only logged: the
     database being away is the body's problem to report, and a run whose beats stop is what
     ``abandoned`` is for. A beat that finds the row no longer this run's (it went without
     beats long enough to be abandoned, and another run took the slot) stops the body with
     RunSuperseded: two copies of one slot never run on."""
-    handle = run_id if isinstance(run_id, RunHandle) else RunHandle(run_id, 0)
     body = asyncio.current_task()
     superseded = False
 

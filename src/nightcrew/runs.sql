@@ -30,9 +30,8 @@ VALUES (%(lane)s, 'manual', NULL, %(now)s, %(now)s, 'running')
 RETURNING id;
 
 -- name: heartbeat
--- attempt 0: any claim of the row (manual runs, callers that do not keep the handle)
 UPDATE nightcrew.runs SET heartbeat_at = %(now)s
- WHERE id = %(id)s AND status = 'running' AND %(attempt)s IN (0, attempts);
+ WHERE id = %(id)s AND status = 'running' AND attempts = %(attempt)s;
 
 -- name: finish_run
 -- Only this claim's run: a run abandoned and re-claimed meanwhile is its successor's to finish.
@@ -42,7 +41,7 @@ UPDATE nightcrew.runs
        report = CASE WHEN report ? 'previous'
                      THEN %(report)s || jsonb_build_object('previous', report -> 'previous')
                      ELSE %(report)s END
- WHERE id = %(id)s AND %(attempt)s IN (0, attempts);
+ WHERE id = %(id)s AND attempts = %(attempt)s;
 
 -- name: recent_runs
 SELECT id, lane, trigger, slot, started_at, finished_at, heartbeat_at, status, attempts, report

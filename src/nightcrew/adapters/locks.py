@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
 
+from nightcrew.adapters.processed import redis_failures
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database
 from nightcrew.errors import NightcrewError
@@ -40,13 +41,6 @@ return 0
 
 class LeaseBackendDown(NightcrewError):
     """The lease backend (Redis) could not be reached; the message says how."""
-
-
-def _redis_failures() -> tuple[type[BaseException], ...]:
-    from redis.exceptions import RedisError
-
-    # callers catch LockError (the lease's own answer: not owned, expired) before these
-    return (RedisError, OSError, TimeoutError)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,7 +91,7 @@ class RedisLeases:
                     int(ttl_seconds * 1000),
                 )
             )
-        except _redis_failures() as exc:
+        except redis_failures() as exc:
             raise LeaseBackendDown(f"Redis lease {name}: {describe_error(exc)}") from exc
         if fence == 0:
             return None
@@ -126,7 +120,7 @@ class RedisLeases:
             )
         except LockError:  # LockNotOwnedError included: expired, or someone else holds it
             return False
-        except _redis_failures() as exc:
+        except redis_failures() as exc:
             warning("lease.redis_unavailable", lease=lease.name, error=describe_error(exc))
             return False
 
@@ -137,7 +131,7 @@ class RedisLeases:
             await lease.handle.release()
         except LockError:
             return False
-        except _redis_failures() as exc:  # it expires by its TTL
+        except redis_failures() as exc:  # it expires by its TTL
             warning("lease.redis_unavailable", lease=lease.name, error=describe_error(exc))
             return False
         return True

@@ -68,11 +68,12 @@ def _translate(
     """A refused statement is a QueryError; a lost connection (reset, terminated, timed out by
     TCP) is DatabaseUnavailableError — which per-item error handling must not swallow."""
     sqlstate = exc.sqlstate
-    if isinstance(exc, psycopg.OperationalError) and (
-        sqlstate is None or sqlstate.startswith(_CONNECTION_LOST)
-    ):
-        return DatabaseUnavailableError(f"lost PostgreSQL at {target}: {_first_line(exc)}")
-    if sqlstate is not None and sqlstate.startswith(_CONNECTION_LOST):
+    lost = (
+        sqlstate.startswith(_CONNECTION_LOST)
+        if sqlstate is not None
+        else isinstance(exc, psycopg.OperationalError)  # no SQLSTATE: libpq's own failure
+    )
+    if lost:
         return DatabaseUnavailableError(f"lost PostgreSQL at {target}: {_first_line(exc)}")
     diag = getattr(exc, "diag", None)
     primary = diag.message_primary if diag is not None else None

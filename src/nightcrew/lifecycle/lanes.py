@@ -290,7 +290,7 @@ async def run_lane(
     claimed_slot = slot if trigger == "scheduled" else None
     # A scheduled run decides as of its slot, not the instant the tick fired: a cooldown of
     # 60 s means two slots, whatever the timer's jitter.
-    decide: Clock = SlotClock(slot, clock) if claimed_slot is not None and slot else clock
+    decide: Clock = SlotClock(claimed_slot, clock) if claimed_slot is not None else clock
 
     async def work(handle: runs.RunHandle) -> LaneReport:
         _started(lane, trigger=trigger, run_id=handle.id, slot=slot)

@@ -143,9 +143,7 @@ async def run_shard(
     try:
         lease = await leases.acquire(name, ttl)
     except LeaseBackendDown as exc:  # Redis trouble never kills a run: PostgreSQL leases
-        warning("worker.redis.unavailable", error=str(exc))
-        report.redis_enabled = False
-        leases = PostgresLeases(runtime.db, clock)
+        leases = _postgres_leases_instead(runtime, clock, report, exc)
         lease = await leases.acquire(name, ttl)
     if lease is None:
         report.skipped, report.locked_count = True, 1
@@ -182,6 +180,15 @@ async def run_shard(
         **{k: v for k, v in report.to_json().items() if isinstance(v, int | bool | str)},
     )
     return report
+
+
+def _postgres_leases_instead(
+    runtime: Runtime, clock: Clock, report: NewsReport, exc: LeaseBackendDown
+) -> PostgresLeases:
+    """Redis failed a lease call: this run goes on with PostgreSQL leases (spec 001)."""
+    warning("worker.redis.unavailable", error=str(exc))
+    report.redis_enabled = False
+    return PostgresLeases(runtime.db, clock)
 
 
 async def _save(db: Database, report: NewsReport, clock: Clock) -> None:
@@ -414,9 +421,7 @@ class _Run:
         try:
             return self.leases, await self.leases.acquire_many(names, ttl)
         except LeaseBackendDown as exc:
-            warning("worker.redis.unavailable", error=str(exc))
-            self.report.redis_enabled = False
-            fallback = PostgresLeases(self.runtime.db, self.clock)
+            fallback = _postgres_leases_instead(self.runtime, self.clock, self.report, exc)
             return fallback, await fallback.acquire_many(names, ttl)
 
     async def _review_and_write(
