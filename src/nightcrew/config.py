@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import unquote, urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from nightcrew.errors import ConfigError
@@ -78,6 +78,21 @@ class Settings(BaseSettings):
     ] = 30.0
     news_max_title_chars: Annotated[int, Field(alias="NEWS_MAX_TITLE_CHARS", ge=16)] = 1024
     news_max_summary_chars: Annotated[int, Field(alias="NEWS_MAX_SUMMARY_CHARS", ge=16)] = 16384
+    # the RabbitMQ pipeline (issue 13); `inline` is the one-process run of spec 001
+    news_pipeline: Annotated[Literal["inline", "rabbitmq"], Field(alias="NEWS_PIPELINE")] = "inline"
+    news_max_deliveries: Annotated[int, Field(alias="NEWS_MAX_DELIVERIES", ge=1, le=1000)] = 5
+    news_queue_prefix: Annotated[
+        str, Field(alias="NEWS_QUEUE_PREFIX", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}$")
+    ] = "news"
+    news_stage_lease_seconds: Annotated[
+        int, Field(alias="NEWS_STAGE_LEASE_SECONDS", ge=5, le=86400)
+    ] = 300
+    news_snapshot_debounce_seconds: Annotated[
+        float, Field(alias="NEWS_SNAPSHOT_DEBOUNCE_SECONDS", gt=0, le=3600)
+    ] = 5.0
+    news_resend_after_seconds: Annotated[int, Field(alias="NEWS_RESEND_AFTER_SECONDS", ge=60)] = (
+        3600
+    )
 
     # --- nightcrew's own knobs ---------------------------------------------------------------
     db_connect_timeout_seconds: Annotated[
@@ -112,6 +127,12 @@ class Settings(BaseSettings):
         if value == "postgres" or urlsplit(value).scheme in ("amqp", "amqps"):
             return value
         raise ValueError(f"unknown queue backend {value!r}; expected 'postgres' or amqp://…")
+
+    @model_validator(mode="after")
+    def _pipeline_needs_rabbitmq(self) -> Settings:
+        if self.news_pipeline == "rabbitmq" and not self.queue_url.startswith("amqp"):
+            raise ValueError("NEWS_PIPELINE=rabbitmq needs QUEUE_URL=amqp://… (the stage queues)")
+        return self
 
     @field_validator("news_allowed_private_hosts")
     @classmethod

@@ -79,6 +79,7 @@ def create_app(
     reconciler_secret: str | None = None,
     news_reports: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None,
     readiness: Readiness | None = None,
+    collect: Callable[[], Awaitable[None]] | None = None,
 ) -> Starlette:
     async def database_up() -> str | None:
         """None when PostgreSQL answered; else why not. Sets ``nightcrew_db_up``."""
@@ -97,7 +98,11 @@ def create_app(
         return problem
 
     async def render_metrics(request: Request) -> PlainTextResponse:
-        await database_up()
+        if await database_up() is None and collect is not None:
+            try:
+                await collect()
+            except Exception as exc:  # a scrape still answers, with what it has
+                warning("metrics_collect_failed", error=describe_error(exc))
         return PlainTextResponse(metrics.render(), media_type=PROMETHEUS_TEXT)
 
     async def ready(request: Request) -> JSONResponse:

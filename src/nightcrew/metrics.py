@@ -46,6 +46,37 @@ METRICS: dict[str, tuple[Kind, str]] = {
         "gauge",
         "1 when PostgreSQL answered the last check (every /ready and /metrics request), else 0.",
     ),
+    # the news pipeline (NEWS_PIPELINE=rabbitmq), read from PostgreSQL and the broker at scrape
+    "nightcrew_news_stage_queued": (
+        "gauge",
+        "Candidates queued for a stage: waiting in its queue, in the outbox, or being worked on.",
+    ),
+    "nightcrew_news_stage_ready": ("gauge", "Messages waiting in a stage's queue (the broker)."),
+    "nightcrew_news_stage_in_flight": (
+        "gauge",
+        "Candidates of a stage taken by a worker or owed by the outbox (queued minus ready).",
+    ),
+    "nightcrew_news_stage_held": (
+        "gauge",
+        "Candidates held back from a stage (backpressure, a model that failed for now).",
+    ),
+    "nightcrew_news_stage_oldest_age_seconds": (
+        "gauge",
+        "Age of the oldest candidate queued for a stage (alert when it keeps growing).",
+    ),
+    "nightcrew_news_stage_dead_letters": (
+        "gauge",
+        "Messages in a stage's dead-letter queue: see `nightcrew news dlq list`.",
+    ),
+    "nightcrew_news_stage_processed_total": (
+        "counter",
+        "Messages a stage's workers handled (every worker process, summed in PostgreSQL).",
+    ),
+    "nightcrew_news_stage_failed_total": ("counter", "Deliveries a stage's handler failed."),
+    "nightcrew_news_stage_dead_lettered_total": (
+        "counter",
+        "Messages a stage's workers gave up on (dead-lettered).",
+    ),
 }
 
 
@@ -61,6 +92,11 @@ class Metrics:
 
     def set(self, name: str, value: float, **labels: str) -> None:
         self._check(name, "gauge")
+        self._values.setdefault(name, {})[_labels(labels)] = float(value)
+
+    def set_total(self, name: str, value: float, **labels: str) -> None:
+        """A counter whose running total is kept elsewhere (summed across processes)."""
+        self._check(name, "counter")
         self._values.setdefault(name, {})[_labels(labels)] = float(value)
 
     def value(self, name: str, **labels: str) -> float:

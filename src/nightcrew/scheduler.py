@@ -5,7 +5,7 @@ runner, which claims the slot in ``nightcrew.runs`` on the unique (lane, slot) p
 ``runs.recorded``) and says whether this replica won it; the others log nothing and sleep until
 the next slot. A slot run that overruns the next slot does not delay it: every fire is its own
 task. The domains export their schedules: ``lifecycle.lanes.lifecycle_schedules`` and
-``news.run.news_schedules``.
+``news.schedule.news_schedules``.
 """
 
 from __future__ import annotations

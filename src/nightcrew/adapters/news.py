@@ -1,6 +1,7 @@
 """What the news worker needs from the outside, assembled once with the Runtime: the lease
 backend, the processed-URL set (Redis, when configured), the HTTP client for untrusted
-addresses (under the address policy), and the reviewer the configuration names."""
+addresses (under the address policy), the reviewer the configuration names, and the stage
+queues' broker in pipeline mode."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import httpx
 
 from nightcrew.adapters.addresses import AddressPolicy, new_client
+from nightcrew.adapters.broker import PipelineBroker
 from nightcrew.adapters.locks import Leases, PostgresLeases, RedisLeases
 from nightcrew.adapters.processed import RedisProcessedUrls
 from nightcrew.adapters.reviewer import Reviewer, make_reviewer
@@ -27,6 +29,7 @@ class NewsAdapters:
     reviewer: Reviewer
     policy: AddressPolicy
     processed: RedisProcessedUrls | None = None  # None: no Redis configured
+    pipeline: PipelineBroker | None = None  # NEWS_PIPELINE=rabbitmq: the stage queues
 
     @property
     def redis_configured(self) -> bool:
@@ -50,6 +53,15 @@ async def open_news_adapters(
         )
     leases: Leases = RedisLeases(redis) if redis is not None else PostgresLeases(db, clock)
     policy = AddressPolicy.parse(settings.news_allowed_private_hosts)
+    pipeline = (  # connected on first use: a command that never touches it never waits for it
+        PipelineBroker(
+            settings.queue_url,
+            prefix=settings.news_queue_prefix,
+            max_deliveries=settings.news_max_deliveries,
+        )
+        if settings.news_pipeline == "rabbitmq"
+        else None
+    )
     try:
         async with new_client(policy) as http, httpx.AsyncClient() as model_http:
             yield NewsAdapters(
@@ -58,7 +70,10 @@ async def open_news_adapters(
                 reviewer=make_reviewer(settings, model_http),
                 policy=policy,
                 processed=RedisProcessedUrls(redis) if redis is not None else None,
+                pipeline=pipeline,
             )
     finally:
+        if pipeline is not None:
+            await pipeline.close()
         if redis is not None:
             await redis.aclose()

@@ -41,6 +41,10 @@ lifecycle_app = typer.Typer(help="The podcast platform's lifecycle lanes.", no_a
 news_app = typer.Typer(help="The news platform's RSS ingestion worker.", no_args_is_help=True)
 sources_app = typer.Typer(help="Feed sources: add, list, disable, enable.", no_args_is_help=True)
 news_app.add_typer(sources_app, name="sources")
+dlq_app = typer.Typer(
+    help="The news pipeline's dead letters: list, replay, purge.", no_args_is_help=True
+)
+news_app.add_typer(dlq_app, name="dlq")
 effects_app = typer.Typer(
     help="The effects outbox: what is owed outside the database, and its dead letters.",
     no_args_is_help=True,

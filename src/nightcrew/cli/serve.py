@@ -66,7 +66,9 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
     from nightcrew.lifecycle.reconcile.core import ReconcileOptions
     from nightcrew.lifecycle.reconcile.engine import run_reconcile
     from nightcrew.log import warning
-    from nightcrew.news.run import latest_reports, news_schedules
+    from nightcrew.news.pipeline import collect_metrics
+    from nightcrew.news.run import latest_reports
+    from nightcrew.news.schedule import news_schedules
     from nightcrew.scheduler import Scheduler
 
     # Bind first: a port in use is one line and exit 2, before anything starts ticking.
@@ -101,6 +103,11 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
                     reconcile=reconcile,
                     reconciler_secret=reveal(secret),
                     news_reports=reports,
+                    collect=(
+                        (lambda: collect_metrics(runtime, clock))
+                        if settings.news_pipeline == "rabbitmq"
+                        else None
+                    ),
                     readiness=Readiness(
                         ping_database=ping_database,
                         started_at=clock.now().timestamp(),

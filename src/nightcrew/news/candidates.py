@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from nightcrew.adapters.reviewer import Verdict
 from nightcrew.db.database import Database, Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.news import sources as news_sources
@@ -27,6 +28,9 @@ class Candidate:
     item: FeedItem
     reason: str
     attempts: int
+    reviewed: bool = False  # the pipeline's review stage already judged it: ``verdict``
+    verdict: Verdict | None = None  # None when reviewed: the model failed for good
+    translation: str | None = None
 
     @property
     def url(self) -> str:
@@ -46,7 +50,32 @@ class Candidate:
             ),
             reason=row["reason"],
             attempts=int(row["attempts"]),
+            reviewed=row.get("stage") == "write",
+            verdict=verdict_from_json(row.get("verdict")),
+            translation=row.get("translation"),
         )
+
+
+def verdict_to_json(verdict: Verdict | None) -> dict[str, Any] | None:
+    if verdict is None:
+        return None
+    return {
+        "accepted": verdict.accepted,
+        "reasons": list(verdict.reasons),
+        "summary": verdict.summary,
+        "reviewer": verdict.reviewer,
+    }
+
+
+def verdict_from_json(value: dict[str, Any] | None) -> Verdict | None:
+    if not value:
+        return None
+    return Verdict(
+        accepted=bool(value["accepted"]),
+        reasons=[str(r) for r in value.get("reasons") or []],
+        summary=value.get("summary"),
+        reviewer=str(value.get("reviewer") or ""),
+    )
 
 
 Fetched = tuple[dict[str, Any], FetchResult, list[FeedItem]]
@@ -90,16 +119,23 @@ async def record_and_hold(db: Database, shard: str, fetched: list[Fetched], now:
             )
 
 
+async def adopt_queued(db: Database, shard: str, now: datetime) -> int:
+    return await db.execute(SQL["adopt_queued"], {"shard": shard, "now": now})
+
+
 async def held(db: Database, shard: str, limit: int) -> list[Candidate]:
     """The shard's first ``limit`` held candidates, oldest first."""
     rows = await db.fetch(SQL["held"], {"shard": shard, "limit": limit})
     return [Candidate.from_row(r) for r in rows]
 
 
-async def held_by_source(db: Database, shard: str) -> dict[str, int]:
-    """How many candidates wait, by "source (shard)" (forgetting those written meanwhile)."""
+async def held_by_source(
+    db: Database, shard: str, *, states: tuple[str, ...] = ("held",)
+) -> dict[str, int]:
+    """How many candidates wait, by "source (shard)" (forgetting those written meanwhile);
+    the pipeline counts its ``queued`` ones too."""
     await db.execute(SQL["forget_written"], {"shard": shard})
-    rows = await db.fetch(SQL["held_by_source"], {"shard": shard})
+    rows = await db.fetch(SQL["held_by_source"], {"shard": shard, "states": list(states)})
     return {f"{r['source_name']} ({r['source_shard']})": int(r["n"]) for r in rows}
 
 

@@ -20,10 +20,18 @@ DELETE FROM news.candidates c
  WHERE c.shard = %(shard)s AND c.state = 'held'
    AND EXISTS (SELECT 1 FROM news.articles a WHERE a.url = c.url);
 
+-- name: adopt_queued
+-- An inline run takes over what the pipeline had queued for this shard (the operator switched
+-- NEWS_PIPELINE back to inline): held again, under a new fence, so a stage worker still busy
+-- with one of them cannot save its result over the run's.
+UPDATE news.candidates SET state = 'held', fence = fence + 1, updated_at = %(now)s
+ WHERE shard = %(shard)s AND state = 'queued';
+
 -- name: held
 -- Oldest first: what earlier runs deferred goes before what this run fetched.
 SELECT c.url, c.source_id, c.title, c.summary, c.image_url, c.published_at, c.reason,
-       c.attempts, s.name AS source_name, s.shard AS source_shard
+       c.attempts, c.stage, c.verdict, c.translation,
+       s.name AS source_name, s.shard AS source_shard
   FROM news.candidates c JOIN news.sources s ON s.id = c.source_id
  WHERE c.shard = %(shard)s AND c.state = 'held'
  ORDER BY c.created_at, c.id
@@ -32,7 +40,7 @@ SELECT c.url, c.source_id, c.title, c.summary, c.image_url, c.published_at, c.re
 -- name: held_by_source
 SELECT s.name AS source_name, s.shard AS source_shard, count(*) AS n
   FROM news.candidates c JOIN news.sources s ON s.id = c.source_id
- WHERE c.shard = %(shard)s AND c.state = 'held'
+ WHERE c.shard = %(shard)s AND c.state = ANY(%(states)b::text[])
  GROUP BY s.name, s.shard;
 
 -- name: defer_all_but

@@ -15,12 +15,10 @@ import asyncio
 import hashlib
 import json
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
-from nightcrew import runs
 from nightcrew.adapters.addresses import AddressPolicy
 from nightcrew.adapters.locks import (
     Lease,
@@ -31,6 +29,7 @@ from nightcrew.adapters.locks import (
 from nightcrew.adapters.news import NewsAdapters
 from nightcrew.adapters.processed import RedisProcessedUrls
 from nightcrew.adapters.reviewer import Article, Reviewer, ReviewError, Verdict
+from nightcrew.adapters.storage import ObjectStore
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database, QueryError, json_param
 from nightcrew.db.queries import load_queries
@@ -48,7 +47,6 @@ from nightcrew.news.fetch import (
 )
 from nightcrew.news.images import hydrate_image
 from nightcrew.runtime import Runtime
-from nightcrew.scheduler import Schedule
 
 SQL = load_queries(__file__)
 
@@ -123,6 +121,12 @@ class NewsReport:
 
 def shard_lock_name(shard: str) -> str:
     return f"news:shard:{shard}"
+
+
+def review_lock_name(url: str) -> str:
+    """One article's review lock: the inline run's and the pipeline's review stage's alike, so
+    the two never review the same article at once (while an operator switches modes)."""
+    return "news:review:" + hashlib.sha256(url.encode()).hexdigest()[:32]
 
 
 async def run_shard(
@@ -247,6 +251,7 @@ class _Run:
     async def run(self) -> None:
         """Spec 001's order, one named step each."""
         now = self.clock.now()
+        await held_candidates.adopt_queued(self.runtime.db, self.report.shard, now)
         await self._fetch_and_hold(now)
         await self._count_articles()
         retries = await self._thumbnail_retries(now)
@@ -344,11 +349,7 @@ class _Run:
         fence = {"shard": report.shard, "fence": self.lease.fence}
         if await db.fetch_one(SQL["claim_fence"], fence) is None:
             raise StaleLease(f"shard {report.shard}: a newer lease holder has written")
-        latest = await db.fetch(SQL["snapshot"], {"shard": report.shard, "limit": SNAPSHOT_SIZE})
-        document = {"shard": report.shard, "generatedAt": now.isoformat(), "articles": latest}
-        await self.runtime.store.put(
-            f"news/snapshots/{report.shard}.json", json.dumps(document, default=str).encode()
-        )
+        await publish_snapshot(db, self.runtime.store, report.shard, now)
 
     async def _hold(
         self, fetched: list[tuple[dict[str, Any], FetchResult, list[FeedItem]]], now: datetime
@@ -428,10 +429,7 @@ class _Run:
         self, to_process: list[Candidate], images: dict[str, str]
     ) -> list[str]:
         db, deps, report, settings = self.runtime.db, self.deps, self.report, self.runtime.settings
-        names = {
-            c.url: "news:review:" + hashlib.sha256(c.url.encode()).hexdigest()[:32]
-            for c in to_process
-        }
+        names = {c.url: review_lock_name(c.url) for c in to_process}
         lock_leases, locks = await self._review_locks(
             list(names.values()), settings.ai_review_lock_ttl_seconds
         )
@@ -458,6 +456,9 @@ class _Run:
             last_extend = time.monotonic()
             pending = [c for c in held if c.url not in done]
             for index, candidate in enumerate(pending):
+                if candidate.reviewed:  # the pipeline's review stage judged it already
+                    verdicts.append(Reviewed(candidate, candidate.verdict, candidate.translation))
+                    continue
                 if time.monotonic() - last_extend > settings.worker_lock_ttl_seconds / 3:
                     # a long review batch keeps its shard lease alive
                     if not await self.leases.extend(self.lease, settings.worker_lock_ttl_seconds):
@@ -487,6 +488,13 @@ class _Run:
             await lock_leases.release_many(list(locks.values()))
         report.processed_count = len(written)
         return written
+
+
+async def publish_snapshot(db: Database, store: ObjectStore, shard: str, now: datetime) -> None:
+    """The shard's public snapshot: its newest accepted articles."""
+    latest = await db.fetch(SQL["snapshot"], {"shard": shard, "limit": SNAPSHOT_SIZE})
+    document = {"shard": shard, "generatedAt": now.isoformat(), "articles": latest}
+    await store.put(f"news/snapshots/{shard}.json", json.dumps(document, default=str).encode())
 
 
 def feed_rules(settings: Any, policy: AddressPolicy) -> FeedRules:
@@ -524,7 +532,7 @@ async def _write(
             written += await _write_batch(db, lease, report.shard, [verdict], images, now)
         except QueryError as exc:
             url = verdict.url
-            if not _refused_for_its_data(exc):
+            if not refused_for_its_data(exc):
                 # a timeout, a deadlock, a full disk: not this article's fault — held, retried
                 warning("worker.write_deferred", url=url, error=describe_error(exc))
                 await held_candidates.defer(
@@ -537,7 +545,7 @@ async def _write(
     return written
 
 
-def _refused_for_its_data(exc: QueryError) -> bool:
+def refused_for_its_data(exc: QueryError) -> bool:
     """SQLSTATE class 22 (data exception) or 23 (integrity constraint): the row itself is what
     the database refuses, and will refuse again."""
     return exc.sqlstate is not None and exc.sqlstate[:2] in ("22", "23")
@@ -669,11 +677,12 @@ async def _retry_thumbnails(
             await db.execute(SQL["set_image"], {"id": row["id"], "image_url": found[row["url"]]})
 
 
-async def _review(
-    reviewer: Reviewer, item: FeedItem, report: NewsReport
+async def review_item(
+    reviewer: Reviewer, item: FeedItem
 ) -> tuple[Verdict | None, str | None, bool]:
-    """(verdict, translation, transient failure). A permanent failure writes the article as
-    unreviewed; a transient one (429, 5xx, network) leaves it for the next run."""
+    """(verdict, translation of an accepted one's summary, transient failure). A permanent
+    failure means the article is written unreviewed; a transient one (429, 5xx, network)
+    means try again later."""
     try:
         verdict = await reviewer.review(
             Article(url=item.url, title=item.title, summary=item.summary)
@@ -681,11 +690,6 @@ async def _review(
     except ReviewError as exc:
         warning("worker.ai_review_failed", url=item.url, error=str(exc), transient=exc.transient)
         return None, None, exc.transient
-    report.ai_reviewed_count += 1
-    if verdict.accepted:
-        report.accepted_count += 1
-    else:
-        report.rejected_count += 1
     translation = None
     if verdict.accepted and reviewer.translation_enabled and verdict.summary:
         try:
@@ -695,35 +699,17 @@ async def _review(
     return verdict, translation, False
 
 
-def news_schedules(runtime: Runtime, clock: Clock) -> tuple[Schedule, ...]:
-    """One schedule per NEWS_SHARDS entry, every NEWS_RUN_INTERVAL_MINUTES; each slot is
-    claimed in the run history (one replica runs it) and the shard lease guards the rest."""
-    minutes = runtime.settings.news_run_interval_minutes
-    cron = "* * * * *" if minutes == 1 else f"*/{minutes} * * * *"
-
-    def runner_for(shard: str) -> Callable[[datetime], Awaitable[bool]]:
-        lane = f"news:{shard}"
-
-        async def run(slot: datetime) -> bool:
-            async def work(handle: runs.RunHandle) -> NewsReport:
-                return await run_shard(runtime, clock, shard, trigger="scheduled")
-
-            report = await runs.recorded(
-                runtime.db,
-                clock,
-                lane=lane,
-                slot=slot,
-                work=work,
-                report_json=NewsReport.to_json,
-            )
-            return report is not None
-
-        return run
-
-    return tuple(
-        Schedule(name=f"news:{shard}", cron=cron, runner=runner_for(shard))
-        for shard in runtime.settings.news_shard_list
-    )
+async def _review(
+    reviewer: Reviewer, item: FeedItem, report: NewsReport
+) -> tuple[Verdict | None, str | None, bool]:
+    verdict, translation, transient = await review_item(reviewer, item)
+    if verdict is not None:
+        report.ai_reviewed_count += 1
+        if verdict.accepted:
+            report.accepted_count += 1
+        else:
+            report.rejected_count += 1
+    return verdict, translation, transient
 
 
 async def latest_reports(db: Database) -> list[dict[str, Any]]:

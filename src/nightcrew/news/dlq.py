@@ -1,0 +1,102 @@
+"""The dead letters: list, replay (once the cause is fixed), purge.
+
+A dead letter is a message some stage gave up on after NEWS_MAX_DELIVERIES deliveries; its
+candidate waits as ``dead`` (a fetch: its source counted one failure). Replaying queues the
+candidate again — at the stage it waits for — with a fresh message through the outbox, then
+removes the letter; purging rejects the candidate with the letter's error and removes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nightcrew.adapters.broker import STAGES, DeadLetter
+from nightcrew.clock import Clock
+from nightcrew.db.queries import load_queries
+from nightcrew.log import event
+from nightcrew.news import pipeline
+from nightcrew.runtime import Runtime
+
+SQL = load_queries(__file__)
+
+
+def _stages(stage: str | None) -> tuple[str, ...]:
+    return STAGES if stage is None else (stage,)
+
+
+async def list_dead(runtime: Runtime, stage: str | None = None) -> list[DeadLetter]:
+    broker = pipeline.broker_of(runtime)
+    letters: list[DeadLetter] = []
+    for name in _stages(stage):
+        letters += await broker.dead_letters(name)
+    return letters
+
+
+async def replay(
+    runtime: Runtime, clock: Clock, *, stage: str | None = None, message_id: str | None = None
+) -> list[DeadLetter]:
+    """Replay the letter ``message_id`` (None: every letter) of ``stage`` (None: every stage)."""
+    broker, db = pipeline.broker_of(runtime), runtime.db
+    replayed: list[DeadLetter] = []
+
+    async def take(letter: DeadLetter) -> bool:
+        if message_id is not None and letter.message_id != message_id:
+            return False
+        now = clock.now()
+        owed: list[dict[str, Any]] = []
+        async with db.transaction() as tx:
+            if "source_id" in letter.body:
+                row = await tx.fetch_one(
+                    SQL["requeue_source"], {"id": int(letter.body["source_id"]), "now": now}
+                )
+                if row is not None:
+                    owed = await tx.fetch(
+                        pipeline.SQL["enqueue_fetch"],
+                        {"source_id": row["id"], "shard": row["shard"], "now": now},
+                    )
+            elif "url" in letter.body:
+                row = await tx.fetch_one(
+                    SQL["requeue_candidate"], {"url": str(letter.body["url"]), "now": now}
+                )
+                if row is not None:  # else: written or rejected meanwhile, nothing owed
+                    owed = await tx.fetch(
+                        pipeline.SQL["enqueue"],
+                        {
+                            "stage": row["stage"],
+                            "url": row["url"],
+                            "shard": row["shard"],
+                            "now": now,
+                        },
+                    )
+        await pipeline.send_owed(broker, db, owed)
+        replayed.append(letter)
+        event("news.dlq_replayed", stage=letter.stage, message_id=letter.message_id)
+        return True
+
+    for name in _stages(stage):
+        await broker.dead_letters(name, take)
+    return replayed
+
+
+async def purge(runtime: Runtime, clock: Clock, stage: str) -> list[DeadLetter]:
+    broker, db = pipeline.broker_of(runtime), runtime.db
+    purged: list[DeadLetter] = []
+
+    async def take(letter: DeadLetter) -> bool:
+        if "source_id" in letter.body:
+            await db.execute(SQL["purge_source"], {"id": int(letter.body["source_id"])})
+        elif "url" in letter.body:
+            await db.execute(
+                SQL["purge_candidate"],
+                {
+                    "url": str(letter.body["url"]),
+                    "reason": f"purged from {broker.dlq_name(stage)}: {letter.error}",
+                    "now": clock.now(),
+                },
+            )
+        purged.append(letter)
+        event("news.dlq_purged", stage=stage, message_id=letter.message_id)
+        return True
+
+    await broker.dead_letters(stage, take)
+    return purged

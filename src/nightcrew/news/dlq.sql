@@ -1,0 +1,22 @@
+-- Dead letters: replay and purge (issue 13).
+
+-- name: requeue_candidate
+-- Replayed: queued again at the stage it waits for (which may be past the dead letter's own,
+-- if the letter was a stale duplicate).
+UPDATE news.candidates
+   SET state = 'queued', last_error = NULL, reason = 'replayed from the dead letters',
+       updated_at = %(now)s
+ WHERE url = %(url)s AND state IN ('dead', 'queued', 'held')
+RETURNING url, shard, stage;
+
+-- name: requeue_source
+UPDATE news.sources SET fetch_queued_at = %(now)s
+ WHERE id = %(id)s
+RETURNING id, shard;
+
+-- name: purge_candidate
+UPDATE news.candidates SET state = 'rejected', reason = %(reason)s, updated_at = %(now)s
+ WHERE url = %(url)s AND state IN ('dead', 'queued', 'held');
+
+-- name: purge_source
+UPDATE news.sources SET fetch_queued_at = NULL WHERE id = %(id)s;

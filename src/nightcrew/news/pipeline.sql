@@ -1,0 +1,149 @@
+-- The pipeline's state in PostgreSQL: stage admission, the outbox, the pass (issue 13).
+
+-- name: admission_lock
+-- One admission into a stage at a time, so concurrent workers cannot all see the same room.
+SELECT pg_advisory_xact_lock(hashtext('nightcrew.news.stage.' || %(stage)s));
+
+-- name: stage_load
+-- Candidates owed to, waiting in, or being worked on in a stage: its depth plus in flight.
+SELECT count(*) AS n FROM news.candidates WHERE stage = %(stage)s AND state = 'queued';
+
+-- name: fetch_load
+SELECT count(*) AS n FROM news.sources WHERE fetch_queued_at IS NOT NULL;
+
+-- name: article_count
+SELECT news.article_count() AS n;
+
+-- name: hold_staged
+-- A fetch's new items, each at its first stage, queued (with its message in the outbox) or
+-- held with the reason; minus what is written or already a candidate.
+WITH ins AS (
+    INSERT INTO news.candidates AS c (url, source_id, shard, title, summary, image_url,
+                                      published_at, stage, state, reason, created_at,
+                                      updated_at)
+    SELECT i.url, i.source_id, %(shard)s, i.title, i.summary, i.image_url, i.published_at,
+           i.stage, i.state, i.reason, %(now)s, %(now)s
+      FROM unnest(%(urls)b::text[], %(source_ids)b::bigint[], %(titles)b::text[],
+                  %(summaries)b::text[], %(images)b::text[], %(published)b::timestamptz[],
+                  %(stages)b::text[], %(states)b::text[], %(reasons)b::text[])
+           WITH ORDINALITY AS i (url, source_id, title, summary, image_url, published_at,
+                                 stage, state, reason, n)
+     WHERE NOT EXISTS (SELECT 1 FROM news.articles a WHERE a.url = i.url)
+     ORDER BY i.n
+    ON CONFLICT (url) DO NOTHING
+    RETURNING c.url, c.shard, c.stage, c.state
+)
+INSERT INTO news.outbox (stage, body, created_at)
+SELECT stage, jsonb_build_object('url', url, 'shard', shard), %(now)s FROM ins
+ WHERE state = 'queued'
+RETURNING id, message_id, stage, body;
+
+-- name: held_in_stage
+SELECT count(*) AS n FROM news.candidates
+ WHERE shard = %(shard)s AND stage = %(stage)s AND state = 'held';
+
+-- name: release_held
+-- The pass: a shard's held candidates of one stage, oldest first, as many as it has room for.
+WITH picked AS (
+    SELECT url FROM news.candidates
+     WHERE shard = %(shard)s AND stage = %(stage)s AND state = 'held'
+     ORDER BY created_at, id
+     LIMIT %(room)s
+       FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE news.candidates c
+       SET state = 'queued', reason = 'released by a pass', updated_at = %(now)s
+      FROM picked
+     WHERE c.url = picked.url
+    RETURNING c.url, c.shard, c.stage
+)
+INSERT INTO news.outbox (stage, body, created_at)
+SELECT stage, jsonb_build_object('url', url, 'shard', shard), %(now)s FROM moved
+RETURNING id, message_id, stage, body;
+
+-- name: resend_stale
+-- Queued so long ago that its message must be gone (a purged queue, a broker that lost it):
+-- sent again. Stages are idempotent, so a message that was only slow costs a no-op.
+WITH stale AS (
+    UPDATE news.candidates c SET updated_at = %(now)s
+     WHERE c.shard = %(shard)s AND c.state = 'queued'
+       AND c.updated_at < %(now)s - make_interval(secs => %(resend_after)s)
+    RETURNING c.url, c.shard, c.stage
+)
+INSERT INTO news.outbox (stage, body, created_at)
+SELECT stage, jsonb_build_object('url', url, 'shard', shard), %(now)s FROM stale
+RETURNING id, message_id, stage, body;
+
+-- name: enqueue_due_sources
+-- The pass: every due source of the shard not already waiting for its fetch (or waiting so
+-- long that its message must be gone) gets one fetch message.
+WITH due AS (
+    UPDATE news.sources SET fetch_queued_at = %(now)s
+     WHERE shard = %(shard)s AND enabled AND parked_at IS NULL
+       AND (next_check_at IS NULL OR next_check_at <= %(now)s)
+       AND (fetch_queued_at IS NULL
+            OR fetch_queued_at < %(now)s - make_interval(secs => %(resend_after)s))
+    RETURNING id, shard
+)
+INSERT INTO news.outbox (stage, body, created_at)
+SELECT 'fetch', jsonb_build_object('source_id', id, 'shard', shard), %(now)s FROM due
+RETURNING id, message_id, stage, body;
+
+-- name: enqueue
+-- One candidate's message to its stage (a stage handing it on, a replay).
+INSERT INTO news.outbox (stage, body, created_at)
+VALUES (%(stage)s, jsonb_build_object('url', %(url)s::text, 'shard', %(shard)s::text), %(now)s)
+RETURNING id, message_id, stage, body;
+
+-- name: enqueue_fetch
+INSERT INTO news.outbox (stage, body, created_at)
+VALUES ('fetch', jsonb_build_object('source_id', %(source_id)s::bigint, 'shard',
+        %(shard)s::text), %(now)s)
+RETURNING id, message_id, stage, body;
+
+-- name: delete_sent
+DELETE FROM news.outbox WHERE id = ANY(%(ids)b::bigint[]);
+
+-- name: unsent
+-- What a crash (or a broker that was away) left in the outbox, for the relay.
+SELECT id, message_id, stage, body FROM news.outbox
+ WHERE created_at < %(before)s
+ ORDER BY id
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED;
+
+-- name: shard_stages
+-- The pass's report: the shard's candidates by stage and state.
+SELECT stage, state, count(*) AS n FROM news.candidates
+ WHERE shard = %(shard)s AND state IN ('held', 'queued', 'dead')
+ GROUP BY stage, state;
+
+-- name: stage_metrics
+-- /metrics: every stage's queued (depth + in flight), held, dead, and its oldest queued age.
+SELECT stage,
+       count(*) FILTER (WHERE state = 'queued') AS queued,
+       count(*) FILTER (WHERE state = 'held') AS held,
+       count(*) FILTER (WHERE state = 'dead') AS dead,
+       min(updated_at) FILTER (WHERE state = 'queued') AS oldest
+  FROM news.candidates
+ WHERE state IN ('held', 'queued', 'dead')
+ GROUP BY stage
+UNION ALL
+SELECT 'fetch', count(*), 0, 0, min(fetch_queued_at)
+  FROM news.sources WHERE fetch_queued_at IS NOT NULL;
+
+-- name: stage_counters
+SELECT stage, processed, failed, dead_lettered FROM news.stage_counters;
+
+-- name: add_counters
+INSERT INTO news.stage_counters AS s (stage, processed, failed, dead_lettered)
+SELECT * FROM unnest(%(stages)b::text[], %(processed)b::bigint[], %(failed)b::bigint[],
+                     %(dead)b::bigint[])
+ON CONFLICT (stage) DO UPDATE
+   SET processed = s.processed + excluded.processed,
+       failed = s.failed + excluded.failed,
+       dead_lettered = s.dead_lettered + excluded.dead_lettered;
+
+-- name: save_report
+INSERT INTO news.worker_reports (shard, trigger, started_at, report)
+VALUES (%(shard)s, %(trigger)s, %(now)s, %(report)s);

@@ -1,0 +1,55 @@
+"""The news worker's schedules: one per shard, running the shard the way NEWS_PIPELINE says —
+the inline run (``news/run.py``), or a pass that feeds the RabbitMQ stage queues
+(``news/pipeline.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+
+from nightcrew import runs
+from nightcrew.clock import Clock
+from nightcrew.news.pipeline import PassReport, enqueue_shard
+from nightcrew.news.run import NewsReport, Trigger, run_shard
+from nightcrew.runtime import Runtime
+from nightcrew.scheduler import Schedule
+
+
+async def run_or_enqueue(
+    runtime: Runtime, clock: Clock, shard: str, *, trigger: Trigger
+) -> NewsReport | PassReport:
+    """``inline``: the whole run, here. ``rabbitmq``: a pass; the stage workers do the rest."""
+    if runtime.settings.news_pipeline == "rabbitmq":
+        return await enqueue_shard(runtime, clock, shard, trigger=trigger)
+    return await run_shard(runtime, clock, shard, trigger=trigger)
+
+
+def news_schedules(runtime: Runtime, clock: Clock) -> tuple[Schedule, ...]:
+    """One schedule per NEWS_SHARDS entry, every NEWS_RUN_INTERVAL_MINUTES; each slot is
+    claimed in the run history (one replica runs it) and the shard lease guards the rest."""
+    minutes = runtime.settings.news_run_interval_minutes
+    cron = "* * * * *" if minutes == 1 else f"*/{minutes} * * * *"
+
+    def runner_for(shard: str) -> Callable[[datetime], Awaitable[bool]]:
+        lane = f"news:{shard}"
+
+        async def run(slot: datetime) -> bool:
+            async def work(handle: runs.RunHandle) -> NewsReport | PassReport:
+                return await run_or_enqueue(runtime, clock, shard, trigger="scheduled")
+
+            report = await runs.recorded(
+                runtime.db,
+                clock,
+                lane=lane,
+                slot=slot,
+                work=work,
+                report_json=lambda report: report.to_json(),
+            )
+            return report is not None
+
+        return run
+
+    return tuple(
+        Schedule(name=f"news:{shard}", cron=cron, runner=runner_for(shard))
+        for shard in runtime.settings.news_shard_list
+    )

@@ -1,0 +1,77 @@
+-- The pipeline's stage workers (issue 13).
+
+-- name: source_for_fetch
+SELECT id, name, feed_url, shard, etag, last_modified, body_hash, consecutive_failures,
+       enabled, parked_at, fetch_queued_at, watermark_at, watermark_urls
+  FROM news.sources WHERE id = %(id)s;
+
+-- name: fetched
+-- The fetch message is done: its source's watermark moves on. No row: another consumer of a
+-- duplicate message recorded this fetch first (then this one's items are dropped).
+UPDATE news.sources
+   SET fetch_queued_at = NULL, watermark_at = %(watermark_at)s,
+       watermark_urls = %(watermark_urls)s
+ WHERE id = %(id)s AND fetch_queued_at IS NOT NULL
+RETURNING id;
+
+-- name: unqueue_source
+UPDATE news.sources SET fetch_queued_at = NULL WHERE id = %(id)s;
+
+-- name: take
+-- A stage worker takes a candidate: a new fence, which its result must be saved under.
+UPDATE news.candidates
+   SET fence = fence + 1, updated_at = %(now)s
+ WHERE url = %(url)s AND stage = %(stage)s AND state = 'queued'
+RETURNING url, source_id, shard, title, summary, image_url, published_at, reason, attempts,
+          stage, verdict, translation, fence;
+
+-- name: park
+-- Its lease is held elsewhere (a worker busy with it, or one that died holding it): held, so a
+-- later pass sends it again once the lease is free.
+UPDATE news.candidates SET state = 'held', reason = %(reason)s, updated_at = %(now)s
+ WHERE url = %(url)s AND stage = %(stage)s AND state = 'queued';
+
+-- name: advance
+-- A stage's result, saved only under the fence its worker drew.
+UPDATE news.candidates
+   SET stage = %(next)s, state = %(state)s, reason = %(reason)s,
+       image_url = coalesce(%(image_url)s, image_url),
+       verdict = %(verdict)s, translation = %(translation)s,
+       attempts = attempts + %(attempted)s, last_error = %(error)s, updated_at = %(now)s
+ WHERE url = %(url)s AND stage = %(stage)s AND fence = %(fence)s AND state IN ('queued', 'held')
+RETURNING url;
+
+-- name: written
+-- The write stage's candidate, gone with the article's write (under its fence).
+DELETE FROM news.candidates WHERE url = %(url)s AND fence = %(fence)s RETURNING url;
+
+-- name: is_written
+SELECT 1 AS written FROM news.articles WHERE url = %(url)s;
+
+-- name: drop
+DELETE FROM news.candidates WHERE url = %(url)s;
+
+-- name: mark_dead
+UPDATE news.candidates SET state = 'dead', last_error = %(error)s, updated_at = %(now)s
+ WHERE url = %(url)s AND state IN ('queued', 'held');
+
+-- name: reject
+UPDATE news.candidates SET state = 'rejected', reason = %(reason)s, updated_at = %(now)s
+ WHERE url = %(url)s;
+
+-- name: stale_snapshot
+INSERT INTO news.snapshots AS s (shard, stale_since) VALUES (%(shard)s, %(now)s)
+ON CONFLICT (shard) DO UPDATE SET stale_since = coalesce(s.stale_since, excluded.stale_since);
+
+-- name: claim_snapshots
+-- Shards whose snapshot is stale and was not published within the debounce interval.
+UPDATE news.snapshots SET stale_since = NULL, published_at = %(now)s
+ WHERE shard IN (SELECT shard FROM news.snapshots
+                  WHERE stale_since IS NOT NULL
+                    AND (published_at IS NULL
+                         OR published_at <= %(now)s - make_interval(secs => %(debounce)s))
+                    FOR UPDATE SKIP LOCKED)
+RETURNING shard;
+
+-- name: restale_snapshot
+UPDATE news.snapshots SET stale_since = coalesce(stale_since, %(now)s) WHERE shard = %(shard)s;

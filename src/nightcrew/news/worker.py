@@ -1,0 +1,236 @@
+"""``nightcrew news worker``: consume the pipeline's stage queues until told to stop.
+
+Each message is handled by its stage (``news/stages.py``) and acknowledged only after the
+stage's effect is committed; one JSON event per message says what it came to. A failure is
+retried by the broker (the message requeued) until its NEWS_MAX_DELIVERIES-th delivery, which
+dead-letters it to ``{prefix}.{stage}.dlq`` with the error in ``x-last-error``. A database that
+goes away is waited for (the message held, not failed: an outage must not dead-letter the whole
+queue). Alongside, the worker relays the outbox, refreshes stale snapshots (write stage) and
+adds its counts to ``news.stage_counters`` for /metrics.
+
+SIGTERM (or SIGINT): no new messages; the ones held are finished within the grace period (or
+left unacknowledged, so the broker redelivers them); exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nightcrew.adapters.broker import STAGES, Delivery, Outgoing
+from nightcrew.clock import Clock
+from nightcrew.errors import DatabaseUnavailableError, NightcrewError, QueueError
+from nightcrew.log import describe_error, event, warning
+from nightcrew.news import pipeline, stages
+from nightcrew.runtime import Runtime
+
+HOUSEKEEPING_SECONDS = 5.0
+DATABASE_PATIENCE_SECONDS = 120.0  # then the message is requeued (one delivery spent)
+STOP_GRACE_SECONDS = 30.0
+
+
+@dataclass
+class WorkerSummary:
+    stages: list[str]
+    processed: Counter[str] = field(default_factory=Counter)
+    failed: Counter[str] = field(default_factory=Counter)
+    dead_lettered: Counter[str] = field(default_factory=Counter)
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stages": self.stages,
+            "processed": dict(self.processed),
+            "failed": dict(self.failed),
+            "deadLettered": dict(self.dead_lettered),
+            "outcomes": dict(self.outcomes),
+        }
+
+
+class Worker:
+    def __init__(
+        self, runtime: Runtime, clock: Clock, stage_names: list[str], concurrency: int
+    ) -> None:
+        unknown = [s for s in stage_names if s not in STAGES]
+        if unknown or not stage_names:
+            raise NightcrewError(f"unknown stage {unknown or stage_names}; expected {STAGES}")
+        self.ctx = stages.StageContext(
+            runtime=runtime, clock=clock, broker=pipeline.broker_of(runtime)
+        )
+        self.stage_names = stage_names
+        self.concurrency = concurrency
+        self.summary = WorkerSummary(stages=stage_names)
+        self._unflushed: dict[str, Counter[str]] = {
+            "processed": Counter(),
+            "failed": Counter(),
+            "dead": Counter(),
+        }
+        self._inflight: set[asyncio.Task[Any]] = set()
+        self._stopping = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event, *, grace: float = STOP_GRACE_SECONDS) -> WorkerSummary:
+        broker = self.ctx.broker
+        for stage in self.stage_names:
+            await broker.consume(stage, self.concurrency, self._handler(stage))
+        event("news.worker_started", stages=self.stage_names, concurrency=self.concurrency)
+        housekeeping = asyncio.create_task(self._housekeeping())
+        try:
+            await stop.wait()
+        finally:
+            self._stopping.set()
+            await broker.stop_consuming()
+            if self._inflight:
+                await asyncio.wait(set(self._inflight), timeout=grace)
+            housekeeping.cancel()
+            await asyncio.gather(housekeeping, return_exceptions=True)
+            await self._housekeep_once(final=True)
+        event("news.worker_stopped", **self.summary.to_json())
+        return self.summary
+
+    def _handler(self, stage: str) -> Callable[[Delivery], Awaitable[None]]:
+        async def handle(delivery: Delivery) -> None:
+            task = asyncio.current_task()
+            if task is not None:
+                self._inflight.add(task)
+            try:
+                await self._handle(stage, delivery)
+            finally:
+                if task is not None:
+                    self._inflight.discard(task)
+
+        return handle
+
+    async def _handle(self, stage: str, delivery: Delivery) -> None:
+        if self._stopping.is_set():
+            await delivery.requeue()  # arrived after the stop: someone else's now
+            return
+        started = time.perf_counter()
+        try:
+            outcome = await self._patiently(stage, delivery.body)
+        except Exception as exc:
+            await self._failed(stage, delivery, exc, started)
+            return
+        acked = await delivery.ack()
+        self.summary.processed[stage] += 1
+        self.summary.outcomes[outcome.name] += 1
+        self._unflushed["processed"][stage] += 1
+        event(
+            "news.message",
+            stage=stage,
+            outcome=outcome.name,
+            message_id=delivery.message_id,
+            delivery=delivery.deliveries,
+            acked=acked,
+            ms=round((time.perf_counter() - started) * 1000, 1),
+            **outcome.detail,
+        )
+
+    async def _patiently(self, stage: str, body: dict[str, Any]) -> stages.Outcome:
+        """The stage, waiting out a database outage (up to DATABASE_PATIENCE_SECONDS)."""
+        deadline = time.monotonic() + DATABASE_PATIENCE_SECONDS
+        pause = 0.5
+        while True:
+            try:
+                return await stages.STAGES[stage](self.ctx, body)
+            except DatabaseUnavailableError as exc:
+                if time.monotonic() + pause > deadline or self._stopping.is_set():
+                    raise
+                warning("news.database_unavailable", stage=stage, error=describe_error(exc))
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 10.0)
+
+    async def _failed(self, stage: str, delivery: Delivery, exc: Exception, started: float) -> None:
+        error = describe_error(exc)
+        self.summary.failed[stage] += 1
+        self._unflushed["failed"][stage] += 1
+        fields = {
+            "stage": stage,
+            "message_id": delivery.message_id,
+            "delivery": delivery.deliveries,
+            "error": error,
+            "ms": round((time.perf_counter() - started) * 1000, 1),
+        }
+        limit = self.ctx.broker.max_deliveries
+        if delivery.deliveries < limit or isinstance(exc, DatabaseUnavailableError):
+            await delivery.requeue()
+            warning("news.message", outcome="failed", retried=True, **fields)
+            return
+        letter = Outgoing(
+            message_id=delivery.message_id,
+            stage=stage,
+            body=delivery.body,
+            headers={
+                "x-last-error": error[:2000],
+                "x-deliveries": delivery.deliveries,
+                "x-dead-reason": "failed",
+            },
+        )
+        try:
+            await self.ctx.broker.publish([letter], dead=True)
+        except QueueError as publish_error:  # not dead-lettered: stays in its queue
+            await delivery.requeue()
+            warning(
+                "news.message",
+                outcome="failed",
+                retried=True,
+                dead_letter_error=describe_error(publish_error),
+                **fields,
+            )
+            return
+        try:
+            await stages.on_dead(self.ctx, stage, delivery.body, error)
+        except NightcrewError as mark_error:
+            warning("news.dead_letter_unrecorded", error=describe_error(mark_error), **fields)
+        await delivery.ack()
+        self.summary.dead_lettered[stage] += 1
+        self._unflushed["dead"][stage] += 1
+        warning("news.message", outcome="dead_lettered", **fields)
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_SECONDS)
+            await self._housekeep_once()
+
+    async def _housekeep_once(self, *, final: bool = False) -> None:
+        """Relay the outbox, refresh stale snapshots, flush the counters: each on its own,
+        so one failing does not stop the others (nor the worker)."""
+        jobs: list[tuple[str, Callable[[], Awaitable[Any]]]] = [("counters", self._flush)]
+        if not final:
+            jobs.insert(0, ("relay", self._relay))
+        if "write" in self.stage_names:
+            jobs.append(("snapshots", lambda: stages.refresh_snapshots(self.ctx, force=final)))
+        for name, job in jobs:
+            try:
+                await job()
+            except (NightcrewError, QueueError) as exc:
+                warning("news.housekeeping_failed", job=name, error=describe_error(exc))
+
+    async def _relay(self) -> None:
+        await pipeline.relay(self.ctx.broker, self.ctx.runtime.db, self.ctx.clock.now())
+
+    async def _flush(self) -> None:
+        counts = self._unflushed
+        names = sorted(set().union(*(c.keys() for c in counts.values())))
+        if not names:
+            return
+        snapshot = {k: Counter(v) for k, v in counts.items()}
+        for c in counts.values():
+            c.clear()
+        try:
+            await self.ctx.runtime.db.execute(
+                pipeline.SQL["add_counters"],
+                {
+                    "stages": names,
+                    "processed": [snapshot["processed"][n] for n in names],
+                    "failed": [snapshot["failed"][n] for n in names],
+                    "dead": [snapshot["dead"][n] for n in names],
+                },
+            )
+        except NightcrewError:
+            for key, c in snapshot.items():  # kept for the next flush
+                counts[key].update(c)
+            raise
