@@ -456,7 +456,8 @@ async def test_scheduled_shard_slots_run_once_across_replicas_and_reports_are_se
 ) -> None:
     from nightcrew.http import create_app
     from nightcrew.metrics import Metrics
-    from nightcrew.news.run import latest_reports, news_schedules
+    from nightcrew.news.run import latest_reports
+    from nightcrew.news.schedule import news_schedules
     from nightcrew.scheduler import Scheduler
 
     site(feed_server, {"/feeds/a": rss(feed_server.url, 2)})

@@ -1,0 +1,125 @@
+"""What the pipeline tests share: a RabbitMQ namespace per test (its own NEWS_QUEUE_PREFIX,
+deleted afterwards), the pipeline's environment, a runtime on it whose feed client can open
+loopback connections only, and a worker run until a condition holds."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import pytest
+
+from nightcrew.adapters.addresses import new_client
+from nightcrew.adapters.broker import STAGES
+from nightcrew.clock import Clock, SystemClock
+from nightcrew.config import Settings
+from nightcrew.db.database import Database
+from nightcrew.news.standins import FeedFarm, ModelStandIn
+from nightcrew.news.worker import Worker, WorkerSummary
+from nightcrew.runtime import Runtime, open_runtime
+from tests.integration.news.conftest import LOOPBACK
+from tests.support.network import LoopbackOnlyBackend
+from tests.support.servers import answers
+
+AMQP_URL = os.environ.get("NIGHTCREW_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+needs_rabbitmq = pytest.mark.skipif(
+    not answers(5672), reason="no RabbitMQ on 127.0.0.1:5672 (start rabbitmq-server)"
+)
+
+
+async def delete_namespace(prefix: str, url: str = AMQP_URL) -> None:
+    import aio_pika
+
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel()
+        for stage in STAGES:
+            await channel.queue_delete(f"{prefix}.{stage}")
+            await channel.queue_delete(f"{prefix}.{stage}.dlq")
+        await channel.exchange_delete(prefix)
+        await channel.exchange_delete(f"{prefix}.dlx")
+    finally:
+        await connection.close()
+
+
+@asynccontextmanager
+async def namespace() -> AsyncIterator[str]:
+    prefix = f"nctest-{uuid4().hex[:10]}"
+    try:
+        yield prefix
+    finally:
+        await delete_namespace(prefix)
+
+
+def pipeline_env(
+    database_url: str, prefix: str, model: ModelStandIn, store: Path, **extra: str
+) -> dict[str, str]:
+    return {
+        "DATABASE_URL": database_url,
+        "QUEUE_URL": AMQP_URL,
+        "NEWS_PIPELINE": "rabbitmq",
+        "NEWS_QUEUE_PREFIX": prefix,
+        "NEWS_ALLOWED_PRIVATE_HOSTS": "127.0.0.1",
+        "NEWS_AI_BASE_URL": model.base_url,
+        "NEWS_AI_MODEL": "stand-in",
+        "STORAGE_URL": f"file://{store}",
+        "NEWS_SNAPSHOT_DEBOUNCE_SECONDS": "0.5",
+        "MAX_AI_REVIEWS": "1000",
+        **extra,
+    }
+
+
+@asynccontextmanager
+async def pipeline_runtime(
+    env: dict[str, str], db: Database, clock: Clock | None = None
+) -> AsyncIterator[Runtime]:
+    settings = Settings.model_validate(env)
+    async with open_runtime(settings, clock or SystemClock(), db=db) as runtime:
+        news = runtime.news_adapters()
+        async with new_client(LOOPBACK, inner=LoopbackOnlyBackend()) as http:
+            yield replace(runtime, news=replace(news, http=http))
+
+
+async def add_farm_sources(db: Database, farm: FeedFarm, shard: str = "s") -> None:
+    from nightcrew.news.sources import add_source
+
+    for n, url in enumerate(farm.feed_urls()):
+        await add_source(db, url=url, name=f"Feed {n}", shard=shard, now=SystemClock().now())
+
+
+async def wait_for(
+    check: Callable[[], Awaitable[bool]], timeout: float, what: str, poll: float = 0.2
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(poll)
+
+
+@asynccontextmanager
+async def worker_running(
+    runtime: Runtime, stages: list[str] | None = None, concurrency: int = 4
+) -> AsyncIterator[WorkerSummary]:
+    """An in-process worker, stopped (gracefully) when the block ends."""
+    stop = asyncio.Event()
+    worker = Worker(runtime, SystemClock(), stages or list(STAGES), concurrency)
+    task = asyncio.create_task(worker.run(stop, grace=10))
+    try:
+        yield worker.summary
+    finally:
+        stop.set()
+        await task
+
+
+async def count(db: Database, sql: str, params: dict[str, Any] | None = None) -> int:
+    row = await db.fetch_one(sql, params)
+    assert row is not None
+    return int(next(iter(row.values())))
