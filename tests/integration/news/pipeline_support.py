@@ -95,12 +95,12 @@ async def add_farm_sources(db: Database, farm: FeedFarm, shard: str = "s") -> No
 
 
 async def wait_for(
-    check: Callable[[], Awaitable[bool]], timeout: float, what: str, poll: float = 0.2
+    check: Callable[[], Awaitable[bool]], within: float, what: str, poll: float = 0.2
 ) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + within
     while not await check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+            raise AssertionError(f"timed out after {within:g} s waiting for {what}")
         await asyncio.sleep(poll)
 
 

@@ -64,7 +64,7 @@ async def test_a_pass_and_a_worker_write_every_article_once_with_its_review_and_
             assert report["pipeline"] == "rabbitmq" and report["enqueuedSources"] == 20
             async with worker_running(runtime) as summary:
                 await wait_for(
-                    lambda: _done(db, 100), timeout=60, what="100 articles written, none waiting"
+                    lambda: _done(db, 100), within=60, what="100 articles written, none waiting"
                 )
             # a second pass enqueues nothing: every source was fetched and is not due yet
             again = (await enqueue_shard(runtime, SystemClock(), "s")).to_json()
@@ -113,7 +113,7 @@ async def test_with_review_over_its_limit_fetch_holds_candidates_and_no_model_is
             await enqueue_shard(runtime, SystemClock(), "s")
             async with worker_running(runtime, ["fetch"]):
                 await wait_for(
-                    lambda: _held(db, "s", 12), timeout=30, what="12 candidates held at fetch"
+                    lambda: _held(db, "s", 12), within=30, what="12 candidates held at fetch"
                 )
             held = await db.fetch(
                 "SELECT stage, reason FROM news.candidates WHERE shard = 's' AND state = 'held'"
@@ -130,7 +130,7 @@ async def test_with_review_over_its_limit_fetch_holds_candidates_and_no_model_is
                 for _ in range(3):  # each pass releases what fits (5), the workers take them
                     await enqueue_shard(runtime, SystemClock(), "s")
                     await wait_for(
-                        lambda: _queued(db, 0), timeout=30, what="the released batch worked off"
+                        lambda: _queued(db, 0), within=30, what="the released batch worked off"
                     )
         assert len(await _articles(db)) == 12 and await _candidates(db) == 0
         assert max(model.reviews.values()) == 1 and len(model.reviews) == 12
@@ -171,8 +171,8 @@ async def test_a_poison_article_is_dead_lettered_then_replayed_once_fixed(
         async with pipeline_runtime(env, db) as runtime:
             await enqueue_shard(runtime, SystemClock(), "s")
             async with worker_running(runtime) as summary:
-                await wait_for(lambda: _dead(db, 1), timeout=30, what="the poison dead-lettered")
-                await wait_for(lambda: _done_but(db, 2), timeout=30, what="the others written")
+                await wait_for(lambda: _dead(db, 1), within=30, what="the poison dead-lettered")
+                await wait_for(lambda: _done_but(db, 2), within=30, what="the others written")
             letters = await dlq.list_dead(runtime)
             assert [(x.stage, x.body["url"], x.deliveries) for x in letters] == [
                 ("write", poison, 3)
@@ -185,7 +185,7 @@ async def test_a_poison_article_is_dead_lettered_then_replayed_once_fixed(
             replayed = await dlq.replay(runtime, SystemClock(), message_id=letters[0].message_id)
             assert [x.message_id for x in replayed] == [letters[0].message_id]
             async with worker_running(runtime):
-                await wait_for(lambda: _done(db, 3), timeout=30, what="the replayed article")
+                await wait_for(lambda: _done(db, 3), within=30, what="the replayed article")
             assert await dlq.list_dead(runtime) == []
         assert await _articles(db) == sorted(farm.article_urls())
         assert model.reviews[poison] == 1  # replayed at its own stage: not reviewed again
@@ -210,7 +210,7 @@ async def test_purge_rejects_the_dead_letters_candidates_and_empties_the_queue(
         await broker.publish([Outgoing(message_id="m-1", stage="enrich", body={"nope": 1})])
         async with worker_running(runtime, ["enrich"]) as summary:
             await wait_for(
-                lambda: _letters(broker, 1), timeout=30, what="the unreadable message's letter"
+                lambda: _letters(broker, 1), within=30, what="the unreadable message's letter"
             )
         assert summary.dead_lettered["enrich"] == 1
         [letter] = await dlq.list_dead(runtime, "enrich")
@@ -261,7 +261,7 @@ async def test_messages_owed_when_the_broker_refused_are_relayed_from_the_outbox
             refusing.down = False
             assert await pipeline.relay(refusing, db, SystemClock().now()) == 3
             async with worker_running(runtime):
-                await wait_for(lambda: _done(db, 6), timeout=30, what="6 articles written")
+                await wait_for(lambda: _done(db, 6), within=30, what="6 articles written")
             await refusing.close()
         assert await _articles(db) == sorted(farm.article_urls())
         assert max(model.reviews.values()) == 1
@@ -290,7 +290,7 @@ async def test_switching_a_shard_inline_to_rabbitmq_and_back_loses_and_repeats_n
             # workers only for enrich and review: candidates pile up at write, reviewed
             async with worker_running(runtime, ["fetch", "enrich", "review"]):
                 await wait_for(
-                    lambda: _at_write(db, 25), timeout=60, what="25 reviewed, waiting for write"
+                    lambda: _at_write(db, 25), within=60, what="25 reviewed, waiting for write"
                 )
 
         farm.grow(2)
