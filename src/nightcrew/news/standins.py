@@ -24,8 +24,7 @@ class _Server:
 
     @property
     def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
 
     def start(self) -> None:
         self._thread.start()
