@@ -94,6 +94,10 @@ def _route_stdlib_logging(level: str, scrubber: SecretScrubber) -> None:
         library = logging.getLogger(name)
         library.handlers = []  # uvicorn installs its own plain-text handlers
         library.propagate = True
+    # one line per HTTP request (a feed, a page, a model call) would drown the events that say
+    # what happened; nightcrew logs those outcomes itself
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def configure_logging(level: str = "info", secrets: Iterable[str] = ()) -> None:

@@ -11,8 +11,10 @@ Topology (declared idempotently on first use; ``prefix`` is NEWS_QUEUE_PREFIX, `
   delivery limit catches what no consumer lives to report (a message that kills its worker).
 
 Messages are persistent JSON, published with ``mandatory`` and publisher confirms: ``publish``
-returns once the broker has every message, or raises QueueError. aio-pika's robust connection
-reconnects, re-declares and re-consumes after a broker restart or a cut connection.
+returns once the broker has every message, or raises QueueError (the next publish connects
+again). Consumers (``StageConsumers``) reconnect with backoff after a broker restart or a cut
+connection — explicitly, not through aio-pika's robust connection, whose channel restoration
+cannot be relied on after a reset.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class PipelineBroker:
     """One robust connection; a confirming channel to publish, one channel per consumed stage."""
 
     def __init__(self, url: str, *, prefix: str, max_deliveries: int) -> None:
-        self._url = url
+        self.url = url
         self.prefix = prefix
         self.max_deliveries = max_deliveries
         self._connection: Any = None
@@ -97,7 +99,6 @@ class PipelineBroker:
         self._exchange: Any = None
         self._dlx: Any = None
         self._lock = asyncio.Lock()
-        self._consumers: list[tuple[Any, str]] = []
 
     def queue_name(self, stage: str) -> str:
         return f"{self.prefix}.{stage}"
@@ -116,28 +117,48 @@ class PipelineBroker:
         }
 
     async def connect(self) -> None:
+        """Connect (again, if the connection was lost) and declare the topology."""
         async with self._lock:
-            if self._channel is not None:
+            connection = self._connection
+            if (
+                self._channel is not None
+                and not self._channel.is_closed
+                and connection is not None
+                and connection.connected.is_set()
+            ):
                 return
+            await self._drop()
             import aio_pika
 
-            where = self._url.split("@")[-1]
+            where = self.url.split("@")[-1]
             try:
                 async with asyncio.timeout(DECLARE_TIMEOUT_SECONDS):
-                    self._connection = await aio_pika.connect_robust(self._url, timeout=10)
-                    channel = await self._connection.channel(publisher_confirms=True)
+                    connection = await aio_pika.connect(self.url, timeout=10)
+                    channel = await connection.channel(publisher_confirms=True)
             except Exception as exc:
                 raise QueueUnavailableError(f"cannot reach RabbitMQ at {where}: {exc}") from exc
+            self._connection = connection
             try:
                 await self._declare(channel)
             except aio_pika.exceptions.ChannelPreconditionFailed as exc:
-                await self._connection.close()
+                await self._drop()
                 raise ConfigError(
                     f"RabbitMQ at {where}: a {self.prefix}.* queue exists with other arguments"
                     f" ({exc}); NEWS_MAX_DELIVERIES or NEWS_QUEUE_PREFIX changed? Drain and"
                     " delete the old queues, or keep the old setting"
                 ) from exc
+            except Exception as exc:
+                await self._drop()
+                raise QueueUnavailableError(f"RabbitMQ at {where}: {exc}") from exc
             self._channel = channel
+
+    async def _drop(self) -> None:
+        connection, self._connection, self._channel = self._connection, None, None
+        if connection is not None and not connection.is_closed:
+            try:
+                await connection.close()
+            except Exception:  # it is being dropped because it broke
+                pass
 
     async def _declare(self, channel: Any) -> None:
         import aio_pika
@@ -186,36 +207,17 @@ class PipelineBroker:
                     )
                 )
         except TimeoutError as exc:
+            await self._drop()  # the next publish connects afresh
             raise QueueError(
                 f"RabbitMQ did not confirm {len(messages)} message(s) within"
                 f" {PUBLISH_TIMEOUT_SECONDS:g} s (unreachable or reconnecting)"
             ) from exc
         except Exception as exc:
+            await self._drop()
             raise QueueError(f"could not publish to {self.prefix}: {exc}") from exc
 
-    async def consume(self, stage: str, prefetch: int, handler: Handler) -> None:
-        """Deliver ``stage``'s messages to ``handler``, at most ``prefetch`` at once."""
-        await self.connect()
-        channel = await self._connection.channel()
-        await channel.set_qos(prefetch_count=prefetch)
-        queue = await channel.declare_queue(
-            self.queue_name(stage), durable=True, arguments=self.stage_arguments(stage)
-        )
-
-        async def on_message(message: Any) -> None:
-            await handler(Delivery(stage, message))
-
-        tag = await queue.consume(on_message, no_ack=False)
-        self._consumers.append((queue, tag))
-
-    async def stop_consuming(self) -> None:
-        """Take no more messages; the ones held are still settled on their channels."""
-        for queue, tag in self._consumers:
-            try:
-                await queue.cancel(tag)
-            except Exception:  # the channel is gone: nothing more comes from it anyway
-                pass
-        self._consumers.clear()
+    def consumers(self, handlers: dict[str, Handler], prefetch: int) -> StageConsumers:
+        return StageConsumers(self, handlers, prefetch)
 
     async def ready(self, stage: str, *, dlq: bool = False) -> int:
         """Messages waiting (not yet delivered) in a stage's queue, or in its dead letters."""
@@ -252,9 +254,93 @@ class PipelineBroker:
         return found
 
     async def close(self) -> None:
-        if self._connection is not None:
-            await self._connection.close()
-            self._connection = self._channel = None
+        await self._drop()
+
+
+class StageConsumers:
+    """Consume stages on a connection of their own, and connect again (with backoff) whenever
+    it is lost — a broker restart, a cut connection — until told to stop. Messages held when
+    the connection went are redelivered by the broker; their late acks fail harmlessly."""
+
+    def __init__(self, broker: PipelineBroker, handlers: dict[str, Handler], prefetch: int):
+        self._broker = broker
+        self._handlers = handlers
+        self._prefetch = prefetch
+        self._connection: Any = None
+        self._consuming: list[tuple[Any, str]] = []
+        self.connections = 0  # how many times it (re)connected
+
+    async def run(self, stop: asyncio.Event, on_event: Callable[[str, str], None]) -> None:
+        """Until ``stop``: then no more messages are taken, and the connection stays open so
+        the messages in hand can still be acknowledged (``close`` ends it)."""
+        backoff = 1.0
+        while not stop.is_set():
+            try:
+                await self._connect()
+            except Exception as exc:
+                on_event("news.broker_unavailable", f"{exc}; retrying in {backoff:g} s")
+                await _wait(stop, backoff)
+                backoff = min(backoff * 2, 30.0)
+                continue
+            backoff = 1.0
+            on_event("news.broker_connected", f"consuming {sorted(self._handlers)}")
+            while not stop.is_set() and self._alive():
+                await _wait(stop, 0.5)
+            if not stop.is_set():
+                on_event("news.broker_connection_lost", "reconnecting")
+        for queue, tag in self._consuming:
+            try:
+                await queue.cancel(tag)
+            except Exception:  # the channel is gone: nothing more comes from it anyway
+                pass
+        self._consuming.clear()
+
+    def _alive(self) -> bool:
+        # ``is_closed`` only turns on an explicit close; a lost transport clears ``connected``
+        connection = self._connection
+        return connection is not None and connection.connected.is_set() and not connection.is_closed
+
+    async def _connect(self) -> None:
+        import aio_pika
+
+        await self.close()
+        await self._broker.connect()  # the topology exists before anyone consumes it
+        self._connection = await aio_pika.connect(self._broker.url, timeout=10)
+        self.connections += 1
+        for stage, handler in self._handlers.items():
+            channel = await self._connection.channel()
+            await channel.set_qos(prefetch_count=self._prefetch)
+            queue = await channel.declare_queue(
+                self._broker.queue_name(stage),
+                durable=True,
+                arguments=self._broker.stage_arguments(stage),
+            )
+            tag = await queue.consume(_deliver(stage, handler), no_ack=False)
+            self._consuming.append((queue, tag))
+
+    async def close(self) -> None:
+        connection, self._connection = self._connection, None
+        self._consuming.clear()
+        if connection is not None and not connection.is_closed:
+            try:
+                await connection.close()
+            except Exception:
+                pass
+
+
+def _deliver(stage: str, handler: Handler) -> Callable[[Any], Awaitable[None]]:
+    async def on_message(message: Any) -> None:
+        await handler(Delivery(stage, message))
+
+    return on_message
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        async with asyncio.timeout(seconds):
+            await stop.wait()
+    except TimeoutError:
+        pass
 
 
 def _dead_letter(stage: str, delivery: Delivery) -> DeadLetter:

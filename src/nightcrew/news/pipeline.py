@@ -125,6 +125,41 @@ async def relay(broker: PipelineBroker, db: Database, now: datetime) -> int:
             return sent
 
 
+# --- release ------------------------------------------------------------------------------------
+async def release_held(
+    db: Database, settings: Settings, now: datetime, *, shard: str | None = None
+) -> tuple[int, list[str], list[dict[str, Any]]]:
+    """Held candidates (of ``shard``, or of every shard) into the stages that have room now:
+    (how many, why the rest stay held, the outbox rows to send). A pass does it for its shard;
+    every worker's housekeeping for all, so a drained stage refills within seconds."""
+    released, reasons, owed = 0, [], []
+    for stage in EXPENSIVE:
+        async with db.transaction() as tx:
+            waiting = await tx.fetch_one(
+                SQL["held_in_stage"],
+                {"shard": shard, "stage": stage, "now": now},
+            )
+            n = int(waiting["n"]) if waiting else 0
+            if n == 0:
+                continue
+            admission = await admit(tx, settings, stage, n)
+            if admission.reason is not None:
+                reasons.append(admission.reason)
+            if admission.room:
+                rows = await tx.fetch(
+                    SQL["release_held"],
+                    {
+                        "shard": shard,
+                        "stage": stage,
+                        "room": admission.room,
+                        "now": now,
+                    },
+                )
+                released += len(rows)
+                owed += rows
+    return released, reasons, owed
+
+
 # --- the pass -----------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class PassReport:
@@ -176,25 +211,7 @@ async def enqueue_shard(
     started = time.perf_counter()
     db, settings, broker = runtime.db, runtime.settings, broker_of(runtime)
     now = clock.now()
-    reasons: list[str] = []
-    released = 0
-    owed: list[dict[str, Any]] = []
-    for stage in EXPENSIVE:
-        async with db.transaction() as tx:
-            held = await tx.fetch_one(SQL["held_in_stage"], {"shard": shard, "stage": stage})
-            waiting = int(held["n"]) if held else 0
-            if waiting == 0:
-                continue
-            admission = await admit(tx, settings, stage, waiting)
-            if admission.reason is not None:
-                reasons.append(admission.reason)
-            if admission.room:
-                rows = await tx.fetch(
-                    SQL["release_held"],
-                    {"shard": shard, "stage": stage, "room": admission.room, "now": now},
-                )
-                released += len(rows)
-                owed += rows
+    released, reasons, owed = await release_held(db, settings, now, shard=shard)
     resent = await db.fetch(
         SQL["resend_stale"],
         {"shard": shard, "now": now, "resend_after": settings.news_resend_after_seconds},

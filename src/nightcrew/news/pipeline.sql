@@ -39,20 +39,24 @@ SELECT stage, jsonb_build_object('url', url, 'shard', shard), %(now)s FROM ins
 RETURNING id, message_id, stage, body;
 
 -- name: held_in_stage
+-- Held candidates of a stage (of one shard, or of all) that may go again now.
 SELECT count(*) AS n FROM news.candidates
- WHERE shard = %(shard)s AND stage = %(stage)s AND state = 'held';
+ WHERE (%(shard)s::text IS NULL OR shard = %(shard)s) AND stage = %(stage)s AND state = 'held'
+   AND (not_before IS NULL OR not_before <= %(now)s);
 
 -- name: release_held
--- The pass: a shard's held candidates of one stage, oldest first, as many as it has room for.
+-- The pass (one shard) or a worker's housekeeping (every shard): held candidates of one stage,
+-- oldest first, as many as the stage has room for.
 WITH picked AS (
     SELECT url FROM news.candidates
-     WHERE shard = %(shard)s AND stage = %(stage)s AND state = 'held'
+     WHERE (%(shard)s::text IS NULL OR shard = %(shard)s) AND stage = %(stage)s
+       AND state = 'held' AND (not_before IS NULL OR not_before <= %(now)s)
      ORDER BY created_at, id
      LIMIT %(room)s
        FOR UPDATE SKIP LOCKED
 ), moved AS (
     UPDATE news.candidates c
-       SET state = 'queued', reason = 'released by a pass', updated_at = %(now)s
+       SET state = 'queued', reason = 'released', not_before = NULL, updated_at = %(now)s
       FROM picked
      WHERE c.url = picked.url
     RETURNING c.url, c.shard, c.stage

@@ -37,6 +37,8 @@ SQL = load_queries(__file__)
 # A date this far ahead of now is not believed for the watermark (a hostile or broken feed
 # dated 2099 must not hide every later entry); such an item is de-duplicated by its URL.
 FUTURE_TOLERANCE = timedelta(days=1)
+RETRY_BASE_SECONDS = 30  # a review the model failed goes again after 30 s, 60 s, 120 s, …
+PARK_SECONDS = 30  # a candidate whose lease is held elsewhere waits at most this long
 
 
 class Superseded(NightcrewError):
@@ -279,6 +281,7 @@ async def _hand_on(
                 "translation": translation,
                 "attempted": 0,
                 "error": None,
+                "retry_base": RETRY_BASE_SECONDS,
                 "now": now,
             },
         )
@@ -311,7 +314,8 @@ async def _under_lease(
             {
                 "url": url,
                 "stage": stage,
-                "reason": f"its {stage} lease is held elsewhere; sent again by a later pass",
+                "reason": f"its {stage} lease is held elsewhere; sent again once it is free",
+                "wait": min(ttl, PARK_SECONDS),
                 "now": ctx.clock.now(),
             },
         )
@@ -374,6 +378,7 @@ async def review(ctx: StageContext, body: dict[str, Any]) -> Outcome:
                     "translation": None,
                     "attempted": 1,
                     "error": "the model failed for now",
+                    "retry_base": RETRY_BASE_SECONDS,
                     "now": ctx.clock.now(),
                 },
             )

@@ -28,7 +28,9 @@ RETURNING url, source_id, shard, title, summary, image_url, published_at, reason
 -- name: park
 -- Its lease is held elsewhere (a worker busy with it, or one that died holding it): held, so a
 -- later pass sends it again once the lease is free.
-UPDATE news.candidates SET state = 'held', reason = %(reason)s, updated_at = %(now)s
+UPDATE news.candidates
+   SET state = 'held', reason = %(reason)s, updated_at = %(now)s,
+       not_before = %(now)s + make_interval(secs => %(wait)s)
  WHERE url = %(url)s AND stage = %(stage)s AND state = 'queued';
 
 -- name: advance
@@ -37,7 +39,11 @@ UPDATE news.candidates
    SET stage = %(next)s, state = %(state)s, reason = %(reason)s,
        image_url = coalesce(%(image_url)s, image_url),
        verdict = %(verdict)s, translation = %(translation)s,
-       attempts = attempts + %(attempted)s, last_error = %(error)s, updated_at = %(now)s
+       attempts = attempts + %(attempted)s, last_error = %(error)s, updated_at = %(now)s,
+       not_before = CASE WHEN %(state)s = 'held' AND %(attempted)s > 0
+                         THEN %(now)s + make_interval(secs => least(
+                                  %(retry_base)s * 2 ^ (attempts + %(attempted)s - 1), 3600))
+                    END
  WHERE url = %(url)s AND stage = %(stage)s AND fence = %(fence)s AND state IN ('queued', 'held')
 RETURNING url;
 

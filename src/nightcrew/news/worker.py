@@ -5,8 +5,9 @@ stage's effect is committed; one JSON event per message says what it came to. A 
 retried by the broker (the message requeued) until its NEWS_MAX_DELIVERIES-th delivery, which
 dead-letters it to ``{prefix}.{stage}.dlq`` with the error in ``x-last-error``. A database that
 goes away is waited for (the message held, not failed: an outage must not dead-letter the whole
-queue). Alongside, the worker relays the outbox, refreshes stale snapshots (write stage) and
-adds its counts to ``news.stage_counters`` for /metrics.
+queue). Alongside, every few seconds, the worker releases held candidates into stages that have
+room again, relays the outbox, refreshes stale snapshots (write stage) and adds its counts to
+``news.stage_counters`` for /metrics.
 
 SIGTERM (or SIGINT): no new messages; the ones held are finished within the grace period (or
 left unacknowledged, so the broker redelivers them); exit 0.
@@ -51,6 +52,10 @@ class WorkerSummary:
         }
 
 
+def _broker_event(name: str, detail: str) -> None:
+    (event if name == "news.broker_connected" else warning)(name, detail=detail)
+
+
 class Worker:
     def __init__(
         self, runtime: Runtime, clock: Clock, stage_names: list[str], concurrency: int
@@ -73,34 +78,34 @@ class Worker:
         self._stopping = asyncio.Event()
 
     async def run(self, stop: asyncio.Event, *, grace: float = STOP_GRACE_SECONDS) -> WorkerSummary:
-        broker = self.ctx.broker
-        for stage in self.stage_names:
-            await broker.consume(stage, self.concurrency, self._handler(stage))
+        await self.ctx.broker.connect()  # a broker that is not there at all: exit 2, one line
+        consumers = self.ctx.broker.consumers(
+            {stage: self._handler(stage) for stage in self.stage_names}, self.concurrency
+        )
         event("news.worker_started", stages=self.stage_names, concurrency=self.concurrency)
         housekeeping = asyncio.create_task(self._housekeeping())
         try:
-            await stop.wait()
+            await consumers.run(stop, _broker_event)
         finally:
             self._stopping.set()
-            await broker.stop_consuming()
             if self._inflight:
                 await asyncio.wait(set(self._inflight), timeout=grace)
+            await consumers.close()  # what is still held goes back to the queue
             housekeeping.cancel()
             await asyncio.gather(housekeeping, return_exceptions=True)
             await self._housekeep_once(final=True)
-        event("news.worker_stopped", **self.summary.to_json())
+        event("news.worker_stopped", connections=consumers.connections, **self.summary.to_json())
         return self.summary
 
     def _handler(self, stage: str) -> Callable[[Delivery], Awaitable[None]]:
         async def handle(delivery: Delivery) -> None:
-            task = asyncio.current_task()
-            if task is not None:
-                self._inflight.add(task)
-            try:
-                await self._handle(stage, delivery)
-            finally:
-                if task is not None:
-                    self._inflight.discard(task)
+            # A task of our own, shielded: when the broker connection drops, aio-pika cancels
+            # the callback, but the stage must still finish what it started (its model call,
+            # its commit) — else the redelivered message would pay for that step again.
+            task = asyncio.create_task(self._handle(stage, delivery))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+            await asyncio.shield(task)
 
         return handle
 
@@ -200,7 +205,7 @@ class Worker:
         so one failing does not stop the others (nor the worker)."""
         jobs: list[tuple[str, Callable[[], Awaitable[Any]]]] = [("counters", self._flush)]
         if not final:
-            jobs.insert(0, ("relay", self._relay))
+            jobs.insert(0, ("release and relay", self._relay))
         if "write" in self.stage_names:
             jobs.append(("snapshots", lambda: stages.refresh_snapshots(self.ctx, force=final)))
         for name, job in jobs:
@@ -210,7 +215,11 @@ class Worker:
                 warning("news.housekeeping_failed", job=name, error=describe_error(exc))
 
     async def _relay(self) -> None:
-        await pipeline.relay(self.ctx.broker, self.ctx.runtime.db, self.ctx.clock.now())
+        """Release held candidates into stages with room, then relay the outbox."""
+        db, now = self.ctx.runtime.db, self.ctx.clock.now()
+        _, _, owed = await pipeline.release_held(db, self.ctx.runtime.settings, now)
+        await pipeline.send_owed(self.ctx.broker, db, owed)
+        await pipeline.relay(self.ctx.broker, db, now)
 
     async def _flush(self) -> None:
         counts = self._unflushed

@@ -245,7 +245,7 @@ async def test_messages_owed_when_the_broker_refused_are_relayed_from_the_outbox
         async with pipeline_runtime(env, db) as runtime:
             real = pipeline.broker_of(runtime)
             refusing = _RefusingBroker(
-                real._url, prefix=real.prefix, max_deliveries=real.max_deliveries
+                real.url, prefix=real.prefix, max_deliveries=real.max_deliveries
             )
             news = runtime.news_adapters()
             from dataclasses import replace

@@ -12,6 +12,8 @@
 -- run adopting it); a stage's result is saved only under the fence it drew, so an older holder
 -- (a redelivered message's first consumer) cannot overwrite a newer one.
 -- candidates.verdict/translation: the review stage's result, read by the write stage.
+-- candidates.not_before: a held candidate is not released before then (a model that failed
+-- backs off; one whose lease a dead worker holds waits for it).
 --
 -- news.outbox: the messages owed to the broker, written in the transaction of the state change
 -- that owes them, deleted once the broker confirmed them (the relay republishes what a crash
@@ -28,6 +30,7 @@ ALTER TABLE news.candidates
     ADD COLUMN verdict jsonb,
     ADD COLUMN translation text,
     ADD COLUMN last_error text,
+    ADD COLUMN not_before timestamptz,
     DROP CONSTRAINT candidates_state_check,
     ADD CONSTRAINT candidates_state_check
         CHECK (state IN ('held', 'queued', 'dead', 'rejected'));
