@@ -6,7 +6,7 @@ Topology (declared idempotently on first use; ``prefix`` is NEWS_QUEUE_PREFIX, `
   name as routing key and reach the quorum queue ``{prefix}.{stage}``;
 * every stage queue is a **quorum** queue with ``x-delivery-limit`` = NEWS_MAX_DELIVERIES and
   dead-letters (at-least-once) to exchange ``{prefix}.dlx`` with the stage as routing key,
-  which routes to ``{prefix}.{stage}.dlq`` (quorum as well). A consumer that fails a message
+  which routes to ``{prefix}.{stage}.dlq`` (classic, durable). A consumer that fails a message
   for the last time publishes it there itself, with the error in ``x-last-error``; the broker's
   delivery limit catches what no consumer lives to report (a message that kills its worker).
 
@@ -73,7 +73,8 @@ class Delivery:
         return await self._settle(self._message.ack())
 
     async def requeue(self) -> bool:
-        return await self._settle(self._message.nack(requeue=True))
+        # reject, not nack: from RabbitMQ 4.3 a nack no longer counts toward the delivery limit
+        return await self._settle(self._message.reject(requeue=True))
 
     @staticmethod
     async def _settle(call: Awaitable[None]) -> bool:
@@ -134,7 +135,9 @@ class PipelineBroker:
             try:
                 async with asyncio.timeout(DECLARE_TIMEOUT_SECONDS):
                     connection = await aio_pika.connect(self.url, timeout=10)
-                    channel = await connection.channel(publisher_confirms=True)
+                    channel = await connection.channel(
+                        publisher_confirms=True, on_return_raises=True
+                    )
             except Exception as exc:
                 raise QueueUnavailableError(f"cannot reach RabbitMQ at {where}: {exc}") from exc
             self._connection = connection
@@ -174,9 +177,9 @@ class PipelineBroker:
                 self.queue_name(stage), durable=True, arguments=self.stage_arguments(stage)
             )
             await queue.bind(self._exchange, routing_key=stage)
-            dlq = await channel.declare_queue(
-                self.dlq_name(stage), durable=True, arguments={"x-queue-type": "quorum"}
-            )
+            # classic and durable: a letter is returned to it each time it is listed, and a
+            # quorum queue's delivery limit (20 by default since RabbitMQ 4) would drop it
+            dlq = await channel.declare_queue(self.dlq_name(stage), durable=True)
             await dlq.bind(self._dlx, routing_key=stage)
 
     async def publish(self, messages: Sequence[Outgoing], *, dead: bool = False) -> None:
@@ -297,8 +300,14 @@ class StageConsumers:
 
     def _alive(self) -> bool:
         # ``is_closed`` only turns on an explicit close; a lost transport clears ``connected``
+        # and a channel the broker closed (a consumer ack timeout) is a reason to start over
         connection = self._connection
-        return connection is not None and connection.connected.is_set() and not connection.is_closed
+        return (
+            connection is not None
+            and connection.connected.is_set()
+            and not connection.is_closed
+            and not any(queue.channel.is_closed for queue, _ in self._consuming)
+        )
 
     async def _connect(self) -> None:
         import aio_pika

@@ -21,11 +21,12 @@ DELETE FROM news.candidates c
    AND EXISTS (SELECT 1 FROM news.articles a WHERE a.url = c.url);
 
 -- name: adopt_queued
--- An inline run takes over what the pipeline had queued for this shard (the operator switched
--- NEWS_PIPELINE back to inline): held again, under a new fence, so a stage worker still busy
--- with one of them cannot save its result over the run's.
-UPDATE news.candidates SET state = 'held', fence = fence + 1, updated_at = %(now)s
- WHERE shard = %(shard)s AND state = 'queued';
+-- An inline run takes over what the pipeline had queued (or dead-lettered) for this shard (the
+-- operator switched NEWS_PIPELINE back to inline): held again, under a new fence, so a stage
+-- worker still busy with one of them cannot save its result over the run's.
+UPDATE news.candidates
+   SET state = 'held', fence = fence + 1, not_before = NULL, updated_at = %(now)s
+ WHERE shard = %(shard)s AND state IN ('queued', 'dead');
 
 -- name: held
 -- Oldest first: what earlier runs deferred goes before what this run fetched.

@@ -90,6 +90,7 @@ async def purge(runtime: Runtime, clock: Clock, stage: str) -> list[DeadLetter]:
                 SQL["purge_candidate"],
                 {
                     "url": str(letter.body["url"]),
+                    "stage": stage,
                     "reason": f"purged from {broker.dlq_name(stage)}: {letter.error}",
                     "now": clock.now(),
                 },

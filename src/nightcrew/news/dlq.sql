@@ -15,8 +15,10 @@ UPDATE news.sources SET fetch_queued_at = %(now)s
 RETURNING id, shard;
 
 -- name: purge_candidate
+-- Only a candidate still at the letter's stage: one that moved on (its message was re-sent and
+-- worked) is not the letter's to give up.
 UPDATE news.candidates SET state = 'rejected', reason = %(reason)s, updated_at = %(now)s
- WHERE url = %(url)s AND state IN ('dead', 'queued', 'held');
+ WHERE url = %(url)s AND stage = %(stage)s AND state IN ('dead', 'queued', 'held');
 
 -- name: purge_source
 UPDATE news.sources SET fetch_queued_at = NULL WHERE id = %(id)s;

@@ -11,18 +11,19 @@ refused by the fence. Writes are idempotent on the normalised URL.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from nightcrew.adapters.broker import PipelineBroker
 from nightcrew.adapters.locks import Lease, LeaseBackendDown, Leases, PostgresLeases
 from nightcrew.clock import Clock
 from nightcrew.db.database import QueryError, json_param
 from nightcrew.db.queries import load_queries
-from nightcrew.errors import NightcrewError
+from nightcrew.errors import DatabaseUnavailableError, NightcrewError
 from nightcrew.log import describe_error, warning
 from nightcrew.news import pipeline
 from nightcrew.news import run as inline
@@ -38,7 +39,6 @@ SQL = load_queries(__file__)
 # dated 2099 must not hide every later entry); such an item is de-duplicated by its URL.
 FUTURE_TOLERANCE = timedelta(days=1)
 RETRY_BASE_SECONDS = 30  # a review the model failed goes again after 30 s, 60 s, 120 s, …
-PARK_SECONDS = 30  # a candidate whose lease is held elsewhere waits at most this long
 
 
 class Superseded(NightcrewError):
@@ -58,6 +58,7 @@ class StageContext:
     runtime: Runtime
     clock: Clock
     broker: PipelineBroker
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)  # the worker is stopping
 
     @property
     def leases(self) -> Leases:
@@ -65,6 +66,23 @@ class StageContext:
 
 
 Stage = Callable[[StageContext, dict[str, Any]], Awaitable[Outcome]]
+T = TypeVar("T")
+
+
+async def patiently(ctx: StageContext, step: Callable[[], Awaitable[T]], *, what: str) -> T:
+    """``step``, again and again while the database is unavailable (backing off to 10 s),
+    until it succeeds or the worker stops. A stage saves its result this way once its
+    expensive step is done, so an outage never costs a second model call."""
+    pause = 0.5
+    while True:
+        try:
+            return await step()
+        except DatabaseUnavailableError as exc:
+            if ctx.stopping.is_set():
+                raise
+            warning("news.database_unavailable", step=what, error=describe_error(exc))
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 10.0)
 
 
 # --- leases ---------------------------------------------------------------------------------------
@@ -76,6 +94,14 @@ async def _acquire(ctx: StageContext, name: str, ttl: float) -> tuple[Leases, Le
         warning("worker.redis.unavailable", error=str(exc))
         fallback = PostgresLeases(ctx.runtime.db, ctx.clock)
         return fallback, await fallback.acquire(name, ttl)
+
+
+async def _release(leases: Leases, lease: Lease) -> None:
+    """A lease that cannot be released now (its backend is down) simply runs out its TTL."""
+    try:
+        await leases.release(lease)
+    except (NightcrewError, LeaseBackendDown) as exc:
+        warning("news.lease_release_failed", lease=lease.name, error=describe_error(exc))
 
 
 def _hashed(stage: str, key: str) -> str:
@@ -92,15 +118,23 @@ async def fetch(ctx: StageContext, body: dict[str, Any]) -> Outcome:
     if not source["enabled"] or source["parked_at"] is not None:
         await db.execute(SQL["unqueue_source"], {"id": source_id})
         return Outcome("skipped", {"source_id": source_id, "why": "disabled or parked"})
-    leases, lease = await _acquire(
-        ctx, f"news:fetch:{source_id}", settings.news_stage_lease_seconds
-    )
+    ttl = settings.news_stage_lease_seconds
+    leases, lease = await _acquire(ctx, f"news:fetch:{source_id}", ttl)
     if lease is None:
+        await db.execute(
+            SQL["refetch_later"],
+            {
+                "id": source_id,
+                "now": now,
+                "resend_after": settings.news_resend_after_seconds,
+                "ttl": ttl,
+            },
+        )
         return Outcome("skipped", {"source_id": source_id, "why": "another worker fetches it"})
     try:
         return await _fetch_source(ctx, source, now)
     finally:
-        await leases.release(lease)
+        await _release(leases, lease)
 
 
 async def _fetch_source(ctx: StageContext, source: dict[str, Any], now: datetime) -> Outcome:
@@ -315,7 +349,7 @@ async def _under_lease(
                 "url": url,
                 "stage": stage,
                 "reason": f"its {stage} lease is held elsewhere; sent again once it is free",
-                "wait": min(ttl, PARK_SECONDS),
+                "wait": ttl,  # by then the lease is free, whoever held it
                 "now": ctx.clock.now(),
             },
         )
@@ -329,7 +363,7 @@ async def _under_lease(
         except Superseded:
             return Outcome("skipped", {"url": url, "why": "taken over meanwhile"})
     finally:
-        await leases.release(lease)
+        await _release(leases, lease)
 
 
 async def enrich(ctx: StageContext, body: dict[str, Any]) -> Outcome:
@@ -340,7 +374,11 @@ async def enrich(ctx: StageContext, body: dict[str, Any]) -> Outcome:
         if image is None:
             adapters = ctx.runtime.news_adapters()
             image, _ = await hydrate_image(adapters.http, url, adapters.policy)
-        state = await _hand_on(ctx, taken, "enrich", "review", image_url=image)
+        state = await patiently(
+            ctx,
+            lambda: _hand_on(ctx, taken, "enrich", "review", image_url=image),
+            what="enrich",
+        )
         return Outcome("enriched", {"url": url, "image": image is not None, "next": state})
 
     return await _under_lease(
@@ -364,32 +402,36 @@ async def review(ctx: StageContext, body: dict[str, Any]) -> Outcome:
         reviewer = ctx.runtime.news_adapters().reviewer
         verdict, translation, transient = await inline.review_item(reviewer, taken.candidate.item)
         if transient and taken.candidate.attempts + 1 < inline.MAX_REVIEW_ATTEMPTS:
-            saved = await db.fetch_one(
-                SQL["advance"],
-                {
-                    "url": url,
-                    "stage": "review",
-                    "fence": taken.fence,
-                    "next": "review",
-                    "state": "held",
-                    "reason": "the model failed for now; sent again by a later pass",
-                    "image_url": None,
-                    "verdict": None,
-                    "translation": None,
-                    "attempted": 1,
-                    "error": "the model failed for now",
-                    "retry_base": RETRY_BASE_SECONDS,
-                    "now": ctx.clock.now(),
-                },
+            retry_later = {
+                "url": url,
+                "stage": "review",
+                "fence": taken.fence,
+                "next": "review",
+                "state": "held",
+                "reason": "the model failed for now; sent again after a backoff",
+                "image_url": None,
+                "verdict": None,
+                "translation": None,
+                "attempted": 1,
+                "error": "the model failed for now",
+                "retry_base": RETRY_BASE_SECONDS,
+                "now": ctx.clock.now(),
+            }
+            saved = await patiently(
+                ctx, lambda: db.fetch_one(SQL["advance"], retry_later), what="review"
             )
             return Outcome("deferred" if saved else "skipped", {"url": url, "why": "model"})
-        state = await _hand_on(
+        state = await patiently(
             ctx,
-            taken,
-            "review",
-            "write",
-            verdict=verdict_to_json(verdict) or {},
-            translation=translation,
+            lambda: _hand_on(
+                ctx,
+                taken,
+                "review",
+                "write",
+                verdict=verdict_to_json(verdict) or {},
+                translation=translation,
+            ),
+            what="review",
         )
         status = "unreviewed" if verdict is None else "accepted" if verdict.accepted else "rejected"
         return Outcome("reviewed", {"url": url, "verdict": status, "next": state})
@@ -473,7 +515,9 @@ async def on_dead(ctx: StageContext, stage: str, body: dict[str, Any], error: st
             )
             await db.execute(SQL["unqueue_source"], {"id": source["id"]})
     elif "url" in body:
-        await db.execute(SQL["mark_dead"], {"url": str(body["url"]), "error": error, "now": now})
+        await db.execute(
+            SQL["mark_dead"], {"url": str(body["url"]), "stage": stage, "error": error, "now": now}
+        )
 
 
 async def refresh_snapshots(ctx: StageContext, *, force: bool = False) -> int:

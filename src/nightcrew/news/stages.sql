@@ -17,6 +17,14 @@ RETURNING id;
 -- name: unqueue_source
 UPDATE news.sources SET fetch_queued_at = NULL WHERE id = %(id)s;
 
+-- name: refetch_later
+-- Its fetch lease is held elsewhere (a worker fetching it, or one that died doing so): the pass
+-- sends the source again once the lease has surely run out, if nobody fetched it meanwhile.
+UPDATE news.sources
+   SET fetch_queued_at = least(fetch_queued_at,
+                               %(now)s - make_interval(secs => %(resend_after)s - %(ttl)s))
+ WHERE id = %(id)s AND fetch_queued_at IS NOT NULL;
+
 -- name: take
 -- A stage worker takes a candidate: a new fence, which its result must be saved under.
 UPDATE news.candidates
@@ -58,8 +66,10 @@ SELECT 1 AS written FROM news.articles WHERE url = %(url)s;
 DELETE FROM news.candidates WHERE url = %(url)s;
 
 -- name: mark_dead
+-- Only at the letter's own stage: a copy of an older stage's message must not kill a
+-- candidate that has moved on.
 UPDATE news.candidates SET state = 'dead', last_error = %(error)s, updated_at = %(now)s
- WHERE url = %(url)s AND state IN ('queued', 'held');
+ WHERE url = %(url)s AND stage = %(stage)s AND state IN ('queued', 'held');
 
 -- name: reject
 UPDATE news.candidates SET state = 'rejected', reason = %(reason)s, updated_at = %(now)s

@@ -4,9 +4,10 @@ Each message is handled by its stage (``news/stages.py``) and acknowledged only 
 stage's effect is committed; one JSON event per message says what it came to. A failure is
 retried by the broker (the message requeued) until its NEWS_MAX_DELIVERIES-th delivery, which
 dead-letters it to ``{prefix}.{stage}.dlq`` with the error in ``x-last-error``. A database that
-goes away is waited for (the message held, not failed: an outage must not dead-letter the whole
-queue). Alongside, every few seconds, the worker releases held candidates into stages that have
-room again, relays the outbox, refreshes stale snapshots (write stage) and adds its counts to
+goes away is waited for, as long as it takes (the message held, not failed: an outage must not
+spend deliveries and dead-letter the whole queue); a stopping worker gives its message back.
+Alongside, every few seconds, the worker releases held candidates into stages that have room
+again, relays the outbox, refreshes stale snapshots (write stage) and adds its counts to
 ``news.stage_counters`` for /metrics.
 
 SIGTERM (or SIGINT): no new messages; the ones held are finished within the grace period (or
@@ -24,13 +25,12 @@ from typing import Any
 
 from nightcrew.adapters.broker import STAGES, Delivery, Outgoing
 from nightcrew.clock import Clock
-from nightcrew.errors import DatabaseUnavailableError, NightcrewError, QueueError
+from nightcrew.errors import NightcrewError, QueueError
 from nightcrew.log import describe_error, event, warning
 from nightcrew.news import pipeline, stages
 from nightcrew.runtime import Runtime
 
 HOUSEKEEPING_SECONDS = 5.0
-DATABASE_PATIENCE_SECONDS = 120.0  # then the message is requeued (one delivery spent)
 STOP_GRACE_SECONDS = 30.0
 
 
@@ -63,8 +63,12 @@ class Worker:
         unknown = [s for s in stage_names if s not in STAGES]
         if unknown or not stage_names:
             raise NightcrewError(f"unknown stage {unknown or stage_names}; expected {STAGES}")
+        self._stopping = asyncio.Event()
         self.ctx = stages.StageContext(
-            runtime=runtime, clock=clock, broker=pipeline.broker_of(runtime)
+            runtime=runtime,
+            clock=clock,
+            broker=pipeline.broker_of(runtime),
+            stopping=self._stopping,
         )
         self.stage_names = stage_names
         self.concurrency = concurrency
@@ -75,7 +79,6 @@ class Worker:
             "dead": Counter(),
         }
         self._inflight: set[asyncio.Task[Any]] = set()
-        self._stopping = asyncio.Event()
 
     async def run(self, stop: asyncio.Event, *, grace: float = STOP_GRACE_SECONDS) -> WorkerSummary:
         await self.ctx.broker.connect()  # a broker that is not there at all: exit 2, one line
@@ -135,18 +138,11 @@ class Worker:
         )
 
     async def _patiently(self, stage: str, body: dict[str, Any]) -> stages.Outcome:
-        """The stage, waiting out a database outage (up to DATABASE_PATIENCE_SECONDS)."""
-        deadline = time.monotonic() + DATABASE_PATIENCE_SECONDS
-        pause = 0.5
-        while True:
-            try:
-                return await stages.STAGES[stage](self.ctx, body)
-            except DatabaseUnavailableError as exc:
-                if time.monotonic() + pause > deadline or self._stopping.is_set():
-                    raise
-                warning("news.database_unavailable", stage=stage, error=describe_error(exc))
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 10.0)
+        """The stage, run again while the database is unavailable before its expensive step
+        (after it, the stage itself waits to save its result: see ``stages.patiently``)."""
+        return await stages.patiently(
+            self.ctx, lambda: stages.STAGES[stage](self.ctx, body), what=stage
+        )
 
     async def _failed(self, stage: str, delivery: Delivery, exc: Exception, started: float) -> None:
         error = describe_error(exc)
@@ -160,7 +156,7 @@ class Worker:
             "ms": round((time.perf_counter() - started) * 1000, 1),
         }
         limit = self.ctx.broker.max_deliveries
-        if delivery.deliveries < limit or isinstance(exc, DatabaseUnavailableError):
+        if delivery.deliveries < limit:
             await delivery.requeue()
             warning("news.message", outcome="failed", retried=True, **fields)
             return
