@@ -263,3 +263,38 @@ async def test_a_crash_between_the_candidates_commit_and_their_publish_is_relaye
         assert await _articles(db) == sorted(farm.article_urls())
         assert max(model.reviews.values()) == 1
         assert await count(db, "SELECT count(*) FROM news.outbox") == 0
+
+
+async def test_a_database_cut_mid_review_is_waited_out_without_a_second_model_call(
+    db: Database, fresh_db_url: str, prefix: str, tmp_path: Path
+) -> None:
+    from urllib.parse import urlsplit
+
+    from tests.faults.test_database_faults import FAST, _via
+
+    port = urlsplit(fresh_db_url).port
+    if port is None:
+        pytest.skip("the fault tests need PostgreSQL on 127.0.0.1:PORT (DATABASE_URL)")
+    proxy = TcpProxy(port)
+    await proxy.start()
+    pdb = await Database.open(_via(fresh_db_url, proxy.port), policy=FAST)
+    try:
+        with ModelStandIn(delay=1.5) as model, FeedFarm(feeds=1, items=4) as farm:
+            env = pipeline_env(fresh_db_url, prefix, model, tmp_path / "store")
+            await add_farm_sources(db, farm)
+            async with pipeline_runtime(env, pdb) as runtime, worker_running(runtime) as summary:
+                await enqueue_shard(runtime, SystemClock(), "s")
+                await wait_for(lambda: _asked(model, 4), within=30, what="4 reviews under way")
+                await proxy.cut()  # PostgreSQL gone while the model thinks
+                await asyncio.sleep(4)  # every answer is in; nowhere to save it
+                assert await count(db, "SELECT count(*) FROM news.articles") == 0
+                await proxy.restore()
+                await wait_for(lambda: _all_written(db, 4), within=60, what="4 articles")
+        assert await _articles(db) == sorted(farm.article_urls())
+        assert dict(model.reviews) == {url: 1 for url in farm.article_urls()}
+        assert summary.failed == {} and summary.dead_lettered == {}
+        await _one_review_each(db)
+    finally:
+        await proxy.restore()
+        await pdb.close()
+        await proxy.cut()
