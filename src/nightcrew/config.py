@@ -94,6 +94,12 @@ class Settings(BaseSettings):
         3600
     )
 
+    # the storage reconciler's listing: partitions listed at once (unset: 16 on S3, the core
+    # count on local disk)
+    reconcile_list_concurrency: Annotated[
+        int | None, Field(alias="RECONCILE_LIST_CONCURRENCY", ge=1, le=256)
+    ] = None
+
     # --- nightcrew's own knobs ---------------------------------------------------------------
     db_connect_timeout_seconds: Annotated[
         float, Field(alias="NIGHTCREW_DB_CONNECT_TIMEOUT_SECONDS", gt=0)

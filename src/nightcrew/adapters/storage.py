@@ -66,9 +66,15 @@ class DeleteOutcome:
 class ObjectStore(Protocol):
     description: str
     stats: StoreStats
+    remote: bool  # each request a network round trip (S3), not a local call
 
     def list_prefix(self, prefix: str) -> AsyncIterator[list[StoredObject]]:
         """Every object under ``prefix``, in pages of at most 1000."""
+        ...
+
+    async def list_children(self, prefix: str) -> tuple[list[str], list[StoredObject]]:
+        """One level under ``prefix`` (a delimiter listing): the child prefixes (each ending
+        in "/") and the objects directly there."""
         ...
 
     async def head(self, key: str) -> StoredObject | None: ...
@@ -81,10 +87,28 @@ class ObjectStore(Protocol):
 
 
 class ObstoreStore:
-    def __init__(self, store: Any, description: str) -> None:
+    def __init__(self, store: Any, description: str, *, remote: bool = False) -> None:
         self._store = store
         self.description = description
+        self.remote = remote
         self.stats = StoreStats()
+
+    async def list_children(self, prefix: str) -> tuple[list[str], list[StoredObject]]:
+        try:
+            found = await obstore.list_with_delimiter_async(self._store, prefix)
+        except NOT_FOUND:
+            self.stats.list_pages += 1
+            return [], []
+        except Exception as exc:
+            raise StoreError(f"listing {prefix!r} failed: {describe_error(exc)}") from exc
+        children = [p.rstrip("/") + "/" for p in found["common_prefixes"]]
+        objects = [
+            StoredObject(key=m["path"], size=int(m["size"]), last_modified=m["last_modified"])
+            for m in found["objects"]
+        ]
+        # S3 answers a delimiter listing 1000 entries (prefixes and keys) per request
+        self.stats.list_pages += max(1, -(-(len(children) + len(objects)) // LIST_PAGE_SIZE))
+        return children, objects
 
     async def list_prefix(self, prefix: str) -> AsyncIterator[list[StoredObject]]:
         stream = obstore.list(self._store, prefix=prefix, chunk_size=LIST_PAGE_SIZE)
@@ -178,11 +202,15 @@ class ReadOnlyStore:
         self._inner = inner
         self.description = inner.description
         self.stats = inner.stats
+        self.remote = inner.remote
         self.would_delete: list[str] = []
         self.would_put: list[str] = []
 
     def list_prefix(self, prefix: str) -> AsyncIterator[list[StoredObject]]:
         return self._inner.list_prefix(prefix)
+
+    async def list_children(self, prefix: str) -> tuple[list[str], list[StoredObject]]:
+        return await self._inner.list_children(prefix)
 
     async def head(self, key: str) -> StoredObject | None:
         return await self._inner.head(key)
@@ -276,7 +304,7 @@ def open_store(url: str, *, credentials: dict[str, str] | None = None) -> Obstor
         except Exception as exc:
             raise ConfigError(f"STORAGE_URL: {describe_error(exc)}") from exc
         where = f"s3://{bucket}" + (f" at {endpoint}" if endpoint else "")
-        return ObstoreStore(store, where)
+        return ObstoreStore(store, where, remote=True)
     raise ConfigError(
         f"STORAGE_URL: unsupported scheme {scheme!r}; use file://, s3:// or memory://"
     )

@@ -1,7 +1,8 @@
 """The storage reconciler's jobs (spec 000 "Storage Reconciliation").
 
-One listing of ``podcasts/`` streams into a session temp table (COPY, one page of 1000 at a
-time), so every job is a join and the store sees about N/1000 list requests plus one request
+One listing of ``podcasts/`` — partitioned by podcast prefix, RECONCILE_LIST_CONCURRENCY
+partitions in flight — streams into a session temp table (COPY, one page of 1000 at a time), so
+every job is a join and the store sees about N/1000 + prefixes list requests plus one request
 per candidate: a HEAD per missing-object candidate (it may have been uploaded after the listing
 passed it) and a delete per batch of at most 1000 orphans. Memory stays flat: nothing holds more
 than a page or a batch of candidates.
@@ -20,8 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -49,7 +51,8 @@ from nightcrew.runtime import Runtime
 SQL = load_queries(__file__)
 
 DELETE_BATCH = 1000
-LISTING_PREFETCH = 4  # listing pages in flight between the store and the COPY
+LIST_PAGE = 1000
+REMOTE_LIST_CONCURRENCY = 16
 HEAD_CONCURRENCY = 32
 UUID_RE = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 # Podcasts whose pending intents one run delivers (one ?wait=1 call each, covering all of a
@@ -201,7 +204,8 @@ async def run_reconcile(
         await conn.execute(SQL["drop_listing"])
         await conn.execute(SQL["create_listing"])
         try:
-            report.listing = await _load_listing(conn, store, tick)
+            concurrency = list_concurrency(runtime.settings.reconcile_list_concurrency, store)
+            report.listing = await _load_listing(conn, store, tick, concurrency)
             await _size_backfill(runtime, conn, options, prefix, report, tick)
             await _missing(runtime, conn, store, options, prefix, report, tick)
             if options.apply:
@@ -274,18 +278,54 @@ def _listing_rows(page: list[StoredObject], kinds: dict[str, int]) -> list[tuple
     return rows
 
 
-async def _load_listing(conn: Tx, store: ObjectStore, tick: Progress) -> dict[str, int]:
-    """List once, COPY as we go: the store's next page is fetched while this one is written
-    (a small queue between the two), and memory holds at most a few pages."""
+def list_concurrency(settings_value: int | None, store: ObjectStore) -> int:
+    """RECONCILE_LIST_CONCURRENCY, else 16 listings in flight on S3 (each page a round trip)
+    and one per core on local disk (each page a directory walk)."""
+    if settings_value:
+        return settings_value
+    return REMOTE_LIST_CONCURRENCY if store.remote else max(1, os.cpu_count() or 1)
+
+
+async def _load_listing(
+    conn: Tx, store: ObjectStore, tick: Progress, concurrency: int
+) -> dict[str, int]:
+    """List ``podcasts/`` partitioned by podcast and COPY as we go.
+
+    A delimiter listing finds every ``podcasts/{id}/`` prefix the store holds (of podcasts in
+    the database or not: a deleted podcast's objects are orphans to find) and the objects
+    directly under ``podcasts/``; ``concurrency`` listers then take the prefixes one after
+    another, each streaming its pages into one queue that the COPY drains. Memory holds at
+    most the queue's pages plus one page per lister; requests are the prefix listing's pages
+    plus every prefix's own (N/1000 + prefixes). One partition failing fails the listing,
+    before anything is changed."""
     totals = {"objects": 0, "bytes": 0}
     kinds: dict[str, int] = {}
     pages_before = store.stats.list_pages
-    queue: asyncio.Queue[list[StoredObject] | None] = asyncio.Queue(maxsize=LISTING_PREFETCH)
+    prefixes, loose = await store.list_children("podcasts/")
+    queue: asyncio.Queue[list[StoredObject] | None] = asyncio.Queue(maxsize=concurrency * 2)
+    done = {"prefixes": 0}
+    started = time.monotonic()
+
+    async def lister(todo: Iterator[str]) -> None:
+        for prefix in todo:  # shared: each lister takes the next prefix not yet taken
+            async for page in store.list_prefix(prefix):
+                await queue.put(page)
+            done["prefixes"] += 1
 
     async def produce() -> None:
         try:
-            async for page in store.list_prefix("podcasts/"):
-                await queue.put(page)
+            for start in range(0, len(loose), LIST_PAGE):
+                await queue.put(loose[start : start + LIST_PAGE])
+            todo = iter(prefixes)
+            listers = [
+                asyncio.create_task(lister(todo)) for _ in range(min(concurrency, len(prefixes)))
+            ]
+            try:
+                await asyncio.gather(*listers)
+            finally:
+                for task in listers:
+                    task.cancel()
+                await asyncio.gather(*listers, return_exceptions=True)
         finally:
             await queue.put(None)
 
@@ -293,7 +333,10 @@ async def _load_listing(conn: Tx, store: ObjectStore, tick: Progress) -> dict[st
         while (page := await queue.get()) is not None:
             totals["objects"] += len(page)
             totals["bytes"] += sum(o.size for o in page)
-            tick("listing", totals["objects"])
+            tick(
+                _listing_phase(totals["objects"], done["prefixes"], len(prefixes), started),
+                totals["objects"],
+            )
             yield _listing_rows(page, kinds)
 
     producer = asyncio.create_task(produce())
@@ -304,14 +347,36 @@ async def _load_listing(conn: Tx, store: ObjectStore, tick: Progress) -> dict[st
             producer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await producer  # re-raises a listing failure
+    seconds = time.monotonic() - started
+    event(
+        "reconcile_listing_done",
+        objects=totals["objects"],
+        partitions=len(prefixes),
+        concurrency=concurrency,
+        seconds=round(seconds, 2),
+        objects_per_second=round(totals["objects"] / seconds) if seconds else None,
+    )
     await conn.execute(SQL["index_listing"])
     await conn.execute(SQL["analyze_listing"])
     return {
         "objects": totals["objects"],
         "bytes": totals["bytes"],
         "listRequests": store.stats.list_pages - pages_before,
+        "partitions": len(prefixes),
+        "listConcurrency": concurrency,
         **kinds,
     }
+
+
+def _listing_phase(objects: int, done: int, partitions: int, started: float) -> str:
+    """The progress line: objects so far, objects/s, and an ETA from the partitions left."""
+    elapsed = time.monotonic() - started
+    rate = objects / elapsed if elapsed > 0 else 0.0
+    if done and partitions > done:
+        eta = f", ETA {elapsed * (partitions - done) / done:.0f} s"
+    else:
+        eta = ""
+    return f"listing ({rate:,.0f} objects/s, {done:,}/{partitions:,} podcasts{eta})"
 
 
 async def _size_backfill(
