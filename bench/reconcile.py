@@ -1,19 +1,26 @@
-"""Benchmark: the storage reconciler over 1,000,000 episodes and 1,000,000 local objects.
+"""Benchmark: the storage reconciler over 1,000,000 episodes and 1,000,000 objects.
 
-    python -m bench.reconcile [--n 1000000] [--keep-files DIR] [--apply]
+    python -m bench.reconcile [--store local|s3] [--n N] [--runs 3] [--apply]
 
 Data: N/1000 podcasts; N episodes; one object per episode except the 1% whose object is
 missing; 1% of the recorded sizes wrong; plus N/100 orphan objects (1%) that no episode
 references — N objects in all, as sparse files in a local store (real sizes, no disk blocks),
-two days old. Then it times, on this machine:
+two days old. ``--store local`` (the default, N = 1,000,000): sparse files in a local folder.
+``--store s3`` (N = 100,000 by default: moto fills slowly and keeps every byte in memory): the
+same layout as small real objects (1,000-1,999 bytes, the recorded sizes scaled alike) in a
+``moto`` S3 server on 127.0.0.1, in its own process. Then it times, on this machine:
 
-* ``rclone lsf -R --format pst`` over the same folder (the listing a dedicated tool manages);
+* ``rclone lsf -R --format pst`` over the same store — the folder, or the bucket through
+  rclone's S3 backend at the moto endpoint with ``--fast-list --use-server-modtime`` (its
+  cheapest listing: one request per 1,000 keys, no HEADs) — the listing a dedicated tool
+  manages;
 * the reconciler's dry run (the real ``run_reconcile``), with its store requests (list pages,
   HEADs) and peak RSS (VmHWM, reset just before through /proc/self/clear_refs);
 * with ``--apply``, an apply run (sizes written, orphans deleted, outbox drained).
 
-Targets (issue 4): dry run within 2x of the rclone listing; peak RSS <= 256 MB; requests about
-N/1000 + candidates.
+Targets (issue 14): dry run <= 1.0x the rclone listing of the same store (nightcrew compares
+everything in the time rclone only lists); peak RSS <= 256 MB; requests N/1000 + prefixes +
+candidates.
 """
 
 from __future__ import annotations
@@ -22,11 +29,15 @@ import argparse
 import asyncio
 import os
 import shutil
+import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
-from datetime import UTC, datetime
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -47,36 +58,47 @@ from nightcrew.runtime import open_runtime
 BASE = "https://media.bench"
 
 
-def size_of(i: int) -> int:
-    return 1_000_000 + (i % 1000) * 1000  # 1-2 MB, like short audio
+def size_of(i: int, scale: int = 1) -> int:
+    return (1_000_000 + (i % 1000) * 1000) // scale  # 1-2 MB, like short audio (or scaled)
+
+
+def object_keys(podcasts: list[str], n: int) -> list[tuple[str, int]]:
+    """(key, i) of every object: each episode's except the 1% seeded missing, and N/100
+    orphans nobody references."""
+    keys = [(f"podcasts/{podcasts[i // 1000]}/e/ep{i}/a.mp3", i) for i in range(n) if i % 100 != 0]
+    keys += [
+        (f"podcasts/{podcasts[j % len(podcasts)]}/e/orphan{j}/a.mp3", j) for j in range(n // 100)
+    ]
+    return keys
+
+
+async def fill_bucket(store: Any, podcasts: list[str], n: int, scale: int) -> int:
+    """Small real objects, 64 puts in flight."""
+    keys = object_keys(podcasts, n)
+    gate = asyncio.Semaphore(64)
+
+    async def put(key: str, i: int) -> None:
+        async with gate:
+            await store.put(key, b"\0" * size_of(i, scale))
+
+    await asyncio.gather(*(put(k, i) for k, i in keys))
+    return len(keys)
 
 
 def make_files(root: Path, podcasts: list[str], n: int) -> int:
     """Sparse files: the listing sees real sizes, the disk stores no blocks."""
     old = time.time() - 2 * 86400
-    written = 0
-    for i in range(n):
-        if i % 100 == 0:
-            continue  # this episode's object is missing
-        d = root / "podcasts" / podcasts[i // 1000] / "e" / f"ep{i}"
-        d.mkdir(parents=True, exist_ok=True)
-        path = d / "a.mp3"
+    keys = object_keys(podcasts, n)
+    for key, i in keys:
+        path = root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("wb") as fh:
             fh.truncate(size_of(i))
         os.utime(path, (old, old))
-        written += 1
-    for j in range(n // 100):  # orphans: nobody references them
-        d = root / "podcasts" / podcasts[j % len(podcasts)] / "e" / f"orphan{j}"
-        d.mkdir(parents=True, exist_ok=True)
-        path = d / "a.mp3"
-        with path.open("wb") as fh:
-            fh.truncate(size_of(j))
-        os.utime(path, (old, old))
-        written += 1
-    return written
+    return len(keys)
 
 
-async def load_db(db: Database, n: int) -> list[str]:
+async def load_db(db: Database, n: int, scale: int = 1) -> list[str]:
     await migrate(db)
     rows = await db.fetch(
         "INSERT INTO public.podcasts (slug, title) SELECT 'bench-' || g, 'Bench ' || g"
@@ -96,31 +118,81 @@ async def load_db(db: Database, n: int) -> list[str]:
             " audio_file_size_bytes)"
             " SELECT p.id, 'E' || g, 'published', %(now)s,"
             "  %(base)s || '/podcasts/' || p.id::text || '/e/ep' || g || '/a.mp3',"
-            "  1000000 + (g %% 1000) * 1000 + CASE WHEN g %% 100 = 1 THEN 7 ELSE 0 END"
+            "  (1000000 + (g %% 1000) * 1000) / %(scale)s"
+            "  + CASE WHEN g %% 100 = 1 THEN 7 ELSE 0 END"
             " FROM generate_series(0, %(n)s - 1) g JOIN pods p ON p.n = g / 1000",
-            {"n": n, "base": BASE, "now": datetime.now(UTC)},
+            {"n": n, "base": BASE, "now": datetime.now(UTC), "scale": scale},
         )
     await db.execute("VACUUM ANALYZE public.episodes")
     return podcasts
 
 
-def time_rclone(root: Path) -> float:
-    rclone = shutil.which("rclone") or str(Path(os.sys.executable).parent / "rclone")
+def time_rclone(target: str, env: dict[str, str] | None = None) -> float:
+    rclone = shutil.which("rclone") or str(Path(sys.executable).parent / "rclone")
     started = time.perf_counter()
     subprocess.run(
-        [rclone, "lsf", "-R", "--format", "pst", str(root)],
+        [rclone, "lsf", "-R", "--format", "pst", target],
         check=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
     )
     return time.perf_counter() - started
 
 
-async def reconcile_once(url: str, root: Path, options: ReconcileOptions) -> dict[str, Any]:
+def rclone_s3_env(endpoint: str) -> dict[str, str]:
+    """rclone's S3 backend at the moto endpoint (the remote is then ``:s3:BUCKET``), listing
+    as cheaply as it can: the server's modification times (no HEAD per object for the mtime
+    metadata) and one recursive listing (``--fast-list``: a request per 1,000 keys)."""
+    return {
+        "RCLONE_USE_SERVER_MODTIME": "true",
+        "RCLONE_FAST_LIST": "true",
+        "RCLONE_S3_PROVIDER": "Other",
+        "RCLONE_S3_ENDPOINT": endpoint,
+        "RCLONE_S3_ACCESS_KEY_ID": "bench",
+        "RCLONE_S3_SECRET_ACCESS_KEY": "bench",
+        "RCLONE_S3_REGION": "us-east-1",
+        "RCLONE_S3_FORCE_PATH_STYLE": "true",
+    }
+
+
+@contextmanager
+def moto_server() -> Iterator[str]:
+    """A moto S3 server on 127.0.0.1 in a process of its own; yields its endpoint."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("moto server did not start") from None
+                time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+S3_CREDENTIALS = {"access_key_id": "bench", "secret_access_key": "bench", "region": "us-east-1"}
+
+
+async def reconcile_once(
+    url: str, store_url: str, options: ReconcileOptions, *, age: timedelta
+) -> dict[str, Any]:
     db = await Database.open(url)
     try:
-        clock = FrozenClock(SystemClock().now())
-        store = open_store(f"file://{root}")
+        clock = FrozenClock(SystemClock().now() + age)
+        store = open_store(store_url, credentials=S3_CREDENTIALS)
         async with open_runtime(
             Settings.model_validate({"DATABASE_URL": url, "R2_PUBLIC_URL": BASE}),
             clock,
@@ -140,83 +212,159 @@ async def reconcile_once(url: str, root: Path, options: ReconcileOptions) -> dic
     return {"wall_s": wall, "peak_rss_mib": peak, "stats": store.stats, "report": report}
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=1_000_000)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--apply", action="store_true", help="also time an apply run")
-    args = parser.parse_args()
-    configure_logging("warning")
-    n = args.n
-
-    root = Path(tempfile.mkdtemp(prefix="nightcrew-bench-reconcile-"))
-    with admin_url() as admin:
-        name = "nightcrew_bench_reconcile"
-        url = recreate(admin, name)
+@contextmanager
+def prepared_store(kind: str, podcasts: list[str], n: int) -> Iterator[tuple[str, str, Any, int]]:
+    """(STORAGE_URL, rclone target, rclone env, objects) of the data, local or on moto."""
+    if kind == "local":
+        root = Path(tempfile.mkdtemp(prefix="nightcrew-bench-reconcile-"))
         try:
-            db = await Database.open(url)
-            try:
-                started = time.perf_counter()
-                podcasts = await load_db(db, n)
-                print(f"loaded {n:,} episodes in {time.perf_counter() - started:.0f} s", flush=True)
-            finally:
-                await db.close()
             started = time.perf_counter()
             objects = make_files(root, podcasts, n)
-            print(f"wrote {objects:,} objects in {time.perf_counter() - started:.0f} s", flush=True)
+            print(f"wrote {objects:,} files in {time.perf_counter() - started:.0f} s", flush=True)
+            yield f"file://{root}", str(root), {}, objects
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return
+    with moto_server() as endpoint:
+        store_url = f"s3://bench?endpoint={endpoint}&region=us-east-1"
+        store = open_store(store_url, credentials=S3_CREDENTIALS)
+        import boto3
 
-            rclone = [time_rclone(root) for _ in range(args.runs)]
-            dry = [await reconcile_once(url, root, ReconcileOptions()) for _ in range(args.runs)]
-            last = dry[-1]
-            r, stats = last["report"], last["stats"]
-            print(f"\n== {n:,} episodes, {objects:,} objects (local store, sparse files)")
-            print(
-                f"   rclone lsf -R --format pst: median {statistics.median(rclone):.2f} s "
-                f"({', '.join(f'{t:.2f}' for t in rclone)})"
-            )
-            walls = [d["wall_s"] for d in dry]
-            print(
-                f"   reconcile dry run:          median {statistics.median(walls):.2f} s "
-                f"({', '.join(f'{t:.2f}' for t in walls)})"
-            )
-            ratio = statistics.median(walls) / statistics.median(rclone)
-            print(
-                f"   ratio to rclone: {ratio:.2f} (target <= 2: "
-                f"{'met' if ratio <= 2 else 'MISSED'})"
-            )
-            peak = max(d["peak_rss_mib"] for d in dry)
-            print(
-                f"   peak RSS: {peak:.0f} MiB (target <= 256: {'met' if peak <= 256 else 'MISSED'})"
-            )
-            # what the data holds, not what the run did: one list page per 1,000 objects, one
-            # HEAD per episode whose object was seeded missing
-            seeded_missing = len(range(0, n, 100))
-            expected = -(-objects // 1000) + seeded_missing
-            verdict = "met" if stats.requests <= expected * 1.01 else "MISSED"
-            print(
-                f"   store requests: {stats.list_pages:,} list pages + {stats.heads:,} HEADs "
-                f"= {stats.requests:,}; expected from the data: {-(-objects // 1000):,} pages "
-                f"(objects/1000) + {seeded_missing:,} seeded missing = {expected:,} "
-                f"(target: within 1%: {verdict})"
-            )
-            print(
-                f"   found: {r.size_backfill['mismatched']:,} wrong sizes, "
-                f"{r.missing['count']:,} missing, {r.orphans.found:,} orphans "
-                f"({r.orphans.eligible:,} eligible)"
-            )
-            if args.apply:
-                applied = await reconcile_once(url, root, ReconcileOptions(mode="apply"))
-                a, st = applied["report"], applied["stats"]
-                print(
-                    f"   apply run: {applied['wall_s']:.2f} s, peak RSS "
-                    f"{applied['peak_rss_mib']:.0f} MiB; {a.size_backfill['written']:,} sizes "
-                    f"written, {a.orphans.deleted:,} orphans deleted in "
-                    f"{st.delete_requests} delete requests"
-                )
+        boto = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench",
+            region_name="us-east-1",
+        )
+        boto.create_bucket(Bucket="bench")
+        started = time.perf_counter()
+        objects = asyncio.run(fill_bucket(store, podcasts, n, 1000))
+        print(f"put {objects:,} objects in {time.perf_counter() - started:.0f} s", flush=True)
+        yield store_url, ":s3:bench", rclone_s3_env(endpoint), objects
+
+
+async def _load(admin: str, name: str, n: int, scale: int) -> tuple[str, list[str]]:
+    url = recreate(admin, name)
+    db = await Database.open(url)
+    try:
+        started = time.perf_counter()
+        podcasts = await load_db(db, n, scale)
+        print(f"loaded {n:,} episodes in {time.perf_counter() - started:.0f} s", flush=True)
+    finally:
+        await db.close()
+    return url, podcasts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", choices=("local", "s3"), default="local")
+    parser.add_argument("--n", type=int, default=None)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--apply", action="store_true", help="also time an apply run")
+    parser.add_argument(
+        "--profile", action="store_true", help="one more dry run under cProfile (not counted)"
+    )
+    args = parser.parse_args()
+    configure_logging("warning")
+    n = args.n or (1_000_000 if args.store == "local" else 100_000)
+    scale = 1 if args.store == "local" else 1000
+    # local files are made two days old; S3 objects are new, so the clock moves two days on
+    age = timedelta(0) if args.store == "local" else timedelta(days=2)
+    with admin_url() as admin:
+        name = "nightcrew_bench_reconcile"
+        url, podcasts = asyncio.run(_load(admin, name, n, scale))
+        try:
+            with prepared_store(args.store, podcasts, n) as (store_url, target, env, objects):
+                rclone = [time_rclone(target, env) for _ in range(args.runs)]
+                dry = [
+                    asyncio.run(reconcile_once(url, store_url, ReconcileOptions(), age=age))
+                    for _ in range(args.runs)
+                ]
+                report(args, n, objects, rclone, dry, len(podcasts))
+                if args.profile:
+                    profile_once(url, store_url, age)
+                if args.apply:
+                    applied = asyncio.run(
+                        reconcile_once(url, store_url, ReconcileOptions(mode="apply"), age=age)
+                    )
+                    a, st = applied["report"], applied["stats"]
+                    print(
+                        f"   apply run: {applied['wall_s']:.2f} s, peak RSS "
+                        f"{applied['peak_rss_mib']:.0f} MiB; {a.size_backfill['written']:,} sizes "
+                        f"written, {a.orphans.deleted:,} orphans deleted; store requests: "
+                        f"{st.list_pages:,} list pages, {st.heads:,} HEADs, "
+                        f"{st.delete_requests:,} delete requests"
+                    )
         finally:
             drop(admin, name)
-            shutil.rmtree(root, ignore_errors=True)
+
+
+def profile_once(url: str, store_url: str, age: timedelta) -> None:
+    """One dry run under cProfile: the top 25 functions by own time and by cumulative time."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    asyncio.run(reconcile_once(url, store_url, ReconcileOptions(), age=age))
+    profile.disable()
+    stats = pstats.Stats(profile)
+    print("\n   profile of one dry run (cProfile), by own time:")
+    stats.sort_stats("tottime").print_stats(25)
+    print("   by cumulative time:")
+    stats.sort_stats("cumulative").print_stats(25)
+
+
+def report(
+    args: argparse.Namespace,
+    n: int,
+    objects: int,
+    rclone: list[float],
+    dry: list[dict[str, Any]],
+    podcasts: int,
+) -> None:
+    last = dry[-1]
+    r, stats = last["report"], last["stats"]
+    where = "local store, sparse files" if args.store == "local" else "moto S3, small objects"
+    print(f"\n== {n:,} episodes, {objects:,} objects ({where}), {os.cpu_count()} cores")
+    print(
+        f"   rclone lsf -R --format pst: median {statistics.median(rclone):.2f} s "
+        f"({', '.join(f'{t:.2f}' for t in rclone)})"
+    )
+    walls = [d["wall_s"] for d in dry]
+    print(
+        f"   reconcile dry run:          median {statistics.median(walls):.2f} s "
+        f"({', '.join(f'{t:.2f}' for t in walls)}); listing "
+        f"{r.listing['partitions']:,} partitions, {r.listing['listConcurrency']} at once"
+    )
+    ratio = statistics.median(walls) / statistics.median(rclone)
+    print(f"   ratio to rclone: {ratio:.2f} (target <= 1.0: {'met' if ratio <= 1 else 'MISSED'})")
+    peak = max(d["peak_rss_mib"] for d in dry)
+    print(f"   peak RSS: {peak:.0f} MiB (target <= 256: {'met' if peak <= 256 else 'MISSED'})")
+    # what the data holds, not what the run did: the prefix listing's pages, one page per
+    # 1,000 objects of each podcast prefix, one HEAD per episode whose object was seeded missing
+    seeded_missing = len(range(0, n, 100))
+    per_prefix = -(-objects // podcasts) if podcasts else 0
+    pages = -(-podcasts // 1000) + podcasts * -(-per_prefix // 1000)
+    expected = pages + seeded_missing
+    verdict = "met" if stats.requests <= expected * 1.01 else "MISSED"
+    print(
+        f"   store requests: {stats.list_pages:,} list pages + {stats.heads:,} HEADs "
+        f"= {stats.requests:,}; expected from the data: {pages:,} pages (the prefix listing + "
+        f"{podcasts:,} prefixes x ceil({per_prefix:,}/1000)) + {seeded_missing:,} seeded missing"
+        f" = {expected:,} (target: within 1%: {verdict})"
+    )
+    print(
+        "   phases (last dry run): "
+        + ", ".join(f"{k} {v / 1000:.2f} s" for k, v in r.phases_ms.items())
+    )
+    print(
+        f"   found: {r.size_backfill['mismatched']:,} wrong sizes, "
+        f"{r.missing['count']:,} missing, {r.orphans.found:,} orphans "
+        f"({r.orphans.eligible:,} eligible)"
+    )
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

@@ -124,6 +124,15 @@ class ReconcileSummary:
         }
 
 
+@contextlib.contextmanager
+def _timed(phases: dict[str, float], name: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = round(phases.get(name, 0.0) + (time.perf_counter() - started) * 1000, 1)
+
+
 @dataclass(kw_only=True)
 class ReconcileReport:
     options: ReconcileOptions
@@ -138,6 +147,7 @@ class ReconcileReport:
     media_jobs: dict[str, Any] = field(default_factory=dict)
     over_cap: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
+    phases_ms: dict[str, float] = field(default_factory=dict)  # where the time went
     duration_ms: float = 0.0
 
     def summary(self) -> ReconcileSummary:
@@ -204,12 +214,17 @@ async def run_reconcile(
         await conn.execute(SQL["drop_listing"])
         await conn.execute(SQL["create_listing"])
         try:
+            phases = report.phases_ms
             concurrency = list_concurrency(runtime.settings.reconcile_list_concurrency, store)
-            report.listing = await _load_listing(conn, store, tick, concurrency)
-            await _size_backfill(runtime, conn, options, prefix, report, tick)
-            await _missing(runtime, conn, store, options, prefix, report, tick)
+            with _timed(phases, "listing"):
+                report.listing = await _load_listing(conn, store, tick, concurrency)
+            with _timed(phases, "sizeBackfill"):
+                await _size_backfill(runtime, conn, options, prefix, report, tick)
+            with _timed(phases, "missing"):
+                await _missing(runtime, conn, store, options, prefix, report, tick)
             if options.apply:
-                await _drain_outbox(runtime, clock, report)
+                with _timed(phases, "outbox"):
+                    await _drain_outbox(runtime, clock, report)
             deletes = options.apply and not options.skip_orphan_delete
             age = timedelta(hours=options.min_orphan_age_hours)
             sweeps = (
@@ -238,19 +253,20 @@ async def run_reconcile(
             )
             tallies = (report.orphans, report.episode_images, report.transcribe_prep)
             for spec, tally in zip(sweeps, tallies, strict=True):
-                await _sweep(
-                    runtime,
-                    conn,
-                    store,
-                    spec,
-                    tally,
-                    report,
-                    prefix=prefix,
-                    # skipOrphanDelete holds back every sweep, prep too
-                    delete=deletes,
-                    tick=tick,
-                    before_delete=before_delete if spec.hooked else None,
-                )
+                with _timed(phases, f"sweep:{spec.kind}"):
+                    await _sweep(
+                        runtime,
+                        conn,
+                        store,
+                        spec,
+                        tally,
+                        report,
+                        prefix=prefix,
+                        # skipOrphanDelete holds back every sweep, prep too
+                        delete=deletes,
+                        tick=tick,
+                        before_delete=before_delete if spec.hooked else None,
+                    )
         finally:
             await conn.execute(SQL["drop_listing"])
 
