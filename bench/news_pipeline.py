@@ -38,7 +38,7 @@ from typing import Any
 from uuid import uuid4
 
 from bench._db import admin_url, drop, recreate
-from nightcrew.adapters.broker import STAGES
+from nightcrew.adapters.broker import PipelineBroker
 from nightcrew.clock import SystemClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
@@ -164,18 +164,11 @@ async def pipeline(
 
 
 async def _delete(prefix: str) -> None:
-    import aio_pika
-
-    connection = await aio_pika.connect(AMQP_URL)
+    broker = PipelineBroker(AMQP_URL, prefix=prefix, max_deliveries=5)
     try:
-        channel = await connection.channel()
-        for stage in STAGES:
-            await channel.queue_delete(f"{prefix}.{stage}")
-            await channel.queue_delete(f"{prefix}.{stage}.dlq")
-        await channel.exchange_delete(prefix)
-        await channel.exchange_delete(f"{prefix}.dlx")
+        await broker.delete_topology()
     finally:
-        await connection.close()
+        await broker.close()
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -256,6 +256,24 @@ class PipelineBroker:
             await channel.close()  # returns what was not taken to the queue
         return found
 
+    async def delete_topology(self) -> None:
+        """Delete every queue and exchange of this prefix, messages and all (tests and
+        benchmarks clean up with it; an operator retiring a prefix could too)."""
+        import aio_pika
+
+        await self._drop()
+        # a connection of its own, declaring nothing: the queues may carry other arguments
+        connection = await aio_pika.connect(self.url, timeout=10)
+        try:
+            channel = await connection.channel()
+            for stage in STAGES:
+                await channel.queue_delete(self.queue_name(stage))
+                await channel.queue_delete(self.dlq_name(stage))
+            await channel.exchange_delete(self.prefix)
+            await channel.exchange_delete(f"{self.prefix}.dlx")
+        finally:
+            await connection.close()
+
     async def close(self) -> None:
         await self._drop()
 

@@ -17,7 +17,7 @@ from uuid import uuid4
 import pytest
 
 from nightcrew.adapters.addresses import new_client
-from nightcrew.adapters.broker import STAGES
+from nightcrew.adapters.broker import STAGES, PipelineBroker
 from nightcrew.clock import Clock, SystemClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
@@ -35,18 +35,11 @@ needs_rabbitmq = pytest.mark.skipif(
 
 
 async def delete_namespace(prefix: str, url: str = AMQP_URL) -> None:
-    import aio_pika
-
-    connection = await aio_pika.connect(url)
+    broker = PipelineBroker(url, prefix=prefix, max_deliveries=5)
     try:
-        channel = await connection.channel()
-        for stage in STAGES:
-            await channel.queue_delete(f"{prefix}.{stage}")
-            await channel.queue_delete(f"{prefix}.{stage}.dlq")
-        await channel.exchange_delete(prefix)
-        await channel.exchange_delete(f"{prefix}.dlx")
+        await broker.delete_topology()
     finally:
-        await connection.close()
+        await broker.close()
 
 
 @asynccontextmanager
