@@ -297,28 +297,46 @@ class Database(_Executor):
                 raise _translate(exc, self.target) from exc
 
     @asynccontextmanager
-    async def session(self, *, statement_timeout: float | None = None) -> AsyncIterator[Tx]:
+    async def session(
+        self,
+        *,
+        statement_timeout: float | None = None,
+        settings: Mapping[str, str] | None = None,
+        discard: bool = False,
+    ) -> AsyncIterator[Tx]:
         """One dedicated connection in autocommit mode (session-level locks, DDL batches, the
         reconciler's COPY and joins). ``statement_timeout`` (seconds, 0 = none) replaces the
-        pool's for this session's long work."""
+        pool's for this session's long work; ``settings`` are server settings for this session
+        only (``temp_buffers`` among them must come before any temp table); with ``discard``
+        the connection is closed afterwards instead of going back to the pool, with whatever
+        memory the session made its backend keep."""
         async with self._acquire() as conn:
+            executor = self._executor(conn)
             if statement_timeout is not None:
                 # long work may also sit inside a transaction between batches (a stream's
                 # cursor while the store answers): the same bound for both
-                await self._executor(conn).execute(
+                await executor.execute(
                     "SELECT set_config('statement_timeout', %(ms)s, false),"
                     " set_config('idle_in_transaction_session_timeout', %(ms)s, false)",
                     {"ms": str(round(statement_timeout * 1000))},
+                )
+            for name, value in (settings or {}).items():
+                await executor.execute(
+                    "SELECT set_config(%(name)s, %(value)s, false)", {"name": name, "value": value}
                 )
             deadline = self._policy.deadline(statement_timeout)
             try:
                 yield Tx(conn, target=self.target, deadline=deadline)
             finally:
-                if statement_timeout is not None and not conn.closed:
-                    with contextlib.suppress(psycopg.Error):
-                        await conn.execute(
-                            "RESET statement_timeout; RESET idle_in_transaction_session_timeout"
-                        )
+                if discard and not conn.closed:
+                    await conn.close()  # the pool sees it closed and replaces it
+                elif not conn.closed:
+                    names = [*(settings or {})]
+                    if statement_timeout is not None:
+                        names += ["statement_timeout", "idle_in_transaction_session_timeout"]
+                    for name in names:  # one by one: one refusal must not keep the others
+                        with contextlib.suppress(psycopg.Error):
+                            await conn.execute(f"RESET {name}")
 
     def rollback_only(self) -> Database:
         """A view of this database in which every statement runs and is then rolled back.
@@ -353,12 +371,22 @@ class _RollbackDatabase(Database):
                 raise _translate(exc, self.target) from exc
 
     @asynccontextmanager
-    async def session(self, *, statement_timeout: float | None = None) -> AsyncIterator[Tx]:
+    async def session(
+        self,
+        *,
+        statement_timeout: float | None = None,
+        settings: Mapping[str, str] | None = None,
+        discard: bool = False,
+    ) -> AsyncIterator[Tx]:
         async with self.transaction() as tx:
             if statement_timeout is not None:  # transaction-local: rolled back with the rest
                 await tx.execute(
                     "SELECT set_config('statement_timeout', %(ms)s, true)",
                     {"ms": str(round(statement_timeout * 1000))},
+                )
+            for name, value in (settings or {}).items():
+                await tx.execute(
+                    "SELECT set_config(%(name)s, %(value)s, true)", {"name": name, "value": value}
                 )
             yield tx
 
