@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -279,6 +279,23 @@ class Database(_Executor):
                 f"lost PostgreSQL at {self.target}: {_first_line(exc)}"
             ) from exc
 
+    @asynccontextmanager
+    async def _dedicated(self) -> AsyncIterator[psycopg.AsyncConnection[DictRow]]:
+        """A connection of its own, made as the pool makes its, closed afterwards."""
+        try:
+            conn = await self._pool.connection_class.connect(
+                str(self._pool.conninfo), **cast("dict[str, Any]", self._pool.kwargs)
+            )
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailableError(
+                f"lost PostgreSQL at {self.target}: {_first_line(exc)}"
+            ) from exc
+        try:
+            yield conn
+        finally:
+            with contextlib.suppress(psycopg.Error):
+                await conn.close()
+
     async def fetch(self, query: str, params: Params = None) -> list[Row]:
         async with self._acquire() as conn:
             return await self._executor(conn).fetch(query, params)
@@ -308,9 +325,9 @@ class Database(_Executor):
         reconciler's COPY and joins). ``statement_timeout`` (seconds, 0 = none) replaces the
         pool's for this session's long work; ``settings`` are server settings for this session
         only (``temp_buffers`` among them must come before any temp table); with ``discard``
-        the connection is closed afterwards instead of going back to the pool, with whatever
-        memory the session made its backend keep."""
-        async with self._acquire() as conn:
+        the session has a connection of its own, outside the pool, closed afterwards with
+        whatever memory and settings it made its backend keep."""
+        async with self._dedicated() if discard else self._acquire() as conn:
             executor = self._executor(conn)
             if statement_timeout is not None:
                 # long work may also sit inside a transaction between batches (a stream's
@@ -328,9 +345,7 @@ class Database(_Executor):
             try:
                 yield Tx(conn, target=self.target, deadline=deadline)
             finally:
-                if discard and not conn.closed:
-                    await conn.close()  # the pool sees it closed and replaces it
-                elif not conn.closed:
+                if not discard and not conn.closed:
                     names = [*(settings or {})]
                     if statement_timeout is not None:
                         names += ["statement_timeout", "idle_in_transaction_session_timeout"]
@@ -360,15 +375,20 @@ class _RollbackDatabase(Database):
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
-        async with self._acquire() as conn:
+        async with self._acquire() as conn, self.transaction_on(conn) as tx:
+            yield tx
+
+    @asynccontextmanager
+    async def transaction_on(self, conn: psycopg.AsyncConnection[DictRow]) -> AsyncIterator[Tx]:
+        """A transaction on ``conn`` that always ends in ROLLBACK."""
+        try:
+            await conn.execute("BEGIN")
             try:
-                await conn.execute("BEGIN")
-                try:
-                    yield self._executor(conn)
-                finally:
-                    await conn.execute("ROLLBACK")
-            except psycopg.Error as exc:
-                raise _translate(exc, self.target) from exc
+                yield self._executor(conn)
+            finally:
+                await conn.execute("ROLLBACK")
+        except psycopg.Error as exc:
+            raise _translate(exc, self.target) from exc
 
     @asynccontextmanager
     async def session(
@@ -378,8 +398,13 @@ class _RollbackDatabase(Database):
         settings: Mapping[str, str] | None = None,
         discard: bool = False,
     ) -> AsyncIterator[Tx]:
-        async with self.transaction() as tx:
-            if statement_timeout is not None:  # transaction-local: rolled back with the rest
+        # with ``discard`` a connection of its own, as a real session: no pooled backend keeps
+        # the memory a big temp table made it allocate
+        async with (
+            self._dedicated() if discard else self._acquire() as conn,
+            self.transaction_on(conn) as tx,
+        ):
+            if statement_timeout is not None:  # transaction-local: rolled back too
                 await tx.execute(
                     "SELECT set_config('statement_timeout', %(ms)s, true)",
                     {"ms": str(round(statement_timeout * 1000))},
