@@ -372,14 +372,6 @@ async def _load_listing(
         with contextlib.suppress(asyncio.CancelledError):
             await producer  # re-raises a listing failure
     seconds = time.monotonic() - started
-    event(
-        "reconcile_listing_done",
-        objects=totals["objects"],
-        partitions=len(prefixes),
-        concurrency=concurrency,
-        seconds=round(seconds, 2),
-        objects_per_second=round(totals["objects"] / seconds) if seconds else None,
-    )
     await conn.execute(SQL["index_listing"])
     await conn.execute(SQL["analyze_listing"])
     return {
@@ -388,6 +380,7 @@ async def _load_listing(
         "listRequests": store.stats.list_pages - pages_before,
         "partitions": len(prefixes),
         "listConcurrency": concurrency,
+        "objectsPerSecond": round(totals["objects"] / seconds) if seconds > 0 else 0,
         **kinds,
     }
 
