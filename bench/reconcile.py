@@ -296,6 +296,10 @@ def main() -> None:
                         f"{st.list_pages:,} list pages, {st.heads:,} HEADs, "
                         f"{st.delete_requests:,} delete requests"
                     )
+                    print(
+                        "   apply phases: "
+                        + ", ".join(f"{k} {v / 1000:.2f} s" for k, v in a.phases_ms.items())
+                    )
         finally:
             drop(admin, name)
 

@@ -525,6 +525,29 @@ async def test_the_recheck_matches_a_query_string_reference_and_a_late_invalidat
     assert await w.exists(first) and await other.exists(second)
 
 
+async def test_the_recheck_decodes_a_percent_encoded_reference_and_keeps_an_unknown_podcast(
+    db: Database, fresh_db_url: str, store: ObjectStore
+) -> None:
+    """Only URLs with '%', '?' or '#' (or nothing after the prefix) are decoded at the
+    re-check; these two land in the window and must still save their objects."""
+    w = await World(db, store).setup()
+    spaced = await w.obj(w.key("my a.mp3"))
+    other = await World(db, store).setup()
+    kept = await other.obj(other.key("kept.mp3"))
+    clock = later(days=3)
+
+    async def window() -> None:
+        await w.episode(w.key("my%20a.mp3"))  # references "my a.mp3"
+        # a URL whose key cannot be derived: its podcast keeps all its audio
+        await f.episode(db, other.podcast, audio_url=f"{BASE}/")
+
+    report = await run_reconcile(
+        rt(db, clock, fresh_db_url, store), clock, APPLY, before_delete=window
+    )
+    assert report.orphans.eligible == 2 and report.orphans.referenced_at_recheck == 2
+    assert await w.exists(spaced) and await other.exists(kept)
+
+
 async def test_skip_orphan_delete_keeps_expired_prep_too(
     db: Database, fresh_db_url: str, store: ObjectStore
 ) -> None:
