@@ -31,7 +31,7 @@ from nightcrew.adapters.processed import RedisProcessedUrls
 from nightcrew.adapters.reviewer import Article, Reviewer, ReviewError, Verdict
 from nightcrew.adapters.storage import ObjectStore
 from nightcrew.clock import Clock
-from nightcrew.db.database import Database, QueryError, json_param
+from nightcrew.db.database import Database, QueryError, Tx, json_param
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import NightcrewError
 from nightcrew.log import describe_error, event, warning
@@ -563,44 +563,53 @@ async def _write_batch(
         fenced = await tx.fetch_one(SQL["claim_fence"], {"shard": shard, "fence": lease.fence})
         if fenced is None:
             raise StaleLease(f"shard {shard}: a newer lease holder has written")
-        items = [r.candidate.item for r in verdicts]
-        rows = await tx.fetch(
-            SQL["insert_articles"],
-            {
-                "shard": shard,
-                "fence": lease.fence,
-                "now": now,
-                "urls": [i.url for i in items],
-                "source_ids": [r.candidate.source_id for r in verdicts],
-                "titles": [i.title or i.url for i in items],
-                "summaries": [i.summary for i in items],
-                "images": [i.image_url or images.get(i.url) for i in items],
-                "published": [i.published for i in items],
-                "statuses": [r.status for r in verdicts],
-            },
-        )
-        ids = {r["url"]: r["id"] for r in rows}
-        reviewed = [
-            (ids[r.url], r.verdict, r.translation)
-            for r in verdicts
-            if r.verdict is not None and r.url in ids
-        ]
-        if reviewed:
-            await tx.execute(
-                SQL["insert_reviews"],
-                {
-                    "now": now,
-                    "article_ids": [a for a, _, _ in reviewed],
-                    "reviewers": [v.reviewer for _, v, _ in reviewed],
-                    "accepted": [v.accepted for _, v, _ in reviewed],
-                    "reasons": json_param([v.reasons for _, v, _ in reviewed]),
-                    "summaries": [v.summary for _, v, _ in reviewed],
-                    "translations": [t for _, _, t in reviewed],
-                },
-            )
+        ids = await insert_articles(tx, shard, lease.fence, verdicts, images, now)
         # written now, or already (ON CONFLICT): either way no longer a candidate
         await held_candidates.drop(tx, [r.url for r in verdicts])
     return [r.url for r in verdicts if r.url in ids]
+
+
+async def insert_articles(
+    tx: Tx, shard: str, fence: int, verdicts: Verdicts, images: dict[str, str], now: datetime
+) -> dict[str, int]:
+    """The articles (a URL already written is left as it is) and, for those written now, their
+    reviews; {url: article id} of the articles written now."""
+    items = [r.candidate.item for r in verdicts]
+    rows = await tx.fetch(
+        SQL["insert_articles"],
+        {
+            "shard": shard,
+            "fence": fence,
+            "now": now,
+            "urls": [i.url for i in items],
+            "source_ids": [r.candidate.source_id for r in verdicts],
+            "titles": [i.title or i.url for i in items],
+            "summaries": [i.summary for i in items],
+            "images": [i.image_url or images.get(i.url) for i in items],
+            "published": [i.published for i in items],
+            "statuses": [r.status for r in verdicts],
+        },
+    )
+    ids = {r["url"]: int(r["id"]) for r in rows}
+    reviewed = [
+        (ids[r.url], r.verdict, r.translation)
+        for r in verdicts
+        if r.verdict is not None and r.url in ids
+    ]
+    if reviewed:
+        await tx.execute(
+            SQL["insert_reviews"],
+            {
+                "now": now,
+                "article_ids": [a for a, _, _ in reviewed],
+                "reviewers": [v.reviewer for _, v, _ in reviewed],
+                "accepted": [v.accepted for _, v, _ in reviewed],
+                "reasons": json_param([v.reasons for _, v, _ in reviewed]),
+                "summaries": [v.summary for _, v, _ in reviewed],
+                "translations": [t for _, _, t in reviewed],
+            },
+        )
+    return ids
 
 
 async def _translate_backlog(

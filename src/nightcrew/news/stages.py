@@ -455,38 +455,10 @@ async def write(ctx: StageContext, body: dict[str, Any]) -> Outcome:
     if taken is None:
         return Outcome("skipped", {"url": url, "why": "not waiting for write"})
     candidate = taken.candidate
-    verdict = candidate.verdict
-    status = "unreviewed" if verdict is None else "accepted" if verdict.accepted else "rejected"
+    reviewed = inline.Reviewed(candidate, candidate.verdict, candidate.translation)
     try:
         async with db.transaction() as tx:
-            rows = await tx.fetch(
-                inline.SQL["insert_articles"],
-                {
-                    "shard": taken.shard,
-                    "fence": taken.fence,
-                    "now": now,
-                    "urls": [url],
-                    "source_ids": [candidate.source_id],
-                    "titles": [candidate.item.title or url],
-                    "summaries": [candidate.item.summary],
-                    "images": [candidate.item.image_url],
-                    "published": [candidate.item.published],
-                    "statuses": [status],
-                },
-            )
-            if rows and verdict is not None:
-                await tx.execute(
-                    inline.SQL["insert_reviews"],
-                    {
-                        "now": now,
-                        "article_ids": [rows[0]["id"]],
-                        "reviewers": [verdict.reviewer],
-                        "accepted": [verdict.accepted],
-                        "reasons": json_param([verdict.reasons]),
-                        "summaries": [verdict.summary],
-                        "translations": [candidate.translation],
-                    },
-                )
+            ids = await inline.insert_articles(tx, taken.shard, taken.fence, [reviewed], {}, now)
             if await tx.fetch_one(SQL["written"], {"url": url, "fence": taken.fence}) is None:
                 raise Superseded(f"{url}: taken over while being written")
             await tx.execute(SQL["stale_snapshot"], {"shard": taken.shard, "now": now})
@@ -497,7 +469,7 @@ async def write(ctx: StageContext, body: dict[str, Any]) -> Outcome:
             raise  # not this article's fault: the message is retried
         await db.execute(SQL["reject"], {"url": url, "reason": describe_error(exc), "now": now})
         return Outcome("rejected", {"url": url, "error": describe_error(exc)})
-    return Outcome("written" if rows else "skipped", {"url": url, "status": status})
+    return Outcome("written" if ids else "skipped", {"url": url, "status": reviewed.status})
 
 
 STAGES: dict[str, Stage] = {"fetch": fetch, "enrich": enrich, "review": review, "write": write}
