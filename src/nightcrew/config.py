@@ -44,6 +44,8 @@ class Settings(BaseSettings):
         None
     )
     reconciler_secret: Annotated[SecretStr | None, Field(alias="RECONCILER_SECRET")] = None
+    # required by `serve` bound beyond loopback (the dashboard's sign-in)
+    dashboard_token: Annotated[SecretStr | None, Field(alias="NIGHTCREW_DASHBOARD_TOKEN")] = None
     stripe_secret_key: Annotated[SecretStr | None, Field(alias="STRIPE_SECRET_KEY")] = None
     stripe_api_base: Annotated[str | None, Field(alias="STRIPE_API_BASE")] = None
     resend_api_key: Annotated[SecretStr | None, Field(alias="RESEND_API_KEY")] = None
@@ -185,6 +187,7 @@ class Settings(BaseSettings):
         secrets = [
             self.rss_invalidation_secret,
             self.reconciler_secret,
+            self.dashboard_token,
             self.stripe_secret_key,
             self.resend_api_key,
             self.aws_secret_access_key,
@@ -214,6 +217,11 @@ def load_settings() -> Settings:
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            name = ".".join(str(part) for part in error["loc"]) or "settings"
-            problems.append(f"{name}: {error['msg']}")
+            # pydantic prefixes a validator's own message with its error class ("Value error,
+            # …"): noise to a person reading which variable is wrong and why
+            message = error["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+            name = ".".join(str(part) for part in error["loc"])
+            # a check across variables (a model validator) has no location: its message names
+            # the variables itself
+            problems.append(f"{name}: {message}" if name else message)
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None

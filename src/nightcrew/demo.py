@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any
 
 import psycopg
 
+from nightcrew import narrate
 from nightcrew.adapters.mail import RecordingMailer
 from nightcrew.adapters.storage import ObjectStore
 from nightcrew.clock import Clock
@@ -25,7 +28,7 @@ from nightcrew.db.database import Database, with_dbname
 from nightcrew.db.embedded import EmbeddedPostgres
 from nightcrew.db.migrate import migrate
 from nightcrew.effects import outbox as effects_outbox
-from nightcrew.lifecycle import watchdogs as wd
+from nightcrew.errors import ConfigError
 from nightcrew.lifecycle.lanes import LaneReport, run_lane
 from nightcrew.runtime import Runtime, open_runtime
 
@@ -240,75 +243,15 @@ async def _count_files(store: ObjectStore) -> int:
 
 
 def explain(sample: Sample, minute: LaneReport, daily: LaneReport) -> list[str]:
-    """The lanes' reports, in words."""
-    lines: list[str] = ["", "Minute lane — the self-healing watchdogs (every minute):"]
-    jobs = {j.name: j.report or {} for j in minute.jobs}
-    imports = jobs["sweepStalledImports"]
-    lines.append(
-        f"  • {imports.get('items_requeued', 0)} lost podcast-imports message(s) re-sent "
-        f"({imports.get('items_rescued', 0)} of them rescued from a 'processing' claim older "
-        f"than {wd.STALLED_PROCESSING_THRESHOLD_MINUTES} minutes: its worker is presumed dead). "
-        f"A pending item with 1 attempt is stalled after {wd.ATTEMPTS_THRESHOLDS_SECONDS[1]} s; "
-        "the one updated seconds ago was left alone."
-    )
-    links = jobs["sweepStalledExternalLinks"]
-    lines.append(
-        f"  • {links.get('links_requeued', 0)} external-episode-link message(s) re-sent: the link "
-        f"was due 10 minutes ago (grace {wd.STALLED_LINK_GRACE_SECONDS} s); its next attempt is "
-        f"pushed {wd.STALLED_LINK_RESEND_COOLDOWN_SECONDS} s out, same attempt."
-    )
-    for import_id in jobs["sweepStuckHostingMigrationPreviews"].get("import_ids", []):
-        lines.append(
-            f"  • {sample.name(import_id)} was canceled: stuck in preview for 20 minutes"
-            f" (limit {wd.STUCK_HOSTING_MIGRATION_PREVIEW_MINUTES}), it would have blocked every"
-            " retry with a 409."
-        )
-    for job_id in jobs["sweepWedgedMediaJobs"].get("job_ids", []):
-        lines.append(
-            f"  • {sample.name(job_id)} was marked failed: no progress for 4 hours "
-            f"(limit {wd.WEDGED_MEDIA_JOB_HOURS}), and its waiters were notified."
-        )
+    """The lanes' reports, in words: the dashboard's sentences, with the sample's names."""
 
+    def name(row_id: str, item: Any) -> str:
+        return sample.name(row_id)
+
+    lines: list[str] = ["", "Minute lane — the self-healing watchdogs (every minute):"]
+    lines += [f"  • {line}" for line in narrate.minute_sentences(minute.to_json(), name)]
     lines += ["", "Daily lane — once a day at 04:00 UTC:"]
-    jobs = {j.name: j.report or {} for j in daily.jobs}
-    for podcast in jobs["reactivateExpiredPauses"].get("podcasts", []):
-        billing = podcast["billing"]
-        why = billing.get("reason", billing["outcome"])
-        lines.append(
-            f"  • {sample.name(podcast['podcast_id'])}: its pause ended yesterday, so "
-            f"it is active again. Billing resume: {billing['outcome']} ({why})."
-        )
-    for podcast in jobs["hardDeleteExpiredPodcasts"].get("podcasts", []):
-        via = podcast["invalidated_via"] or "NOT YET — will retry"
-        lines.append(
-            f"  • {sample.name(podcast['podcast_id'])}: its deletion date passed, so the podcast "
-            f"and everything under it were deleted — {podcast['objects_deleted']} file(s), "
-            f"{podcast['bytes_deleted']:,} bytes from storage; feed cache told via {via}."
-        )
-    recon = jobs.get("runReconcile", {}).get("report", {})
-    if recon:
-        size, orphans = recon["sizeBackfill"], recon["orphans"]
-        lines.append(
-            f"  • storage reconciler: {size['written']} episode size(s) had never been recorded, "
-            f"so the measured sizes were written; {orphans['deleted']} orphaned upload(s) that no "
-            "episode references, older than the 24-hour guard, deleted after a last database "
-            f"check ({orphans['protectedPendingInvalidation']} kept: their feed's invalidation "
-            f"is still pending); {recon['missing']['count']} episode(s) pointing at a missing file "
-            "(reported only: the daily run never quarantines)."
-        )
-    overage = jobs.get("runOverageEscalation", {})
-    if overage:
-        lines.append(
-            f"  • overage escalation: {overage.get('armed', 0)} account(s) over their plan "
-            "(Acme runs 3 podcasts on a plan of 2) — the 30-day clock started and the first "
-            f"of four warnings went out ({overage.get('emails_sent', 0)} email(s)); nothing is "
-            "paused before day 30, and nothing is ever deleted."
-        )
-    reap = jobs["reapUnconfirmedUsers"]
-    lines.append(
-        f"  • {reap.get('users_reaped', 0)} unconfirmed signup(s) older than 7 days "
-        f"deleted, {reap.get('users_reap_skipped', 0)} skipped."
-    )
+    lines += [f"  • {line}" for line in narrate.daily_sentences(daily.to_json(), name)]
     failures = [*minute.errors, *daily.errors]
     if failures:
         lines += ["", "Failures (each also logged under its event name):"]
@@ -316,29 +259,56 @@ def explain(sample: Sample, minute: LaneReport, daily: LaneReport) -> list[str]:
     return lines
 
 
+def _demo_settings(settings: Settings, uri: str, media: Path) -> Settings:
+    return settings.model_copy(
+        update={
+            "database_url": with_dbname(uri, DEMO_DATABASE),
+            "storage_url": f"file://{media}",
+            "r2_public_url": DEMO_MEDIA_URL,
+            "public_app_url": "https://app.demo.nightcrew.test",
+            "queue_url": "postgres",
+            "stripe_secret_key": None,
+            "public_feed_url": None,
+            "rss_invalidation_secret": None,
+            "news_shards": "",
+        }
+    )
+
+
+def _media(settings: Settings) -> Path:
+    return (settings.data_dir / "demo" / "media").resolve()
+
+
 async def run_demo(settings: Settings, clock: Clock) -> list[str]:
     now = clock.now()
-    media = (settings.data_dir / "demo" / "media").resolve()
+    media = _media(settings)
     shutil.rmtree(media, ignore_errors=True)
     embedded = EmbeddedPostgres.start(settings.embedded_pgdata)
     try:
         with psycopg.connect(embedded.uri, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {DEMO_DATABASE} WITH (FORCE)")
             admin.execute(f"CREATE DATABASE {DEMO_DATABASE}")
-        demo_settings = settings.model_copy(
-            update={
-                "database_url": with_dbname(embedded.uri, DEMO_DATABASE),
-                "storage_url": f"file://{media}",
-                "r2_public_url": DEMO_MEDIA_URL,
-                "public_app_url": "https://app.demo.nightcrew.test",
-                "queue_url": "postgres",
-                "stripe_secret_key": None,
-                "public_feed_url": None,
-                "rss_invalidation_secret": None,
-            }
-        )
+        demo_settings = _demo_settings(settings, embedded.uri, media)
         async with open_runtime(demo_settings, clock) as runtime:
             return await _run(runtime, clock, now, settings, media)
+    finally:
+        embedded.stop()
+
+
+@contextmanager
+def demo_database(settings: Settings) -> Iterator[Settings]:
+    """The last demo's database (``serve --demo``): the embedded server runs while inside."""
+    embedded = EmbeddedPostgres.start(settings.embedded_pgdata)
+    try:
+        with psycopg.connect(embedded.uri, autocommit=True) as admin:
+            found = admin.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (DEMO_DATABASE,)
+            ).fetchone()
+        if found is None:
+            raise ConfigError(
+                f"no demo database in {settings.embedded_pgdata}: run `nightcrew demo` first"
+            )
+        yield _demo_settings(settings, embedded.uri, _media(settings))
     finally:
         embedded.stop()
 

@@ -29,6 +29,7 @@ from nightcrew.lifecycle.reconcile.core import (
 )
 from nightcrew.log import describe_error, event, warning
 from nightcrew.metrics import Metrics
+from nightcrew.web.app import DashboardContext, dashboard_routes
 
 HEALTH_BODY = {"status": "ok", "service": "lifecycle-manager"}
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -80,6 +81,7 @@ def create_app(
     news_reports: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None,
     readiness: Readiness | None = None,
     collect: Callable[[], Awaitable[None]] | None = None,
+    dashboard: DashboardContext | None = None,
 ) -> Starlette:
     async def database_up() -> str | None:
         """None when PostgreSQL answered; else why not. Sets ``nightcrew_db_up``."""
@@ -156,6 +158,7 @@ def create_app(
             Route("/reconcile", reconcile_endpoint, methods=["POST"]),
             Route("/openapi.json", openapi, methods=["GET"]),
             Route("/news/reports", reports, methods=["GET"]),
+            *(dashboard_routes(dashboard) if dashboard is not None else []),
         ]
     )
 

@@ -52,6 +52,16 @@ def previous_slot(cron: str, at: datetime) -> datetime:
 RECHECK_SECONDS = 60.0
 
 
+@dataclass(frozen=True, kw_only=True)
+class ScheduleStatus:
+    """One schedule as this process's scheduler sees it (the dashboard's health section)."""
+
+    name: str
+    cron: str
+    last_tick: datetime | None  # when this process last fired it
+    next_slot: datetime
+
+
 class Scheduler:
     def __init__(
         self,
@@ -67,10 +77,12 @@ class Scheduler:
         self._by_name = {s.name: s for s in schedules}
         self._sleep = sleep
         self._inflight: set[asyncio.Task[None]] = set()
+        self._last_ticks: dict[str, datetime] = {}
 
     async def fire(self, name: str, slot: datetime) -> bool:
         """Run schedule ``name`` for ``slot``; True if this replica won the slot and ran it."""
         schedule = self._by_name[name]
+        self._last_ticks[name] = self._clock.now()
         self._runtime.metrics.set(
             "nightcrew_scheduler_last_tick_timestamp_seconds", self._clock.now().timestamp()
         )
@@ -87,6 +99,18 @@ class Scheduler:
             outcome="ran" if won else "claimed_elsewhere",
         )
         return won
+
+    def status(self) -> list[ScheduleStatus]:
+        now = self._clock.now()
+        return [
+            ScheduleStatus(
+                name=s.name,
+                cron=s.cron,
+                last_tick=self._last_ticks.get(s.name),
+                next_slot=next_slot(s.cron, now),
+            )
+            for s in self._schedules
+        ]
 
     async def catch_up(self, schedule: Schedule) -> bool:
         """A slot that no replica ran to the end (a deploy at 04:00, an outage, a run that

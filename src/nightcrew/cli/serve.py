@@ -24,6 +24,7 @@ from nightcrew.errors import (
 )
 from nightcrew.log import configure_logging, event
 from nightcrew.runtime import open_runtime
+from nightcrew.web.access import Access
 
 
 # --- demo ----------------------------------------------------------------------------------------
@@ -52,15 +53,62 @@ def demo() -> None:
 # --- serve ---------------------------------------------------------------------------------------
 @app.command("serve")
 def serve(
-    host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option("--host", metavar="ADDRESS", help="Interface to listen on.")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port.")] = 8787,
+    demo: Annotated[
+        bool,
+        typer.Option(
+            "--demo",
+            help="Show the last `nightcrew demo`'s night on the dashboard (its embedded "
+            "database); schedules nothing.",
+        ),
+    ] = False,
 ) -> None:
-    """Serve /health and run every lane on its schedule until stopped (Ctrl-C / SIGTERM)."""
+    """Serve the dashboard at /, /health and /metrics, and run every lane (and NEWS_SHARDS) on
+    its schedule until stopped (Ctrl-C / SIGTERM). Beyond 127.0.0.1 it needs
+    NIGHTCREW_DASHBOARD_TOKEN."""
     settings = _settings()
-    _run(lambda: _serve(settings, host, port), settings)
+    _run(lambda: _serve(settings, host, port, demo=demo), settings)
 
 
-async def _serve(settings: Settings, host: str, port: int) -> None:
+def _listen(host: str, port: int) -> socket.socket:
+    # Bind first: a port in use is one line and exit 2, before anything starts ticking.
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as exc:
+        listener.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    return listener
+
+
+async def _serve(settings: Settings, host: str, port: int, *, demo: bool) -> None:
+    access = Access.for_bind(host, reveal(settings.dashboard_token))
+    listener = _listen(host, port)
+    try:
+        if demo:
+            from nightcrew.demo import demo_database
+
+            with demo_database(settings) as demo_settings:
+                await _serve_on(demo_settings, listener, access, host, port, demo=True)
+        else:
+            await _serve_on(settings, listener, access, host, port, demo=False)
+    finally:
+        listener.close()
+
+
+async def _serve_on(
+    settings: Settings,
+    listener: socket.socket,
+    access: Access,
+    host: str,
+    port: int,
+    *,
+    demo: bool,
+) -> None:
     from nightcrew.http import Readiness, create_app
     from nightcrew.lifecycle.lanes import lifecycle_schedules
     from nightcrew.lifecycle.reconcile.core import ReconcileOptions
@@ -70,22 +118,16 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
     from nightcrew.news.run import latest_reports
     from nightcrew.news.schedule import news_schedules
     from nightcrew.scheduler import Scheduler
+    from nightcrew.web.app import DashboardContext
 
-    # Bind first: a port in use is one line and exit 2, before anything starts ticking.
-    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listener.bind((host, port))
-    except OSError as exc:
-        listener.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     clock = SystemClock()
     async with contextlib.AsyncExitStack() as stack:
         runtime = await stack.enter_async_context(open_runtime(settings, clock))
-        secret = settings.reconciler_secret
-        schedules = lifecycle_schedules(runtime, clock)
-        if settings.news_shard_list:
+        secret = None if demo else settings.reconciler_secret
+        schedules = () if demo else lifecycle_schedules(runtime, clock)
+        if settings.news_shard_list and not demo:
             schedules = (*schedules, *news_schedules(runtime, clock))
+        scheduler = Scheduler(runtime, clock, schedules)
 
         async def reconcile(options: ReconcileOptions) -> dict[str, Any]:
             return (await run_reconcile(runtime, clock, options)).to_json()
@@ -113,6 +155,13 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
                         started_at=clock.now().timestamp(),
                         now=lambda: clock.now().timestamp(),
                     ),
+                    dashboard=DashboardContext(
+                        db=runtime.db,
+                        clock=clock,
+                        access=access,
+                        schedules=None if demo else scheduler.status,
+                        label="the demo's night" if demo else "",
+                    ),
                 ),
                 host=host,
                 port=port,
@@ -127,9 +176,19 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.request_exit)
-        scheduler = asyncio.create_task(Scheduler(runtime, clock, schedules).run())
+        ticking = asyncio.create_task(scheduler.run())
         event("serve_started", host=host, port=port, database=runtime.db.target)
-        if secret is None:
+        where = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+        what = (
+            "the last demo's night (nothing scheduled)"
+            if demo
+            else "scheduling " + ", ".join(s.name for s in schedules)
+        )
+        guard = "sign-in with NIGHTCREW_DASHBOARD_TOKEN" if access.token else "open to this machine"
+        typer.echo(
+            f"nightcrew serve: dashboard on {where} ({guard}); {what}; database {runtime.db.target}"
+        )
+        if secret is None and not demo:
             warning(
                 "reconcile_endpoint_disabled",
                 reason="RECONCILER_SECRET is unset: POST /reconcile answers 401 to everyone",
@@ -137,8 +196,8 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
         try:
             await server.serve(sockets=[listener])
         finally:
-            scheduler.cancel()
-            await asyncio.gather(scheduler, return_exceptions=True)
+            ticking.cancel()
+            await asyncio.gather(ticking, return_exceptions=True)
             event("serve_stopped")
 
 

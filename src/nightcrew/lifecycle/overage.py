@@ -102,6 +102,8 @@ class EscalationReport:
     restored_podcasts: int = 0
     claims: list[dict[str, Any]] = field(default_factory=list)
     emails: list[dict[str, Any]] = field(default_factory=list)
+    # who was restored, so the run history (and the dashboard) can say it
+    restored: list[dict[str, Any]] = field(default_factory=list)
     errors: list[Failure] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
@@ -120,6 +122,7 @@ class EscalationReport:
             **self.counts(),
             "claims": self.claims,
             "emails": self.emails,
+            "restored": self.restored,
             "errors": self.errors,
         }
 
@@ -368,6 +371,13 @@ async def _restore(
             )
     report.restored_accounts += 1
     report.restored_podcasts += len(cleared)
+    report.restored.append(
+        {
+            "account_id": account,
+            "since": since.isoformat() if since else None,
+            "podcasts": [p["slug"] for p in cleared],
+        }
+    )
     event("overage_restored", account_id=account, podcast_ids=[str(p["id"]) for p in cleared])
     await _invalidate(runtime, clock, owed, report)
     if since is not None:

@@ -1,0 +1,369 @@
+"""The operator's dashboard: server-rendered pages of what the crew did, and why.
+
+Read-only HTML from Jinja2 templates (autoescaped: podcast titles, feed names and error texts
+are attacker-controlled), one stylesheet served from the package, no JavaScript and nothing
+fetched from anywhere else, so it works air-gapped. ``dashboard_routes`` returns the routes;
+``http.create_app`` mounts them beside /health and /reconcile.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+import jinja2
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from nightcrew import narrate
+from nightcrew.clock import Clock
+from nightcrew.db.database import Database
+from nightcrew.errors import NightcrewError
+from nightcrew.lifecycle import overage as overage_rules
+from nightcrew.log import describe_error, warning
+from nightcrew.scheduler import ScheduleStatus
+from nightcrew.web import data
+from nightcrew.web.access import COOKIE, Access
+from nightcrew.web.charts import Bar, bar_chart
+
+HERE = Path(__file__).parent
+HEADERS = {
+    # Nothing on these pages runs script or loads from elsewhere; say so to the browser.
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'self'; img-src 'self' data:; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+MAX_LOGIN_BODY = 4096
+
+
+@dataclass(frozen=True, kw_only=True)
+class DashboardContext:
+    db: Database
+    clock: Clock
+    access: Access
+    schedules: Callable[[], list[ScheduleStatus]] | None = None  # None: no scheduler here
+    label: str = ""  # what this dashboard shows, e.g. "the demo database"
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(
+        ts=_ts, dur=_duration, size=_size, num=lambda n: f"{int(n or 0):,}", tojson=_pretty
+    )
+    return env
+
+
+def _ts(value: datetime | str | None) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, str):
+        return value
+    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value.tzinfo else str(value)
+
+
+def _duration(value: timedelta | float | None) -> str:
+    if value is None:
+        return "—"
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _size(value: int | float | None) -> str:
+    amount = float(value or 0)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(amount) < 1000 or unit == "TB":
+            return f"{amount:,.0f} {unit}" if unit == "B" else f"{amount:,.1f} {unit}"
+        amount /= 1000
+    return f"{amount:,.1f} TB"
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
+    env = _environment()
+
+    def render(request: Request, template: str, status: int = 200, **values: Any) -> Response:
+        body = env.get_template(template).render(
+            request=request,
+            path=request.url.path,
+            label=ctx.label,
+            signed_in=ctx.access.token is not None,
+            now=ctx.clock.now(),
+            **values,
+        )
+        return HTMLResponse(body, status_code=status, headers=HEADERS)
+
+    def page(
+        handler: Callable[[Request], Awaitable[Response]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """Access first (Host, then the cookie), then the page; a database that is gone or a
+        bad filter is a page that says so, not a traceback."""
+
+        async def guarded(request: Request) -> Response:
+            if not ctx.access.host_allowed(request.headers.get("host")):
+                return Response("unknown Host for this dashboard\n", 421, media_type="text/plain")
+            if not ctx.access.cookie_valid(request.cookies.get(COOKIE)):
+                target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+                return RedirectResponse(
+                    "/login?" + urlencode({"next": target}), 303, headers=HEADERS
+                )
+            started = time.perf_counter()
+            try:
+                response = await handler(request)
+            except data.BadRequest as exc:
+                return render(request, "error.html", 400, title="Bad request", problem=str(exc))
+            except NightcrewError as exc:
+                problem = describe_error(exc)
+                warning("dashboard_unavailable", path=request.url.path, error=problem)
+                return render(
+                    request, "error.html", 503, title="Database unavailable", problem=problem
+                )
+            response.headers["Server-Timing"] = (
+                f"app;dur={(time.perf_counter() - started) * 1000:.1f}"
+            )
+            return response
+
+        return guarded
+
+    async def overview(request: Request) -> Response:
+        now = ctx.clock.now()
+        database_problem = None
+        try:
+            await ctx.db.fetch_one("SELECT 1")
+        except NightcrewError as exc:
+            database_problem = describe_error(exc)
+        if database_problem is not None:
+            return render(
+                request,
+                "error.html",
+                503,
+                title="Database unavailable",
+                problem=database_problem,
+            )
+        states = await data.latest_per_lane(ctx.db)
+        counts = await data.effects(ctx.db)
+        deletions = await data.deletions(ctx.db, now, None, limit=1)
+        overage = await data.overage(ctx.db, now)
+        news = await data.news(ctx.db, points=1)
+        return render(
+            request,
+            "overview.html",
+            title="Overview",
+            lanes=states,
+            schedules=ctx.schedules() if ctx.schedules else None,
+            pending=sum(k["pending"] for k in counts.counts.values()),
+            dead=sum(k["dead"] for k in counts.counts.values()),
+            leftovers=len(deletions.unfinished),
+            on_clock=len(overage.accounts),
+            parked=len(news.parked),
+        )
+
+    async def runs(request: Request) -> Response:
+        wanted = data.RunFilter.parse(dict(request.query_params))
+        result = await data.runs_page(ctx.db, wanted)
+        return render(
+            request,
+            "runs.html",
+            title="Runs",
+            wanted=wanted,
+            page=result,
+            lanes=await data.lanes(ctx.db),
+            statuses=data.RUN_STATUSES,
+            older_query=urlencode(wanted.query(before=result.older)) if result.older else None,
+            newest_query=urlencode(wanted.query(before=None)),
+        )
+
+    async def run(request: Request) -> Response:
+        detail = await data.run_detail(ctx.db, int(request.path_params["run_id"]))
+        if detail is None:
+            return render(request, "error.html", 404, title="Not found", problem="no such run")
+        return render(
+            request,
+            "run.html",
+            title=f"Run {detail.id}",
+            run=detail,
+            sentences=narrate.lane_sentences(detail.lane, detail.report),
+        )
+
+    async def run_json(request: Request) -> Response:
+        detail = await data.run_detail(ctx.db, int(request.path_params["run_id"]))
+        if detail is None:
+            return Response('{"error": "no such run"}\n', 404, media_type="application/json")
+        return Response(
+            _pretty(detail.report) + "\n",
+            media_type="application/json",
+            headers={**HEADERS, "Content-Disposition": f'inline; filename="run-{detail.id}.json"'},
+        )
+
+    async def deletions(request: Request) -> Response:
+        view = await data.deletions(
+            ctx.db, ctx.clock.now(), request.query_params.get("before") or None
+        )
+        return render(
+            request,
+            "deletions.html",
+            title="Deletions",
+            view=view,
+            older_query=urlencode({"before": view.older}) if view.older else None,
+        )
+
+    async def overage(request: Request) -> Response:
+        now = ctx.clock.now()
+        return render(
+            request,
+            "overage.html",
+            title="Overage",
+            view=await data.overage(ctx.db, now),
+            grace_days=overage_rules.OVERAGE_GRACE_DAYS,
+            nag_days=overage_rules.NAG_STAGE_DAYS,
+            notice_days=overage_rules.SUSPEND_NOTICE_DAYS,
+        )
+
+    async def watchdogs(request: Request) -> Response:
+        view = await data.watchdogs(ctx.db, ctx.clock.now())
+        chart = bar_chart(
+            [
+                Bar(
+                    label=h.hour.astimezone().strftime("%H"),
+                    value=h.resent,
+                    tip=f"{h.hour.astimezone():%Y-%m-%d %H}:00 — {h.resent} re-sent, "
+                    f"{h.runs} minute run(s)",
+                )
+                for h in view.hours
+            ],
+            title="Messages re-sent per hour, last 24 hours",
+            every=3,
+        )
+        return render(request, "watchdogs.html", title="Watchdogs", view=view, chart=chart)
+
+    async def effects(request: Request) -> Response:
+        return render(request, "effects.html", title="Effects", view=await data.effects(ctx.db))
+
+    async def news(request: Request) -> Response:
+        view = await data.news(ctx.db)
+        charts = {
+            s.shard: bar_chart(
+                [
+                    Bar(
+                        label="",
+                        value=int(p["queued"]) + int(p["deferred"]),
+                        tip=f"{p['started_at'].astimezone():%Y-%m-%d %H:%M} — "
+                        f"{p['queued']} queued, {p['deferred']} deferred",
+                    )
+                    for p in s.series
+                ],
+                title=f"Stories queued and deferred per run, shard {s.shard}",
+                height=90,
+            )
+            for s in view.shards
+        }
+        return render(
+            request,
+            "news.html",
+            title="News",
+            view=view,
+            charts=charts,
+            sentences={s.shard: narrate.news_sentences(s.latest) for s in view.shards},
+        )
+
+    async def login_form(request: Request) -> Response:
+        if not ctx.access.host_allowed(request.headers.get("host")):
+            return Response("unknown Host for this dashboard\n", 421, media_type="text/plain")
+        return render(
+            request,
+            "login.html",
+            title="Sign in",
+            next=_safe_next(request.query_params.get("next")),
+            problem=None,
+        )
+
+    async def login(request: Request) -> Response:
+        if not ctx.access.host_allowed(request.headers.get("host")):
+            return Response("unknown Host for this dashboard\n", 421, media_type="text/plain")
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_LOGIN_BODY:
+                return Response("request too large\n", 413, media_type="text/plain")
+        form = parse_qs(body.decode("utf-8", "replace"), max_num_fields=4)
+        offered = (form.get("token") or [""])[0]
+        target = _safe_next((form.get("next") or ["/"])[0])
+        if ctx.access.token is None:
+            return RedirectResponse(target, 303)
+        if not ctx.access.token_matches(offered):
+            warning(
+                "dashboard_login_refused", client=request.client.host if request.client else None
+            )
+            return render(
+                request,
+                "login.html",
+                401,
+                title="Sign in",
+                next=target,
+                problem="That is not the dashboard token.",
+            )
+        response = RedirectResponse(target, 303, headers=HEADERS)
+        response.set_cookie(
+            COOKIE,
+            ctx.access.session_value(),
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+            path="/",
+        )
+        return response
+
+    async def logout(request: Request) -> Response:
+        response = RedirectResponse("/login", 303, headers=HEADERS)
+        response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+        return response
+
+    return [
+        Route("/", page(overview), methods=["GET"]),
+        Route("/runs", page(runs), methods=["GET"]),
+        Route("/runs/{run_id:int}", page(run), methods=["GET"]),
+        Route("/runs/{run_id:int}/report.json", page(run_json), methods=["GET"]),
+        Route("/deletions", page(deletions), methods=["GET"]),
+        Route("/overage", page(overage), methods=["GET"]),
+        Route("/watchdogs", page(watchdogs), methods=["GET"]),
+        Route("/effects", page(effects), methods=["GET"]),
+        Route("/news", page(news), methods=["GET"]),
+        Route("/login", login_form, methods=["GET"]),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+
+
+def _safe_next(target: str | None) -> str:
+    """Only a path on this site: never another host (an open redirect)."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target

@@ -1,0 +1,542 @@
+"""What the dashboard shows, read from PostgreSQL into frozen records.
+
+Every read is one of ``data.sql``'s named queries: read-only, indexed, bounded by a LIMIT
+(lists are keyset-paginated, so page 10,000 costs what page 1 costs). Filters come from the
+request already validated (``RunFilter``); nothing the request carries is put into SQL text.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+
+from nightcrew.db.database import Database
+from nightcrew.db.queries import load_queries
+from nightcrew.effects import outbox as effects_outbox
+
+SQL = load_queries(__file__)
+
+PAGE_SIZE = 50
+RUN_STATUSES = ("running", "completed", "failed", "abandoned", "skipped")
+_FAR_PAST = datetime(1970, 1, 1, tzinfo=UTC)
+_FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
+_MAX_ID = 2**63 - 1
+_MAX_UUID = "ffffffff-ffff-ffff-ffff-ffffffffffff"
+
+# Fixed SQL fragments for the run filters; the values travel as parameters.
+_LANE = "AND r.lane = %(lane)s"
+_STATUS = "AND r.status = %(status)s"
+_SKIPPED = "AND (r.report ->> 'skipped') = 'true'"
+_NOT_SKIPPED = "AND (r.report ->> 'skipped') IS DISTINCT FROM 'true'"
+
+
+class BadRequest(ValueError):
+    """A filter or cursor the dashboard cannot use; the message names it."""
+
+
+def _float(value: object) -> float | None:
+    try:
+        return float(value) if value is not None else None  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+# --- cursors ---------------------------------------------------------------------------------
+def encode_cursor(at: datetime, key: object) -> str:
+    raw = f"{at.isoformat()}|{key}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(text: str) -> tuple[datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode()
+        at, _, key = raw.partition("|")
+        when = datetime.fromisoformat(at)
+    except ValueError as exc:
+        raise BadRequest("before: not a cursor this page made") from exc
+    if when.tzinfo is None or not key:
+        raise BadRequest("before: not a cursor this page made")
+    return when, key
+
+
+# --- runs ------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class RunFilter:
+    lane: str | None = None
+    status: str | None = None
+    day: date | None = None
+    before: str | None = None  # a cursor
+
+    @classmethod
+    def parse(cls, params: dict[str, str]) -> RunFilter:
+        lane = params.get("lane") or None
+        if lane is not None and (len(lane) > 200 or not lane.isprintable()):
+            raise BadRequest("lane: not a lane name")
+        status = params.get("status") or None
+        if status is not None and status not in RUN_STATUSES:
+            raise BadRequest(f"status: one of {', '.join(RUN_STATUSES)}")
+        day = None
+        if text := params.get("date"):
+            try:
+                day = date.fromisoformat(text)
+            except ValueError:
+                raise BadRequest("date: a day as YYYY-MM-DD") from None
+        before = params.get("before") or None
+        if before is not None:
+            decode_cursor(before)
+        return cls(lane=lane, status=status, day=day, before=before)
+
+    def query(self, **changes: Any) -> dict[str, str]:
+        """These filters as query parameters (for links), with ``changes`` applied."""
+        values = {
+            "lane": self.lane,
+            "status": self.status,
+            "date": self.day.isoformat() if self.day else None,
+            "before": self.before,
+            **changes,
+        }
+        return {k: str(v) for k, v in values.items() if v}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRow:
+    id: int
+    lane: str
+    trigger: str
+    slot: datetime | None
+    started_at: datetime
+    finished_at: datetime | None
+    status: str  # running / completed / failed / abandoned / skipped
+    attempts: int
+    error: str | None
+    failures: int
+    headline: dict[str, Any]
+    duration_ms: float | None  # as the run measured it (a --now run's clock stands still)
+
+    @property
+    def duration(self) -> timedelta | None:
+        if self.duration_ms is not None:
+            return timedelta(milliseconds=self.duration_ms)
+        return self.finished_at - self.started_at if self.finished_at else None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> RunRow:
+        status = "skipped" if row["status"] == "completed" and row["skipped"] else row["status"]
+        return cls(
+            id=row["id"],
+            lane=row["lane"],
+            trigger=row["trigger"],
+            slot=row["slot"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+            status=status,
+            attempts=row["attempts"],
+            error=row["error"],
+            failures=row["failures"] or 0,
+            headline=dict(row["headline"] or {}),
+            duration_ms=_float(row["duration_ms"]),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunPage:
+    rows: list[RunRow]
+    older: str | None  # the cursor of the next (older) page, if any
+
+
+async def runs_page(db: Database, wanted: RunFilter, *, limit: int = PAGE_SIZE) -> RunPage:
+    filters: list[str] = []
+    if wanted.lane:
+        filters.append(_LANE)
+    if wanted.status == "skipped":
+        filters.append(_SKIPPED)
+    elif wanted.status:
+        filters.append(_STATUS)
+        if wanted.status == "completed":
+            filters.append(_NOT_SKIPPED)
+    since, until = _FAR_PAST, _FAR_FUTURE
+    if wanted.day:
+        since = datetime.combine(wanted.day, time(), UTC)
+        until = since + timedelta(days=1)
+    before_at, before_id = _FAR_FUTURE, _MAX_ID
+    if wanted.before:
+        before_at, key = decode_cursor(wanted.before)
+        try:
+            before_id = int(key)
+        except ValueError:
+            raise BadRequest("before: not a cursor this page made") from None
+    query = SQL["runs_page"].replace("/*filters*/", "\n   ".join(filters))
+    rows = await db.fetch(
+        query,
+        {
+            "lane": wanted.lane,
+            "status": "completed" if wanted.status == "skipped" else wanted.status,
+            "since": since,
+            "until": until,
+            "before_at": before_at,
+            "before_id": before_id,
+            "limit": limit + 1,
+        },
+    )
+    records = [RunRow.from_row(r) for r in rows[:limit]]
+    older = encode_cursor(records[-1].started_at, records[-1].id) if len(rows) > limit else None
+    return RunPage(rows=records, older=older)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunDetail:
+    id: int
+    lane: str
+    trigger: str
+    slot: datetime | None
+    started_at: datetime
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+    status: str
+    attempts: int
+    report: dict[str, Any]
+
+    @property
+    def duration(self) -> timedelta | None:
+        measured = _float(self.report.get("duration_ms", self.report.get("durationMs")))
+        if measured is not None:
+            return timedelta(milliseconds=measured)
+        return self.finished_at - self.started_at if self.finished_at else None
+
+    @property
+    def jobs(self) -> list[tuple[str, dict[str, Any]]]:
+        jobs = self.report.get("jobs")
+        return sorted(jobs.items()) if isinstance(jobs, dict) else []
+
+
+async def run_detail(db: Database, run_id: int) -> RunDetail | None:
+    row = await db.fetch_one(SQL["run"], {"id": run_id})
+    if row is None:
+        return None
+    report = row["report"] if isinstance(row["report"], dict) else {}
+    status = row["status"]
+    if status == "completed" and report.get("skipped") is True:
+        status = "skipped"
+    return RunDetail(
+        id=row["id"],
+        lane=row["lane"],
+        trigger=row["trigger"],
+        slot=row["slot"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        heartbeat_at=row["heartbeat_at"],
+        status=status,
+        attempts=row["attempts"],
+        report=report,
+    )
+
+
+async def lanes(db: Database) -> list[str]:
+    return [r["lane"] for r in await db.fetch(SQL["lanes"])]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaneState:
+    lane: str
+    last_id: int
+    last_status: str
+    last_started_at: datetime
+    last_completed_at: datetime | None
+
+
+async def latest_per_lane(db: Database) -> list[LaneState]:
+    return [
+        LaneState(
+            lane=r["lane"],
+            last_id=r["id"],
+            last_status="skipped" if r["status"] == "completed" and r["skipped"] else r["status"],
+            last_started_at=r["started_at"],
+            last_completed_at=r["last_completed_at"],
+        )
+        for r in await db.fetch(SQL["latest_per_lane"])
+    ]
+
+
+# --- deletions -------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Deletion:
+    podcast_id: str
+    slug: str
+    deleted_at: datetime
+    storage_cleaned_at: datetime | None
+    invalidated_at: datetime | None
+    objects_deleted: int
+    bytes_deleted: int
+    objects_left: int | None
+    attempts: int
+    last_error: str | None
+
+    @property
+    def finished(self) -> bool:
+        return self.storage_cleaned_at is not None and self.invalidated_at is not None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Deletion:
+        return cls(
+            podcast_id=str(row["podcast_id"]),
+            slug=row["slug"],
+            deleted_at=row["deleted_at"],
+            storage_cleaned_at=row["storage_cleaned_at"],
+            invalidated_at=row["invalidated_at"],
+            objects_deleted=row["objects_deleted"],
+            bytes_deleted=row["bytes_deleted"],
+            objects_left=row["objects_left"],
+            attempts=row["attempts"],
+            last_error=row["last_error"],
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeletionsView:
+    unfinished: list[Deletion]
+    page: list[Deletion]
+    older: str | None
+    recent_podcasts: int
+    recent_objects: int
+    recent_bytes: int
+
+
+async def deletions(
+    db: Database, now: datetime, before: str | None, *, limit: int = PAGE_SIZE
+) -> DeletionsView:
+    before_at, before_id = _FAR_FUTURE, _MAX_UUID
+    if before:
+        before_at, before_id = decode_cursor(before)
+        try:
+            before_id = str(uuid.UUID(before_id))
+        except ValueError:
+            raise BadRequest("before: not a cursor this page made") from None
+    unfinished = await db.fetch(SQL["deletions_unfinished"], {"limit": 100})
+    rows = await db.fetch(
+        SQL["deletions_page"],
+        {"before_at": before_at, "before_id": before_id, "limit": limit + 1},
+    )
+    page = [Deletion.from_row(r) for r in rows[:limit]]
+    totals = await db.fetch_one(SQL["deletions_recent_totals"], {"since": now - timedelta(30)})
+    older = encode_cursor(page[-1].deleted_at, page[-1].podcast_id) if len(rows) > limit else None
+    return DeletionsView(
+        unfinished=[Deletion.from_row(r) for r in unfinished],
+        page=page,
+        older=older,
+        recent_podcasts=int(totals["podcasts"]) if totals else 0,
+        recent_objects=int(totals["objects"]) if totals else 0,
+        recent_bytes=int(totals["bytes"]) if totals else 0,
+    )
+
+
+# --- overage ---------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class SuspendedFeed:
+    slug: str
+    title: str
+    suspended_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverageAccount:
+    id: str
+    plan: str
+    owner_email: str | None
+    since: datetime
+    deadline: datetime | None
+    stage: int | None  # -1 armed, 0-3 warnings sent, 4 suspended
+    last_nag_at: datetime | None
+    podcasts: int
+    podcast_cap: int | None
+    bytes: int
+    storage_cap_gb: float | None
+    suspended: list[SuspendedFeed] = field(default_factory=list)
+
+    def days_left(self, now: datetime) -> int | None:
+        if self.deadline is None:
+            return None
+        return max(0, (self.deadline - now).days)
+
+    @property
+    def podcasts_over(self) -> int:
+        if self.podcast_cap is None:
+            return 0
+        return max(0, self.podcasts - int(self.podcast_cap))
+
+    @property
+    def bytes_over(self) -> int:
+        if self.storage_cap_gb is None:
+            return 0
+        return max(0, self.bytes - int(float(self.storage_cap_gb) * 1_000_000_000))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Restoration:
+    run_id: int
+    at: datetime
+    account_id: str
+    since: str | None
+    podcasts: list[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverageView:
+    accounts: list[OverageAccount]
+    restored: list[Restoration]
+
+
+async def overage(db: Database, now: datetime, *, limit: int = 200) -> OverageView:
+    rows = await db.fetch(SQL["overage_clocks"], {"now": now, "limit": limit})
+    feeds: dict[str, list[SuspendedFeed]] = {}
+    if rows:
+        for f in await db.fetch(SQL["suspended_feeds"], {"accounts": [r["id"] for r in rows]}):
+            feeds.setdefault(str(f["account_id"]), []).append(
+                SuspendedFeed(
+                    slug=f["slug"], title=f["title"], suspended_at=f["overage_suspended_at"]
+                )
+            )
+    accounts = [
+        OverageAccount(
+            id=str(r["id"]),
+            plan=r["plan"],
+            owner_email=r["owner_email"],
+            since=r["since"],
+            deadline=r["deadline"],
+            stage=r["stage"],
+            last_nag_at=r["last_nag_at"],
+            podcasts=int(r["podcasts"]),
+            podcast_cap=None if r["podcast_cap"] is None else int(r["podcast_cap"]),
+            bytes=int(r["bytes"] or 0),
+            storage_cap_gb=None if r["storage_cap_gb"] is None else float(r["storage_cap_gb"]),
+            suspended=feeds.get(str(r["id"]), []),
+        )
+        for r in rows
+    ]
+    restored = [
+        Restoration(
+            run_id=r["run_id"],
+            at=r["started_at"],
+            account_id=str(r["account_id"]),
+            since=r["since"],
+            podcasts=[str(p) for p in (r["podcasts"] or [])],
+        )
+        for r in await db.fetch(
+            SQL["overage_restored"],
+            {"since": now - timedelta(days=30), "until": now + timedelta(days=1), "limit": 200},
+        )
+    ]
+    return OverageView(accounts=accounts, restored=restored)
+
+
+# --- watchdogs -------------------------------------------------------------------------------
+WATCHDOG_COUNTS = (
+    "items_requeued",
+    "links_requeued",
+    "previews_canceled",
+    "media_jobs_flagged",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WatchdogHour:
+    hour: datetime
+    runs: int
+    counts: dict[str, int]
+
+    @property
+    def resent(self) -> int:
+        return self.counts.get("items_requeued", 0) + self.counts.get("links_requeued", 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WatchdogsView:
+    since: datetime
+    hours: list[WatchdogHour]  # every hour of the window, zeros included
+    rescues: list[dict[str, Any]]
+
+    def total(self, key: str) -> int:
+        return sum(h.counts.get(key, 0) for h in self.hours)
+
+
+async def watchdogs(db: Database, now: datetime) -> WatchdogsView:
+    end = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    since = end - timedelta(hours=24)
+    params = {"since": since, "until": end, "origin": since}
+    found = {
+        r["hour"]: WatchdogHour(
+            hour=r["hour"],
+            runs=int(r["runs"]),
+            counts={k: int(r[k]) for k in (*WATCHDOG_COUNTS, "items_rescued", "effects_retried")},
+        )
+        for r in await db.fetch(SQL["watchdog_hours"], params)
+    }
+    hours = [
+        found.get(since + timedelta(hours=i))
+        or WatchdogHour(hour=since + timedelta(hours=i), runs=0, counts={})
+        for i in range(24)
+    ]
+    rescues = await db.fetch(SQL["watchdog_rescues"], {**params, "limit": 50})
+    return WatchdogsView(since=since, hours=hours, rescues=rescues)
+
+
+# --- effects ---------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class EffectsView:
+    counts: dict[str, dict[str, int]]
+    failing: list[dict[str, Any]]
+    dead: list[dict[str, Any]]
+    news_candidates: list[dict[str, Any]]
+
+
+async def effects(db: Database) -> EffectsView:
+    return EffectsView(
+        counts=await effects_outbox.counts(db),
+        failing=await db.fetch(SQL["effects_failing"], {"limit": 50}),
+        dead=await db.fetch(SQL["effects_dead"], {"limit": 50}),
+        news_candidates=await db.fetch(SQL["news_candidates"]),
+    )
+
+
+# --- news ------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class ShardNews:
+    shard: str
+    latest_at: datetime | None
+    latest_trigger: str | None
+    latest: dict[str, Any]
+    series: list[dict[str, Any]]  # oldest first: started_at, queued, deferred, processed
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewsView:
+    shards: list[ShardNews]
+    parked: list[dict[str, Any]]
+    sources: int
+    active: int
+
+
+async def news(db: Database, *, points: int = 48) -> NewsView:
+    shards = [r["shard"] for r in await db.fetch(SQL["news_shards"])]
+    latest = {r["shard"]: r for r in await db.fetch(SQL["news_latest"], {"shards": shards})}
+    series: dict[str, list[dict[str, Any]]] = {}
+    for r in await db.fetch(SQL["news_series"], {"shards": shards, "points": points}):
+        series.setdefault(r["shard"], []).append(r)
+    counts = await db.fetch_one(SQL["news_source_counts"])
+    return NewsView(
+        shards=[
+            ShardNews(
+                shard=s,
+                latest_at=latest[s]["started_at"] if s in latest else None,
+                latest_trigger=latest[s]["trigger"] if s in latest else None,
+                latest=latest[s]["report"] if s in latest else {},
+                series=series.get(s, []),
+            )
+            for s in shards
+        ],
+        parked=await db.fetch(SQL["news_parked"], {"limit": 100}),
+        sources=int(counts["sources"]) if counts else 0,
+        active=int(counts["active"]) if counts else 0,
+    )

@@ -1,0 +1,211 @@
+-- The dashboard's reads. Read-only, each one index scan bounded by a LIMIT (migration 0016);
+-- `now` comes from the Clock. Lists are keyset-paginated: (started_at, id) < the cursor.
+
+-- name: lanes
+-- Every lane in the run history, by a loose index scan (one index probe per lane, not a scan
+-- of a million rows).
+WITH RECURSIVE lanes (lane) AS (
+    (SELECT lane FROM nightcrew.runs ORDER BY lane LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.lane FROM nightcrew.runs r WHERE r.lane > l.lane ORDER BY r.lane LIMIT 1)
+      FROM lanes l
+     WHERE l.lane IS NOT NULL
+)
+SELECT lane FROM lanes WHERE lane IS NOT NULL;
+
+-- name: latest_per_lane
+-- The newest run of each lane, and the newest completed one.
+WITH RECURSIVE lanes (lane) AS (
+    (SELECT lane FROM nightcrew.runs ORDER BY lane LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.lane FROM nightcrew.runs r WHERE r.lane > l.lane ORDER BY r.lane LIMIT 1)
+      FROM lanes l
+     WHERE l.lane IS NOT NULL
+)
+SELECT l.lane, last.id, last.status, last.started_at, last.finished_at,
+       (last.report ->> 'skipped') = 'true' AS skipped,
+       ok.started_at AS last_completed_at
+  FROM lanes l
+  CROSS JOIN LATERAL (
+      SELECT r.id, r.status, r.started_at, r.finished_at, r.report
+        FROM nightcrew.runs r WHERE r.lane = l.lane
+       ORDER BY r.started_at DESC, r.id DESC LIMIT 1) last
+  LEFT JOIN LATERAL (
+      SELECT r.started_at
+        FROM nightcrew.runs r WHERE r.lane = l.lane AND r.status = 'completed'
+       ORDER BY r.started_at DESC, r.id DESC LIMIT 1) ok ON true
+ WHERE l.lane IS NOT NULL
+ ORDER BY l.lane;
+
+-- name: runs_page
+-- The filters marker below is replaced by fixed fragments only (web/data.py), never by request text.
+SELECT r.id, r.lane, r.trigger, r.slot, r.started_at, r.finished_at, r.status, r.attempts,
+       (r.report ->> 'skipped') = 'true' AS skipped,
+       r.report ->> 'error' AS error,
+       coalesce(r.report ->> 'duration_ms', r.report ->> 'durationMs') AS duration_ms,
+       CASE WHEN jsonb_typeof(r.report -> 'errors') = 'array'
+            THEN jsonb_array_length(r.report -> 'errors') ELSE 0 END AS failures,
+       (SELECT coalesce(jsonb_object_agg(e.key, e.value), '{}'::jsonb)
+          FROM jsonb_each(CASE WHEN jsonb_typeof(r.report) = 'object' THEN r.report
+                               ELSE '{}'::jsonb END) e
+         WHERE jsonb_typeof(e.value) = 'number' AND e.value <> '0'::jsonb
+           AND e.key !~* '(limit|duration|_ms$|run_id|attempt)') AS headline
+  FROM nightcrew.runs r
+ WHERE r.started_at >= %(since)s AND r.started_at < %(until)s
+   AND (r.started_at, r.id) < (%(before_at)s, %(before_id)s)
+   /*filters*/
+ ORDER BY r.started_at DESC, r.id DESC
+ LIMIT %(limit)s;
+
+-- name: run
+SELECT id, lane, trigger, slot, started_at, finished_at, heartbeat_at, status, attempts, report
+  FROM nightcrew.runs WHERE id = %(id)s;
+
+-- name: deletions_unfinished
+-- Leftovers: storage or the feed invalidation still owed (the partial index).
+SELECT podcast_id, slug, deleted_at, storage_cleaned_at, invalidated_at, objects_deleted,
+       bytes_deleted, objects_left, attempts, last_error, updated_at
+  FROM nightcrew.podcast_deletions
+ WHERE storage_cleaned_at IS NULL OR invalidated_at IS NULL
+ ORDER BY deleted_at, podcast_id
+ LIMIT %(limit)s;
+
+-- name: deletions_page
+SELECT podcast_id, slug, deleted_at, storage_cleaned_at, invalidated_at, objects_deleted,
+       bytes_deleted, objects_left, attempts, last_error, updated_at
+  FROM nightcrew.podcast_deletions
+ WHERE (deleted_at, podcast_id) < (%(before_at)s, %(before_id)s)
+ ORDER BY deleted_at DESC, podcast_id DESC
+ LIMIT %(limit)s;
+
+-- name: deletions_recent_totals
+SELECT count(*) AS podcasts, coalesce(sum(objects_deleted), 0) AS objects,
+       coalesce(sum(bytes_deleted), 0) AS bytes
+  FROM nightcrew.podcast_deletions
+ WHERE deleted_at >= %(since)s;
+
+-- name: overage_clocks
+-- Accounts on the clock, soonest deadline first, measured as the escalation measures them.
+SELECT b.id, b.plan, b.content_overage_since AS since, b.content_overage_deadline AS deadline,
+       b.content_overage_nag_stage AS stage, b.content_overage_last_nag_at AS last_nag_at,
+       coalesce(up.email, u.email) AS owner_email,
+       (SELECT count(*) FROM public.podcasts p
+         WHERE p.billing_account_id = b.id AND p.status IN ('active', 'paused')) AS podcasts,
+       nightcrew.account_stored_bytes_of(b.id, false) AS bytes,
+       public.effective_cap(b.id, 'podcasts_per_account', %(now)s) AS podcast_cap,
+       public.effective_cap(b.id, 'storage_gb_per_account', %(now)s) AS storage_cap_gb
+  FROM public.billing_accounts b
+  LEFT JOIN public.user_profiles up ON up.id = b.owner_user_id
+  LEFT JOIN auth.users u ON u.id = b.owner_user_id
+ WHERE b.content_overage_since IS NOT NULL
+ ORDER BY b.content_overage_deadline, b.id
+ LIMIT %(limit)s;
+
+-- name: suspended_feeds
+SELECT billing_account_id AS account_id, id, slug, title, overage_suspended_at
+  FROM public.podcasts
+ WHERE billing_account_id = ANY(%(accounts)s::uuid[]) AND overage_suspended_at IS NOT NULL
+ ORDER BY billing_account_id, overage_suspended_at, slug;
+
+-- name: overage_restored
+-- Restorations the daily lane recorded (report.jobs.runOverageEscalation.restored).
+SELECT r.id AS run_id, r.started_at, x.value ->> 'account_id' AS account_id,
+       x.value ->> 'since' AS since, x.value -> 'podcasts' AS podcasts
+  FROM nightcrew.runs r
+ CROSS JOIN LATERAL jsonb_array_elements(
+     CASE WHEN jsonb_typeof(r.report -> 'jobs' -> 'runOverageEscalation' -> 'restored') = 'array'
+          THEN r.report -> 'jobs' -> 'runOverageEscalation' -> 'restored'
+          ELSE '[]'::jsonb END) x
+ WHERE r.lane = 'daily' AND r.started_at >= %(since)s AND r.started_at < %(until)s
+ ORDER BY r.started_at DESC, r.id DESC
+ LIMIT %(limit)s;
+
+-- name: watchdog_hours
+-- What the minute lane rescued, per hour of the window.
+SELECT date_bin('1 hour', r.started_at, %(origin)s) AS hour,
+       count(*) AS runs,
+       sum(coalesce((r.report ->> 'items_requeued')::bigint, 0)) AS items_requeued,
+       sum(coalesce((r.report ->> 'items_rescued')::bigint, 0)) AS items_rescued,
+       sum(coalesce((r.report ->> 'links_requeued')::bigint, 0)) AS links_requeued,
+       sum(coalesce((r.report ->> 'previews_canceled')::bigint, 0)) AS previews_canceled,
+       sum(coalesce((r.report ->> 'media_jobs_flagged')::bigint, 0)) AS media_jobs_flagged,
+       sum(coalesce((r.report ->> 'effects_retried')::bigint, 0)) AS effects_retried
+  FROM nightcrew.runs r
+ WHERE r.lane = 'minute' AND r.started_at >= %(since)s AND r.started_at < %(until)s
+ GROUP BY 1
+ ORDER BY 1;
+
+-- name: watchdog_rescues
+-- The minute runs of the window that did something, newest first.
+SELECT r.id, r.started_at, r.status,
+       coalesce((r.report ->> 'items_requeued')::bigint, 0) AS items_requeued,
+       coalesce((r.report ->> 'links_requeued')::bigint, 0) AS links_requeued,
+       coalesce((r.report ->> 'previews_canceled')::bigint, 0) AS previews_canceled,
+       coalesce((r.report ->> 'media_jobs_flagged')::bigint, 0) AS media_jobs_flagged
+  FROM nightcrew.runs r
+ WHERE r.lane = 'minute' AND r.started_at >= %(since)s AND r.started_at < %(until)s
+   AND (coalesce((r.report ->> 'items_requeued')::bigint, 0)
+        + coalesce((r.report ->> 'links_requeued')::bigint, 0)
+        + coalesce((r.report ->> 'previews_canceled')::bigint, 0)
+        + coalesce((r.report ->> 'media_jobs_flagged')::bigint, 0)) > 0
+ ORDER BY r.started_at DESC, r.id DESC
+ LIMIT %(limit)s;
+
+-- name: effects_failing
+SELECT id, kind, key, attempts, last_attempt_at, next_attempt_at, last_error
+  FROM nightcrew.effects
+ WHERE delivered_at IS NULL AND dead_at IS NULL AND last_error IS NOT NULL
+ ORDER BY last_attempt_at DESC, id DESC
+ LIMIT %(limit)s;
+
+-- name: effects_dead
+SELECT id, kind, key, attempts, dead_at, dead_reason, last_error
+  FROM nightcrew.effects
+ WHERE dead_at IS NOT NULL
+ ORDER BY dead_at DESC, id DESC
+ LIMIT %(limit)s;
+
+-- name: news_candidates
+SELECT stage, state, count(*) AS n
+  FROM news.candidates
+ WHERE state IN ('held', 'queued', 'dead')
+ GROUP BY stage, state
+ ORDER BY stage, state;
+
+-- name: news_shards
+SELECT DISTINCT shard FROM news.sources ORDER BY shard;
+
+-- name: news_series
+-- The last reports of each shard, oldest first within it, for the queued/deferred chart.
+SELECT s.shard, w.started_at,
+       coalesce((w.report ->> 'queuedCount')::bigint, 0) AS queued,
+       coalesce((w.report ->> 'deferredCount')::bigint, 0) AS deferred,
+       coalesce((w.report ->> 'processedCount')::bigint, 0) AS processed
+  FROM unnest(%(shards)s::text[]) AS s (shard)
+ CROSS JOIN LATERAL (
+     SELECT started_at, report FROM news.worker_reports w
+      WHERE w.shard = s.shard
+      ORDER BY w.started_at DESC, w.id DESC LIMIT %(points)s) w
+ ORDER BY s.shard, w.started_at;
+
+-- name: news_parked
+SELECT id, name, feed_url, shard, consecutive_failures, last_error, parked_at
+  FROM news.sources
+ WHERE parked_at IS NOT NULL
+ ORDER BY parked_at DESC, id DESC
+ LIMIT %(limit)s;
+
+-- name: news_source_counts
+SELECT count(*) AS sources,
+       count(*) FILTER (WHERE enabled AND parked_at IS NULL) AS active,
+       count(*) FILTER (WHERE parked_at IS NOT NULL) AS parked
+  FROM news.sources;
+
+-- name: news_latest
+SELECT s.shard, w.trigger, w.started_at, w.report
+  FROM unnest(%(shards)s::text[]) AS s (shard)
+ CROSS JOIN LATERAL (
+     SELECT trigger, started_at, report FROM news.worker_reports w
+      WHERE w.shard = s.shard
+      ORDER BY w.started_at DESC, w.id DESC LIMIT 1) w
+ ORDER BY s.shard;
