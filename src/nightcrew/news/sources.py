@@ -1,15 +1,18 @@
-"""News sources: add, list, disable, and record what each fetch left behind."""
+"""News sources: add, import, list, disable, and record what each fetch left behind."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from nightcrew.db.database import Database, Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import NightcrewError
 from nightcrew.log import event, warning
 from nightcrew.news.fetch import FetchResult, next_check
+from nightcrew.news.opml import FeedList, FileFormat, Skipped, SkipReason
 
 SQL = load_queries(__file__)
 
@@ -23,8 +26,6 @@ class SourceError(NightcrewError):
 
 
 def validate_feed_url(url: str) -> str:
-    from urllib.parse import urlsplit
-
     parts = urlsplit(url.strip())
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise SourceError(f"not an http(s) feed URL: {url!r}")
@@ -41,6 +42,134 @@ async def add_source(
     if row is None:
         raise SourceError(f"a source with feed URL {url!r} already exists")
     return row
+
+
+def source_name_for(url: str) -> str:
+    """The name of a source its list gave none: the feed URL's host."""
+    parts = urlsplit(url)
+    return parts.hostname or parts.netloc
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ImportedSource:
+    line: int
+    id: int | None  # None in a dry run
+    name: str
+    feed_url: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"line": self.line, "id": self.id, "name": self.name, "feedUrl": self.feed_url}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ImportReport:
+    """What an import added (or, dry, would add) and every entry it skipped, with why."""
+
+    format: FileFormat
+    shard: str
+    dry_run: bool
+    added: tuple[ImportedSource, ...]
+    skipped: tuple[Skipped, ...]
+
+    def skipped_by_reason(self) -> dict[str, int]:
+        counts = {reason.value: 0 for reason in SkipReason}
+        for skip in self.skipped:
+            counts[skip.reason.value] += 1
+        return counts
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "shard": self.shard,
+            "dryRun": self.dry_run,
+            "entryCount": len(self.added) + len(self.skipped),
+            "addedCount": len(self.added),
+            "skippedCount": len(self.skipped),
+            "skippedByReason": self.skipped_by_reason(),
+            "added": [source.to_json() for source in self.added],
+            "skipped": [skip.to_json() for skip in self.skipped],
+        }
+
+
+def check_import(feeds: FeedList) -> tuple[list[ImportedSource], list[Skipped]]:
+    """The file's entries that may become sources (URL checked as `sources add` checks it, the
+    first of each URL), and those that may not."""
+    candidates: list[ImportedSource] = []
+    skipped = list(feeds.skipped)
+    first_line: dict[str, int] = {}
+    for entry in feeds.entries:
+        try:
+            url = validate_feed_url(entry.url)
+        except SourceError as exc:
+            skipped.append(
+                Skipped(
+                    line=entry.line,
+                    reason=SkipReason.invalid_url,
+                    url=entry.url,
+                    name=entry.name,
+                    detail=str(exc),
+                )
+            )
+            continue
+        if url in first_line:
+            skipped.append(
+                Skipped(
+                    line=entry.line,
+                    reason=SkipReason.duplicate,
+                    url=url,
+                    name=entry.name,
+                    detail=f"the same feed URL as line {first_line[url]}",
+                )
+            )
+            continue
+        first_line[url] = entry.line
+        name = entry.name or source_name_for(url)
+        candidates.append(ImportedSource(line=entry.line, id=None, name=name, feed_url=url))
+    return candidates, skipped
+
+
+async def import_sources(
+    db: Database, feeds: FeedList, *, shard: str, now: datetime, dry_run: bool = False
+) -> ImportReport:
+    """Add a parsed file's sources to ``shard`` in one statement; a dry run only reads."""
+    candidates, skipped = check_import(feeds)
+    rows = await db.fetch(
+        SQL["preview_import" if dry_run else "import_sources"],
+        {
+            "lines": [source.line for source in candidates],
+            "names": [source.name for source in candidates],
+            "feed_urls": [source.feed_url for source in candidates],
+            "shard": shard,
+            "now": now,
+        },
+    )
+    outcome = {row["line"]: row for row in rows}
+    added: list[ImportedSource] = []
+    for source in candidates:
+        row = outcome[source.line]
+        if row["added_id"] is not None or (dry_run and row["existing_id"] is None):
+            added.append(replace(source, id=row["added_id"]))
+            continue
+        skipped.append(
+            Skipped(
+                line=source.line,
+                reason=SkipReason.exists,
+                url=source.feed_url,
+                name=source.name,
+                detail=(
+                    f"already source {row['existing_id']} on shard {row['existing_shard']}"
+                    if row["existing_id"] is not None
+                    else "already a source (added while this import ran)"
+                ),
+            )
+        )
+    return ImportReport(
+        format=feeds.format,
+        shard=shard,
+        dry_run=dry_run,
+        added=tuple(added),
+        skipped=tuple(sorted(skipped, key=lambda skip: skip.line)),
+    )
 
 
 async def list_sources(db: Database, *, shard: str | None = None) -> list[dict[str, Any]]:

@@ -59,3 +59,32 @@ UPDATE news.sources AS s
               %(hashes)b::text[], %(next_check_at)b::timestamptz[])
        AS u (id, etag, last_modified, body_hash, next_check_at)
  WHERE s.id = u.id;
+
+-- name: import_sources
+-- A whole import in one statement (2,000 feeds in milliseconds, all or nothing). A feed URL that
+-- is already a source stays as it is: the main query reads the table as it was before the
+-- statement, so it names that source (id and shard). A row inserted concurrently by another
+-- session is neither added here nor seen: both ids come back NULL.
+WITH input AS (
+    SELECT * FROM unnest(%(lines)s::int[], %(names)s::text[], %(feed_urls)s::text[])
+                  AS u (line, name, feed_url)
+), added AS (
+    INSERT INTO news.sources (name, feed_url, shard, created_at)
+    SELECT name, feed_url, %(shard)s, %(now)s FROM input ORDER BY line
+    ON CONFLICT (feed_url) DO NOTHING
+    RETURNING id, feed_url
+)
+SELECT input.line, added.id AS added_id, existing.id AS existing_id,
+       existing.shard AS existing_shard
+  FROM input
+  LEFT JOIN added ON added.feed_url = input.feed_url
+  LEFT JOIN news.sources AS existing ON existing.feed_url = input.feed_url
+ ORDER BY input.line;
+
+-- name: preview_import
+-- import_sources's answer without its insert (a dry run): what exists already.
+SELECT input.line, NULL::bigint AS added_id, existing.id AS existing_id,
+       existing.shard AS existing_shard
+  FROM unnest(%(lines)s::int[], %(feed_urls)s::text[]) AS input (line, feed_url)
+  LEFT JOIN news.sources AS existing ON existing.feed_url = input.feed_url
+ ORDER BY input.line;

@@ -143,7 +143,7 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
                 problem = describe_error(exc)
                 warning("dashboard_unavailable", path=request.url.path, error=problem)
                 return render(
-                    request, "error.html", 503, title="Database unavailable", problem=problem
+                    request, "error.html", 503, title="The database could not answer", problem=problem
                 )
             response.headers["Server-Timing"] = (
                 f"app;dur={(time.perf_counter() - started) * 1000:.1f}"
@@ -164,7 +164,7 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
                 request,
                 "error.html",
                 503,
-                title="Database unavailable",
+                title="The database could not answer",
                 problem=database_problem,
             )
         states = await data.latest_per_lane(ctx.db)

@@ -1,0 +1,243 @@
+"""Every dashboard page against a real database: status, escaping, filters, pagination, access.
+
+The app runs in-process through httpx's ASGI transport (what Starlette's TestClient wraps; the
+async form shares the test's event loop with the database pool)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import httpx
+import pytest
+
+from nightcrew.clock import FrozenClock
+from nightcrew.db.database import Database
+from nightcrew.errors import ConfigError
+from nightcrew.http import create_app
+from nightcrew.metrics import Metrics
+from nightcrew.web.access import COOKIE, Access
+from nightcrew.web.app import DashboardContext, _safe_next
+from tests.integration.web import seed
+
+PAGES = ["/", "/runs", "/deletions", "/overage", "/watchdogs", "/effects", "/news"]
+TOKEN = "correct horse battery staple 1234567890"
+
+
+def client(db: Database, clock: FrozenClock, access: Access, host: str = "127.0.0.1:8787"):
+    app = create_app(Metrics(), dashboard=DashboardContext(db=db, clock=clock, access=access))
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=f"http://{host}")
+
+
+@pytest.fixture
+async def open_client(db: Database, clock: FrozenClock) -> AsyncIterator[httpx.AsyncClient]:
+    async with client(db, clock, Access.for_bind("127.0.0.1", None)) as c:
+        yield c
+
+
+def run_ids(html: str) -> list[int]:
+    return [int(m) for m in re.findall(r'<tr class="run">\s*<td><a href="/runs/(\d+)">', html)]
+
+
+async def test_every_page_answers_and_escapes_what_it_prints(
+    db: Database, clock: FrozenClock, open_client: httpx.AsyncClient
+) -> None:
+    night = await seed.night(db, clock.now())
+    for path in [*PAGES, f"/runs/{night.daily_run}", f"/runs/{night.failed_run}"]:
+        response = await open_client.get(path)
+        assert response.status_code == 200, (path, response.text[:500])
+        assert response.headers["content-type"].startswith("text/html")
+        assert "default-src 'none'" in response.headers["content-security-policy"]
+        assert response.headers["x-frame-options"] == "DENY"
+        body = response.text
+        assert "<script" not in body and "<img" not in body, path
+        assert "onerror=" not in body.replace("onerror=&#34;", ""), path
+    # the hostile texts are shown — escaped — where they belong
+    escaped = "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;"
+    for path in ["/deletions", "/overage", "/effects", "/news", f"/runs/{night.daily_run}"]:
+        assert escaped in (await open_client.get(path)).text, path
+    failed = (await open_client.get(f"/runs/{night.failed_run}")).text
+    assert "&lt;img src=x onerror=&#34;alert(1)&#34;&gt;" in failed
+
+
+async def test_a_run_opens_in_words_and_as_json(
+    db: Database, clock: FrozenClock, open_client: httpx.AsyncClient
+) -> None:
+    night = await seed.night(db, clock.now())
+    page = (await open_client.get(f"/runs/{night.daily_run}")).text
+    assert "its deletion date passed, so the podcast and everything under it were deleted" in page
+    assert "4 file(s), 7,168 bytes from storage; feed cache told via queue" in page
+    assert f'href="/runs/{night.daily_run}/report.json"' in page
+    raw = await open_client.get(f"/runs/{night.daily_run}/report.json")
+    assert raw.status_code == 200
+    assert raw.headers["content-type"] == "application/json"
+    assert raw.json()["jobs"]["hardDeleteExpiredPodcasts"]["podcasts"][0]["slug"] == seed.HOSTILE
+    skipped = (await open_client.get(f"/runs/{night.skipped_run}")).text
+    assert 'class="status skipped"' in skipped
+    assert "another worker held the shard" in skipped
+    assert (await open_client.get("/runs/999999")).status_code == 404
+    assert (await open_client.get("/runs/999999/report.json")).status_code == 404
+
+
+async def test_runs_filter_by_lane_status_and_day(
+    db: Database, clock: FrozenClock, open_client: httpx.AsyncClient
+) -> None:
+    night = await seed.night(db, clock.now())
+    everything = run_ids((await open_client.get("/runs")).text)
+    assert everything == [night.skipped_run, night.daily_run, night.minute_run, night.failed_run]
+    assert run_ids((await open_client.get("/runs?lane=daily")).text) == [
+        night.daily_run,
+        night.failed_run,
+    ]
+    assert run_ids((await open_client.get("/runs?status=failed")).text) == [night.failed_run]
+    assert run_ids((await open_client.get("/runs?status=skipped")).text) == [night.skipped_run]
+    completed = run_ids((await open_client.get("/runs?status=completed")).text)
+    assert completed == [night.daily_run, night.minute_run]  # a skipped run is not "completed"
+    yesterday = (clock.now() - timedelta(days=1, hours=1)).date().isoformat()
+    assert run_ids((await open_client.get(f"/runs?lane=daily&date={yesterday}")).text) == [
+        night.failed_run
+    ]
+    # the lane filter offers every lane of the history
+    page = (await open_client.get("/runs")).text
+    for lane in ("daily", "minute", "news:world"):
+        assert f'<option value="{lane}"' in page
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["status=bogus", "date=yesterday", "before=not-a-cursor", "lane=%00"],
+)
+async def test_a_bad_filter_is_a_400_that_names_it(
+    open_client: httpx.AsyncClient, query: str
+) -> None:
+    response = await open_client.get(f"/runs?{query}")
+    assert response.status_code == 400
+    assert query.split("=")[0] + ":" in response.text
+
+
+async def test_runs_are_paged_newest_first_without_gaps_or_repeats(
+    db: Database, clock: FrozenClock, open_client: httpx.AsyncClient
+) -> None:
+    now = clock.now()
+    started = {}
+    for i in range(120):  # two runs per instant: the keyset's tie-break must hold
+        at = now - timedelta(minutes=i // 2)
+        started[await seed.run(db, "minute", at, {"n": i}, trigger="manual")] = at
+    expected = sorted(started, key=lambda run_id: (started[run_id], run_id), reverse=True)
+    seen: list[int] = []
+    url = "/runs?lane=minute"
+    pages = 0
+    while url:
+        html = (await open_client.get(url)).text
+        seen += run_ids(html)
+        pages += 1
+        found = re.search(r'href="(/runs\?[^"]*before=[^"]*)" rel="next"', html)
+        url = found.group(1).replace("&amp;", "&") if found else ""
+    assert pages == 3
+    assert seen == expected
+
+
+async def test_deletions_are_paged(
+    db: Database, clock: FrozenClock, open_client: httpx.AsyncClient
+) -> None:
+    now = clock.now()
+    await db.execute(
+        "INSERT INTO nightcrew.podcast_deletions (podcast_id, slug, deleted_at,"
+        " storage_cleaned_at, invalidated_at)"
+        " SELECT gen_random_uuid(), 'show-' || g, %(now)s - g * interval '1 hour', %(now)s,"
+        " %(now)s FROM generate_series(1, 75) g",
+        {"now": now},
+    )
+    first = (await open_client.get("/deletions")).text
+    slugs = re.findall(r"<td>(show-\d+)<br>", first)
+    assert slugs == [f"show-{g}" for g in range(1, 51)]
+    older = re.search(r'href="(/deletions\?before=[^"]*)" rel="next"', first)
+    assert older is not None
+    second = (await open_client.get(older.group(1))).text
+    assert re.findall(r"<td>(show-\d+)<br>", second) == [f"show-{g}" for g in range(51, 76)]
+    assert 'rel="next"' not in second
+
+
+async def test_watchdogs_chart_and_overage_clock(
+    db: Database, clock: FrozenClock, open_client: httpx.AsyncClient
+) -> None:
+    await seed.night(db, clock.now())
+    page = (await open_client.get("/watchdogs")).text
+    assert "<svg" in page and page.count('class="bar"') == 24
+    assert "<b>3</b> import message(s) re-sent" in page
+    overage = (await open_client.get("/overage")).text
+    assert "owner@example.test" in overage
+    assert "warning 2 of 4 sent" in overage
+    assert "<td>22</td>" in overage  # days left
+    assert (
+        "Restored in the last 30 days" in overage
+        and "00000000-0000-0000-0000-0000000000aa" in overage
+    )
+
+
+async def test_open_dashboard_answers_loopback_host_names_only(
+    db: Database, clock: FrozenClock
+) -> None:
+    access = Access.for_bind("127.0.0.1", None)
+    for host in ("127.0.0.1:8787", "localhost:8787", "[::1]:8787"):
+        async with client(db, clock, access, host) as c:
+            assert (await c.get("/runs")).status_code == 200, host
+    # a page elsewhere that rebinds its own name to 127.0.0.1 sends its own Host
+    async with client(db, clock, access, "attacker.example:8787") as c:
+        assert (await c.get("/runs")).status_code == 421
+        assert (await c.get("/login")).status_code == 421
+
+
+def test_beyond_loopback_a_token_is_required() -> None:
+    with pytest.raises(ConfigError, match="NIGHTCREW_DASHBOARD_TOKEN"):
+        Access.for_bind("0.0.0.0", None)
+    with pytest.raises(ConfigError):
+        Access.for_bind("192.0.2.10", "")
+    assert Access.for_bind("::1", None).token is None
+    assert Access.for_bind("0.0.0.0", TOKEN).hosts is None
+
+
+async def test_sign_in_with_the_token_keeps_a_strict_http_only_cookie(
+    db: Database, clock: FrozenClock
+) -> None:
+    access = Access.for_bind("0.0.0.0", TOKEN)
+    async with client(db, clock, access, "dashboard.example:8787") as c:
+        for path in [*PAGES, "/runs/1", "/runs/1/report.json"]:
+            response = await c.get(path)
+            assert response.status_code == 303, path
+            assert response.headers["location"].startswith("/login?next="), path
+        form = await c.get("/login?next=/effects")
+        assert form.status_code == 200 and 'name="token"' in form.text
+        wrong = await c.post("/login", data={"token": "guess", "next": "/effects"})
+        assert wrong.status_code == 401 and COOKIE not in wrong.headers.get("set-cookie", "")
+        right = await c.post("/login", data={"token": TOKEN, "next": "/effects"})
+        assert right.status_code == 303 and right.headers["location"] == "/effects"
+        cookie = right.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
+        assert TOKEN not in cookie  # the cookie is derived from the token, not the token
+        assert (await c.get("/effects")).status_code == 200
+        await c.post("/logout")
+        assert (await c.get("/effects")).status_code == 303
+        c.cookies.set(COOKIE, "forged")
+        assert (await c.get("/effects")).status_code == 303
+
+
+def test_sign_in_redirects_only_within_the_site() -> None:
+    assert _safe_next("/runs?lane=daily") == "/runs?lane=daily"
+    for target in ("//attacker.example/", "https://attacker.example/", "/\\attacker", "", None):
+        assert _safe_next(target) == "/"
+
+
+async def test_a_database_that_is_gone_is_a_503_page_not_a_traceback(
+    fresh_db_url: str, clock: FrozenClock
+) -> None:
+    gone = await Database.open(fresh_db_url)
+    await gone.execute("DROP TABLE nightcrew.runs CASCADE")  # what an unmigrated database is
+    try:
+        async with client(gone, clock, Access.for_bind("127.0.0.1", None)) as c:
+            response = await c.get("/runs")
+        assert response.status_code == 503
+        assert "runs" in response.text and "Traceback" not in response.text
+    finally:
+        await gone.close()
