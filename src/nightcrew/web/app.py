@@ -142,9 +142,8 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
             except NightcrewError as exc:
                 problem = describe_error(exc)
                 warning("dashboard_unavailable", path=request.url.path, error=problem)
-                return render(
-                    request, "error.html", 503, title="The database could not answer", problem=problem
-                )
+                title = "The database could not answer"
+                return render(request, "error.html", 503, title=title, problem=problem)
             response.headers["Server-Timing"] = (
                 f"app;dur={(time.perf_counter() - started) * 1000:.1f}"
             )
