@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -77,7 +77,7 @@ def _ts(value: datetime | str | None) -> str:
         return "—"
     if isinstance(value, str):
         return value
-    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value.tzinfo else str(value)
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if value.tzinfo else str(value)
 
 
 def _duration(value: timedelta | float | None) -> str:
@@ -114,7 +114,8 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
             request=request,
             path=request.url.path,
             label=ctx.label,
-            signed_in=ctx.access.token is not None,
+            signed_in=ctx.access.token is not None
+            and ctx.access.cookie_valid(request.cookies.get(COOKIE)),
             now=ctx.clock.now(),
             **values,
         )
@@ -250,9 +251,9 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         chart = bar_chart(
             [
                 Bar(
-                    label=h.hour.astimezone().strftime("%H"),
+                    label=h.hour.astimezone(UTC).strftime("%H"),
                     value=h.resent,
-                    tip=f"{h.hour.astimezone():%Y-%m-%d %H}:00 — {h.resent} re-sent, "
+                    tip=f"{h.hour.astimezone(UTC):%Y-%m-%d %H}:00 — {h.resent} re-sent, "
                     f"{h.runs} minute run(s)",
                 )
                 for h in view.hours
@@ -273,7 +274,7 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
                     Bar(
                         label="",
                         value=int(p["queued"]) + int(p["deferred"]),
-                        tip=f"{p['started_at'].astimezone():%Y-%m-%d %H:%M} — "
+                        tip=f"{p['started_at'].astimezone(UTC):%Y-%m-%d %H:%M} — "
                         f"{p['queued']} queued, {p['deferred']} deferred",
                     )
                     for p in s.series

@@ -1,0 +1,202 @@
+"""A real browser on the dashboard: the demo's night served by `nightcrew serve --demo`, and
+Debian's Chromium driven by Playwright (no browser download: ``executable_path``).
+
+Chromium starts with its background networking off, so it opens no connection but the ones the
+page asks for — and the pages ask only for 127.0.0.1 (the dashboard has no external asset).
+
+Also a command: ``python -m tests.support.browser docs/dashboard.png`` runs the demo in a
+temporary directory, serves it, and saves the README's screenshot.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",  # CI runs as root
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+]
+
+
+def chromium_path() -> str | None:
+    """NIGHTCREW_TEST_CHROMIUM, else the first Chromium installed; None when there is none."""
+    configured = os.environ.get("NIGHTCREW_TEST_CHROMIUM")
+    if configured:
+        return configured if Path(configured).exists() else None
+    return next((p for p in CHROMIUM_CANDIDATES if Path(p).exists()), None)
+
+
+def nightcrew_command() -> list[str]:
+    found = shutil.which("nightcrew", path=str(Path(sys.executable).parent))
+    return [found] if found else [sys.executable, "-m", "nightcrew.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True)
+class Served:
+    url: str
+    data_dir: Path
+
+
+def _env(data_dir: Path, extra: dict[str, str]) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "STORAGE_URL", "QUEUE_URL", "REDIS_URL", "NEWS_SHARDS")
+    }
+    env.update({"NIGHTCREW_DATA_DIR": str(data_dir), "LOG_LEVEL": "warning", **extra})
+    return env
+
+
+@contextmanager
+def demo_served(data_dir: Path, **env: str) -> Iterator[Served]:
+    """`nightcrew demo`, then `nightcrew serve --demo` on a free loopback port until exit."""
+    cmd = nightcrew_command()
+    demo = subprocess.run(
+        [*cmd, "demo"], env=_env(data_dir, env), capture_output=True, text=True, timeout=240
+    )
+    if demo.returncode != 0:
+        raise RuntimeError(f"nightcrew demo failed: {demo.stderr.strip()[-2000:]}")
+    port = free_port()
+    proc = subprocess.Popen(
+        [*cmd, "serve", "--demo", "--port", str(port)],
+        env=_env(data_dir, env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"serve --demo exited: {proc.stderr.read() if proc.stderr else ''}"
+                )
+            with socket.socket() as probe:
+                probe.settimeout(0.5)
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        else:
+            raise RuntimeError("serve --demo did not listen within 60 s")
+        yield Served(url=f"http://127.0.0.1:{port}", data_dir=data_dir)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+def png_colours(png: bytes, sample: int = 4) -> dict[tuple[int, ...], int]:
+    """How many (sampled) pixels of each colour an 8-bit RGB/RGBA PNG has — enough to tell a
+    rendered page from a blank one without an imaging library."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, width, height, channels = 8, b"", 0, 0, 0
+    while pos < len(png):
+        length, kind = struct.unpack(">I4s", png[pos : pos + 8])
+        chunk = png[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, colour = struct.unpack(">IIBB", chunk[:10])
+            assert depth == 8 and colour in (2, 6), f"unsupported PNG ({depth=}, {colour=})"
+            channels = 3 if colour == 2 else 4
+        elif kind == b"IDAT":
+            idat += chunk
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = width * channels
+    previous = bytearray(stride)
+    counts: dict[tuple[int, ...], int] = {}
+    for y in range(height):
+        start = y * (stride + 1)
+        kind, line = raw[start], bytearray(raw[start + 1 : start + 1 + stride])
+        for i in range(stride):
+            left = line[i - channels] if i >= channels else 0
+            up = previous[i]
+            corner = previous[i - channels] if i >= channels else 0
+            if kind == 1:
+                line[i] = (line[i] + left) & 0xFF
+            elif kind == 2:
+                line[i] = (line[i] + up) & 0xFF
+            elif kind == 3:
+                line[i] = (line[i] + (left + up) // 2) & 0xFF
+            elif kind == 4:
+                p = left + up - corner
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
+                pred = left if pa <= pb and pa <= pc else (up if pb <= pc else corner)
+                line[i] = (line[i] + pred) & 0xFF
+        previous = line
+        if y % sample == 0:
+            for x in range(0, width, sample):
+                pixel = tuple(line[x * channels : x * channels + 3])
+                counts[pixel] = counts.get(pixel, 0) + 1
+    return counts
+
+
+def assert_not_blank(png: bytes) -> None:
+    colours = png_colours(png)
+    total = sum(colours.values())
+    background = max(colours.values())
+    assert len(colours) >= 8, f"only {len(colours)} colour(s): a blank page"
+    assert background / total < 0.97, "almost every pixel is the background: a blank page"
+
+
+async def screenshot(url: str, out: Path, *, width: int = 1280, height: int = 900) -> None:
+    from playwright.async_api import async_playwright
+
+    executable = chromium_path()
+    if executable is None:
+        raise RuntimeError("no Chromium: apt-get install -y chromium")
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page(viewport={"width": width, "height": height})
+            await page.goto(url)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            await page.screenshot(path=str(out), full_page=False)
+        finally:
+            await browser.close()
+
+
+def main() -> None:
+    import asyncio
+
+    target = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/dashboard.png").resolve()
+    with tempfile.TemporaryDirectory(prefix="nightcrew-screenshot-") as tmp:
+        with demo_served(Path(tmp)) as served:
+            asyncio.run(screenshot(served.url + "/", target))
+            asyncio.run(screenshot(served.url + "/runs/2", target.with_name("dashboard-run.png")))
+    assert_not_blank(target.read_bytes())
+    print(f"saved {target} and {target.with_name('dashboard-run.png')}")
+
+
+if __name__ == "__main__":
+    main()
