@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
@@ -44,7 +46,13 @@ def lifecycle_run(
 
     async def work() -> dict[str, Any]:
         async with open_runtime(settings, clock) as runtime:
-            report = await run_lane(runtime, clock, lane.value, dry_run=dry_run)
+            if as_json or not sys.stderr.isatty():
+                report = await run_lane(runtime, clock, lane.value, dry_run=dry_run)
+            else:
+                with _job_progress(f"{lane.value} lane") as progress:
+                    report = await run_lane(
+                        runtime, clock, lane.value, dry_run=dry_run, progress=progress
+                    )
             assert report is not None  # manual runs always run
             return report.to_json()
 
@@ -104,7 +112,9 @@ def lifecycle_reconcile(
     min_orphan_age_hours: Annotated[
         int,
         typer.Option(
-            "--min-orphan-age-hours", help="Minimum orphan age in hours (clamped to 24-720)."
+            "--min-orphan-age-hours",
+            metavar="N",
+            help="Minimum orphan age in hours (clamped to 24-720).",
         ),
     ] = 24,
     now: NowOption = None,
@@ -140,11 +150,45 @@ def lifecycle_reconcile(
         _print_reconcile_summary(report)
 
 
+@contextmanager
+def _job_progress(title: str) -> Iterator[Callable[[str, int, int], None]]:
+    """A bar on stderr (a terminal only): jobs done of the lane's, and the one running."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task(title, total=None)
+
+        def tick(job: str, done: int, total: int) -> None:
+            state = "done" if done == total else job
+            bar.update(task, description=f"{title}: {state}", completed=done, total=total)
+
+        yield tick
+
+
 async def _with_progress(runtime: Any, clock: Clock, options: Any, run: Any) -> Any:
+    from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),  # stdout is the report's
+        transient=True,
     ) as bar:
         task = bar.add_task("starting", total=None)
 
@@ -197,7 +241,9 @@ def _print_reconcile_summary(report: dict[str, Any]) -> None:
 
 @lifecycle_app.command("overage")
 def lifecycle_overage(
-    account: Annotated[str, typer.Option("--account", help="The billing account's id.")],
+    account: Annotated[
+        str, typer.Option("--account", metavar="ID", help="The billing account's id.")
+    ],
     now: NowOption = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Report what would happen; change nothing.")

@@ -228,20 +228,37 @@ async def _isolated(job: Job, runtime: Runtime, clock: Clock) -> JobOutcome:
     )
 
 
-async def run_jobs(runtime: Runtime, clock: Clock, lane: Lane) -> LaneReport:
+# Told (job name, jobs finished, jobs in the lane) as each job starts and ends: what a
+# terminal shows while a long run works (`lifecycle run daily` on a tty).
+JobProgress = Callable[[str, int, int], None]
+
+
+async def run_jobs(
+    runtime: Runtime, clock: Clock, lane: Lane, progress: JobProgress | None = None
+) -> LaneReport:
     """Run every job of a lane once, isolated, and log the lane's completion event."""
     started = time.perf_counter()
     now = clock.now()
+    done = 0
+
+    async def one(job: Job) -> JobOutcome:
+        nonlocal done
+        if progress is not None:
+            progress(job.name, done, len(lane.jobs))
+        outcome = await _isolated(job, runtime, clock)
+        done += 1
+        if progress is not None:
+            progress(job.name, done, len(lane.jobs))
+        return outcome
+
     if lane.concurrent:
-        results = await asyncio.gather(
-            *(_isolated(j, runtime, clock) for j in lane.jobs), return_exceptions=True
-        )
+        results = await asyncio.gather(*(one(j) for j in lane.jobs), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result  # the database went away: every sweep saw it, one line says so
         outcomes = [r for r in results if isinstance(r, JobOutcome)]
     else:
-        outcomes = [await _isolated(j, runtime, clock) for j in lane.jobs]
+        outcomes = [await one(j) for j in lane.jobs]
     report = LaneReport(
         lane=lane.name,
         now=now,
@@ -267,6 +284,7 @@ async def run_lane(
     trigger: Trigger = "manual",
     slot: datetime | None = None,
     dry_run: bool = False,
+    progress: JobProgress | None = None,
 ) -> LaneReport | None:
     """Run a lane inside a run record. A scheduled slot another replica already claimed → None.
 
@@ -283,7 +301,7 @@ async def run_lane(
             raise ValueError("scheduled runs are never dry runs")
         with structlog.contextvars.bound_contextvars(dry_run=True):
             _started(lane, trigger="manual", run_id=None, slot=None)
-            return await run_jobs(runtime.dry_run_view(clock), clock, lane)
+            return await run_jobs(runtime.dry_run_view(clock), clock, lane, progress)
 
     if trigger == "scheduled" and slot is None:
         raise ValueError("a scheduled run needs its slot")
@@ -294,7 +312,7 @@ async def run_lane(
 
     async def work(handle: runs.RunHandle) -> LaneReport:
         _started(lane, trigger=trigger, run_id=handle.id, slot=slot)
-        return replace(await run_jobs(runtime, decide, lane), run_id=handle.id)
+        return replace(await run_jobs(runtime, decide, lane, progress), run_id=handle.id)
 
     def failed(handle: runs.RunHandle, exc: BaseException) -> None:
         error("lifecycle_cron_failed", lane=lane.name, run_id=handle.id, error=describe_error(exc))

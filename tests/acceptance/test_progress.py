@@ -1,0 +1,72 @@
+"""Long CLI work shows a progress display on stderr when stderr is a terminal (rich), and
+nothing extra when it is not: logs and pipes get only the JSON events and the report."""
+
+from __future__ import annotations
+
+import os
+import pty
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.test_cli import _env, _nightcrew
+
+pytestmark = pytest.mark.acceptance
+NOW = "2026-11-29T04:00:00Z"
+
+
+def run_with_tty_stderr(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    """stdout to a pipe, stderr to a pseudo-terminal: what an operator's shell gives a
+    command whose report is redirected to a file."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [_nightcrew(), *args],
+        env={**env, "TERM": "xterm-256color", "COLUMNS": "120"},
+        stdout=subprocess.PIPE,
+        stderr=follower,
+        text=True,
+    )
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the follower side closed: the process is done with its stderr
+            break
+        if not chunk:
+            break
+        seen += chunk
+    stdout, _ = proc.communicate(timeout=120)
+    os.close(leader)
+    return proc.returncode, stdout, seen.decode("utf-8", "replace")
+
+
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        (["lifecycle", "run", "daily", "--now", NOW], "daily lane"),
+        (["lifecycle", "reconcile", "--now", NOW], "starting"),  # its first frame
+    ],
+)
+def test_a_terminal_gets_a_progress_display_and_a_pipe_does_not(
+    fresh_db_url: str, tmp_path: Path, args: list[str], shown: str
+) -> None:
+    (tmp_path / "media" / "podcasts").mkdir(parents=True)
+    env = _env(
+        DATABASE_URL=fresh_db_url,
+        STORAGE_URL=f"file://{tmp_path / 'media'}",
+        R2_PUBLIC_URL="https://media.example.test",
+        LOG_LEVEL="warning",
+    )
+    code, stdout, terminal = run_with_tty_stderr(args, env)
+    assert code == 0, terminal
+    assert shown in terminal, terminal  # the display was drawn on the terminal
+    assert shown not in stdout or "lane as of" in stdout  # the report stays plain on stdout
+
+    piped = subprocess.run(
+        [_nightcrew(), *args], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert piped.returncode == 0, piped.stderr
+    assert "\x1b[" not in piped.stderr and "\x1b[" not in piped.stdout
+    assert all(line.startswith("{") for line in piped.stderr.splitlines()), piped.stderr
