@@ -175,6 +175,14 @@ async def main(runs: int, deletions: int, repeat: int) -> None:
                     a_run = await db.fetch_one(
                         "SELECT id FROM nightcrew.runs WHERE lane = 'daily' LIMIT 1"
                     )
+                    deep_runs = await deep(client, "/runs", 200)
+                    deep_minute = await deep(client, "/runs?lane=minute", 200)
+                    deep_deletions = await deep(client, "/deletions", 200)
+                    labels = {
+                        deep_runs: "/runs (200 pages deep)",
+                        deep_minute: "/runs?lane=minute (200 pages deep)",
+                        deep_deletions: "/deletions (200 pages deep)",
+                    }
                     pages = [
                         "/",
                         "/runs",
@@ -185,11 +193,11 @@ async def main(runs: int, deletions: int, repeat: int) -> None:
                         "/runs?status=skipped",
                         "/runs?lane=daily&status=failed",
                         "/runs?date=2025-06-01",
-                        await deep(client, "/runs", 200),
-                        await deep(client, "/runs?lane=minute", 200),
+                        deep_runs,
+                        deep_minute,
                         f"/runs/{a_run['id'] if a_run else 1}",
                         "/deletions",
-                        await deep(client, "/deletions", 200),
+                        deep_deletions,
                         "/overage",
                         "/watchdogs",
                         "/effects",
@@ -201,7 +209,7 @@ async def main(runs: int, deletions: int, repeat: int) -> None:
                         await client.get(path)  # warm: plans cached, pages in shared buffers
                         median, p95, status = await timed(client, path, repeat)
                         worst = max(worst, median)
-                        label = path if len(path) <= 56 else path[:40] + "…(200 pages deep)"
+                        label = labels.get(path, path)
                         print(f"{label:<58} {median:>7.1f}ms {p95:>7.1f}ms  {status}")
                 verdict = "met" if worst < TARGET_MS else "MISSED"
                 print(
