@@ -29,6 +29,7 @@ from nightcrew.lifecycle.reconcile.core import (
 )
 from nightcrew.log import describe_error, event, warning
 from nightcrew.metrics import Metrics
+from nightcrew.web.access import COOKIE
 from nightcrew.web.app import DashboardContext, dashboard_routes
 
 HEALTH_BODY = {"status": "ok", "service": "lifecycle-manager"}
@@ -145,6 +146,21 @@ def create_app(
         return JSONResponse(OPENAPI)
 
     async def reports(request: Request) -> JSONResponse:
+        # The same data as the dashboard's news page, under the same access: a loopback Host
+        # when open; the dashboard's cookie or `Authorization: Bearer <token>` when it has one.
+        if dashboard is not None:
+            access = dashboard.access
+            if not access.host_allowed(request.headers.get("host")):
+                return JSONResponse({"error": "unknown Host"}, status_code=421)
+            if not (
+                access.cookie_valid(request.cookies.get(COOKIE))
+                or access.bearer_valid(request.headers.get("authorization"))
+            ):
+                return JSONResponse(
+                    {"error": "unauthorized"},
+                    status_code=401,
+                    headers={"WWW-Authenticate": 'Bearer realm="nightcrew"'},
+                )
         if news_reports is None:
             return JSONResponse({"reports": []})
         return JSONResponse({"reports": await news_reports()})
@@ -312,11 +328,25 @@ OPENAPI: dict[str, Any] = {
         "/news/reports": {
             "get": {
                 "summary": "The latest news-worker report of each shard",
+                "description": "Under the dashboard's access: with NIGHTCREW_DASHBOARD_TOKEN "
+                "set, its cookie or `Authorization: Bearer <token>`; open, loopback Hosts only.",
                 "responses": {
                     "200": {
                         "description": "reports",
                         "content": {"application/json": {"schema": {"type": "object"}}},
-                    }
+                    },
+                    "401": {
+                        "description": "the dashboard has a token and none was given",
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                        },
+                    },
+                    "421": {
+                        "description": "a Host that is not this dashboard's",
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                        },
+                    },
                 },
             }
         },

@@ -23,50 +23,68 @@ def short_name(row_id: str, item: Any = None) -> str:
     return str(row_id)[:8]
 
 
+def _d(value: Any) -> dict[str, Any]:
+    """A stored report's object, or {} for anything else (a list, a number, null)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _l(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _n(value: Any) -> int | float:
+    """A stored count, or 0 for anything that is not a number."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+
 def _jobs(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    jobs = report.get("jobs")
-    return jobs if isinstance(jobs, dict) else {}
+    """The jobs that ran to the end; a job that crashed is told among the failures."""
+    return {
+        name: job
+        for name, job in _d(report.get("jobs")).items()
+        if isinstance(job, dict) and job.get("status") != "failed"
+    }
 
 
 def minute_sentences(report: dict[str, Any], name: Name = short_name) -> list[str]:
     jobs = _jobs(report)
     lines: list[str] = []
-    if (imports := jobs.get("sweepStalledImports")) is not None:
+    if imports := jobs.get("sweepStalledImports"):
         lines.append(
-            f"{imports.get('items_requeued', 0)} lost podcast-imports message(s) re-sent "
-            f"({imports.get('items_rescued', 0)} of them rescued from a 'processing' claim older "
+            f"{_n(imports.get('items_requeued'))} lost podcast-imports message(s) re-sent "
+            f"({_n(imports.get('items_rescued'))} of them rescued from a 'processing' claim older "
             f"than {wd.STALLED_PROCESSING_THRESHOLD_MINUTES} minutes: its worker is presumed "
             f"dead). A pending item with 1 attempt is stalled after "
             f"{wd.ATTEMPTS_THRESHOLDS_SECONDS[1]} s."
         )
-        if failed := imports.get("items_resend_failed", 0):
+        if failed := _n(imports.get("items_resend_failed")):
             lines.append(f"{failed} import re-send(s) failed; the next minute tries again.")
-    if (links := jobs.get("sweepStalledExternalLinks")) is not None:
+    if links := jobs.get("sweepStalledExternalLinks"):
         lines.append(
-            f"{links.get('links_requeued', 0)} external-episode-link message(s) re-sent: the link "
+            f"{_n(links.get('links_requeued'))} external-episode-link message(s) re-sent: the link "
             f"was past due by more than {wd.STALLED_LINK_GRACE_SECONDS} s; its next attempt is "
             f"pushed {wd.STALLED_LINK_RESEND_COOLDOWN_SECONDS} s out, same attempt."
         )
-    previews = jobs.get("sweepStuckHostingMigrationPreviews") or {}
-    for import_id in previews.get("import_ids", []):
+    previews = _d(jobs.get("sweepStuckHostingMigrationPreviews"))
+    for import_id in _l(previews.get("import_ids")):
         lines.append(
             f"{name(import_id, None)} was canceled: stuck in preview for more than "
             f"{wd.STUCK_HOSTING_MIGRATION_PREVIEW_MINUTES} minutes, it would have blocked every"
             " retry with a 409."
         )
-    media = jobs.get("sweepWedgedMediaJobs") or {}
-    for job_id in media.get("job_ids", []):
+    media = _d(jobs.get("sweepWedgedMediaJobs"))
+    for job_id in _l(media.get("job_ids")):
         lines.append(
             f"{name(job_id, None)} was marked failed: no progress for more than "
             f"{wd.WEDGED_MEDIA_JOB_HOURS} hours, and its waiters were notified."
         )
-    if (drain := jobs.get("deliverEffects")) is not None and any(
-        drain.get(k, 0) for k in ("effects_delivered", "effects_retried", "effects_dead")
+    if (drain := jobs.get("deliverEffects")) and any(
+        _n(drain.get(k)) for k in ("effects_delivered", "effects_retried", "effects_dead")
     ):
         lines.append(
-            f"effects outbox: {drain.get('effects_delivered', 0)} delivered, "
-            f"{drain.get('effects_retried', 0)} to be retried, "
-            f"{drain.get('effects_dead', 0)} given up."
+            f"effects outbox: {_n(drain.get('effects_delivered'))} delivered, "
+            f"{_n(drain.get('effects_retried'))} to be retried, "
+            f"{_n(drain.get('effects_dead'))} given up."
         )
     return lines
 
@@ -74,76 +92,79 @@ def minute_sentences(report: dict[str, Any], name: Name = short_name) -> list[st
 def daily_sentences(report: dict[str, Any], name: Name = short_name) -> list[str]:
     jobs = _jobs(report)
     lines: list[str] = []
-    for podcast in (jobs.get("reactivateExpiredPauses") or {}).get("podcasts", []):
-        billing = podcast.get("billing") or {}
+    for podcast in map(_d, _l(_d(jobs.get("reactivateExpiredPauses")).get("podcasts"))):
+        billing = _d(podcast.get("billing"))
         outcome = billing.get("outcome", "unknown")
+        who = name(str(podcast.get("podcast_id", "?")), podcast)
         lines.append(
-            f"{name(podcast['podcast_id'], podcast)}: its pause ended, so it is active again. "
+            f"{who}: its pause ended, so it is active again. "
             f"Billing resume: {outcome} ({billing.get('reason', outcome)})."
         )
-    for podcast in (jobs.get("hardDeleteExpiredPodcasts") or {}).get("podcasts", []):
+    for podcast in map(_d, _l(_d(jobs.get("hardDeleteExpiredPodcasts")).get("podcasts"))):
         via = podcast.get("invalidated_via") or "NOT YET — will retry"
+        who = name(str(podcast.get("podcast_id", "?")), podcast)
         lines.append(
-            f"{name(podcast['podcast_id'], podcast)}: its deletion date passed, so the podcast "
-            f"and everything under it were deleted — {podcast.get('objects_deleted', 0)} "
-            f"file(s), {podcast.get('bytes_deleted', 0):,} bytes from storage; feed cache told "
+            f"{who}: its deletion date passed, so the podcast "
+            f"and everything under it were deleted — {_n(podcast.get('objects_deleted'))} "
+            f"file(s), {_n(podcast.get('bytes_deleted')):,} bytes from storage; feed cache told "
             f"via {via}."
         )
-    leftovers = (jobs.get("hardDeleteExpiredPodcasts") or {}).get("cleanup_leftovers", 0)
+    leftovers = _n(_d(jobs.get("hardDeleteExpiredPodcasts")).get("cleanup_leftovers"))
     if leftovers:
         lines.append(f"{leftovers} earlier deletion(s) still have storage or a feed to clean.")
-    recon = (jobs.get("runReconcile") or {}).get("report") or {}
+    recon = _d(_d(jobs.get("runReconcile")).get("report"))
     if recon:
-        size, orphans = recon.get("sizeBackfill", {}), recon.get("orphans", {})
+        size, orphans = _d(recon.get("sizeBackfill")), _d(recon.get("orphans"))
         lines.append(
-            f"storage reconciler: {size.get('written', 0)} episode size(s) had never been "
-            f"recorded, so the measured sizes were written; {orphans.get('deleted', 0)} orphaned "
+            f"storage reconciler: {_n(size.get('written'))} episode size(s) had never been "
+            f"recorded, so the measured sizes were written; {_n(orphans.get('deleted'))} orphaned "
             "upload(s) that no episode references, older than the 24-hour guard, deleted after "
-            f"a last database check ({orphans.get('protectedPendingInvalidation', 0)} kept: "
+            f"a last database check ({_n(orphans.get('protectedPendingInvalidation'))} kept: "
             "their feed's invalidation is still pending); "
-            f"{recon.get('missing', {}).get('count', 0)} episode(s) pointing at a missing file "
+            f"{_n(_d(recon.get('missing')).get('count'))} episode(s) pointing at a missing file "
             "(reported only: the daily run never quarantines)."
         )
-    elif skipped := (jobs.get("runReconcile") or {}).get("skipped"):
+    elif skipped := _d(jobs.get("runReconcile")).get("skipped"):
         lines.append(f"storage reconciler skipped: {skipped}.")
-    overage = jobs.get("runOverageEscalation") or {}
+    overage = _d(jobs.get("runOverageEscalation"))
     if overage:
         lines.append(
-            f"overage escalation: {overage.get('armed', 0)} account(s) newly over their plan "
-            f"(the 30-day clock started), {overage.get('emails_sent', 0)} warning email(s) sent, "
-            f"{overage.get('suspended_podcasts', 0)} feed(s) suspended, "
-            f"{overage.get('restored_accounts', 0)} account(s) restored; nothing is paused "
+            f"overage escalation: {_n(overage.get('armed'))} account(s) newly over their plan "
+            f"(the 30-day clock started), {_n(overage.get('emails_sent'))} warning email(s) sent, "
+            f"{_n(overage.get('suspended_podcasts'))} feed(s) suspended, "
+            f"{_n(overage.get('restored_accounts'))} account(s) restored; nothing is paused "
             "before day 30, and nothing is ever deleted."
         )
-    reap = jobs.get("reapUnconfirmedUsers")
-    if reap is not None:
+    if reap := jobs.get("reapUnconfirmedUsers"):
         lines.append(
-            f"{reap.get('users_reaped', 0)} unconfirmed signup(s) older than "
+            f"{_n(reap.get('users_reaped'))} unconfirmed signup(s) older than "
             f"{reap.get('retention_days', 7)} days deleted, "
-            f"{reap.get('users_reap_skipped', 0)} skipped."
+            f"{_n(reap.get('users_reap_skipped'))} skipped."
         )
     return lines
 
 
-def news_sentences(report: dict[str, Any]) -> list[str]:
+def news_sentences(stored: Any) -> list[str]:
     """A news shard run (inline) or pass (pipeline)."""
-    if report.get("skipped"):
+    report = _d(stored)
+    if report.get("skipped") is True:
         return [f"skipped: {report.get('reason') or 'another worker held the shard'}."]
     lines = [
-        f"{report.get('queuedCount', 0)} new story(ies) found, "
-        f"{report.get('processedCount', 0)} written, {report.get('acceptedCount', 0)} accepted, "
-        f"{report.get('rejectedCount', 0)} rejected.",
+        f"{_n(report.get('queuedCount'))} new story(ies) found, "
+        f"{_n(report.get('processedCount'))} written, {_n(report.get('acceptedCount'))} accepted, "
+        f"{_n(report.get('rejectedCount'))} rejected.",
     ]
-    if deferred := report.get("deferredCount", 0):
-        reasons = ", ".join(str(r) for r in report.get("deferredReasons", [])) or "no reason given"
+    if deferred := _n(report.get("deferredCount")):
+        reasons = ", ".join(str(r) for r in _l(report.get("deferredReasons"))) or "no reason given"
         lines.append(f"{deferred} deferred to a later run ({reasons}); nothing is dropped.")
-    if errors := report.get("fetchErrors", []):
+    if errors := _l(report.get("fetchErrors")):
         lines.append(f"{len(errors)} feed(s) could not be fetched.")
     return lines
 
 
-def lane_sentences(lane: str, report: dict[str, Any], name: Name = short_name) -> list[str]:
+def lane_sentences(lane: str, stored: Any, name: Name = short_name) -> list[str]:
     """Every sentence for one run of ``lane``, failures last."""
+    report = _d(stored)
     if lane == "minute":
         lines = minute_sentences(report, name)
     elif lane == "daily":
@@ -156,7 +177,7 @@ def lane_sentences(lane: str, report: dict[str, Any], name: Name = short_name) -
         lines.append(f"the run failed: {crashed}.")
     if abandoned := report.get("abandoned"):
         lines.append(f"the run was abandoned: {abandoned}.")
-    for failure in report.get("errors", []) or []:
-        if isinstance(failure, dict):
+    for failure in map(_d, _l(report.get("errors"))):
+        if failure:
             lines.append(f"failed — {failure.get('event', 'error')}: {failure.get('error', '')}")
     return lines

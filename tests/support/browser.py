@@ -71,7 +71,7 @@ def _env(data_dir: Path, extra: dict[str, str]) -> dict[str, str]:
         for k, v in os.environ.items()
         if k not in ("DATABASE_URL", "STORAGE_URL", "QUEUE_URL", "REDIS_URL", "NEWS_SHARDS")
     }
-    env.update({"NIGHTCREW_DATA_DIR": str(data_dir), "LOG_LEVEL": "warning", **extra})
+    env.update({"NIGHTCREW_DATA_DIR": str(data_dir), "NIGHTCREW_LOG_LEVEL": "warning", **extra})
     return env
 
 

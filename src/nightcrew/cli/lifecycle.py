@@ -175,6 +175,7 @@ def _job_progress(title: str) -> Iterator[Callable[[str, int, int], None]]:
         def tick(job: str, done: int, total: int) -> None:
             state = "done" if done == total else job
             bar.update(task, description=f"{title}: {state}", completed=done, total=total)
+            bar.refresh()  # a job's start and end are rare: draw each, not the next 10 Hz frame
 
         yield tick
 

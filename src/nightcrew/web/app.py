@@ -8,6 +8,7 @@ fetched from anywhere else, so it works air-gapped. ``dashboard_routes`` returns
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -28,7 +29,7 @@ from nightcrew.clock import Clock
 from nightcrew.db.database import Database
 from nightcrew.errors import NightcrewError
 from nightcrew.lifecycle import overage as overage_rules
-from nightcrew.log import describe_error, warning
+from nightcrew.log import describe_error, error, warning
 from nightcrew.scheduler import ScheduleStatus
 from nightcrew.web import data
 from nightcrew.web.access import COOKIE, Access
@@ -47,6 +48,10 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 MAX_LOGIN_BODY = 4096
+# Pages share the service's connection pool with the lanes: at most this many at once, so a
+# burst of page loads cannot starve a 04:00 run of connections.
+CONCURRENT_PAGES = 2
+FAILED_LOGIN_DELAY_SECONDS = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,6 +113,7 @@ def _pretty(value: Any) -> str:
 
 def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
     env = _environment()
+    pages_at_once = asyncio.Semaphore(CONCURRENT_PAGES)
 
     def render(request: Request, template: str, status: int = 200, **values: Any) -> Response:
         body = env.get_template(template).render(
@@ -137,7 +143,8 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
                 )
             started = time.perf_counter()
             try:
-                response = await handler(request)
+                async with pages_at_once:
+                    response = await handler(request)
             except data.BadRequest as exc:
                 return render(request, "error.html", 400, title="Bad request", problem=str(exc))
             except NightcrewError as exc:
@@ -145,6 +152,15 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
                 warning("dashboard_unavailable", path=request.url.path, error=problem)
                 title = "The database could not answer"
                 return render(request, "error.html", 503, title=title, problem=problem)
+            except Exception as exc:  # a page bug is a page that says so, never a traceback
+                error("dashboard_page_failed", path=request.url.path, error=describe_error(exc))
+                return render(
+                    request,
+                    "error.html",
+                    500,
+                    title="This page failed",
+                    problem="The page could not be drawn; the server's log has the details.",
+                )
             response.headers["Server-Timing"] = (
                 f"app;dur={(time.perf_counter() - started) * 1000:.1f}"
             )
@@ -153,7 +169,6 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         return guarded
 
     async def overview(request: Request) -> Response:
-        now = ctx.clock.now()
         database_problem = None
         try:
             await ctx.db.fetch_one("SELECT 1")
@@ -167,22 +182,13 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
                 title="The database could not answer",
                 problem=database_problem,
             )
-        states = await data.latest_per_lane(ctx.db)
-        counts = await data.effects(ctx.db)
-        deletions = await data.deletions(ctx.db, now, None, limit=1)
-        overage = await data.overage(ctx.db, now)
-        news = await data.news(ctx.db, points=1)
         return render(
             request,
             "overview.html",
             title="Overview",
-            lanes=states,
+            lanes=await data.latest_per_lane(ctx.db),
             schedules=ctx.schedules() if ctx.schedules else None,
-            pending=sum(k["pending"] for k in counts.counts.values()),
-            dead=sum(k["dead"] for k in counts.counts.values()),
-            leftovers=len(deletions.unfinished),
-            on_clock=len(overage.accounts),
-            parked=len(news.parked),
+            counts=await data.counts(ctx.db),
         )
 
     async def runs(request: Request) -> Response:
@@ -201,7 +207,8 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         )
 
     async def run(request: Request) -> Response:
-        detail = await data.run_detail(ctx.db, int(request.path_params["run_id"]))
+        wanted = data.run_id(request.path_params["run_id"])
+        detail = None if wanted is None else await data.run_detail(ctx.db, wanted)
         if detail is None:
             return render(request, "error.html", 404, title="Not found", problem="no such run")
         return render(
@@ -213,11 +220,14 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         )
 
     async def run_json(request: Request) -> Response:
-        detail = await data.run_detail(ctx.db, int(request.path_params["run_id"]))
+        wanted = data.run_id(request.path_params["run_id"])
+        detail = None if wanted is None else await data.run_detail(ctx.db, wanted)
         if detail is None:
-            return Response('{"error": "no such run"}\n', 404, media_type="application/json")
+            return Response(
+                '{"error": "no such run"}\n', 404, media_type="application/json", headers=HEADERS
+            )
         return Response(
-            _pretty(detail.report) + "\n",
+            _pretty(detail.raw) + "\n",
             media_type="application/json",
             headers={**HEADERS, "Content-Disposition": f'inline; filename="run-{detail.id}.json"'},
         )
@@ -312,7 +322,10 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
             body += chunk
             if len(body) > MAX_LOGIN_BODY:
                 return Response("request too large\n", 413, media_type="text/plain")
-        form = parse_qs(body.decode("utf-8", "replace"), max_num_fields=4)
+        try:
+            form = parse_qs(body.decode("utf-8", "replace"), max_num_fields=4)
+        except ValueError:
+            return Response("too many form fields\n", 400, media_type="text/plain")
         offered = (form.get("token") or [""])[0]
         target = _safe_next((form.get("next") or ["/"])[0])
         if ctx.access.token is None:
@@ -341,6 +354,8 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         return response
 
     async def logout(request: Request) -> Response:
+        if not ctx.access.host_allowed(request.headers.get("host")):
+            return Response("unknown Host for this dashboard\n", 421, media_type="text/plain")
         response = RedirectResponse("/login", 303, headers=HEADERS)
         response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
         return response
@@ -348,8 +363,8 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
     return [
         Route("/", page(overview), methods=["GET"]),
         Route("/runs", page(runs), methods=["GET"]),
-        Route("/runs/{run_id:int}", page(run), methods=["GET"]),
-        Route("/runs/{run_id:int}/report.json", page(run_json), methods=["GET"]),
+        Route("/runs/{run_id}", page(run), methods=["GET"]),
+        Route("/runs/{run_id}/report.json", page(run_json), methods=["GET"]),
         Route("/deletions", page(deletions), methods=["GET"]),
         Route("/overage", page(overage), methods=["GET"]),
         Route("/watchdogs", page(watchdogs), methods=["GET"]),

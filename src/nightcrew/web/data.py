@@ -8,6 +8,7 @@ request already validated (``RunFilter``); nothing the request carries is put in
 from __future__ import annotations
 
 import base64
+import math
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
@@ -29,7 +30,7 @@ _MAX_UUID = "ffffffff-ffff-ffff-ffff-ffffffffffff"
 # Fixed SQL fragments for the run filters; the values travel as parameters.
 _LANE = "AND r.lane = %(lane)s"
 _STATUS = "AND r.status = %(status)s"
-_SKIPPED = "AND (r.report ->> 'skipped') = 'true'"
+_SKIPPED = "AND r.status = 'completed' AND (r.report ->> 'skipped') = 'true'"
 _NOT_SKIPPED = "AND (r.report ->> 'skipped') IS DISTINCT FROM 'true'"
 
 
@@ -38,10 +39,14 @@ class BadRequest(ValueError):
 
 
 def _float(value: object) -> float | None:
-    try:
-        return float(value) if value is not None else None  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    """A finite duration in milliseconds from a report, or None (a report is not trusted)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
         return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and 0 <= number < 1e12 else None
 
 
 # --- cursors ---------------------------------------------------------------------------------
@@ -84,6 +89,8 @@ class RunFilter:
                 day = date.fromisoformat(text)
             except ValueError:
                 raise BadRequest("date: a day as YYYY-MM-DD") from None
+            if not date(1970, 1, 1) <= day < date(9999, 1, 1):
+                raise BadRequest("date: a day between 1970 and 9998")
         before = params.get("before") or None
         if before is not None:
             decode_cursor(before)
@@ -157,17 +164,18 @@ async def runs_page(db: Database, wanted: RunFilter, *, limit: int = PAGE_SIZE) 
         filters.append(_STATUS)
         if wanted.status == "completed":
             filters.append(_NOT_SKIPPED)
-    since, until = _FAR_PAST, _FAR_FUTURE
-    if wanted.day:
-        since = datetime.combine(wanted.day, time(), UTC)
-        until = since + timedelta(days=1)
+    since = _FAR_PAST
     before_at, before_id = _FAR_FUTURE, _MAX_ID
     if wanted.before:
         before_at, key = decode_cursor(wanted.before)
-        try:
-            before_id = int(key)
-        except ValueError:
-            raise BadRequest("before: not a cursor this page made") from None
+        if not key.isdigit() or len(key) > 19 or int(key) > _MAX_ID:
+            raise BadRequest("before: not a cursor this page made")
+        before_id = int(key)
+    if wanted.day:
+        since = datetime.combine(wanted.day, time(), UTC)
+        until = since + timedelta(days=1)
+        if until <= before_at:  # the day's end is the nearer bound: (until, 0) is "< until"
+            before_at, before_id = until, 0
     query = SQL["runs_page"].replace("/*filters*/", "\n   ".join(filters))
     rows = await db.fetch(
         query,
@@ -175,7 +183,6 @@ async def runs_page(db: Database, wanted: RunFilter, *, limit: int = PAGE_SIZE) 
             "lane": wanted.lane,
             "status": "completed" if wanted.status == "skipped" else wanted.status,
             "since": since,
-            "until": until,
             "before_at": before_at,
             "before_id": before_id,
             "limit": limit + 1,
@@ -184,6 +191,35 @@ async def runs_page(db: Database, wanted: RunFilter, *, limit: int = PAGE_SIZE) 
     records = [RunRow.from_row(r) for r in rows[:limit]]
     older = encode_cursor(records[-1].started_at, records[-1].id) if len(rows) > limit else None
     return RunPage(rows=records, older=older)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRow:
+    """One job of a lane run's report, read defensively (reports are stored JSON)."""
+
+    name: str
+    status: str
+    duration_ms: float | None
+    detail: str | None  # why it was skipped, or its error
+    counts: dict[str, int | float]
+
+    @classmethod
+    def from_report(cls, name: str, job: object) -> JobRow:
+        body = job if isinstance(job, dict) else {}
+        status = body.get("status") if isinstance(body.get("status"), str) else "ok"
+        detail = body.get("error") or body.get("skipped")
+        counts = {
+            k: v
+            for k, v in sorted(body.items())
+            if isinstance(v, int | float) and not isinstance(v, bool) and v and k != "duration_ms"
+        }
+        return cls(
+            name=str(name),
+            status=str(status),
+            duration_ms=_float(body.get("duration_ms")),
+            detail=str(detail) if detail else None,
+            counts=counts,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,7 +233,8 @@ class RunDetail:
     heartbeat_at: datetime | None
     status: str
     attempts: int
-    report: dict[str, Any]
+    report: dict[str, Any]  # {} when what is stored is not an object
+    raw: Any  # what is stored, for the JSON view
 
     @property
     def duration(self) -> timedelta | None:
@@ -207,9 +244,18 @@ class RunDetail:
         return self.finished_at - self.started_at if self.finished_at else None
 
     @property
-    def jobs(self) -> list[tuple[str, dict[str, Any]]]:
+    def jobs(self) -> list[JobRow]:
         jobs = self.report.get("jobs")
-        return sorted(jobs.items()) if isinstance(jobs, dict) else []
+        if not isinstance(jobs, dict):
+            return []
+        return [JobRow.from_report(name, job) for name, job in sorted(jobs.items())]
+
+
+def run_id(text: str) -> int | None:
+    """A run id from a path: digits within bigint, else None (a 404, never a table scan)."""
+    if not text.isdigit() or len(text) > 19 or int(text) > _MAX_ID:
+        return None
+    return int(text)
 
 
 async def run_detail(db: Database, run_id: int) -> RunDetail | None:
@@ -231,6 +277,7 @@ async def run_detail(db: Database, run_id: int) -> RunDetail | None:
         status=status,
         attempts=row["attempts"],
         report=report,
+        raw=row["report"],
     )
 
 
@@ -296,7 +343,8 @@ class Deletion:
 
 @dataclass(frozen=True, kw_only=True)
 class DeletionsView:
-    unfinished: list[Deletion]
+    unfinished: list[Deletion]  # the oldest 100
+    unfinished_count: int
     page: list[Deletion]
     older: str | None
     recent_podcasts: int
@@ -315,6 +363,7 @@ async def deletions(
         except ValueError:
             raise BadRequest("before: not a cursor this page made") from None
     unfinished = await db.fetch(SQL["deletions_unfinished"], {"limit": 100})
+    unfinished_count = await db.fetch_one(SQL["deletions_unfinished_count"])
     rows = await db.fetch(
         SQL["deletions_page"],
         {"before_at": before_at, "before_id": before_id, "limit": limit + 1},
@@ -324,6 +373,7 @@ async def deletions(
     older = encode_cursor(page[-1].deleted_at, page[-1].podcast_id) if len(rows) > limit else None
     return DeletionsView(
         unfinished=[Deletion.from_row(r) for r in unfinished],
+        unfinished_count=int(unfinished_count["n"]) if unfinished_count else 0,
         page=page,
         older=older,
         recent_podcasts=int(totals["podcasts"]) if totals else 0,
@@ -384,7 +434,8 @@ class Restoration:
 
 @dataclass(frozen=True, kw_only=True)
 class OverageView:
-    accounts: list[OverageAccount]
+    accounts: list[OverageAccount]  # soonest deadline first, at most 200
+    on_clock: int
     restored: list[Restoration]
 
 
@@ -428,7 +479,10 @@ async def overage(db: Database, now: datetime, *, limit: int = 200) -> OverageVi
             {"since": now - timedelta(days=30), "until": now + timedelta(days=1), "limit": 200},
         )
     ]
-    return OverageView(accounts=accounts, restored=restored)
+    on_clock = await db.fetch_one(SQL["overage_clock_count"])
+    return OverageView(
+        accounts=accounts, on_clock=int(on_clock["n"]) if on_clock else 0, restored=restored
+    )
 
 
 # --- watchdogs -------------------------------------------------------------------------------
@@ -513,7 +567,8 @@ class ShardNews:
 @dataclass(frozen=True, kw_only=True)
 class NewsView:
     shards: list[ShardNews]
-    parked: list[dict[str, Any]]
+    parked: list[dict[str, Any]]  # the newest 100
+    parked_count: int
     sources: int
     active: int
 
@@ -537,6 +592,31 @@ async def news(db: Database, *, points: int = 48) -> NewsView:
             for s in shards
         ],
         parked=await db.fetch(SQL["news_parked"], {"limit": 100}),
+        parked_count=int(counts["parked"]) if counts else 0,
         sources=int(counts["sources"]) if counts else 0,
         active=int(counts["active"]) if counts else 0,
+    )
+
+
+# --- the overview's counts -------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Counts:
+    effects_pending: int
+    effects_dead: int
+    deletion_leftovers: int
+    on_clock: int
+    parked: int
+
+
+async def counts(db: Database) -> Counts:
+    owed = await effects_outbox.counts(db)
+    leftovers = await db.fetch_one(SQL["deletions_unfinished_count"])
+    on_clock = await db.fetch_one(SQL["overage_clock_count"])
+    sources = await db.fetch_one(SQL["news_source_counts"])
+    return Counts(
+        effects_pending=sum(k["pending"] for k in owed.values()),
+        effects_dead=sum(k["dead"] for k in owed.values()),
+        deletion_leftovers=int(leftovers["n"]) if leftovers else 0,
+        on_clock=int(on_clock["n"]) if on_clock else 0,
+        parked=int(sources["parked"]) if sources else 0,
     )

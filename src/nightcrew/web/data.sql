@@ -32,7 +32,9 @@ SELECT l.lane, last.id, last.status, last.started_at, last.finished_at,
        ORDER BY r.started_at DESC, r.id DESC LIMIT 1) last
   LEFT JOIN LATERAL (
       SELECT r.started_at
-        FROM nightcrew.runs r WHERE r.lane = l.lane AND r.status = 'completed'
+        FROM nightcrew.runs r
+       WHERE r.lane = l.lane AND r.status = 'completed'
+         AND (r.report ->> 'skipped') IS DISTINCT FROM 'true'
        ORDER BY r.started_at DESC, r.id DESC LIMIT 1) ok ON true
  WHERE l.lane IS NOT NULL
  ORDER BY l.lane;
@@ -51,7 +53,9 @@ SELECT r.id, r.lane, r.trigger, r.slot, r.started_at, r.finished_at, r.status, r
          WHERE jsonb_typeof(e.value) = 'number' AND e.value <> '0'::jsonb
            AND e.key !~* '(limit|duration|_ms$|run_id|attempt)') AS headline
   FROM nightcrew.runs r
- WHERE r.started_at >= %(since)s AND r.started_at < %(until)s
+ WHERE r.started_at >= %(since)s
+   -- one row bound (the older of the cursor and the day's end): the backward index scan
+   -- starts right there, not at the newest run
    AND (r.started_at, r.id) < (%(before_at)s, %(before_id)s)
    /*filters*/
  ORDER BY r.started_at DESC, r.id DESC
@@ -77,6 +81,13 @@ SELECT podcast_id, slug, deleted_at, storage_cleaned_at, invalidated_at, objects
  WHERE (deleted_at, podcast_id) < (%(before_at)s, %(before_id)s)
  ORDER BY deleted_at DESC, podcast_id DESC
  LIMIT %(limit)s;
+
+-- name: deletions_unfinished_count
+SELECT count(*) AS n FROM nightcrew.podcast_deletions
+ WHERE storage_cleaned_at IS NULL OR invalidated_at IS NULL;
+
+-- name: overage_clock_count
+SELECT count(*) AS n FROM public.billing_accounts WHERE content_overage_since IS NOT NULL;
 
 -- name: deletions_recent_totals
 SELECT count(*) AS podcasts, coalesce(sum(objects_deleted), 0) AS objects,
@@ -121,15 +132,15 @@ SELECT r.id AS run_id, r.started_at, x.value ->> 'account_id' AS account_id,
  LIMIT %(limit)s;
 
 -- name: watchdog_hours
--- What the minute lane rescued, per hour of the window.
-SELECT date_bin('1 hour', r.started_at, %(origin)s) AS hour,
+-- What the minute lane rescued, per hour (UTC) of the window.
+SELECT to_timestamp(floor(extract(epoch FROM r.started_at) / 3600) * 3600) AS hour,
        count(*) AS runs,
-       sum(coalesce((r.report ->> 'items_requeued')::bigint, 0)) AS items_requeued,
-       sum(coalesce((r.report ->> 'items_rescued')::bigint, 0)) AS items_rescued,
-       sum(coalesce((r.report ->> 'links_requeued')::bigint, 0)) AS links_requeued,
-       sum(coalesce((r.report ->> 'previews_canceled')::bigint, 0)) AS previews_canceled,
-       sum(coalesce((r.report ->> 'media_jobs_flagged')::bigint, 0)) AS media_jobs_flagged,
-       sum(coalesce((r.report ->> 'effects_retried')::bigint, 0)) AS effects_retried
+       sum(nightcrew.report_number(r.report, 'items_requeued')) AS items_requeued,
+       sum(nightcrew.report_number(r.report, 'items_rescued')) AS items_rescued,
+       sum(nightcrew.report_number(r.report, 'links_requeued')) AS links_requeued,
+       sum(nightcrew.report_number(r.report, 'previews_canceled')) AS previews_canceled,
+       sum(nightcrew.report_number(r.report, 'media_jobs_flagged')) AS media_jobs_flagged,
+       sum(nightcrew.report_number(r.report, 'effects_retried')) AS effects_retried
   FROM nightcrew.runs r
  WHERE r.lane = 'minute' AND r.started_at >= %(since)s AND r.started_at < %(until)s
  GROUP BY 1
@@ -138,16 +149,16 @@ SELECT date_bin('1 hour', r.started_at, %(origin)s) AS hour,
 -- name: watchdog_rescues
 -- The minute runs of the window that did something, newest first.
 SELECT r.id, r.started_at, r.status,
-       coalesce((r.report ->> 'items_requeued')::bigint, 0) AS items_requeued,
-       coalesce((r.report ->> 'links_requeued')::bigint, 0) AS links_requeued,
-       coalesce((r.report ->> 'previews_canceled')::bigint, 0) AS previews_canceled,
-       coalesce((r.report ->> 'media_jobs_flagged')::bigint, 0) AS media_jobs_flagged
+       nightcrew.report_number(r.report, 'items_requeued') AS items_requeued,
+       nightcrew.report_number(r.report, 'links_requeued') AS links_requeued,
+       nightcrew.report_number(r.report, 'previews_canceled') AS previews_canceled,
+       nightcrew.report_number(r.report, 'media_jobs_flagged') AS media_jobs_flagged
   FROM nightcrew.runs r
  WHERE r.lane = 'minute' AND r.started_at >= %(since)s AND r.started_at < %(until)s
-   AND (coalesce((r.report ->> 'items_requeued')::bigint, 0)
-        + coalesce((r.report ->> 'links_requeued')::bigint, 0)
-        + coalesce((r.report ->> 'previews_canceled')::bigint, 0)
-        + coalesce((r.report ->> 'media_jobs_flagged')::bigint, 0)) > 0
+   AND (nightcrew.report_number(r.report, 'items_requeued')
+        + nightcrew.report_number(r.report, 'links_requeued')
+        + nightcrew.report_number(r.report, 'previews_canceled')
+        + nightcrew.report_number(r.report, 'media_jobs_flagged')) > 0
  ORDER BY r.started_at DESC, r.id DESC
  LIMIT %(limit)s;
 
@@ -178,9 +189,9 @@ SELECT DISTINCT shard FROM news.sources ORDER BY shard;
 -- name: news_series
 -- The last reports of each shard, oldest first within it, for the queued/deferred chart.
 SELECT s.shard, w.started_at,
-       coalesce((w.report ->> 'queuedCount')::bigint, 0) AS queued,
-       coalesce((w.report ->> 'deferredCount')::bigint, 0) AS deferred,
-       coalesce((w.report ->> 'processedCount')::bigint, 0) AS processed
+       nightcrew.report_number(w.report, 'queuedCount') AS queued,
+       nightcrew.report_number(w.report, 'deferredCount') AS deferred,
+       nightcrew.report_number(w.report, 'processedCount') AS processed
   FROM unnest(%(shards)s::text[]) AS s (shard)
  CROSS JOIN LATERAL (
      SELECT started_at, report FROM news.worker_reports w

@@ -149,7 +149,8 @@ async def night(db: Database, now: datetime) -> Night:
     await db.execute(
         "INSERT INTO news.sources (name, feed_url, shard, consecutive_failures, last_error,"
         " parked_at) VALUES (%(name)s, 'http://127.0.0.1:9/feed.xml', 'world', 5, %(error)s,"
-        " %(at)s), ('Fine feed', 'http://127.0.0.1:9/fine.xml', 'world', 0, NULL, NULL)",
+        " %(at)s), ('Fine feed', 'http://127.0.0.1:9/fine.xml', 'world', 0, NULL, NULL),"
+        " ('Odd shard', 'http://127.0.0.1:9/odd.xml', %(name)s, 0, NULL, NULL)",
         {"name": HOSTILE, "error": HOSTILE_IMG, "at": now - timedelta(hours=3)},
     )
     for i in range(3):
@@ -170,6 +171,12 @@ async def night(db: Database, now: datetime) -> Night:
                 ),
             },
         )
+    # a hostile shard name reaches the chart's SVG, the one markup a template inserts raw
+    await db.execute(
+        "INSERT INTO news.worker_reports (shard, trigger, started_at, report)"
+        " VALUES (%(shard)s, 'manual', %(at)s, '{\"queuedCount\": 2}')",
+        {"shard": HOSTILE, "at": now - timedelta(minutes=10)},
+    )
     return Night(
         minute_run=minute, daily_run=daily, failed_run=failed, skipped_run=skipped, account=account
     )

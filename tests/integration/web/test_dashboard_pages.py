@@ -22,7 +22,7 @@ from nightcrew.web.app import DashboardContext, _safe_next
 from tests.integration.web import seed
 
 PAGES = ["/", "/runs", "/deletions", "/overage", "/watchdogs", "/effects", "/news"]
-TOKEN = "correct horse battery staple 1234567890"
+TOKEN = "correct horse battery staple 1234567890 and more"
 
 
 def client(db: Database, clock: FrozenClock, access: Access, host: str = "127.0.0.1:8787"):
@@ -241,3 +241,115 @@ async def test_a_database_that_is_gone_is_a_503_page_not_a_traceback(
         assert "runs" in response.text and "Traceback" not in response.text
     finally:
         await gone.close()
+
+
+async def test_odd_stored_reports_still_render(
+    db: Database, clock: FrozenClock, open_client: httpx.AsyncClient
+) -> None:
+    """Reports are stored JSON from any version, or cut short: a page never 500s on one."""
+    now = clock.now()
+    odd = [
+        ["a", "list"],
+        {"duration_ms": "NaN", "jobs": {"sweepStalledImports": [1, 2]}},
+        {"duration_ms": 1e300, "errors": 5, "jobs": {"x": "not a job"}},
+        {"jobs": {"sweepWedgedMediaJobs": {"job_ids": 3, "duration_ms": None}}},
+        {"jobs": {"hardDeleteExpiredPodcasts": {"podcasts": [{"bytes_deleted": None}]}}},
+        {"jobs": {"runReconcile": {"report": {"missing": None, "orphans": []}}}},
+        {"items_requeued": 1.5, "links_requeued": "2", "jobs": {"runOverageEscalation": None}},
+    ]
+    ids = [
+        await seed.run(db, "daily" if i % 2 else "minute", now - timedelta(minutes=i), r)
+        for i, r in enumerate(odd)
+    ]
+    assert (await open_client.get("/runs")).status_code == 200
+    assert (await open_client.get("/watchdogs")).status_code == 200
+    for run_id in ids:
+        assert (await open_client.get(f"/runs/{run_id}")).status_code == 200, run_id
+    raw = await open_client.get(f"/runs/{ids[0]}/report.json")
+    assert raw.json() == ["a", "list"]  # the JSON view shows what is stored
+
+
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [
+        ("/runs/99999999999999999999999", 404),  # beyond bigint: no table scan, no 500
+        ("/runs/" + "9" * 5000, 404),
+        ("/runs/abc", 404),
+        ("/runs?date=9999-12-31", 400),
+        ("/runs?date=0001-01-01", 400),
+    ],
+)
+async def test_out_of_range_ids_and_days_are_client_errors(
+    open_client: httpx.AsyncClient, path: str, status: int
+) -> None:
+    assert (await open_client.get(path)).status_code == status
+
+
+async def test_a_login_with_too_many_fields_is_a_400(db: Database, clock: FrozenClock) -> None:
+    async with client(db, clock, Access.for_bind("0.0.0.0", TOKEN), "d.example") as c:
+        response = await c.post("/login", content="a=1&b=2&c=3&d=4&e=5&f=6")
+        assert response.status_code == 400
+
+
+async def test_the_overview_counts_past_the_lists_it_shows(
+    db: Database, clock: FrozenClock, open_client: httpx.AsyncClient
+) -> None:
+    now = clock.now()
+    await db.execute(
+        "INSERT INTO nightcrew.podcast_deletions (podcast_id, slug, deleted_at)"
+        " SELECT gen_random_uuid(), 'left-' || g, %(now)s FROM generate_series(1, 130) g",
+        {"now": now},
+    )
+    await db.execute(
+        "INSERT INTO news.sources (name, feed_url, parked_at)"
+        " SELECT 'f' || g, 'http://127.0.0.1:9/' || g, %(now)s FROM generate_series(1, 120) g",
+        {"now": now},
+    )
+    page = (await open_client.get("/")).text
+    assert "<b>130</b> deletion(s) with leftovers" in page
+    assert "<b>120</b> parked feed(s)" in page
+    assert "(the oldest 100 of 130)" in (await open_client.get("/deletions")).text
+    assert "(the newest 100 of 120)" in (await open_client.get("/news")).text
+
+
+async def test_every_dashboard_route_is_guarded_and_none_changes_anything(
+    db: Database, clock: FrozenClock
+) -> None:
+    """Listed from the app itself, so a page added later cannot forget the guard."""
+    from starlette.routing import Mount, Route
+
+    access = Access.for_bind("0.0.0.0", TOKEN)
+    app = create_app(Metrics(), dashboard=DashboardContext(db=db, clock=clock, access=access))
+    # the service's own endpoints keep their rules (/reconcile: its bearer secret)
+    own = {"/health", "/_health", "/ready", "/metrics", "/openapi.json", "/reconcile"}
+    writes = set()
+    async with client(db, clock, access, "d.example") as c:
+        for route in app.routes:
+            if isinstance(route, Mount):
+                assert route.path == "/static"
+                continue
+            assert isinstance(route, Route)
+            methods = (route.methods or set()) - {"HEAD"}
+            if methods - {"GET"}:
+                writes.add((route.path, frozenset(methods)))
+            if route.path in own or route.path == "/login" or "GET" not in methods:
+                continue
+            path = route.path.replace("{run_id}", "1")
+            response = await c.get(path)
+            assert response.status_code in (303, 401), path
+    assert writes == {
+        ("/login", frozenset({"POST"})),
+        ("/logout", frozenset({"POST"})),
+        ("/reconcile", frozenset({"POST"})),
+    }
+
+
+async def test_news_reports_json_is_under_the_dashboards_access(
+    db: Database, clock: FrozenClock
+) -> None:
+    async with client(db, clock, Access.for_bind("0.0.0.0", TOKEN), "d.example") as c:
+        assert (await c.get("/news/reports")).status_code == 401
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+        assert (await c.get("/news/reports", headers=bearer)).status_code == 200
+    async with client(db, clock, Access.for_bind("127.0.0.1", None), "evil.example") as c:
+        assert (await c.get("/news/reports")).status_code == 421

@@ -20,3 +20,11 @@ CREATE INDEX idx_effects_failing ON nightcrew.effects (last_attempt_at, id)
     WHERE delivered_at IS NULL AND dead_at IS NULL AND last_error IS NOT NULL;
 
 CREATE INDEX idx_news_sources_parked ON news.sources (parked_at, id) WHERE parked_at IS NOT NULL;
+
+-- A count from a stored report: a number (whatever its JSON spelling, 3 or 3.0) or 0 — never an
+-- error, so one odd report cannot take a page of a million down with it.
+CREATE FUNCTION nightcrew.report_number(report jsonb, key text) RETURNS numeric
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN jsonb_typeof(report -> key) = 'number' THEN (report ->> key)::numeric
+                ELSE 0 END
+$$;
