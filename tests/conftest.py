@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
-import tempfile
 import uuid
-import warnings
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,12 +33,24 @@ from tests.support.servers import (
     S3_CREDENTIALS,
     RecordingServer,
     create_bucket,
+    embedded_postgres,
     moto_s3,
     recording_server,
 )
 
 NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 _counter = itertools.count()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _data_dir_outside_the_checkout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """nightcrew's default data directory is ./.nightcrew: every runtime and command a test
+    starts without a NIGHTCREW_DATA_DIR of its own (commands inherit this environment) keeps
+    its embedded server and local files in pytest's temporary directory, not in the checkout."""
+    data = tmp_path_factory.mktemp("nightcrew-data")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NIGHTCREW_DATA_DIR", str(data))
+        yield data
 
 
 def _answers(url: str) -> bool:
@@ -59,16 +69,8 @@ def pg_admin_url() -> Iterator[str]:
         if url and _answers(url):
             yield url
             return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from pgserver import get_server
-
-        tmp = Path(tempfile.mkdtemp(prefix="nightcrew-test-pg-"))
-        server = get_server(tmp / "pg", cleanup_mode="delete")
-    try:
-        yield str(server.get_uri())
-    finally:
-        server.cleanup()
+    with embedded_postgres() as url:
+        yield url
 
 
 def _admin(url: str, sql: str) -> None:

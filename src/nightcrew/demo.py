@@ -279,7 +279,8 @@ def _media(settings: Settings) -> Path:
     return (settings.data_dir / "demo" / "media").resolve()
 
 
-async def run_demo(settings: Settings, clock: Clock) -> list[str]:
+async def run_demo(settings: Settings, clock: Clock, *, events: str = "on stderr") -> list[str]:
+    """The story, in lines; ``events`` says where the run's JSON events went (for its end)."""
     now = clock.now()
     media = _media(settings)
     shutil.rmtree(media, ignore_errors=True)
@@ -290,7 +291,7 @@ async def run_demo(settings: Settings, clock: Clock) -> list[str]:
             admin.execute(f"CREATE DATABASE {DEMO_DATABASE}")
         demo_settings = _demo_settings(settings, embedded.uri, media)
         async with open_runtime(demo_settings, clock) as runtime:
-            return await _run(runtime, clock, now, settings, media)
+            return await _run(runtime, clock, now, settings, media, events)
     finally:
         embedded.stop()
 
@@ -314,7 +315,7 @@ def demo_database(settings: Settings) -> Iterator[Settings]:
 
 
 async def _run(
-    runtime: Runtime, clock: Clock, now: datetime, settings: Settings, media: object
+    runtime: Runtime, clock: Clock, now: datetime, settings: Settings, media: object, events: str
 ) -> list[str]:
     await migrate(runtime.db)
     sample = await seed(runtime.db, runtime.store, now)
@@ -375,7 +376,7 @@ async def _run(
         "such effects and `nightcrew effects retry --dead` re-drives them once configured).",
         "",
         f"Both runs are in the demo database's run history (nightcrew.runs {minute.run_id} and "
-        f"{daily.run_id}). In normal runs every step above is also a JSON event on stderr.",
+        f"{daily.run_id}). Every step above was also logged as a JSON event, {events}.",
         "Next: `nightcrew db migrate` then `nightcrew lifecycle run daily --dry-run` on your own "
         "(default) embedded database, or see the README to point nightcrew at a real one.",
     ]

@@ -14,7 +14,7 @@ import logging
 import re
 import sys
 from collections.abc import Iterable, MutableMapping
-from typing import Any
+from typing import Any, TextIO
 
 import structlog
 
@@ -71,7 +71,7 @@ class _StdlibJSON(logging.StreamHandler):  # type: ignore[type-arg]
     received", the connection pool's multi-line warnings) reaches stderr as one JSON line."""
 
 
-def _route_stdlib_logging(level: str, scrubber: SecretScrubber) -> None:
+def _route_stdlib_logging(level: str, scrubber: SecretScrubber, stream: TextIO) -> None:
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[
             structlog.stdlib.add_log_level,
@@ -85,7 +85,7 @@ def _route_stdlib_logging(level: str, scrubber: SecretScrubber) -> None:
             structlog.processors.JSONRenderer(default=str, sort_keys=False),
         ],
     )
-    handler = _StdlibJSON(sys.stderr)
+    handler = _StdlibJSON(stream)
     handler.setFormatter(formatter)
     root = logging.getLogger()
     root.handlers = [h for h in root.handlers if not isinstance(h, _StdlibJSON)] + [handler]
@@ -98,13 +98,22 @@ def _route_stdlib_logging(level: str, scrubber: SecretScrubber) -> None:
     # what happened; nightcrew logs those outcomes itself
     for name in ("httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # aio-pika and aiormq log every failed connect and reconnect themselves ("error when
+    # creating transport", "Reconnecting after 5 seconds"), each a second line beside
+    # nightcrew's own: the one-line "cannot reach RabbitMQ" at start-up, the worker's
+    # news.broker_* events and the effects' retries afterwards. At debug level they are kept.
+    for name in ("aio_pika", "aiormq"):
+        logging.getLogger(name).setLevel(logging.NOTSET if level == "debug" else logging.CRITICAL)
 
 
-def configure_logging(level: str = "info", secrets: Iterable[str] = ()) -> None:
+def configure_logging(
+    level: str = "info", secrets: Iterable[str] = (), *, stream: TextIO | None = None
+) -> None:
     """Set up the JSON pipeline once per process (structlog's configuration is process-wide);
-    the standard library's loggers go through it too, so every stderr line is one JSON
-    object."""
-    _route_stdlib_logging(level, SecretScrubber(secrets))
+    the standard library's loggers go through it too, so every line is one JSON object.
+    The lines go to stderr, or to ``stream`` (the demo keeps its events in a file)."""
+    stream = stream if stream is not None else sys.stderr
+    _route_stdlib_logging(level, SecretScrubber(secrets), stream)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -115,7 +124,7 @@ def configure_logging(level: str = "info", secrets: Iterable[str] = ()) -> None:
             structlog.processors.JSONRenderer(default=str, sort_keys=False),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
 

@@ -10,14 +10,22 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import pytest
 
+from nightcrew.config import Settings
 from nightcrew.db.migrate import discover_migrations
 
 pytestmark = pytest.mark.acceptance
+
+# A command run by a test inherits none of the developer's nightcrew settings (their
+# DATABASE_URL, REDIS_URL or QUEUE_URL must not be used) but the session's NIGHTCREW_DATA_DIR
+# (tests/conftest.py), which keeps its files out of the checkout.
+_INHERITED_SETTINGS = {"NIGHTCREW_DATA_DIR"}
+_SETTINGS = {str(field.alias) for field in Settings.model_fields.values()} - _INHERITED_SETTINGS
 
 
 def _nightcrew() -> str:
@@ -28,11 +36,7 @@ def _nightcrew() -> str:
 
 
 def _env(**overrides: str | None) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "NIGHTCREW_DATA_DIR", "QUEUE_URL")
-    }
+    env = {k: v for k, v in os.environ.items() if k not in _SETTINGS}
     for key, value in overrides.items():
         if value is not None:
             env[key] = value
@@ -109,6 +113,32 @@ def test_unreachable_database_is_one_line_and_exit_2() -> None:
         assert "hunter2" not in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_server_that_refuses_us_is_not_called_unreachable(pg_admin_url: str) -> None:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(pg_admin_url)
+    netloc = "nightcrew_no_such_role@" + parts.netloc.rpartition("@")[2]
+    url = urlunsplit(parts._replace(netloc=netloc))
+    result = run("db", "check", env=_env(DATABASE_URL=url))
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert ' refused the connection: role "nightcrew_no_such_role" does not exist' in line, line
+    assert line.startswith("nightcrew: PostgreSQL at ") and "cannot reach" not in line
+
+
+def test_an_unreachable_rabbitmq_is_one_line_and_exit_2(fresh_db_url: str) -> None:
+    """aio-pika and aiormq log the failed connect themselves: never beside our line."""
+    from tests.support.servers import free_port
+
+    port = free_port()
+    url = f"amqp://guest:hunter2@127.0.0.1:{port}/"
+    result = run("lifecycle", "run", "minute", env=_env(DATABASE_URL=fresh_db_url, QUEUE_URL=url))
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"nightcrew: cannot reach RabbitMQ at 127.0.0.1:{port}/"), line
+    assert "hunter2" not in result.stderr
+
+
 def test_a_malformed_database_url_never_echoes_the_password() -> None:
     url = "postgresql://bob:s3cr%zzet@127.0.0.1:5432/prod"
     result = run("db", "migrate", env=_env(DATABASE_URL=url))
@@ -159,6 +189,16 @@ def test_the_embedded_default_needs_no_configuration(tmp_path: Path) -> None:
     again = run("lifecycle", "run", "minute", "--json", env=env, cwd=tmp_path)
     assert json.loads(again.stdout)["run_id"] == 2  # the same cluster, reused
     assert (tmp_path / "data" / "pg" / "PG_VERSION").exists()
+
+
+def test_a_command_run_by_the_tests_writes_nothing_into_its_working_directory(
+    fresh_db_url: str, tmp_path: Path
+) -> None:
+    """The minute lane opens the local store (./.nightcrew/media by default): run from a
+    checkout, the tests would leave that directory in it."""
+    result = run("lifecycle", "run", "minute", env=_env(DATABASE_URL=fresh_db_url), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_serve_answers_health_and_stops_cleanly(fresh_db_url: str) -> None:
@@ -247,13 +287,23 @@ def test_demo_tells_the_story_and_never_touches_database_url(
     assert "first run: 5 new stories queued, 5 written, 3 accepted, 2 rejected" in out
     assert "second run: 0 new stories" in out
     assert "3 podcasts on a plan that includes 2 (1 over)" in out
-    assert "ignores DATABASE_URL" in result.stderr
+    # quiet: the note is stderr's one line; the run's events are in the file the story names
+    [note] = result.stderr.strip().splitlines()
+    assert "ignores DATABASE_URL" in note
+    events = (tmp_path / "data" / "demo" / "events.jsonl").resolve()
+    assert f"logged as a JSON event, in {events} (--verbose shows them on stderr)." in out
+    logged = [json.loads(line)["event"] for line in events.read_text().splitlines()]
+    assert logged[0] == "lifecycle_cron_started" and "effects_dead" in logged
     import psycopg
 
     with psycopg.connect(fresh_db_url) as conn:  # the real database saw nothing
         assert conn.execute("SELECT count(*) FROM nightcrew.runs").fetchone() == (0,)
-    again = run("demo", env=env, cwd=tmp_path, timeout=180)  # idempotent: starts afresh
+    # idempotent: starts afresh; --verbose shows the events on stderr instead
+    again = run("demo", "--verbose", env=env, cwd=tmp_path, timeout=180)
     assert again.returncode == 0 and again.stdout.count("→ active") == 1
+    assert "logged as a JSON event, on stderr." in again.stdout
+    shown = [json.loads(line)["event"] for line in again.stderr.splitlines()[1:]]
+    assert shown[0] == "lifecycle_cron_started" and "effects_dead" in shown
 
 
 def test_the_overage_machine_for_one_account_from_the_command_line(fresh_db_url: str) -> None:
@@ -314,9 +364,18 @@ def test_news_sources_from_the_command_line(fresh_db_url: str) -> None:
     again = run("news", "sources", "add", "https://feeds.example/rss", "--name", "X", env=env)
     assert again.returncode == 1 and "already exists" in again.stderr
     bad = run("news", "sources", "add", "ftp://feeds.example", "--name", "X", env=env)
-    assert bad.returncode == 1 and "not an http(s) feed URL" in bad.stderr
+    assert bad.returncode == 2 and "not an http(s) feed URL" in bad.stderr  # a bad argument
     listed = run("news", "sources", "list", env=env)
     assert "enabled   Example  https://feeds.example/rss" in listed.stdout
+    import psycopg
+
+    with psycopg.connect(fresh_db_url, autocommit=True) as conn:  # as a fetch leaves it
+        conn.execute("UPDATE news.sources SET next_check_at = '2026-11-29T04:15:00Z'")
+    [source] = json.loads(run("news", "sources", "list", "--json", env=env).stdout)
+    due = source["next_check_at"]  # ISO 8601: a T, not a space, and the offset
+    assert due[10] == "T" and datetime.fromisoformat(due) == datetime(
+        2026, 11, 29, 4, 15, tzinfo=UTC
+    )
     disabled = run("news", "sources", "disable", str(source_id), env=env)
     assert disabled.returncode == 0 and "disabled source" in disabled.stdout
     assert "disabled  Example" in run("news", "sources", "list", env=env).stdout

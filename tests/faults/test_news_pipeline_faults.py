@@ -25,13 +25,13 @@ from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
     namespace,
-    needs_rabbitmq,
     pipeline_env,
     pipeline_runtime,
     wait_for,
     worker_running,
 )
 from tests.support.proxy import TcpProxy
+from tests.support.services import AMQP_URL, host_port, needs_rabbitmq, with_port
 
 pytestmark = needs_rabbitmq
 
@@ -206,10 +206,11 @@ def _asked(model: ModelStandIn, n: int) -> Awaitable[bool]:
 async def test_workers_reconnect_after_the_broker_connection_is_cut_and_nothing_is_repeated(
     db: Database, fresh_db_url: str, prefix: str, model: ModelStandIn, tmp_path: Path
 ) -> None:
-    proxy = TcpProxy(5672)
+    broker_host, broker_port = host_port(AMQP_URL)
+    proxy = TcpProxy(broker_port, broker_host)
     await proxy.start()
     env = pipeline_env(fresh_db_url, prefix, model, tmp_path / "store")
-    through_proxy = {**env, "QUEUE_URL": f"amqp://guest:guest@127.0.0.1:{proxy.port}/"}
+    through_proxy = {**env, "QUEUE_URL": with_port(AMQP_URL, proxy.port)}
     model.delay = 0.05
     with FeedFarm(feeds=20, items=5) as farm:
         await add_farm_sources(db, farm)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import tempfile
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pytest_httpserver import HTTPServer
@@ -14,7 +18,7 @@ from werkzeug import Request, Response
 
 
 def answers(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether something listens on host:port (a Redis or RabbitMQ the tests may use)."""
+    """Whether something listens on host:port (a port expected free, a server a test started)."""
     try:
         with socket.create_connection((host, port), timeout=1):
             return True
@@ -26,6 +30,29 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextmanager
+def embedded_postgres(parent: Path | None = None) -> Iterator[str]:
+    """An embedded PostgreSQL (pgserver) in a temporary directory of its own; yields its URL.
+    The directory goes afterwards too: pgserver deletes the data directory, not its parent."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from pgserver import get_server
+
+        home = Path(tempfile.mkdtemp(prefix="nightcrew-test-pg-", dir=parent))
+        try:
+            server = get_server(home / "pg", cleanup_mode="delete")
+        except BaseException:
+            shutil.rmtree(home, ignore_errors=True)
+            raise
+    try:
+        yield str(server.get_uri())
+    finally:
+        try:
+            server.cleanup()
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 @contextmanager

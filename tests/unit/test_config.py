@@ -50,6 +50,40 @@ def test_a_bad_value_is_one_line_naming_the_variable(
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("env", "line"),
+    [
+        (
+            {"QUEUE_URL": "kafka://x"},
+            "invalid configuration: QUEUE_URL: unknown queue backend 'kafka://x'; expected "
+            "'postgres' or amqp://…",
+        ),
+        (
+            {"DATABASE_URL": "mysql://x"},
+            "invalid configuration: DATABASE_URL: must be a postgresql://… URL",
+        ),
+        (
+            {"NEWS_PIPELINE": "rabbitmq", "QUEUE_URL": "postgres"},
+            "invalid configuration: NEWS_PIPELINE=rabbitmq needs QUEUE_URL=amqp://… (the stage "
+            "queues)",
+        ),
+        (
+            {"NIGHTCREW_LOG_LEVEL": "loud"},
+            "invalid configuration: NIGHTCREW_LOG_LEVEL: Input should be 'debug', 'info', "
+            "'warning' or 'error'",
+        ),
+    ],
+)
+def test_a_bad_value_says_the_variable_and_the_problem_without_pydantic_noise(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], line: str
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert str(caught.value) == line
+
+
 def test_readme_configuration_table_lists_every_variable() -> None:
     documented = set(re.findall(r"^\| `([A-Z0-9_]+)` \|", README.read_text(), re.M))
     expected = {str(f.alias) for f in Settings.model_fields.values()}

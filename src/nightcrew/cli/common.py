@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import date, datetime
 from enum import StrEnum
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -29,17 +31,65 @@ from nightcrew.log import SecretScrubber, configure_logging, describe_error
 
 T = TypeVar("T")
 
+# A label that only repeats the parameter's Python type: Typer writes one for every parameter
+# (`--json <bool>`, `--shard <str>`, even `--help <bool>`).
+_TYPE_ONLY = re.compile(r"<(?:str|int|float|bool)(?: range)?>")
+
+
+def _help_labels_that_say_something() -> None:
+    """A flag takes no value, so it gets no label; an option's value without a metavar is named
+    after the option, as manuals write it (`--shard SHARD`); an argument's name is already
+    beside it. Choices (`<minute|daily>`), ranges and explicit metavars stay. Typer offers no
+    setting for this, so its one labelling method is wrapped (a test reads every help page)."""
+    from typer.core import TyperArgument, TyperOption
+
+    def wrap(original: Callable[..., str | None]) -> Callable[..., str | None]:
+        def label(param: Any, ctx: Any) -> str | None:
+            shown = original(param, ctx)
+            if shown is None or not _TYPE_ONLY.fullmatch(shown):
+                return shown
+            if isinstance(param, TyperArgument) or getattr(param, "is_flag", False):
+                return None
+            return str(max(param.opts, key=len)).lstrip("-").replace("-", "_").upper()
+
+        return label
+
+    for kind in (TyperOption, TyperArgument):
+        original = getattr(kind, "display_type_rich", None)
+        if original is not None:  # older Typer: click's own labels (TEXT), never <bool>
+            kind.display_type_rich = wrap(original)  # type: ignore[method-assign]
+
+
+_help_labels_that_say_something()
+
 app = typer.Typer(
     name="nightcrew",
-    help="The background crew: lifecycle lanes and self-healing watchdogs.",
+    help=(
+        "The background crew, two workers on one runtime.\n\n"
+        "lifecycle: the podcast platform's lanes — the minute lane's self-healing watchdogs and "
+        "the daily lane (pauses, deletions, signups, the storage reconciler, overage).\n\n"
+        "news: the news platform's RSS ingestion — `news run` for one shard, `news worker` for "
+        "the stage queues of the RabbitMQ pipeline.\n\n"
+        "serve: the dashboard, /health and /metrics, and every lane and news shard on its "
+        "schedule. New here? Try `nightcrew demo`."
+    ),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # help text is reflowed to the terminal (a docstring's line breaks are not the reader's)
+    # and `code` is shown as code
+    rich_markup_mode="markdown",
 )
 db_app = typer.Typer(help="Apply or verify the database schema.", no_args_is_help=True)
-lifecycle_app = typer.Typer(help="The podcast platform's lifecycle lanes.", no_args_is_help=True)
+lifecycle_app = typer.Typer(
+    help="The podcast platform's lifecycle lanes, the storage reconciler and the overage machine.",
+    no_args_is_help=True,
+)
 news_app = typer.Typer(help="The news platform's RSS ingestion worker.", no_args_is_help=True)
-sources_app = typer.Typer(help="Feed sources: add, list, disable, enable.", no_args_is_help=True)
+sources_app = typer.Typer(
+    help="Feed sources: add, list, disable, enable, import (OPML or URLs), export --opml.",
+    no_args_is_help=True,
+)
 news_app.add_typer(sources_app, name="sources")
 dlq_app = typer.Typer(
     help="The news pipeline's dead letters: list, replay, purge.", no_args_is_help=True
@@ -109,8 +159,15 @@ async def _call(work: Callable[[], Awaitable[T]]) -> T:
     return await work()
 
 
-def _print_json(payload: dict[str, Any]) -> None:
-    typer.echo(json.dumps(payload, indent=2, default=str))
+def _json_default(value: object) -> str:
+    # str() of a datetime has a space where ISO 8601 has its "T": not every reader parses it
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    return str(value)
+
+
+def _print_json(payload: dict[str, Any] | list[Any]) -> None:
+    typer.echo(json.dumps(payload, indent=2, default=_json_default))
 
 
 def _version(value: bool) -> None:
@@ -134,6 +191,7 @@ NowOption = Annotated[
     str | None,
     typer.Option(
         "--now",
+        metavar="ISO",
         help="Run as of this ISO 8601 instant (with offset), e.g. 2026-11-29T04:00:00Z.",
     ),
 ]

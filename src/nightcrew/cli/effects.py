@@ -10,6 +10,7 @@ import typer
 from nightcrew.cli.common import (
     EffectKind,
     _fail,
+    _print_json,
     _run,
     _settings,
     effects_app,
@@ -25,7 +26,9 @@ KindOption = Annotated[EffectKind | None, typer.Option("--kind", help="Only effe
 def effects_list(
     kind: KindOption = None,
     dead: Annotated[bool, typer.Option("--dead", help="Only dead effects (given up).")] = False,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 100,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, metavar="N", help="At most this many.")
+    ] = 100,
     as_json: Annotated[bool, typer.Option("--json", help="Print them as JSON.")] = False,
 ) -> None:
     """Effects not yet delivered: pending (being retried) and dead, oldest first."""
@@ -42,7 +45,7 @@ def effects_list(
 
     found = _run(work, settings)
     if as_json:
-        typer.echo(json.dumps(found, indent=2, default=str))
+        _print_json(found)
         return
     if not found:
         typer.echo("no dead effects" if dead else "nothing owed: every effect is delivered")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
+import time
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -22,6 +24,9 @@ from nightcrew.cli.common import (
 )
 from nightcrew.clock import SystemClock
 from nightcrew.runtime import open_database, open_runtime
+
+if TYPE_CHECKING:
+    from nightcrew.news.sources import ImportReport
 
 
 # --- news ----------------------------------------------------------------------------------------
@@ -60,25 +65,33 @@ def news_run(
     if report.get("pipeline") == "rabbitmq":
         _print_pass(report)
         return
+    _print_run(report)
+
+
+def _print_run(report: dict[str, Any]) -> None:
+    """The inline run's report in words (--json keeps spec 001's field names)."""
     state = (
         "skipped (locked)"
         if report["skipped"]
         else ("deferred" if report["deferredReasons"] else "done")
     )
     typer.echo(f"news shard {report['shard']}: {state}, {report['durationMs']:.0f} ms")
-    for key in (
-        "queuedCount",
-        "processedCount",
-        "aiReviewedCount",
-        "acceptedCount",
-        "rejectedCount",
-        "deferredCount",
-        "retriedCount",
-        "lockedCount",
-        "redisAiReviewLockSkippedCount",
-        "redisEnabled",
-    ):
-        typer.echo(f"  {key:<32} {report[key]}")
+    # aiReviewedCount counts every verdict, the offline rules' too: the label says whose
+    reviewer = report.get("reviewer") or "model"
+    rows: list[tuple[str, object]] = [
+        ("queued", report["queuedCount"]),
+        ("processed", report["processedCount"]),
+        (f"reviewed ({reviewer})", report["aiReviewedCount"]),
+        ("accepted", report["acceptedCount"]),
+        ("rejected", report["rejectedCount"]),
+        ("deferred", report["deferredCount"]),
+        ("retried", report["retriedCount"]),
+        ("locked", report["lockedCount"]),
+        ("review locks held elsewhere", report["redisAiReviewLockSkippedCount"]),
+        ("Redis", "yes" if report["redisEnabled"] else "no (PostgreSQL leases)"),
+    ]
+    for label, value in rows:
+        typer.echo(f"  {label:<32} {value}")
     for reason in report["deferredReasons"]:
         typer.echo(f"  deferred: {reason}")
     for failure in report["fetchErrors"]:
@@ -93,8 +106,13 @@ def news_sources_add(
     as_json: Annotated[bool, typer.Option("--json", help="Print the source as JSON.")] = False,
 ) -> None:
     """Add a feed source."""
-    from nightcrew.news.sources import add_source
+    from nightcrew.news.sources import SourceError, add_source, validate_feed_url
 
+    # a URL that can never be fetched is a bad argument (exit 2), refused before any database
+    try:
+        validate_feed_url(url)
+    except SourceError as exc:
+        _fail(str(exc), 2)
     settings = _settings()
 
     async def work() -> dict[str, Any]:
@@ -124,7 +142,7 @@ def news_sources_list(
 
     rows = _run(work, settings)
     if as_json:
-        typer.echo(json.dumps(rows, indent=2, default=str))
+        _print_json(rows)
         return
     for row in rows:
         state = "parked" if row["parked_at"] else "enabled" if row["enabled"] else "disabled"
@@ -168,6 +186,101 @@ def news_sources_enable(
     _set_source(ref, True)
 
 
+@sources_app.command("import")
+def news_sources_import(
+    file: Annotated[
+        str,
+        typer.Argument(
+            metavar="FILE", help="An OPML file (a feed reader's export) or a URL list; - is stdin."
+        ),
+    ],
+    shard: Annotated[str, typer.Option("--shard", help="Which shard fetches them.")] = "default",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Report what would be added; add nothing.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Add many feed sources at once: OPML (nested categories walked) or one URL per line
+    (`URL [NAME]`, # comments). Each entry skipped is reported with its line and why."""
+    from nightcrew.news.opml import FeedListError, parse_feed_list
+    from nightcrew.news.sources import import_sources
+
+    started = time.monotonic()
+    label = "<stdin>" if file == "-" else file
+    # the whole file is parsed before the database is touched: a file that cannot be read
+    # adds nothing
+    try:
+        feeds = parse_feed_list(_read_feed_list(file))
+    except OSError as exc:
+        _fail(f"cannot read {label}: {exc.strerror or exc}", 2)
+    except FeedListError as exc:
+        _fail(f"{label}: {exc}", 2)
+    settings = _settings()
+
+    async def work() -> ImportReport:
+        async with open_database(settings) as db:
+            return await import_sources(
+                db, feeds, shard=shard, now=SystemClock().now(), dry_run=dry_run
+            )
+
+    report = _run(work, settings)
+    elapsed_ms = (time.monotonic() - started) * 1000
+    if as_json:
+        _print_json({"file": label, **report.to_json(), "durationMs": round(elapsed_ms, 1)})
+        return
+    for skip in report.skipped:
+        typer.echo(
+            f"line {skip.line:>5}  {skip.reason.value:<14} {skip.url or '-'}  ({skip.detail})"
+        )
+    reasons = ", ".join(f"{n} {reason}" for reason, n in report.skipped_by_reason().items() if n)
+    typer.echo(
+        f"{'dry run: would add' if dry_run else 'added'} {len(report.added)} of"
+        f" {len(report.added) + len(report.skipped)} entries from {label} ({report.format})"
+        f" to shard {shard}; skipped {len(report.skipped)}{f' ({reasons})' if reasons else ''};"
+        f" {elapsed_ms:.0f} ms"
+    )
+
+
+def _read_feed_list(file: str) -> bytes:
+    from nightcrew.news.opml import MAX_FILE_BYTES
+
+    # one byte past the cap: the parser refuses an oversized file by name, never a truncated one
+    if file == "-":
+        return sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
+    with open(file, "rb") as handle:
+        return handle.read(MAX_FILE_BYTES + 1)
+
+
+@sources_app.command("export")
+def news_sources_export(
+    opml: Annotated[
+        bool, typer.Option("--opml", help="As an OPML 2.0 document (the one format so far).")
+    ] = False,
+    shard: Annotated[str | None, typer.Option("--shard", help="Only this shard.")] = None,
+) -> None:
+    """Write the feed sources to stdout as OPML (disabled and parked ones too): any feed reader,
+    and `news sources import`, reads it back."""
+    from nightcrew.news.opml import OpmlFeed, build_opml
+    from nightcrew.news.sources import list_sources
+
+    # --opml is required so that a second format later cannot change what a script gets
+    if not opml:
+        _fail("news sources export: give --opml (the one format so far)", 2)
+    settings = _settings()
+
+    async def work() -> list[dict[str, Any]]:
+        async with open_database(settings) as db:
+            return await list_sources(db, shard=shard)
+
+    rows = _run(work, settings)
+    document = build_opml(
+        (OpmlFeed(name=row["name"], feed_url=row["feed_url"]) for row in rows),
+        title="nightcrew news sources" + (f" (shard {shard})" if shard else ""),
+        created=SystemClock().now(),
+    )
+    typer.echo(document, nl=False)
+
+
 def _print_pass(report: dict[str, Any]) -> None:
     state = "deferred" if report["deferredReasons"] else "done"
     typer.echo(f"news shard {report['shard']}: pass {state}, {report['durationMs']:.0f} ms")
@@ -203,7 +316,13 @@ def news_worker(
     ] = Stage.all,
     concurrency: Annotated[
         int,
-        typer.Option("--concurrency", min=1, max=1000, help="Messages handled at once, per stage."),
+        typer.Option(
+            "--concurrency",
+            min=1,
+            max=1000,
+            metavar="N",
+            help="Messages handled at once, per stage.",
+        ),
     ] = 4,
 ) -> None:
     """Consume the news pipeline's stage queues (NEWS_PIPELINE=rabbitmq) until SIGTERM."""

@@ -29,24 +29,39 @@ from nightcrew.web.access import Access
 
 # --- demo ----------------------------------------------------------------------------------------
 @app.command("demo")
-def demo() -> None:
+def demo(
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            help="Show the run's JSON events on stderr as they happen, instead of writing them "
+            "to the demo's events file.",
+        ),
+    ] = False,
+) -> None:
     """Build a small sample podcast platform (embedded PostgreSQL, local files), run both lanes
     on it and show what changed and why. Never touches DATABASE_URL or STORAGE_URL."""
     from nightcrew.demo import run_demo
 
     settings = _settings()
-    # The story is told on stdout; only warnings and failures are worth interleaving with it.
-    configure_logging(
-        "warning" if settings.log_level in ("debug", "info") else settings.log_level,
-        settings.secret_values(),
-    )
     if settings.database_url or settings.storage_url:
         typer.echo(
             "note: the demo ignores DATABASE_URL and STORAGE_URL; it uses its own "
             "embedded database and local files.",
             err=True,
         )
-    lines = _run(lambda: run_demo(settings, FrozenClock(SystemClock().now())), settings)
+    clock = FrozenClock(SystemClock().now())
+    if verbose:  # _settings() has sent the events to stderr
+        lines = _run(lambda: run_demo(settings, clock), settings)
+    else:
+        # The story on stdout reads best alone: the warnings a sample run is bound to log (the
+        # effects given up because Stripe is not configured here) go to a file it names.
+        path = (settings.data_dir / "demo" / "events.jsonl").resolve()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        where = f"in {path} (--verbose shows them on stderr)"
+        with path.open("w", encoding="utf-8") as events:
+            configure_logging(settings.log_level, settings.secret_values(), stream=events)
+            lines = _run(lambda: run_demo(settings, clock, events=where), settings)
     typer.echo("\n".join(lines))
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -419,6 +420,10 @@ class _RollbackDatabase(Database):
         """The pool belongs to the Database this view was made from."""
 
 
+# How libpq quotes the server's own refusal of a connection (FATAL:  role "x" does not exist).
+_SERVER_REFUSAL = re.compile(r"\b(?:FATAL|PANIC|ERROR):\s+(?P<message>[^\n]+)")
+
+
 async def _preflight(conninfo: str, target: str, connect_timeout: float) -> None:
     """Connect once directly, so an unreachable server yields its real reason in one line."""
     try:
@@ -434,10 +439,20 @@ async def _preflight(conninfo: str, target: str, connect_timeout: float) -> None
             conninfo, connect_timeout=max(1, round(connect_timeout))
         )
     except psycopg.Error as exc:
-        reason = _first_line(exc)
         password = parts.get("password")
-        if password:
-            reason = reason.replace(str(password), "[redacted]")
+
+        def scrub(text: str) -> str:
+            return text.replace(str(password), "[redacted]") if password else text
+
+        # A server that answered is reachable: "cannot reach" would send the operator to the
+        # network when the fix is a role, a password or a database name. (With several
+        # addresses to try, libpq lists each attempt; one that got an answer tells.)
+        answered = _SERVER_REFUSAL.search(str(exc))
+        if answered is not None:
+            raise DatabaseUnavailableError(
+                f"PostgreSQL at {target} refused the connection: {scrub(answered['message'])}"
+            ) from exc
+        reason = scrub(_first_line(exc))
         raise DatabaseUnavailableError(f"cannot reach PostgreSQL at {target}: {reason}") from exc
     await conn.close()
 

@@ -28,7 +28,13 @@ from nightcrew.adapters.locks import (
 )
 from nightcrew.adapters.news import NewsAdapters
 from nightcrew.adapters.processed import RedisProcessedUrls
-from nightcrew.adapters.reviewer import Article, Reviewer, ReviewError, Verdict
+from nightcrew.adapters.reviewer import (
+    Article,
+    OfflineReviewer,
+    Reviewer,
+    ReviewError,
+    Verdict,
+)
 from nightcrew.adapters.storage import ObjectStore
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database, QueryError, Tx, json_param
@@ -86,6 +92,8 @@ class NewsReport:
     redis_ai_review_lock_skipped_count: int = 0
     redis_enabled: bool = False
     translated_count: int = 0
+    # who gave the verdicts counted in aiReviewedCount: "model" or "offline rules" (no AI)
+    reviewer: str = "model"
     skipped: bool = False
     fetch_errors: list[dict[str, Any]] = field(default_factory=list)
     write_errors: list[dict[str, Any]] = field(default_factory=list)
@@ -113,6 +121,7 @@ class NewsReport:
             "redisAiReviewLockSkippedCount": self.redis_ai_review_lock_skipped_count,
             "redisEnabled": self.redis_enabled,
             "translatedCount": self.translated_count,
+            "reviewer": self.reviewer,
             "fetchErrors": self.fetch_errors,
             "writeErrors": self.write_errors,
             "durationMs": self.duration_ms,
@@ -139,6 +148,7 @@ async def run_shard(
         shard=shard,
         trigger=trigger,
         redis_enabled=deps.redis_configured,
+        reviewer="offline rules" if isinstance(deps.reviewer, OfflineReviewer) else "model",
         backpressure_queue_limit=settings.ingestion_backpressure_queue_limit,
         backpressure_db_article_limit=settings.ingestion_backpressure_db_article_limit,
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -13,9 +12,7 @@ import pytest
 from nightcrew.adapters.locks import FENCE_SUFFIX, Leases, PostgresLeases, RedisLeases
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from tests.support.servers import answers
-
-REDIS_URL = os.environ.get("NIGHTCREW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+from tests.support.services import REDIS_URL, needs_redis
 
 
 class Backend:
@@ -24,7 +21,7 @@ class Backend:
         self.expire = expire  # async callable: let every TTL run out
 
 
-@pytest.fixture(params=["postgres", "redis"])
+@pytest.fixture(params=["postgres", pytest.param("redis", marks=needs_redis)])
 async def backend(
     request: pytest.FixtureRequest, db: Database, clock: FrozenClock
 ) -> AsyncIterator[Backend]:
@@ -35,8 +32,6 @@ async def backend(
 
         yield Backend(PostgresLeases(db, clock), advance)
         return
-    if not answers(6379):
-        pytest.skip("no Redis on 127.0.0.1:6379 (start redis-server)")
     import redis.asyncio as aioredis
 
     client = aioredis.from_url(REDIS_URL)
@@ -98,9 +93,8 @@ async def test_an_expired_lease_goes_to_the_next_holder_with_a_higher_fence(
     assert await backend.leases.release(new)
 
 
+@needs_redis
 async def test_redis_extend_replaces_the_ttl_it_never_adds() -> None:
-    if not answers(6379):
-        pytest.skip("no Redis on 127.0.0.1:6379 (start redis-server)")
     import redis.asyncio as aioredis
 
     client = aioredis.from_url(REDIS_URL)

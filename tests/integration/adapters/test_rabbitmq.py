@@ -1,10 +1,10 @@
-"""The RabbitMQ queue producer against a real broker on 127.0.0.1 (skipped when none answers)."""
+"""The RabbitMQ queue producer against a real broker (NIGHTCREW_TEST_AMQP_URL; those tests are
+skipped when it is off or does not answer)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
 import uuid
 
@@ -12,14 +12,8 @@ import pytest
 
 from nightcrew.adapters.queues import RabbitQueueProducer
 from nightcrew.errors import QueueUnavailableError
-from tests.support.servers import answers
-
-URL = os.environ.get("NIGHTCREW_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-
-
-pytestmark = pytest.mark.skipif(
-    not answers(5672), reason="no RabbitMQ on 127.0.0.1:5672 (start rabbitmq-server)"
-)
+from tests.support.services import AMQP_URL as URL
+from tests.support.services import needs_rabbitmq
 
 
 async def _get(channel: object, queue: str) -> dict[str, object] | None:
@@ -28,6 +22,7 @@ async def _get(channel: object, queue: str) -> dict[str, object] | None:
     return None if message is None else json.loads(message.body)
 
 
+@needs_rabbitmq
 async def test_send_publishes_a_persistent_json_message() -> None:
     import aio_pika
 
@@ -52,6 +47,7 @@ async def test_send_publishes_a_persistent_json_message() -> None:
         await connection.close()
 
 
+@needs_rabbitmq
 async def test_a_delayed_message_surfaces_only_after_its_delay() -> None:
     import aio_pika
 

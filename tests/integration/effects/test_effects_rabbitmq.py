@@ -1,15 +1,12 @@
 """Queue effects through the production backend: a real RabbitMQ behind a TCP proxy that goes
-away and comes back (skipped when no broker answers on 127.0.0.1:5672)."""
+away and comes back (skipped when NIGHTCREW_TEST_AMQP_URL is off or does not answer)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import uuid
 from datetime import timedelta
-
-import pytest
 
 from nightcrew.adapters.queues import RabbitQueueProducer
 from nightcrew.clock import FrozenClock
@@ -18,13 +15,9 @@ from nightcrew.effects import outbox
 from nightcrew.effects.deliver import deliver_effects, deliver_now
 from tests.conftest import NOW, make_runtime
 from tests.support.proxy import TcpProxy
-from tests.support.servers import answers
+from tests.support.services import AMQP_URL, host_port, needs_rabbitmq, with_port
 
-URL = os.environ.get("NIGHTCREW_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-
-pytestmark = pytest.mark.skipif(
-    not answers(5672), reason="no RabbitMQ on 127.0.0.1:5672 (start rabbitmq-server)"
-)
+pytestmark = needs_rabbitmq
 
 
 async def test_a_message_refused_while_the_broker_is_away_is_published_once_it_is_back(
@@ -33,10 +26,11 @@ async def test_a_message_refused_while_the_broker_is_away_is_published_once_it_i
     import aio_pika
 
     queue = f"nightcrew-test-{uuid.uuid4().hex[:8]}"
-    proxy = TcpProxy(5672)
+    broker_host, broker_port = host_port(AMQP_URL)
+    proxy = TcpProxy(broker_port, broker_host)
     await proxy.start()
-    producer = await RabbitQueueProducer.connect(URL.replace(":5672/", f":{proxy.port}/"))
-    reader = await aio_pika.connect_robust(URL)
+    producer = await RabbitQueueProducer.connect(with_port(AMQP_URL, proxy.port))
+    reader = await aio_pika.connect_robust(AMQP_URL)
     try:
         runtime = make_runtime(db, clock, fresh_db_url, queues=producer)
         async with db.transaction() as tx:

@@ -5,7 +5,6 @@ loopback connections only, and a worker run until a condition holds."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -13,8 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
-
-import pytest
 
 from nightcrew.adapters.addresses import new_client
 from nightcrew.adapters.broker import STAGES, PipelineBroker
@@ -26,12 +23,7 @@ from nightcrew.news.worker import Worker, WorkerSummary
 from nightcrew.runtime import Runtime, open_runtime
 from tests.integration.news.conftest import LOOPBACK
 from tests.support.network import LoopbackOnlyBackend
-from tests.support.servers import answers
-
-AMQP_URL = os.environ.get("NIGHTCREW_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-needs_rabbitmq = pytest.mark.skipif(
-    not answers(5672), reason="no RabbitMQ on 127.0.0.1:5672 (start rabbitmq-server)"
-)
+from tests.support.services import AMQP_URL
 
 
 async def delete_namespace(prefix: str, url: str = AMQP_URL) -> None:

@@ -23,12 +23,12 @@ from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
     namespace,
-    needs_rabbitmq,
     pipeline_env,
     pipeline_runtime,
     wait_for,
     worker_running,
 )
+from tests.support.services import needs_rabbitmq
 
 pytestmark = needs_rabbitmq
 

@@ -1,4 +1,4 @@
-"""A news run against real PostgreSQL (and real Redis when it answers), feeds and article pages
+"""A news run against real PostgreSQL (and the test Redis when it answers), feeds and article pages
 on a loopback server: the order, de-duplication, backpressure, locks and fencing."""
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from nightcrew.news.sources import add_source
 from nightcrew.runtime import Runtime
 from tests.conftest import NOW, make_runtime
 from tests.integration.news.conftest import LOOPBACK
-from tests.support.servers import RecordingServer, answers
+from tests.support.servers import RecordingServer
+from tests.support.services import REDIS_URL, needs_redis
 
 
 def rss(base: str, count: int, prefix: str = "story") -> bytes:
@@ -117,6 +118,7 @@ async def test_a_run_processes_once_and_the_next_run_does_nothing_per_item(
     r = report.to_json()
     assert r["queuedCount"] == 5 and r["processedCount"] == 5
     assert r["aiReviewedCount"] == 5 and r["acceptedCount"] == 5 and r["lockedCount"] == 0
+    assert r["reviewer"] == "offline rules"  # the count is of rule verdicts: no model ran
     assert r["queuedBySource"] == {"A (s1)": 5} and r["redisEnabled"] is False
     assert len(page_requests(feed_server)) == 5  # one hydration per article
     rows = await db.fetch("SELECT image_url, status, fence FROM news.articles")
@@ -312,7 +314,7 @@ async def test_redis_down_mid_run_falls_back_and_nothing_is_processed_twice(
     assert second["processedCount"] == 0 and second["queuedCount"] == 0
 
 
-@pytest.mark.skipif(not answers(6379), reason="no Redis on 127.0.0.1:6379")
+@needs_redis
 async def test_with_real_redis_the_processed_set_and_locks_are_used(
     db: Database,
     clock: FrozenClock,
@@ -327,7 +329,7 @@ async def test_with_real_redis_the_processed_set_and_locks_are_used(
     from nightcrew.adapters.locks import RedisLeases
     from nightcrew.adapters.processed import PROCESSED_SET
 
-    client = aioredis.from_url("redis://127.0.0.1:6379/15")
+    client = aioredis.from_url(REDIS_URL)
     shard = f"r-{uuid.uuid4().hex[:6]}"
     site(feed_server, {"/feeds/r": rss(feed_server.url, 2, prefix=shard)})
     await add_source(db, url=feed_server.url + "/feeds/r", name="R", shard=shard, now=NOW)
@@ -540,7 +542,7 @@ async def test_a_model_reviews_translates_and_the_backlog_is_caught_up(
     assert {r["translation"] for r in rows} == {"Übersetzt."}
 
 
-@pytest.mark.skipif(not answers(6379), reason="no Redis on 127.0.0.1:6379")
+@needs_redis
 async def test_two_runs_started_together_on_redis_one_processes_one_is_locked(
     db: Database,
     clock: FrozenClock,
@@ -554,7 +556,7 @@ async def test_two_runs_started_together_on_redis_one_processes_one_is_locked(
 
     from nightcrew.adapters.locks import RedisLeases
 
-    client = aioredis.from_url("redis://127.0.0.1:6379/15")
+    client = aioredis.from_url(REDIS_URL)
     shard = f"t-{uuid.uuid4().hex[:6]}"
     site(feed_server, {"/feeds/t": rss(feed_server.url, 3, prefix=shard)}, slow=0.5)
     await add_source(db, url=feed_server.url + "/feeds/t", name="T", shard=shard, now=NOW)

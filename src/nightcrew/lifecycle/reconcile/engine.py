@@ -34,7 +34,7 @@ from nightcrew.db.database import QueryError, Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects_outbox
 from nightcrew.effects.deliver import drain
-from nightcrew.errors import DatabaseUnavailableError, NightcrewError
+from nightcrew.errors import ConfigError, DatabaseUnavailableError
 from nightcrew.lifecycle import outbox as feed_outbox
 from nightcrew.lifecycle.reconcile.core import (
     PREP_TTL_DAYS,
@@ -71,7 +71,7 @@ INSUFFICIENT_PRIVILEGE = "42501"
 Progress = Callable[[str, int], None]
 
 
-class ReconcileUnavailable(NightcrewError):
+class ReconcileUnavailable(ConfigError):
     """The reconciler cannot run here (e.g. R2_PUBLIC_URL is unset); the message says why."""
 
 
