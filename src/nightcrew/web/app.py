@@ -200,7 +200,7 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
             title="Runs",
             wanted=wanted,
             page=result,
-            lanes=await data.lanes(ctx.db),
+            lanes=[lane.lane for lane in await data.latest_per_lane(ctx.db)],
             statuses=data.RUN_STATUSES,
             older_query=urlencode(wanted.query(before=result.older)) if result.older else None,
             newest_query=urlencode(wanted.query(before=None)),

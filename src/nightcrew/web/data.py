@@ -49,6 +49,11 @@ def _float(value: object) -> float | None:
     return number if math.isfinite(number) and 0 <= number < 1e12 else None
 
 
+def _count(row: dict[str, Any] | None, key: str) -> int:
+    """A count(*) column of a one-row answer (no row: 0)."""
+    return int(row[key]) if row else 0
+
+
 # --- cursors ---------------------------------------------------------------------------------
 def encode_cursor(at: datetime, key: object) -> str:
     raw = f"{at.isoformat()}|{key}".encode()
@@ -281,10 +286,6 @@ async def run_detail(db: Database, run_id: int) -> RunDetail | None:
     )
 
 
-async def lanes(db: Database) -> list[str]:
-    return [r["lane"] for r in await db.fetch(SQL["lanes"])]
-
-
 @dataclass(frozen=True, kw_only=True)
 class LaneState:
     lane: str
@@ -373,12 +374,12 @@ async def deletions(
     older = encode_cursor(page[-1].deleted_at, page[-1].podcast_id) if len(rows) > limit else None
     return DeletionsView(
         unfinished=[Deletion.from_row(r) for r in unfinished],
-        unfinished_count=int(unfinished_count["n"]) if unfinished_count else 0,
+        unfinished_count=_count(unfinished_count, "n"),
         page=page,
         older=older,
-        recent_podcasts=int(totals["podcasts"]) if totals else 0,
-        recent_objects=int(totals["objects"]) if totals else 0,
-        recent_bytes=int(totals["bytes"]) if totals else 0,
+        recent_podcasts=_count(totals, "podcasts"),
+        recent_objects=_count(totals, "objects"),
+        recent_bytes=_count(totals, "bytes"),
     )
 
 
@@ -481,7 +482,7 @@ async def overage(db: Database, now: datetime, *, limit: int = 200) -> OverageVi
     ]
     on_clock = await db.fetch_one(SQL["overage_clock_count"])
     return OverageView(
-        accounts=accounts, on_clock=int(on_clock["n"]) if on_clock else 0, restored=restored
+        accounts=accounts, on_clock=_count(on_clock, "n"), restored=restored
     )
 
 
@@ -592,9 +593,9 @@ async def news(db: Database, *, points: int = 48) -> NewsView:
             for s in shards
         ],
         parked=await db.fetch(SQL["news_parked"], {"limit": 100}),
-        parked_count=int(counts["parked"]) if counts else 0,
-        sources=int(counts["sources"]) if counts else 0,
-        active=int(counts["active"]) if counts else 0,
+        parked_count=_count(counts, "parked"),
+        sources=_count(counts, "sources"),
+        active=_count(counts, "active"),
     )
 
 
@@ -616,7 +617,7 @@ async def counts(db: Database) -> Counts:
     return Counts(
         effects_pending=sum(k["pending"] for k in owed.values()),
         effects_dead=sum(k["dead"] for k in owed.values()),
-        deletion_leftovers=int(leftovers["n"]) if leftovers else 0,
-        on_clock=int(on_clock["n"]) if on_clock else 0,
-        parked=int(sources["parked"]) if sources else 0,
+        deletion_leftovers=_count(leftovers, "n"),
+        on_clock=_count(on_clock, "n"),
+        parked=_count(sources, "parked"),
     )

@@ -1,20 +1,9 @@
 -- The dashboard's reads. Read-only, each one index scan bounded by a LIMIT (migration 0016);
 -- `now` comes from the Clock. Lists are keyset-paginated: (started_at, id) < the cursor.
 
--- name: lanes
--- Every lane in the run history, by a loose index scan (one index probe per lane, not a scan
--- of a million rows).
-WITH RECURSIVE lanes (lane) AS (
-    (SELECT lane FROM nightcrew.runs ORDER BY lane LIMIT 1)
-    UNION ALL
-    SELECT (SELECT r.lane FROM nightcrew.runs r WHERE r.lane > l.lane ORDER BY r.lane LIMIT 1)
-      FROM lanes l
-     WHERE l.lane IS NOT NULL
-)
-SELECT lane FROM lanes WHERE lane IS NOT NULL;
-
 -- name: latest_per_lane
--- The newest run of each lane, and the newest completed one.
+-- Every lane of the run history by a loose index scan (one index probe per lane, not a scan of
+-- a million rows), with its newest run and its newest completed one.
 WITH RECURSIVE lanes (lane) AS (
     (SELECT lane FROM nightcrew.runs ORDER BY lane LIMIT 1)
     UNION ALL
