@@ -193,6 +193,8 @@ async def main(runs: int, deletions: int, repeat: int) -> None:
                         "/runs?status=skipped",
                         "/runs?lane=daily&status=failed",
                         "/runs?date=2025-06-01",
+                        "/runs?lane=minute&status=completed&date=2025-01-10",
+                        "/runs?status=completed&date=2024-01-01",  # before the history
                         deep_runs,
                         deep_minute,
                         f"/runs/{a_run['id'] if a_run else 1}",
