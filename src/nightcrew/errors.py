@@ -41,3 +41,9 @@ class BillingError(NightcrewError):
     def __init__(self, message: str, *, http_status: int | None = None) -> None:
         super().__init__(message)
         self.http_status = http_status
+
+
+# SQLSTATEs of a schema that is not there (undefined table, undefined schema): the database was
+# never migrated, or is not the one meant.
+SCHEMA_MISSING_SQLSTATES = ("42P01", "3F000")
+MIGRATE_HINT = "the database lacks nightcrew's schema: run `nightcrew db migrate` first"

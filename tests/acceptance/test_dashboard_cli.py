@@ -29,3 +29,10 @@ def test_serve_demo_without_a_demo_says_to_run_it(tmp_path: Path) -> None:
     result = run("serve", "--demo", "--port", "9", env=env, timeout=180)
     assert result.returncode == 2, result.stderr
     assert "run `nightcrew demo` first" in result.stderr.strip().splitlines()[-1]
+
+
+def test_a_database_never_migrated_says_to_migrate(empty_db_url: str) -> None:
+    result = run("lifecycle", "run", "minute", env=_env(DATABASE_URL=empty_db_url))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "run `nightcrew db migrate` first" in lines[0], result.stderr

@@ -21,7 +21,10 @@ import typer
 from nightcrew import __version__
 from nightcrew.clock import Clock, FrozenClock, SystemClock, parse_instant
 from nightcrew.config import Settings, load_settings
+from nightcrew.db.database import QueryError
 from nightcrew.errors import (
+    MIGRATE_HINT,
+    SCHEMA_MISSING_SQLSTATES,
     ConfigError,
     DatabaseUnavailableError,
     NightcrewError,
@@ -147,6 +150,10 @@ def _run(work: Callable[[], Awaitable[T]], settings: Settings) -> T:
         return asyncio.run(_call(work))
     except (DatabaseUnavailableError, QueueUnavailableError, ConfigError) as exc:
         _fail(scrub.text(str(exc)), 2)
+    except QueryError as exc:
+        if exc.sqlstate in SCHEMA_MISSING_SQLSTATES:
+            _fail(scrub.text(f"{exc} — {MIGRATE_HINT}"), 2)
+        _fail(scrub.text(str(exc)), 1)
     except NightcrewError as exc:
         _fail(scrub.text(str(exc)), 1)
     except KeyboardInterrupt:

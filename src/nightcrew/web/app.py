@@ -26,8 +26,8 @@ from starlette.staticfiles import StaticFiles
 
 from nightcrew import narrate
 from nightcrew.clock import Clock
-from nightcrew.db.database import Database
-from nightcrew.errors import NightcrewError
+from nightcrew.db.database import Database, QueryError
+from nightcrew.errors import MIGRATE_HINT, SCHEMA_MISSING_SQLSTATES, NightcrewError
 from nightcrew.lifecycle import overage as overage_rules
 from nightcrew.log import describe_error, error, warning
 from nightcrew.scheduler import ScheduleStatus
@@ -149,6 +149,8 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
                 return render(request, "error.html", 400, title="Bad request", problem=str(exc))
             except NightcrewError as exc:
                 problem = describe_error(exc)
+                if isinstance(exc, QueryError) and exc.sqlstate in SCHEMA_MISSING_SQLSTATES:
+                    problem = f"{problem} — {MIGRATE_HINT}"
                 warning("dashboard_unavailable", path=request.url.path, error=problem)
                 title = "The database could not answer"
                 return render(request, "error.html", 503, title=title, problem=problem)

@@ -481,9 +481,7 @@ async def overage(db: Database, now: datetime, *, limit: int = 200) -> OverageVi
         )
     ]
     on_clock = await db.fetch_one(SQL["overage_clock_count"])
-    return OverageView(
-        accounts=accounts, on_clock=_count(on_clock, "n"), restored=restored
-    )
+    return OverageView(accounts=accounts, on_clock=_count(on_clock, "n"), restored=restored)
 
 
 # --- watchdogs -------------------------------------------------------------------------------

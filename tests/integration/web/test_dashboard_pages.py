@@ -239,6 +239,7 @@ async def test_a_database_that_is_gone_is_a_503_page_not_a_traceback(
             response = await c.get("/runs")
         assert response.status_code == 503
         assert "runs" in response.text and "Traceback" not in response.text
+        assert "run `nightcrew db migrate` first" in response.text
     finally:
         await gone.close()
 
