@@ -30,10 +30,11 @@ def bar_chart(
     top, bottom, left = 18, 22, 4
     plot = height - top - bottom
     peak = max((b.value for b in bars), default=0)
-    step = (width - left) / max(len(bars), 1)
+    # a few points stay bars, not slabs
+    step = min((width - left) / max(len(bars), 1), 28.0)
     parts = [
         f'<svg class="chart" role="img" viewBox="0 0 {width} {height}" '
-        f'width="100%" preserveAspectRatio="xMinYMin meet" '
+        f'width="{width}" height="{height}" preserveAspectRatio="xMinYMin meet" '
         f'xmlns="http://www.w3.org/2000/svg"><title>{escape(title)}</title>',
         f'<text x="{left}" y="12" class="chart-label">max {peak:,}</text>',
         f'<line x1="{left}" y1="{top + plot}" x2="{width}" y2="{top + plot}" class="axis"/>',
