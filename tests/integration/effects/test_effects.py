@@ -91,6 +91,8 @@ def _runtime(
     http: httpx.AsyncClient,
     resend: Resend,
     feed: RecordingServer,
+    *,
+    timeout: httpx.Timeout = CLIENT_TIMEOUT,
     **adapters: Any,
 ) -> Runtime:
     return make_runtime(
@@ -102,7 +104,7 @@ def _runtime(
             api_base=resend.server.url,
             api_key="re_test",
             from_email="billing@podcasts.example",
-            timeout=CLIENT_TIMEOUT,
+            timeout=timeout,
         ),
         feedcache=HttpFeedCache(http, feed.url, "feed-secret", wait_timeout=CLIENT_TIMEOUT),
         **adapters,
@@ -424,8 +426,11 @@ async def test_two_minute_lanes_in_parallel_never_deliver_an_effect_twice(
     other = await Database.open(fresh_db_url)
     try:
         clock_a, clock_b = FrozenClock(NOW + MINUTE), FrozenClock(NOW + MINUTE)
-        a = _runtime(db, clock_a, fresh_db_url, http, resend, feed_server)
-        b = _runtime(other, clock_b, fresh_db_url, http, resend, feed_server)
+        # Not the hang tests' 0.3 s: 150 sends to a threaded test server on a busy 2-core
+        # machine can take longer to connect (a timeout here was a flake, not a double send).
+        patient = httpx.Timeout(10.0)
+        a = _runtime(db, clock_a, fresh_db_url, http, resend, feed_server, timeout=patient)
+        b = _runtime(other, clock_b, fresh_db_url, http, resend, feed_server, timeout=patient)
         first, second = await asyncio.gather(
             deliver_effects(a, clock_a), deliver_effects(b, clock_b)
         )
