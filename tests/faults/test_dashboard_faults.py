@@ -1,9 +1,10 @@
 """The dashboard with its database gone for real (a TCP proxy cut or gone silent): a page
 says so within the connection policy's bound — a 503 naming the loss, not a hang or a
-traceback — and the next request after the database is back is served again."""
+traceback — and pages are served again within that bound once the database is back."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
@@ -52,9 +53,12 @@ async def test_pages_say_the_database_is_gone_then_recover(
         assert time.monotonic() - started < 30
 
         await proxy.restore()
-        for _ in range(3):  # the pool drops what the outage killed and reconnects
-            response = await client.get("/runs")
-            if response.status_code == 200:
-                break
+        # The pool drops what the outage killed (a connection held by the silent proxy is found
+        # dead by the policy's TCP bounds, ~2 s here) and reconnects: pages come back within the
+        # bound, without a restart.
+        back_by = time.monotonic() + 20
+        while (response := await client.get("/runs")).status_code != 200:
+            assert time.monotonic() < back_by, response.text[-300:]
+            await asyncio.sleep(0.5)
         assert response.status_code == 200
         assert f'href="/runs/{night.daily_run}"' in response.text
