@@ -11,7 +11,6 @@ temporary directory, serves it, and saves the README's screenshot.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import struct
@@ -24,6 +23,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.acceptance.test_cli import _env, _nightcrew
+from tests.support.servers import free_port
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
 CHROMIUM_ARGS = [
@@ -47,47 +49,25 @@ def chromium_path() -> str | None:
     return next((p for p in CHROMIUM_CANDIDATES if Path(p).exists()), None)
 
 
-def nightcrew_command() -> list[str]:
-    found = shutil.which("nightcrew", path=str(Path(sys.executable).parent))
-    return [found] if found else [sys.executable, "-m", "nightcrew.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @dataclass(frozen=True)
 class Served:
     url: str
     data_dir: Path
 
 
-def _env(data_dir: Path, extra: dict[str, str]) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "STORAGE_URL", "QUEUE_URL", "REDIS_URL", "NEWS_SHARDS")
-    }
-    env.update({"NIGHTCREW_DATA_DIR": str(data_dir), "NIGHTCREW_LOG_LEVEL": "warning", **extra})
-    return env
-
-
 @contextmanager
 def demo_served(data_dir: Path, **env: str) -> Iterator[Served]:
     """`nightcrew demo`, then `nightcrew serve --demo` on a free loopback port until exit."""
-    cmd = nightcrew_command()
-    demo = subprocess.run(
-        [*cmd, "demo"], env=_env(data_dir, env), capture_output=True, text=True, timeout=240
-    )
+    cmd = [_nightcrew()]
+    # the acceptance tests' environment: no nightcrew setting of the caller's shell but these
+    environ = _env(NIGHTCREW_DATA_DIR=str(data_dir), NIGHTCREW_LOG_LEVEL="warning", **env)
+    demo = subprocess.run([*cmd, "demo"], env=environ, capture_output=True, text=True, timeout=240)
     if demo.returncode != 0:
         raise RuntimeError(f"nightcrew demo failed: {demo.stderr.strip()[-2000:]}")
     port = free_port()
     proc = subprocess.Popen(
         [*cmd, "serve", "--demo", "--port", str(port)],
-        env=_env(data_dir, env),
+        env=environ,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

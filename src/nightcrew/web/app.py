@@ -127,6 +127,12 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         )
         return HTMLResponse(body, status_code=status, headers=HEADERS)
 
+    def wrong_host(request: Request) -> Response | None:
+        """421 for a Host that is not this dashboard's (see access.py), else None."""
+        if ctx.access.host_allowed(request.headers.get("host")):
+            return None
+        return Response("unknown Host for this dashboard\n", 421, media_type="text/plain")
+
     def page(
         handler: Callable[[Request], Awaitable[Response]],
     ) -> Callable[[Request], Awaitable[Response]]:
@@ -134,8 +140,8 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         bad filter is a page that says so, not a traceback."""
 
         async def guarded(request: Request) -> Response:
-            if not ctx.access.host_allowed(request.headers.get("host")):
-                return Response("unknown Host for this dashboard\n", 421, media_type="text/plain")
+            if (refused := wrong_host(request)) is not None:
+                return refused
             if not ctx.access.cookie_valid(request.cookies.get(COOKIE)):
                 target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                 return RedirectResponse(
@@ -171,19 +177,7 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         return guarded
 
     async def overview(request: Request) -> Response:
-        database_problem = None
-        try:
-            await ctx.db.fetch_one("SELECT 1")
-        except NightcrewError as exc:
-            database_problem = describe_error(exc)
-        if database_problem is not None:
-            return render(
-                request,
-                "error.html",
-                503,
-                title="The database could not answer",
-                problem=database_problem,
-            )
+        # A database that is gone is the guard's 503 page, like every other page's.
         return render(
             request,
             "overview.html",
@@ -306,8 +300,8 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         )
 
     async def login_form(request: Request) -> Response:
-        if not ctx.access.host_allowed(request.headers.get("host")):
-            return Response("unknown Host for this dashboard\n", 421, media_type="text/plain")
+        if (refused := wrong_host(request)) is not None:
+            return refused
         return render(
             request,
             "login.html",
@@ -317,8 +311,8 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         )
 
     async def login(request: Request) -> Response:
-        if not ctx.access.host_allowed(request.headers.get("host")):
-            return Response("unknown Host for this dashboard\n", 421, media_type="text/plain")
+        if (refused := wrong_host(request)) is not None:
+            return refused
         body = b""
         async for chunk in request.stream():
             body += chunk
@@ -356,8 +350,8 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         return response
 
     async def logout(request: Request) -> Response:
-        if not ctx.access.host_allowed(request.headers.get("host")):
-            return Response("unknown Host for this dashboard\n", 421, media_type="text/plain")
+        if (refused := wrong_host(request)) is not None:
+            return refused
         response = RedirectResponse("/login", 303, headers=HEADERS)
         response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
         return response

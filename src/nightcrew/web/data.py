@@ -73,6 +73,37 @@ def decode_cursor(text: str) -> tuple[datetime, str]:
 
 
 # --- runs ------------------------------------------------------------------------------------
+def run_id(text: str) -> int | None:
+    """A run id from a path or a cursor: digits within bigint, else None (a 404 or a 400, never
+    a table scan)."""
+    if not text.isdigit() or len(text) > 19 or int(text) > _MAX_ID:
+        return None
+    return int(text)
+
+
+def _run_cursor(text: str) -> tuple[datetime, int]:
+    """The (started_at, id) a runs page's "older" link carries."""
+    at, key = decode_cursor(text)
+    if (found := run_id(key)) is None:
+        raise BadRequest("before: not a cursor this page made")
+    return at, found
+
+
+def _shown_status(status: str, skipped: bool | None) -> str:
+    """A completed run whose report says it was skipped (a shard another worker held) shows
+    as skipped."""
+    return "skipped" if status == "completed" and skipped else status
+
+
+def _duration(
+    measured_ms: float | None, started_at: datetime, finished_at: datetime | None
+) -> timedelta | None:
+    """As the run measured it (a --now run's clock stands still), else from its row."""
+    if measured_ms is not None:
+        return timedelta(milliseconds=measured_ms)
+    return finished_at - started_at if finished_at else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunFilter:
     lane: str | None = None
@@ -98,7 +129,7 @@ class RunFilter:
                 raise BadRequest("date: a day between 1970 and 9998")
         before = params.get("before") or None
         if before is not None:
-            decode_cursor(before)
+            _run_cursor(before)
         return cls(lane=lane, status=status, day=day, before=before)
 
     def query(self, **changes: Any) -> dict[str, str]:
@@ -126,17 +157,14 @@ class RunRow:
     error: str | None
     failures: int
     headline: dict[str, Any]
-    duration_ms: float | None  # as the run measured it (a --now run's clock stands still)
+    duration_ms: float | None
 
     @property
     def duration(self) -> timedelta | None:
-        if self.duration_ms is not None:
-            return timedelta(milliseconds=self.duration_ms)
-        return self.finished_at - self.started_at if self.finished_at else None
+        return _duration(self.duration_ms, self.started_at, self.finished_at)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> RunRow:
-        status = "skipped" if row["status"] == "completed" and row["skipped"] else row["status"]
         return cls(
             id=row["id"],
             lane=row["lane"],
@@ -144,7 +172,7 @@ class RunRow:
             slot=row["slot"],
             started_at=row["started_at"],
             finished_at=row["finished_at"],
-            status=status,
+            status=_shown_status(row["status"], row["skipped"]),
             attempts=row["attempts"],
             error=row["error"],
             failures=row["failures"] or 0,
@@ -172,10 +200,7 @@ async def runs_page(db: Database, wanted: RunFilter, *, limit: int = PAGE_SIZE) 
     since = _FAR_PAST
     before_at, before_id = _FAR_FUTURE, _MAX_ID
     if wanted.before:
-        before_at, key = decode_cursor(wanted.before)
-        if not key.isdigit() or len(key) > 19 or int(key) > _MAX_ID:
-            raise BadRequest("before: not a cursor this page made")
-        before_id = int(key)
+        before_at, before_id = _run_cursor(wanted.before)
     if wanted.day:
         since = datetime.combine(wanted.day, time(), UTC)
         until = since + timedelta(days=1)
@@ -244,9 +269,7 @@ class RunDetail:
     @property
     def duration(self) -> timedelta | None:
         measured = _float(self.report.get("duration_ms", self.report.get("durationMs")))
-        if measured is not None:
-            return timedelta(milliseconds=measured)
-        return self.finished_at - self.started_at if self.finished_at else None
+        return _duration(measured, self.started_at, self.finished_at)
 
     @property
     def jobs(self) -> list[JobRow]:
@@ -256,21 +279,11 @@ class RunDetail:
         return [JobRow.from_report(name, job) for name, job in sorted(jobs.items())]
 
 
-def run_id(text: str) -> int | None:
-    """A run id from a path: digits within bigint, else None (a 404, never a table scan)."""
-    if not text.isdigit() or len(text) > 19 or int(text) > _MAX_ID:
-        return None
-    return int(text)
-
-
 async def run_detail(db: Database, run_id: int) -> RunDetail | None:
     row = await db.fetch_one(SQL["run"], {"id": run_id})
     if row is None:
         return None
     report = row["report"] if isinstance(row["report"], dict) else {}
-    status = row["status"]
-    if status == "completed" and report.get("skipped") is True:
-        status = "skipped"
     return RunDetail(
         id=row["id"],
         lane=row["lane"],
@@ -279,7 +292,7 @@ async def run_detail(db: Database, run_id: int) -> RunDetail | None:
         started_at=row["started_at"],
         finished_at=row["finished_at"],
         heartbeat_at=row["heartbeat_at"],
-        status=status,
+        status=_shown_status(row["status"], report.get("skipped") is True),
         attempts=row["attempts"],
         report=report,
         raw=row["report"],
@@ -300,7 +313,7 @@ async def latest_per_lane(db: Database) -> list[LaneState]:
         LaneState(
             lane=r["lane"],
             last_id=r["id"],
-            last_status="skipped" if r["status"] == "completed" and r["skipped"] else r["status"],
+            last_status=_shown_status(r["status"], r["skipped"]),
             last_started_at=r["started_at"],
             last_completed_at=r["last_completed_at"],
         )
