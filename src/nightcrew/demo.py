@@ -21,6 +21,7 @@ import psycopg
 
 from nightcrew import narrate
 from nightcrew.adapters.mail import RecordingMailer
+from nightcrew.adapters.reviewer import OfflineReviewer
 from nightcrew.adapters.storage import ObjectStore
 from nightcrew.clock import Clock
 from nightcrew.config import Settings
@@ -289,8 +290,17 @@ async def run_demo(settings: Settings, clock: Clock, *, events: str = "on stderr
         with psycopg.connect(embedded.uri, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {DEMO_DATABASE} WITH (FORCE)")
             admin.execute(f"CREATE DATABASE {DEMO_DATABASE}")
-        demo_settings = _demo_settings(settings, embedded.uri, media)
-        async with open_runtime(demo_settings, clock) as runtime:
+        demo_settings = _demo_settings(settings, embedded.uri, media).model_copy(
+            # the sample feeds are on this machine: the one private address the demo may
+            # fetch; inline, on PostgreSQL leases, whatever NEWS_PIPELINE and REDIS_URL say
+            update={
+                "news_allowed_private_hosts": "127.0.0.1",
+                "redis_url": None,
+                "news_pipeline": "inline",
+            }
+        )
+        reviewer = OfflineReviewer(blocked_terms=frozenset({"casino"}))
+        async with open_runtime(demo_settings, clock, reviewer=reviewer) as runtime:
             return await _run(runtime, clock, now, settings, media, events)
     finally:
         embedded.stop()
@@ -385,12 +395,6 @@ async def _run(
 
 async def _news(runtime: Runtime, clock: Clock, now: datetime) -> list[str]:
     """Two sample feeds on a loopback server, two news runs: the second finds nothing new."""
-    from dataclasses import replace
-
-    from nightcrew.adapters.addresses import AddressPolicy, new_client
-    from nightcrew.adapters.locks import PostgresLeases
-    from nightcrew.adapters.news import NewsAdapters
-    from nightcrew.adapters.reviewer import OfflineReviewer
     from nightcrew.news.demo_feeds import serve_sample_feeds
     from nightcrew.news.run import run_shard
     from nightcrew.news.sources import add_source
@@ -398,20 +402,8 @@ async def _news(runtime: Runtime, clock: Clock, now: datetime) -> list[str]:
     with serve_sample_feeds() as base:
         for path, name in (("/city.xml", "City desk"), ("/science.xml", "Science desk")):
             await add_source(runtime.db, url=base + path, name=name, shard="demo", now=now)
-        # the sample feeds are on this machine: the one private address the demo may fetch
-        policy = AddressPolicy.parse("127.0.0.1")
-        async with new_client(policy) as http:
-            demo = replace(
-                runtime,
-                news=NewsAdapters(
-                    leases=PostgresLeases(runtime.db, clock),
-                    http=http,
-                    reviewer=OfflineReviewer(blocked_terms=frozenset({"casino"})),
-                    policy=policy,
-                ),
-            )
-            first = await run_shard(demo, clock, "demo", trigger="manual")
-            second = await run_shard(demo, clock, "demo", trigger="manual")
+        first = await run_shard(runtime, clock, "demo", trigger="manual")
+        second = await run_shard(runtime, clock, "demo", trigger="manual")
     rejected = await runtime.db.fetch(
         "SELECT a.title, r.reasons FROM news.articles a JOIN news.reviews r"
         " ON r.article_id = a.id WHERE NOT r.accepted ORDER BY a.id"

@@ -35,6 +35,11 @@ class StoreError(NightcrewError):
     """The object store failed an operation."""
 
 
+class FetchError(NightcrewError):
+    """An outbound fetch of an untrusted address failed (network, protocol, redirects); the
+    message is one line, driver-neutral, and names the cause."""
+
+
 class BillingError(NightcrewError):
     """Stripe failed an operation. ``http_status`` is Stripe's answer, None if there was none."""
 

@@ -99,11 +99,10 @@ def connection_policy(settings: Settings) -> ConnectionPolicy:
 
 
 def _billing(settings: Settings) -> StripeBilling | NoBilling:
-    if settings.stripe_secret_key is None:
+    key = reveal(settings.stripe_secret_key)
+    if key is None:
         return NoBilling()
-    return StripeBilling(
-        settings.stripe_secret_key.get_secret_value(), api_base=settings.stripe_api_base
-    )
+    return StripeBilling(key, api_base=settings.stripe_api_base)
 
 
 @asynccontextmanager
@@ -122,7 +121,8 @@ async def open_runtime(
     """Every adapter, from Settings — the one assembly point of serve, the CLI, the demo, the
     benchmarks and the tests. ``overrides`` replace single adapters by field name (a test's
     recording mailer, a benchmark's memory store); ``db=`` an open Database is used as it is,
-    not opened (nor closed) here."""
+    not opened (nor closed) here; ``reviewer=`` replaces the news worker's configured reviewer
+    (the demo's offline rules) and leaves the rest of its adapters as configured."""
     store = open_store(settings.effective_storage_url, credentials=settings.storage_credentials())
     async with (
         _database(settings, overrides.pop("db", None)) as db,
@@ -131,7 +131,7 @@ async def open_runtime(
             headers={"User-Agent": USER_AGENT},
             follow_redirects=False,
         ) as http,
-        open_news_adapters(settings, db, clock) as news,
+        open_news_adapters(settings, db, clock, reviewer=overrides.pop("reviewer", None)) as news,
     ):
         billing = _billing(settings)
         secret = settings.rss_invalidation_secret

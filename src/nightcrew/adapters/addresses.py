@@ -21,14 +21,17 @@ import ipaddress
 import socket
 import typing
 import unicodedata
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Literal, Protocol
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 import httpcore
 import httpx
 
-from nightcrew.errors import NightcrewError
+from nightcrew.errors import FetchError, NightcrewError
+from nightcrew.log import describe_error
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -292,14 +295,122 @@ class PolicyTransport(httpx.AsyncHTTPTransport):
 MAX_REDIRECTS = 5
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FetchLimits:
+    """What one GET may take: per-read and connect timeouts (the caller keeps the total
+    budget), how many body bytes, whether redirects are followed (each hop still checked by
+    the policy). Past ``max_bytes``, "fail" marks the response ``too_large`` (a feed must be
+    whole) and "truncate" keeps the start (a page's <head> is at the top)."""
+
+    max_bytes: int
+    read_seconds: float
+    connect_seconds: float
+    follow_redirects: bool = False
+    over_size: Literal["fail", "truncate"] = "fail"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Response:
+    """One answer: the final URL (after redirects), headers with lower-cased names, and the
+    body — read only for a 2xx answer."""
+
+    status: int
+    url: str
+    headers: Mapping[str, str]
+    body: bytes = b""
+    too_large: bool = False
+
+    @property
+    def redirect_to(self) -> str | None:
+        """The Location of a redirect answer, as sent (relative or not); None otherwise."""
+        if self.status in (301, 302, 303, 307, 308):
+            return self.headers.get("location")
+        return None
+
+
+class UntrustedHttp(Protocol):
+    """GETs of untrusted addresses (feeds, their redirects, article pages), under the address
+    policy. Raises UnsafeURL for an address the policy refuses, FetchError for anything
+    else that keeps an answer from coming."""
+
+    async def get(
+        self, url: str, *, limits: FetchLimits, headers: Mapping[str, str] | None = None
+    ) -> Response: ...
+
+
+class PolicyHttp:
+    """The one implementation: httpx over the policy's pinned transport; httpx's and
+    httpcore's errors end here, as FetchError."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self._client = client
+
+    async def __aenter__(self) -> PolicyHttp:
+        await self._client.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self._client.__aexit__(kind, value, traceback)
+
+    async def get(
+        self, url: str, *, limits: FetchLimits, headers: Mapping[str, str] | None = None
+    ) -> Response:
+        timeout = httpx.Timeout(limits.read_seconds, connect=limits.connect_seconds)
+        try:
+            async with self._client.stream(
+                "GET",
+                url,
+                headers=dict(headers or {}),
+                timeout=timeout,
+                follow_redirects=limits.follow_redirects,
+            ) as answer:
+                return await _read(answer, limits)
+        except UnsafeURL:
+            raise  # a ValueError too: the policy's refusal is not a network failure
+        except httpx.TooManyRedirects as exc:
+            raise FetchError(f"more than {MAX_REDIRECTS} redirects") from exc
+        except (httpx.HTTPError, httpcore.TimeoutException, httpx.InvalidURL, ValueError) as exc:
+            raise FetchError(describe_error(exc)) from exc
+
+
+async def _read(answer: httpx.Response, limits: FetchLimits) -> Response:
+    head = Response(
+        status=answer.status_code,
+        url=str(answer.url),
+        headers={k.lower(): v for k, v in answer.headers.items()},
+    )
+    if not 200 <= head.status < 300:
+        return head  # nobody reads an error page or a redirect's body
+    max_bytes, truncate = limits.max_bytes, limits.over_size == "truncate"
+    declared = head.headers.get("content-length")
+    if not truncate and declared and declared.isdigit() and int(declared) > max_bytes:
+        return Response(status=head.status, url=head.url, headers=head.headers, too_large=True)
+    body = bytearray()
+    async for chunk in answer.aiter_bytes():
+        body.extend(chunk)
+        if truncate and len(body) >= max_bytes:
+            break
+        if not truncate and len(body) > max_bytes:
+            return Response(status=head.status, url=head.url, headers=head.headers, too_large=True)
+    return Response(status=head.status, url=head.url, headers=head.headers, body=bytes(body))
+
+
 def new_client(
     policy: AddressPolicy, *, inner: httpcore.AsyncNetworkBackend | None = None
-) -> httpx.AsyncClient:
+) -> PolicyHttp:
     """The client for untrusted addresses (feeds, article pages): every connection through
-    the policy, at most MAX_REDIRECTS redirects, no proxy from the environment."""
-    return httpx.AsyncClient(
-        transport=PolicyTransport(policy, inner=inner),
-        max_redirects=MAX_REDIRECTS,
-        headers={"User-Agent": "nightcrew"},
-        trust_env=False,
+    the policy, at most MAX_REDIRECTS redirects, no proxy from the environment. An async
+    context manager: ``async with new_client(policy) as http``."""
+    return PolicyHttp(
+        httpx.AsyncClient(
+            transport=PolicyTransport(policy, inner=inner),
+            max_redirects=MAX_REDIRECTS,
+            headers={"User-Agent": "nightcrew"},
+            trust_env=False,
+        )
     )

@@ -65,6 +65,12 @@ class Leases(Protocol):
 
     async def extend(self, lease: Lease, ttl_seconds: float | None = None) -> bool: ...
 
+    async def renew(self, lease: Lease, ttl_seconds: float | None = None) -> bool:
+        """``extend``, except that a backend that cannot be reached raises LeaseBackendDown
+        rather than answering False: a caller that reports which backend it used (the news
+        run's ``redisEnabled``) needs to tell a lost lease from a lost Redis."""
+        ...
+
     async def release(self, lease: Lease) -> bool: ...
 
 
@@ -112,6 +118,12 @@ class RedisLeases:
             await self.release(lease)
 
     async def extend(self, lease: Lease, ttl_seconds: float | None = None) -> bool:
+        try:
+            return await self.renew(lease, ttl_seconds)
+        except LeaseBackendDown:
+            return False
+
+    async def renew(self, lease: Lease, ttl_seconds: float | None = None) -> bool:
         from redis.exceptions import LockError
 
         try:
@@ -122,7 +134,7 @@ class RedisLeases:
             return False
         except redis_failures() as exc:
             warning("lease.redis_unavailable", lease=lease.name, error=describe_error(exc))
-            return False
+            raise LeaseBackendDown(f"Redis lease {lease.name}: {describe_error(exc)}") from exc
 
     async def release(self, lease: Lease) -> bool:
         from redis.exceptions import LockError
@@ -206,6 +218,9 @@ class PostgresLeases:
             },
         )
         return touched == 1
+
+    async def renew(self, lease: Lease, ttl_seconds: float | None = None) -> bool:
+        return await self.extend(lease, ttl_seconds)
 
     async def release(self, lease: Lease) -> bool:
         return await self._expire([lease.name], lease.token) == 1

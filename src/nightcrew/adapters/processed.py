@@ -1,15 +1,19 @@
-"""The processed-URL set: a fast "seen before?" in front of the database (spec 001's Redis set).
+"""The processed-URL set: "seen before?" for a batch of article URLs (spec 001's Redis set).
 
-Only an accelerator: the database's unique article URL is what prevents a second write. So a
-Redis that fails answers "unknown" (None / False) instead of raising, and the caller carries on
-with the database alone and reports ``redisEnabled: false``.
+Two implementations behind one Protocol: Redis's set, a fast accelerator in front of the
+database, and PostgreSQL's, which is the articles table itself (``news.articles`` is unique by
+normalised URL, the same identity). Only the database's unique URL prevents a second write,
+so a Redis that fails raises ``ProcessedUrlsDown``: the caller carries on with the PostgreSQL
+set for the rest of its run and reports ``redisEnabled: false``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-from nightcrew.log import describe_error, warning
+from nightcrew.db.database import Database
+from nightcrew.errors import NightcrewError
+from nightcrew.log import describe_error
 
 PROCESSED_SET = "news:processed"
 
@@ -21,28 +25,62 @@ def redis_failures() -> tuple[type[BaseException], ...]:
     return (RedisError, OSError, TimeoutError)
 
 
+class ProcessedUrlsDown(NightcrewError):
+    """The set's backend (Redis) could not answer; the message says how."""
+
+
+class ProcessedUrls(Protocol):
+    backend: str  # "redis" or "postgres"
+
+    async def seen(self, urls: list[str]) -> set[str]:
+        """The URLs of ``urls`` already processed."""
+        ...
+
+    async def add(self, urls: list[str]) -> None:
+        """Record ``urls`` as processed (written)."""
+        ...
+
+
 class RedisProcessedUrls:
+    backend = "redis"
+
     def __init__(self, redis: Any, key: str = PROCESSED_SET) -> None:
         self._redis = redis
         self._key = key
 
-    async def seen(self, urls: list[str]) -> set[str] | None:
-        """The URLs of ``urls`` in the set; None when Redis cannot answer."""
+    async def seen(self, urls: list[str]) -> set[str]:
         if not urls:
             return set()
         try:
             flags = await self._redis.smismember(self._key, urls)
-        except redis_failures() as exc:
-            warning("worker.redis.unavailable", error=describe_error(exc))
-            return None
+        except redis_failures() as exc:  # the caller logs it, and says so in its report
+            raise ProcessedUrlsDown(f"Redis set {self._key}: {describe_error(exc)}") from exc
         return {u for u, hit in zip(urls, flags, strict=True) if hit}
 
-    async def add(self, urls: list[str]) -> bool:
+    async def add(self, urls: list[str]) -> None:
         if not urls:
-            return True
+            return
         try:
             await self._redis.sadd(self._key, *urls)
-        except redis_failures() as exc:
-            warning("worker.redis.unavailable", error=describe_error(exc))
-            return False
-        return True
+        except redis_failures() as exc:  # the caller logs it, and says so in its report
+            raise ProcessedUrlsDown(f"Redis set {self._key}: {describe_error(exc)}") from exc
+
+
+class PostgresProcessedUrls:
+    """The written articles are the set: nothing to add, nothing that can drift."""
+
+    backend = "postgres"
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def seen(self, urls: list[str]) -> set[str]:
+        if not urls:
+            return set()
+        rows = await self._db.fetch(
+            "SELECT url FROM news.articles WHERE url = ANY(%(urls)b::text[])", {"urls": urls}
+        )
+        return {r["url"] for r in rows}
+
+    async def add(self, urls: list[str]) -> None:
+        return None  # the transaction that wrote the article recorded it

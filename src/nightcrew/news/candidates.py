@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from nightcrew.adapters.reviewer import Verdict
-from nightcrew.db.database import Database, Tx
+from nightcrew.db.database import Database, QueryError, Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.news import sources as news_sources
 from nightcrew.news.fetch import FeedItem, FetchResult, next_check
@@ -88,35 +88,60 @@ async def record_and_hold(db: Database, shard: str, fetched: list[Fetched], now:
     done = [(s, r, i) for s, r, i in fetched if r.outcome in ("ok", "not_modified")]
     if not done:
         return
-    items = [(source["id"], item) for source, _, new in done for item in new]
     async with db.transaction() as tx:
-        await tx.execute(
-            news_sources.SQL["record_successes"],
-            {
-                "now": now,
-                "ids": [s["id"] for s, _, _ in done],
-                "etags": [r.etag for _, r, _ in done],
-                "last_modified": [r.last_modified for _, r, _ in done],
-                "hashes": [r.body_hash for _, r, _ in done],
-                "next_check_at": [
-                    next_check(now, r, news_sources.CHECK_INTERVAL) for _, r, _ in done
-                ],
-            },
+        await _record(tx, done, now)
+        await hold(
+            tx, shard, [(source["id"], item) for source, _, new in done for item in new], now
         )
-        if items:
-            await tx.execute(
-                SQL["hold"],
-                {
-                    "shard": shard,
-                    "now": now,
-                    "urls": [i.url for _, i in items],
-                    "source_ids": [s for s, _ in items],
-                    "titles": [i.title for _, i in items],
-                    "summaries": [i.summary for _, i in items],
-                    "images": [i.image_url for _, i in items],
-                    "published": [i.published for _, i in items],
-                },
-            )
+
+
+async def record(db: Database, fetched: list[Fetched], now: datetime) -> None:
+    """The fetch state alone — for a source whose items are held (or refused) already."""
+    done = [(s, r, i) for s, r, i in fetched if r.outcome in ("ok", "not_modified")]
+    if done:
+        await _record(db, done, now)
+
+
+async def _record(tx: Database | Tx, done: list[Fetched], now: datetime) -> None:
+    await tx.execute(
+        news_sources.SQL["record_successes"],
+        {
+            "now": now,
+            "ids": [s["id"] for s, _, _ in done],
+            "etags": [r.etag for _, r, _ in done],
+            "last_modified": [r.last_modified for _, r, _ in done],
+            "hashes": [r.body_hash for _, r, _ in done],
+            "next_check_at": [next_check(now, r, news_sources.CHECK_INTERVAL) for _, r, _ in done],
+        },
+    )
+
+
+async def hold(
+    tx: Database | Tx, shard: str, items: list[tuple[int, FeedItem]], now: datetime
+) -> None:
+    """(source id, item) pairs held, in one statement: all of them or, refused, none."""
+    if not items:
+        return
+    await tx.execute(
+        SQL["hold"],
+        {
+            "shard": shard,
+            "now": now,
+            "urls": [i.url for _, i in items],
+            "source_ids": [s for s, _ in items],
+            "titles": [i.title for _, i in items],
+            "summaries": [i.summary for _, i in items],
+            "images": [i.image_url for _, i in items],
+            "published": [i.published for _, i in items],
+        },
+    )
+
+
+def refused_for_its_data(exc: QueryError) -> bool:
+    """SQLSTATE class 22 (data exception), 23 (integrity constraint) or 54 (program limit
+    exceeded: "index row size exceeds btree maximum"): the row itself is what the database
+    refuses, and will refuse again — unlike a timeout, a deadlock or a full disk."""
+    return exc.sqlstate is not None and exc.sqlstate[:2] in ("22", "23", "54")
 
 
 async def adopt_queued(db: Database, shard: str, now: datetime) -> int:

@@ -11,7 +11,10 @@ HTML page, other XML — is a failure with a reason, counted toward parking.
 The bytes are untrusted, so nothing that comes out of them may fail a run: any exception while
 reading a feed is that feed's failure; every item is sanitised before it goes anywhere (NUL
 and lone surrogates removed — PostgreSQL text holds neither —, titles and summaries bounded,
-links over 2,048 characters dropped, an impossible date read as no date). Links are resolved
+an item whose link cannot be stored dropped — counted by reason in ``FetchResult.dropped``, so
+the run reports it —, an impossible date read as no date). A link's bound is 2,048 UTF-8 bytes
+of its stored (normalised) form: a multibyte IRI counted in characters could still exceed what
+PostgreSQL's btree index holds in one row. Links are resolved
 against the feed's own address (``xml:base`` and ``Content-Location`` first), schemes compared
 case-insensitively, credentials stripped; a feed's image URL must pass the address policy.
 """
@@ -28,28 +31,29 @@ from datetime import UTC, datetime, timedelta
 from typing import Literal
 from urllib.parse import SplitResult, parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
 
-import httpcore
-import httpx
-
 from nightcrew.adapters.addresses import (
     AddressPolicy,
+    FetchLimits,
     UnsafeURL,
+    UntrustedHttp,
     join_host,
     split_host,
 )
+from nightcrew.errors import FetchError
 from nightcrew.log import describe_error
 from nightcrew.news.parse import RawEntry, parse_feed
 
 MAX_FEED_BYTES = 5 * 1024 * 1024
-MAX_REDIRECTS = 5
-TIMEOUT = httpx.Timeout(15.0, connect=5.0)
+READ_TIMEOUT_SECONDS = 15.0
+CONNECT_TIMEOUT_SECONDS = 5.0
 DEFAULT_RETRY_AFTER_SECONDS = 300
 MAX_RETRY_AFTER_SECONDS = 24 * 3600
 TRACKING_PARAMS = ("utm_", "fbclid", "gclid", "mc_cid", "mc_eid")
 # Bounds on what one item may carry into the database, the snapshot and a model's prompt.
 MAX_TITLE_CHARS = 1024
 MAX_SUMMARY_CHARS = 16 * 1024
-MAX_URL_CHARS = 2048
+# Bytes, not characters: the bound keeps a stored URL well inside a btree index row (~2.7 kB).
+MAX_URL_BYTES = 2048
 FETCH_BUDGET_SECONDS = 30.0
 
 # Numeric character references: feedparser turns one naming a surrogate into a lone surrogate
@@ -98,6 +102,8 @@ class FetchResult:
     status: int | None = None
     error: str | None = None
     parser: str | None = None
+    # items left out because their link cannot be stored or followed: {reason: how many}
+    dropped: dict[str, int] = field(default_factory=dict)
 
 
 def normalize_url(url: str) -> str:
@@ -146,7 +152,7 @@ def retry_after_seconds(value: str | None, now: datetime) -> int:
 
 
 async def fetch_feed(
-    client: httpx.AsyncClient,
+    client: UntrustedHttp,
     url: str,
     now: datetime,
     rules: FeedRules,
@@ -167,7 +173,7 @@ async def fetch_feed(
 
 
 async def _fetch(
-    client: httpx.AsyncClient,
+    client: UntrustedHttp,
     url: str,
     now: datetime,
     rules: FeedRules,
@@ -183,53 +189,47 @@ async def _fetch(
     if last_modified:
         headers["If-Modified-Since"] = last_modified
     max_bytes = rules.max_bytes
+    limits = FetchLimits(
+        max_bytes=max_bytes,
+        read_seconds=READ_TIMEOUT_SECONDS,
+        connect_seconds=CONNECT_TIMEOUT_SECONDS,
+        follow_redirects=True,  # every hop goes through the policy's transport
+    )
     try:
         rules.policy.check_url(url)
-        async with client.stream(
-            "GET", url, headers=headers, timeout=TIMEOUT, follow_redirects=True
-        ) as response:
-            status = response.status_code
-            if status == 304:
-                return FetchResult(
-                    outcome="not_modified",
-                    status=status,
-                    etag=etag,
-                    last_modified=last_modified,
-                    body_hash=body_hash,
-                )
-            if status in (429, 503):
-                return FetchResult(
-                    outcome="retry_later",
-                    status=status,
-                    retry_after_seconds=retry_after_seconds(
-                        response.headers.get("Retry-After"), now
-                    ),
-                    error=f"the feed answered {status}",
-                )
-            if not 200 <= status < 300:
-                return FetchResult(
-                    outcome="failed", status=status, error=f"the feed answered {status}"
-                )
-            declared = response.headers.get("Content-Length")
-            if declared and declared.isdigit() and int(declared) > max_bytes:
-                return FetchResult(
-                    outcome="failed", status=status, error=f"feed larger than {max_bytes} bytes"
-                )
-            body = bytearray()
-            async for chunk in response.aiter_bytes():
-                body.extend(chunk)
-                if len(body) > max_bytes:
-                    return FetchResult(
-                        outcome="failed", status=status, error=f"feed larger than {max_bytes} bytes"
-                    )
-            new_etag = response.headers.get("ETag")
-            new_last_modified = response.headers.get("Last-Modified")
-            base = urljoin(str(response.url), response.headers.get("Content-Location", ""))
+        response = await client.get(url, limits=limits, headers=headers)
     except UnsafeURL as exc:
         return FetchResult(outcome="failed", error=f"refused: {exc}")
-    except httpx.TooManyRedirects:
-        return FetchResult(outcome="failed", error=f"more than {MAX_REDIRECTS} redirects")
-    except (httpx.HTTPError, httpcore.TimeoutException, httpx.InvalidURL, ValueError) as exc:
+    except FetchError as exc:
+        return FetchResult(outcome="failed", error=str(exc))
+    status = response.status
+    if status == 304:
+        return FetchResult(
+            outcome="not_modified",
+            status=status,
+            etag=etag,
+            last_modified=last_modified,
+            body_hash=body_hash,
+        )
+    if status in (429, 503):
+        return FetchResult(
+            outcome="retry_later",
+            status=status,
+            retry_after_seconds=retry_after_seconds(response.headers.get("retry-after"), now),
+            error=f"the feed answered {status}",
+        )
+    if not 200 <= status < 300:
+        return FetchResult(outcome="failed", status=status, error=f"the feed answered {status}")
+    if response.too_large:
+        return FetchResult(
+            outcome="failed", status=status, error=f"feed larger than {max_bytes} bytes"
+        )
+    body = response.body
+    new_etag = response.headers.get("etag")
+    new_last_modified = response.headers.get("last-modified")
+    try:
+        base = urljoin(response.url, response.headers.get("content-location", ""))
+    except ValueError as exc:
         return FetchResult(outcome="failed", error=describe_error(exc))
 
     digest = hashlib.sha256(body).hexdigest()
@@ -243,7 +243,7 @@ async def _fetch(
             body_hash=digest,
         )
     try:
-        parsed = parse_feed(_clean_char_refs(bytes(body)), base)
+        parsed = parse_feed(_clean_char_refs(body), base)
         if not parsed.is_feed or (parsed.problem and not parsed.entries):
             # an empty body, an HTML page, XML that is no feed: a failure, counted toward parking
             return FetchResult(
@@ -251,7 +251,7 @@ async def _fetch(
                 status=status,
                 error=f"not a readable RSS/Atom feed ({parsed.problem or 'no feed found'})",
             )
-        items = _items(parsed.entries, base, rules)
+        items, dropped = _items(parsed.entries, base, rules)
     except Exception as exc:  # untrusted bytes: whatever breaks is this feed's failure alone
         return FetchResult(
             outcome="failed", status=status, error=f"could not read the feed: {describe_error(exc)}"
@@ -264,6 +264,7 @@ async def _fetch(
         last_modified=new_last_modified,
         body_hash=digest,
         parser=parsed.parser,
+        dropped=dropped,
     )
 
 
@@ -309,36 +310,67 @@ def _absolute(link: str, base: str) -> str:
 
 def article_url(link: str, base: str) -> str | None:
     """The normalised address a reader can follow, or None: resolved against the feed's
-    address, http(s) in any case, at most 2,048 characters, nothing an index cannot hold."""
-    if len(link) > MAX_URL_CHARS or _UNSTORABLE.search(link):
-        return None
+    address, http(s) in any case, at most 2,048 UTF-8 bytes, nothing an index cannot hold."""
+    return _article_url(link, base)[0]
+
+
+# Why an item's link was not kept (FetchResult.dropped, the report's droppedItems).
+NO_LINK = "no link"
+LINK_TOO_LONG = f"link longer than {MAX_URL_BYTES} bytes"
+LINK_UNSTORABLE = "link holds a NUL or a lone surrogate"
+LINK_NOT_HTTP = "link is not http(s)"
+LINK_MALFORMED = "malformed link"
+
+
+def _article_url(link: str, base: str) -> tuple[str | None, str | None]:
+    """(normalised URL, None), or (None, why not)."""
+    # characters never outnumber UTF-8 bytes: a link this long raw cannot be kept (unless
+    # its tracking parameters alone made it so — dropped all the same, before any parsing)
+    if len(link) > MAX_URL_BYTES:
+        return None, LINK_TOO_LONG
+    if _UNSTORABLE.search(link):
+        return None, LINK_UNSTORABLE
     try:
         parts = urlsplit(_absolute(link.strip(), base))
         if parts.scheme.lower() not in ("http", "https"):
-            return None
+            return None, LINK_NOT_HTTP
         url, host = _normalize(parts)
     except ValueError:
-        return None  # a malformed link (a bad port, a broken IPv6 literal) is not an article
-    return url if host and len(url) <= MAX_URL_CHARS else None
+        return None, LINK_MALFORMED  # a bad port, a broken IPv6 literal: not an article
+    if not host:
+        return None, LINK_MALFORMED
+    # the stored form can be longer than the link (a query's IRI characters come back
+    # percent-encoded): it is the stored form the index holds
+    if len(url.encode()) > MAX_URL_BYTES:
+        return None, LINK_TOO_LONG
+    return url, None
 
 
 def _image(candidates: Iterable[str], base: str, policy: AddressPolicy) -> str | None:
     for candidate in candidates:
-        if len(candidate) > MAX_URL_CHARS or _UNSTORABLE.search(candidate):
+        if len(candidate) > MAX_URL_BYTES or _UNSTORABLE.search(candidate):
             continue
         image = policy.published_url(_absolute(candidate.strip(), base))
-        if image is not None:
+        if image is not None and len(image.encode()) <= MAX_URL_BYTES:
             return image
     return None
 
 
-def _items(entries: list[RawEntry], base: str, rules: FeedRules) -> list[FeedItem]:
+def _items(
+    entries: list[RawEntry], base: str, rules: FeedRules
+) -> tuple[list[FeedItem], dict[str, int]]:
+    """The feed's storable items, and how many were dropped for each reason."""
     items: list[FeedItem] = []
+    dropped: dict[str, int] = {}
     seen: set[str] = set()
     limits = rules.limits
     for entry in entries:
-        url = article_url(entry.link, base) if entry.link else None
-        if url is None or url in seen:
+        url, why = _article_url(entry.link, base) if entry.link else (None, NO_LINK)
+        if url is None:
+            reason = why or NO_LINK
+            dropped[reason] = dropped.get(reason, 0) + 1
+            continue
+        if url in seen:  # the same story twice in one feed: not a loss
             continue
         seen.add(url)
         items.append(
@@ -350,7 +382,7 @@ def _items(entries: list[RawEntry], base: str, rules: FeedRules) -> list[FeedIte
                 image_url=_image(entry.images, base, rules.policy) if entry.images else None,
             )
         )
-    return items
+    return items, dropped
 
 
 def next_check(now: datetime, result: FetchResult, interval: timedelta) -> datetime:

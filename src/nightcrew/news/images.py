@@ -12,16 +12,16 @@ from __future__ import annotations
 import asyncio
 from urllib.parse import urljoin
 
-import httpcore
-import httpx
 from selectolax.parser import HTMLParser
 
-from nightcrew.adapters.addresses import AddressPolicy, UnsafeURL
+from nightcrew.adapters.addresses import AddressPolicy, FetchLimits, UnsafeURL, UntrustedHttp
+from nightcrew.errors import FetchError
 from nightcrew.log import describe_error
 
 MAX_PAGE_BYTES = 512 * 1024
 MAX_HOPS = 3
-TIMEOUT = httpx.Timeout(8.0, connect=4.0)
+READ_TIMEOUT_SECONDS = 8.0
+CONNECT_TIMEOUT_SECONDS = 4.0
 BUDGET_SECONDS = 15.0
 IMAGE_META = (
     ('meta[property="og:image"]', "content"),
@@ -42,7 +42,7 @@ def extract_image(html: str, page_url: str) -> str | None:
 
 
 async def hydrate_image(
-    client: httpx.AsyncClient,
+    client: UntrustedHttp,
     article_url: str,
     policy: AddressPolicy,
     *,
@@ -58,26 +58,27 @@ async def hydrate_image(
 
 
 async def _hydrate(
-    client: httpx.AsyncClient, article_url: str, policy: AddressPolicy, max_bytes: int
+    client: UntrustedHttp, article_url: str, policy: AddressPolicy, max_bytes: int
 ) -> tuple[str | None, str | None]:
     url = article_url
+    # redirects one hop at a time: each hop's address is checked before it is asked for
+    limits = FetchLimits(
+        max_bytes=max_bytes,
+        read_seconds=READ_TIMEOUT_SECONDS,
+        connect_seconds=CONNECT_TIMEOUT_SECONDS,
+        over_size="truncate",  # the <head> is at the top; the rest is not needed
+    )
     try:
         for _ in range(MAX_HOPS + 1):
             policy.check_url(url)
-            async with client.stream(
-                "GET", url, timeout=TIMEOUT, follow_redirects=False, headers={"Accept": "text/html"}
-            ) as response:
-                if response.is_redirect and "location" in response.headers:
-                    url = urljoin(url, response.headers["location"])
-                    continue
-                if response.status_code != 200:
-                    return None, f"the page answered {response.status_code}"
-                body = bytearray()
-                async for chunk in response.aiter_bytes():
-                    body.extend(chunk)
-                    if len(body) >= max_bytes:
-                        break  # the <head> is at the top; the rest is not needed
-            found = extract_image(body.decode("utf-8", errors="replace"), url)
+            response = await client.get(url, limits=limits, headers={"Accept": "text/html"})
+            location = response.redirect_to
+            if location is not None:
+                url = urljoin(url, location)
+                continue
+            if response.status != 200:
+                return None, f"the page answered {response.status}"
+            found = extract_image(response.body.decode("utf-8", errors="replace"), url)
             if found is None:
                 return None, "no og:image or twitter:image"
             image = policy.published_url(found)
@@ -87,5 +88,7 @@ async def _hydrate(
         return None, f"more than {MAX_HOPS} redirects"
     except UnsafeURL as exc:
         return None, f"refused: {exc}"
-    except (httpx.HTTPError, httpcore.TimeoutException, httpx.InvalidURL, ValueError) as exc:
+    except FetchError as exc:
+        return None, str(exc)
+    except ValueError as exc:  # a Location urljoin cannot read
         return None, describe_error(exc)

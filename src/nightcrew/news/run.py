@@ -20,14 +20,9 @@ from datetime import datetime
 from typing import Any, Literal
 
 from nightcrew.adapters.addresses import AddressPolicy
-from nightcrew.adapters.locks import (
-    Lease,
-    LeaseBackendDown,
-    Leases,
-    PostgresLeases,
-)
+from nightcrew.adapters.locks import Lease, LeaseBackendDown, Leases
 from nightcrew.adapters.news import NewsAdapters
-from nightcrew.adapters.processed import RedisProcessedUrls
+from nightcrew.adapters.processed import ProcessedUrls, ProcessedUrlsDown
 from nightcrew.adapters.reviewer import (
     Article,
     OfflineReviewer,
@@ -44,6 +39,7 @@ from nightcrew.log import describe_error, event, warning
 from nightcrew.news import candidates as held_candidates
 from nightcrew.news import sources as news_sources
 from nightcrew.news.candidates import Candidate
+from nightcrew.news.candidates import refused_for_its_data as refused_for_its_data
 from nightcrew.news.fetch import (
     FeedItem,
     FeedRules,
@@ -96,6 +92,9 @@ class NewsReport:
     reviewer: str = "model"
     skipped: bool = False
     fetch_errors: list[dict[str, Any]] = field(default_factory=list)
+    # items a feed listed but that cannot be kept (a link too long, not http(s), none):
+    # {"source", "reason", "count"} — not fetch errors: they never park a source
+    dropped_items: list[dict[str, Any]] = field(default_factory=list)
     write_errors: list[dict[str, Any]] = field(default_factory=list)
     duration_ms: float = 0.0
 
@@ -124,8 +123,13 @@ class NewsReport:
             "reviewer": self.reviewer,
             "fetchErrors": self.fetch_errors,
             "writeErrors": self.write_errors,
+            "droppedItems": self.dropped_items,
             "durationMs": self.duration_ms,
         }
+
+
+def _hold_error(exc: QueryError) -> str:
+    return f"could not hold its items: {describe_error(exc)}"
 
 
 def shard_lock_name(shard: str) -> str:
@@ -157,7 +161,8 @@ async def run_shard(
     try:
         lease = await leases.acquire(name, ttl)
     except LeaseBackendDown as exc:  # Redis trouble never kills a run: PostgreSQL leases
-        leases = _postgres_leases_instead(runtime, clock, report, exc)
+        _redis_failed(report, exc)
+        leases = deps.fallback_leases
         lease = await leases.acquire(name, ttl)
     if lease is None:
         report.skipped, report.locked_count = True, 1
@@ -181,7 +186,7 @@ async def run_shard(
         leases=leases,
         lease=lease,
         report=report,
-        processed=deps.processed if report.redis_enabled else None,
+        processed=deps.processed if report.redis_enabled else deps.fallback_processed,
     )
     try:
         await work.run()
@@ -196,13 +201,11 @@ async def run_shard(
     return report
 
 
-def _postgres_leases_instead(
-    runtime: Runtime, clock: Clock, report: NewsReport, exc: LeaseBackendDown
-) -> PostgresLeases:
-    """Redis failed a lease call: this run goes on with PostgreSQL leases (spec 001)."""
+def _redis_failed(report: NewsReport, exc: LeaseBackendDown | ProcessedUrlsDown) -> None:
+    """Redis failed a call: this run says so (``redisEnabled: false``) and goes on with the
+    PostgreSQL leases and processed set its adapters provide (spec 001)."""
     warning("worker.redis.unavailable", error=str(exc))
     report.redis_enabled = False
-    return PostgresLeases(runtime.db, clock)
 
 
 async def _save(db: Database, report: NewsReport, clock: Clock) -> None:
@@ -256,7 +259,7 @@ class _Run:
     leases: Leases
     lease: Lease
     report: NewsReport
-    processed: RedisProcessedUrls | None = None  # the Redis set, while it answers this run
+    processed: ProcessedUrls  # Redis's set while it answers this run, then PostgreSQL's
 
     async def run(self) -> None:
         """Spec 001's order, one named step each."""
@@ -269,18 +272,51 @@ class _Run:
             return
         await self._process(retries, now)
         if self.deps.reviewer.translation_enabled:
-            # the translation backlog (summaries whose translation failed), under the same
-            # lease, extended first
-            await _translate_backlog(
-                self.runtime.db,
-                self.deps,
-                self.leases,
-                self.lease,
-                self.report,
-                self.runtime.settings.max_ai_reviews,
-                self.runtime.settings.worker_lock_ttl_seconds,
-            )
+            await self._translate_backlog()
         await self._publish_snapshot(now)
+
+    async def _extend(self) -> bool:
+        """The shard lease extended (holder-only, the TTL replaced); False when it is lost —
+        and when Redis cannot be reached to say, which this run then reports."""
+        try:
+            return await self.leases.renew(
+                self.lease, self.runtime.settings.worker_lock_ttl_seconds
+            )
+        except LeaseBackendDown as exc:
+            _redis_failed(self.report, exc)
+            return False
+
+    async def _seen(self, urls: list[str]) -> set[str]:
+        try:
+            return await self.processed.seen(urls)
+        except ProcessedUrlsDown as exc:  # Redis went away mid-run: the database still knows
+            _redis_failed(self.report, exc)
+            self.processed = self.deps.fallback_processed
+            return await self.processed.seen(urls)
+
+    async def _translate_backlog(self) -> None:
+        """Summaries whose translation failed, under the same lease, extended first."""
+        db, report = self.runtime.db, self.report
+        backlog = await db.fetch(
+            SQL["translation_backlog"],
+            {"shard": report.shard, "limit": self.runtime.settings.max_ai_reviews},
+        )
+        if not backlog:
+            return
+        if not await self._extend():
+            warning("worker.redis.translation_lock_extend_failed", shard=report.shard)
+            return
+        for row in backlog:
+            try:
+                text = await self.deps.reviewer.translate(row["summary"], TRANSLATION_LANGUAGE)
+            except ReviewError as exc:
+                warning("worker.translation_failed", article_id=row["article_id"], error=str(exc))
+                continue
+            if text:
+                await db.execute(
+                    SQL["set_translation"], {"article_id": row["article_id"], "translation": text}
+                )
+                report.translated_count += 1
 
     async def _fetch_and_hold(self, now: datetime) -> None:
         """Fetch every due source; look the URLs up in the Redis processed set (the database
@@ -289,13 +325,7 @@ class _Run:
         db, deps, report = self.runtime.db, self.deps, self.report
         due = await db.fetch(news_sources.SQL["due_sources"], {"shard": report.shard, "now": now})
         fetched = await _fetch_all(deps, feed_rules(self.runtime.settings, deps.policy), due, now)
-        seen: set[str] = set()
-        if self.processed is not None:
-            hits = await self.processed.seen([i.url for _, r in fetched for i in r.items])
-            if hits is None:  # Redis went away mid-run: the database still knows
-                self.processed, report.redis_enabled = None, False
-            else:
-                seen = hits
+        seen = await self._seen([i.url for _, r in fetched for i in r.items])
         await self._hold(
             [(src, r, [i for i in r.items if i.url not in seen]) for src, r in fetched], now
         )
@@ -320,7 +350,7 @@ class _Run:
     async def _stopped_before_expensive_work(self) -> bool:
         """Backpressure, then the lease extended (holder-only; the TTL replaced): either
         failing stops the run here, every candidate held with the reason."""
-        report, settings = self.report, self.runtime.settings
+        report = self.report
         if self._pressure():
             report.deferred_count = report.queued_count
             await self._defer_all_but([], "; ".join(report.deferred_reasons))
@@ -328,7 +358,7 @@ class _Run:
                 "worker.backpressure.deferred", shard=report.shard, reasons=report.deferred_reasons
             )
             return True
-        if not await self.leases.extend(self.lease, settings.worker_lock_ttl_seconds):
+        if not await self._extend():
             warning("worker.redis.worker_lock_extend_failed", shard=report.shard)
             report.deferred_count = report.queued_count
             report.deferred_reasons.append("the shard lease was lost before the expensive steps")
@@ -349,8 +379,12 @@ class _Run:
         await _retry_thumbnails(db, self.deps, retries, now)
         written = await self._review_and_write(to_process, images)
         report.deferred_count = await held_candidates.count_held(db, report.shard)
-        if self.processed is not None and written and not await self.processed.add(written):
-            report.redis_enabled = False
+        if written:
+            try:
+                await self.processed.add(written)
+            except ProcessedUrlsDown as exc:  # the articles are written: that is the record
+                _redis_failed(report, exc)
+                self.processed = self.deps.fallback_processed
         return written
 
     async def _publish_snapshot(self, now: datetime) -> None:
@@ -365,13 +399,18 @@ class _Run:
         self, fetched: list[tuple[dict[str, Any], FetchResult, list[FeedItem]]], now: datetime
     ) -> None:
         """Failures recorded one by one (each may park its source); successes and their new
-        items in one transaction — or, if the database refuses that, one per source, so a
-        source whose items cannot be held is that source's error alone."""
+        items in one transaction — or, if the database refuses that, source by source and
+        then item by item, so only an item the database cannot store is lost (reported in
+        ``writeErrors``)."""
         report, db = self.report, self.runtime.db
         for source, result, _ in fetched:
             if result.outcome in ("failed", "retry_later"):
                 report.fetch_errors.append({"source": source["name"], "error": result.error})
                 await news_sources.record_fetch(db, source, result, now)
+            for reason, count in result.dropped.items():
+                report.dropped_items.append(
+                    {"source": source["name"], "reason": reason, "count": count}
+                )
         try:
             await held_candidates.record_and_hold(db, report.shard, fetched, now)
             return
@@ -382,12 +421,36 @@ class _Run:
                 await held_candidates.record_and_hold(
                     db, report.shard, [(source, result, items)], now
                 )
-            except QueryError as exc:  # nothing held, state not saved: fetched again next run
-                error = f"could not hold its items: {describe_error(exc)}"
-                report.fetch_errors.append({"source": source["name"], "error": error})
-                await news_sources.record_fetch(
-                    db, source, FetchResult(outcome="failed", error=error), now
-                )
+            except QueryError as exc:
+                warning("worker.hold_source_failed", source=source["name"], error=str(exc))
+                await self._hold_one_by_one(source, result, items, now)
+
+    async def _hold_one_by_one(
+        self, source: dict[str, Any], result: FetchResult, items: list[FeedItem], now: datetime
+    ) -> None:
+        """Each item in its own statement; the fetch state last, and only when every item is
+        held or refused for its own data — a failure that is nobody's item (a timeout, a full
+        disk) leaves the state unsaved, so the next run fetches the items again."""
+        report, db = self.report, self.runtime.db
+        for item in items:
+            try:
+                await held_candidates.hold(db, report.shard, [(source["id"], item)], now)
+            except QueryError as exc:
+                if not refused_for_its_data(exc):
+                    self._hold_failed(source, exc)
+                    await news_sources.record_fetch(
+                        db, source, FetchResult(outcome="failed", error=_hold_error(exc)), now
+                    )
+                    return
+                report.write_errors.append({"url": item.url, "error": describe_error(exc)})
+                warning("worker.hold_rejected", url=item.url, error=describe_error(exc))
+        try:
+            await held_candidates.record(db, [(source, result, items)], now)
+        except QueryError as exc:  # its items are held; only the 304 is lost: fetched again
+            self._hold_failed(source, exc)
+
+    def _hold_failed(self, source: dict[str, Any], exc: QueryError) -> None:
+        self.report.fetch_errors.append({"source": source["name"], "error": _hold_error(exc)})
 
     async def _count_articles(self) -> None:
         report = self.report
@@ -432,7 +495,8 @@ class _Run:
         try:
             return self.leases, await self.leases.acquire_many(names, ttl)
         except LeaseBackendDown as exc:
-            fallback = _postgres_leases_instead(self.runtime, self.clock, self.report, exc)
+            _redis_failed(self.report, exc)
+            fallback = self.deps.fallback_leases
             return fallback, await fallback.acquire_many(names, ttl)
 
     async def _review_and_write(
@@ -471,7 +535,7 @@ class _Run:
                     continue
                 if time.monotonic() - last_extend > settings.worker_lock_ttl_seconds / 3:
                     # a long review batch keeps its shard lease alive
-                    if not await self.leases.extend(self.lease, settings.worker_lock_ttl_seconds):
+                    if not await self._extend():
                         warning("worker.redis.worker_lock_extend_failed", shard=report.shard)
                         report.deferred_reasons.append("the shard lease was lost during review")
                         await self._defer(pending[index:], report.deferred_reasons[-1])
@@ -555,12 +619,6 @@ async def _write(
     return written
 
 
-def refused_for_its_data(exc: QueryError) -> bool:
-    """SQLSTATE class 22 (data exception) or 23 (integrity constraint): the row itself is what
-    the database refuses, and will refuse again."""
-    return exc.sqlstate is not None and exc.sqlstate[:2] in ("22", "23")
-
-
 async def _write_batch(
     db: Database,
     lease: Lease,
@@ -620,34 +678,6 @@ async def insert_articles(
             },
         )
     return ids
-
-
-async def _translate_backlog(
-    db: Database,
-    deps: NewsAdapters,
-    leases: Leases,
-    lease: Lease,
-    report: NewsReport,
-    limit: int,
-    ttl: int,
-) -> None:
-    backlog = await db.fetch(SQL["translation_backlog"], {"shard": report.shard, "limit": limit})
-    if not backlog:
-        return
-    if not await leases.extend(lease, ttl):
-        warning("worker.redis.translation_lock_extend_failed", shard=report.shard)
-        return
-    for row in backlog:
-        try:
-            text = await deps.reviewer.translate(row["summary"], TRANSLATION_LANGUAGE)
-        except ReviewError as exc:
-            warning("worker.translation_failed", article_id=row["article_id"], error=str(exc))
-            continue
-        if text:
-            await db.execute(
-                SQL["set_translation"], {"article_id": row["article_id"], "translation": text}
-            )
-            report.translated_count += 1
 
 
 async def _fetch_all(

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import httpx
 import pytest
 
-from nightcrew.adapters.addresses import AddressPolicy, new_client
+from nightcrew.adapters.addresses import AddressPolicy, PolicyHttp, new_client
 from tests.support.network import LoopbackOnlyBackend
 
 # The test servers' address is the one private address these tests may fetch.
@@ -22,6 +21,6 @@ def network() -> LoopbackOnlyBackend:
 
 
 @pytest.fixture
-async def http(network: LoopbackOnlyBackend) -> AsyncIterator[httpx.AsyncClient]:
+async def http(network: LoopbackOnlyBackend) -> AsyncIterator[PolicyHttp]:
     async with new_client(LOOPBACK, inner=network) as client:
         yield client

@@ -10,13 +10,13 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import replace
 
-import httpx
 import pytest
 from werkzeug import Request, Response
 
 from nightcrew.adapters.addresses import (
     AddressPolicy,
     UnsafeURL,
+    UntrustedHttp,
     address_literal,
     is_public,
     new_client,
@@ -123,7 +123,7 @@ async def test_a_feed_redirecting_into_the_machine_is_refused_and_its_neighbour_
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
     network: LoopbackOnlyBackend,
 ) -> None:
     base, port = feed_server.url, feed_server.url.rsplit(":", 1)[1]
@@ -215,7 +215,7 @@ async def test_links_resolve_like_a_reader_expects_and_lose_their_credentials(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     base = feed_server.url
     host = base.split("://", 1)[1]

@@ -7,9 +7,9 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-import httpx
 import pytest
 
+from nightcrew.adapters.addresses import UntrustedHttp
 from nightcrew.adapters.locks import PostgresLeases
 from nightcrew.adapters.reviewer import OfflineReviewer, ReviewError
 from nightcrew.clock import FrozenClock
@@ -34,7 +34,7 @@ async def test_a_100_item_feed_with_max_ai_reviews_25_is_written_in_four_runs_ov
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     statuses = etag_site(feed_server, {"/feeds/big": rss(feed_server.url, 100)})
     await add_source(db, url=feed_server.url + "/feeds/big", name="Big", shard="s", now=NOW)
@@ -65,7 +65,7 @@ async def test_a_backpressure_deferred_batch_is_written_once_pressure_drops(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     statuses = etag_site(feed_server, {"/feeds/a": rss(feed_server.url, 8)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
@@ -91,7 +91,7 @@ async def test_a_lock_skip_report_is_saved_with_what_waits(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     etag_site(feed_server, {"/feeds/a": rss(feed_server.url, 4)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
@@ -113,7 +113,7 @@ async def test_retried_count_is_known_before_the_backpressure_stop(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     etag_site(feed_server, {"/feeds/a": rss(feed_server.url, 3)})
     source = await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
@@ -150,7 +150,7 @@ async def test_a_transient_review_failure_is_held_and_reviewed_next_run_despite_
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     statuses = etag_site(feed_server, {"/feeds/a": rss(feed_server.url, 3)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
@@ -177,7 +177,7 @@ async def test_one_article_the_database_refuses_is_rejected_alone(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     """The batch write fails on one row; the run falls back to one transaction per article,
     writes the rest, rejects that one with the database's reason, and never retries it."""
@@ -214,7 +214,7 @@ async def test_the_queue_limit_defers_only_above_it(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
     queued: int,
     deferred: bool,
 ) -> None:

@@ -7,10 +7,10 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import httpx
 import pytest
 from werkzeug import Request, Response
 
+from nightcrew.adapters.addresses import UntrustedHttp
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
 from nightcrew.news.fetch import (
@@ -56,7 +56,7 @@ def serve(server: RecordingServer, routes: dict[str, Any]) -> None:
 
 
 async def test_rss_and_atom_become_normalised_items(
-    feed_server: RecordingServer, http: httpx.AsyncClient
+    feed_server: RecordingServer, http: UntrustedHttp
 ) -> None:
     serve(
         feed_server,
@@ -75,7 +75,7 @@ async def test_rss_and_atom_become_normalised_items(
 
 
 async def test_conditional_get_yields_not_modified(
-    feed_server: RecordingServer, http: httpx.AsyncClient
+    feed_server: RecordingServer, http: UntrustedHttp
 ) -> None:
     seen: list[dict[str, str]] = []
 
@@ -102,7 +102,7 @@ async def test_conditional_get_yields_not_modified(
     ],
 )
 async def test_hostile_feeds_are_failures_with_a_reason(
-    feed_server: RecordingServer, http: httpx.AsyncClient, route: str, error: str
+    feed_server: RecordingServer, http: UntrustedHttp, route: str, error: str
 ) -> None:
     serve(
         feed_server,
@@ -117,9 +117,7 @@ async def test_hostile_feeds_are_failures_with_a_reason(
     assert result.outcome == "failed" and error in (result.error or ""), result
 
 
-async def test_429_honours_retry_after(
-    feed_server: RecordingServer, http: httpx.AsyncClient
-) -> None:
+async def test_429_honours_retry_after(feed_server: RecordingServer, http: UntrustedHttp) -> None:
     serve(feed_server, {"/busy": Response(status=429, headers={"Retry-After": "120"})})
     result = await fetch_feed(http, feed_server.url + "/busy", NOW, RULES)
     assert result.outcome == "retry_later" and result.retry_after_seconds == 120
@@ -171,3 +169,61 @@ async def test_sources_keep_the_etag_and_park_after_repeated_failures(
     assert row["parked_at"] is None and row["consecutive_failures"] == 0
     with pytest.raises(SourceError, match="no source"):
         await set_enabled(db, "999999", enabled=False)
+
+
+RELATIVE = b"""<?xml version="1.0"?><rss version="2.0"><channel><title>Rel</title>
+<item><title>Relative</title><link>story.html</link></item>
+<item><title>Rooted</title><link>/top.html</link></item>
+</channel></rss>"""
+
+
+async def test_relative_links_resolve_against_the_content_location(
+    feed_server: RecordingServer, http: UntrustedHttp
+) -> None:
+    """The feed says where it really lives (Content-Location, relative to its URL): its
+    relative links are that address's, not the address it was fetched from."""
+    serve(
+        feed_server,
+        {
+            "/feeds/moved": Response(RELATIVE, headers={"Content-Location": "/archive/2026/"}),
+            "/feeds/plain": Response(RELATIVE),
+        },
+    )
+    base = feed_server.url
+    moved = await fetch_feed(http, base + "/feeds/moved", NOW, RULES)
+    assert [i.url for i in moved.items] == [f"{base}/archive/2026/story.html", f"{base}/top.html"]
+    plain = await fetch_feed(http, base + "/feeds/plain", NOW, RULES)
+    assert [i.url for i in plain.items] == [f"{base}/feeds/story.html", f"{base}/top.html"]
+
+
+async def test_an_unchanged_body_without_validators_is_not_parsed_again(
+    feed_server: RecordingServer, http: UntrustedHttp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that sends neither ETag nor Last-Modified: the body's SHA-256, kept from the
+    last fetch, says nothing changed — no parse, no items; a changed body is parsed."""
+    import nightcrew.news.fetch as fetch_module
+
+    body = {"now": RSS}
+    serve(feed_server, {"/rss": lambda _request: Response(body["now"])})
+    parses: list[bytes] = []
+    real_parse = fetch_module.parse_feed
+
+    def counting_parse(data: bytes, base_url: str) -> Any:
+        parses.append(data)
+        return real_parse(data, base_url)
+
+    monkeypatch.setattr(fetch_module, "parse_feed", counting_parse)
+    url = feed_server.url + "/rss"
+
+    first = await fetch_feed(http, url, NOW, RULES)
+    assert first.outcome == "ok" and first.etag is None and first.last_modified is None
+    assert first.body_hash is not None and len(parses) == 1
+    same = await fetch_feed(http, url, NOW, RULES, body_hash=first.body_hash)
+    assert same.outcome == "not_modified" and same.items == [] and len(parses) == 1
+    assert same.body_hash == first.body_hash
+
+    body["now"] = ATOM
+    changed = await fetch_feed(http, url, NOW, RULES, body_hash=first.body_hash)
+    assert changed.outcome == "ok" and len(parses) == 2
+    assert [i.url for i in changed.items] == ["https://atom.example/x"]
+    assert changed.body_hash not in (None, first.body_hash)

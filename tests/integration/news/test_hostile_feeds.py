@@ -16,12 +16,19 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-import httpx
 import pytest
 
+from nightcrew.adapters.addresses import UntrustedHttp
+from nightcrew.adapters.locks import Lease, LeaseBackendDown, PostgresLeases
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.news.fetch import MAX_SUMMARY_CHARS, MAX_TITLE_CHARS
+from nightcrew.news.fetch import (
+    LINK_NOT_HTTP,
+    LINK_TOO_LONG,
+    MAX_SUMMARY_CHARS,
+    MAX_TITLE_CHARS,
+    MAX_URL_BYTES,
+)
 from nightcrew.news.run import run_shard
 from nightcrew.news.sources import add_source
 from tests.conftest import NOW
@@ -54,6 +61,9 @@ HOSTILE = {
     "year 10000": lambda b: _item(b, 1, extra="<pubDate>9999-12-31T23:59:59-01:00</pubDate>"),
     "NUL reference in a title": lambda b: _item(b, 1, title="nul&#0;here"),
     "NUL reference in a link": lambda b: _item(b, 1, link=f"{b}/articles/nul&#0;x"),
+    # a raw 0x00 byte makes the document ill-formed XML: the forgiving parser reads it
+    "raw NUL byte in a title": lambda b: _item(b, 1, title="nul\x00here"),
+    "raw NUL byte in a link": lambda b: _item(b, 1, link=f"{b}/articles/nul\x00x"),
     "3,000-character link": lambda b: _item(b, 1, link=f"{b}/articles/{'x' * 3000}"),
     "1 MB title": lambda b: _item(b, 1, title="t" * 1_000_000),
 }
@@ -65,11 +75,12 @@ async def test_a_hostile_item_never_costs_the_neighbour_feed_its_articles(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
     case: str,
 ) -> None:
     base = feed_server.url
     hostile = _feed(HOSTILE[case](base) + _item(base, 2, title="the plain item beside it"))
+    assert ("raw NUL" not in case) or b"\x00" in hostile  # the byte itself is served
     site(feed_server, {"/feeds/good": rss(base, 2, prefix="good"), "/feeds/bad": hostile})
     await add_source(db, url=base + "/feeds/good", name="Good", shard="s", now=NOW)
     await add_source(db, url=base + "/feeds/bad", name="Bad", shard="s", now=NOW)
@@ -86,7 +97,7 @@ async def test_a_hostile_item_never_costs_the_neighbour_feed_its_articles(
     for row in rows:
         assert "\x00" not in row["title"] and len(row["title"]) <= MAX_TITLE_CHARS
         assert len(row["summary"]) <= MAX_SUMMARY_CHARS
-        assert len(row["url"]) <= 2048
+        assert len(row["url"].encode()) <= MAX_URL_BYTES
     saved = await db.fetch("SELECT report FROM news.worker_reports")
     assert len(saved) == 1  # the run completed and saved its report
 
@@ -96,7 +107,7 @@ async def test_a_feed_that_breaks_the_parser_is_its_own_fetch_error(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     base = feed_server.url
     site(
@@ -150,7 +161,7 @@ async def test_a_hostile_document_is_at_most_its_own_error(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
     case: str,
 ) -> None:
     base = feed_server.url
@@ -220,7 +231,7 @@ async def test_a_slow_loris_feed_is_cut_at_the_fetch_budget(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     base = feed_server.url
     site(feed_server, {"/feeds/good": rss(base, 2, prefix="good")})
@@ -247,7 +258,7 @@ async def test_redis_killed_mid_run_costs_nothing_and_the_next_run_falls_back(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     """A private redis-server is killed during the first review: the run ends normally with
     ``redisEnabled: false`` (lease extension fails → the rest is held), and the next run, with
@@ -312,3 +323,197 @@ async def test_redis_killed_mid_run_costs_nothing_and_the_next_run_falls_back(
         await client.aclose()
     rows = await db.fetch("SELECT url, count(*) AS n FROM news.articles GROUP BY url")
     assert len(rows) == 5 and {r["n"] for r in rows} == {1}
+
+
+def _iri_link(base: str, size: int) -> str:
+    """A link to ``base``'s articles whose UTF-8 form is exactly ``size`` bytes, mostly
+    two-byte characters: far fewer characters than bytes."""
+    head = f"{base}/articles/"
+    room = size - len(head.encode())
+    return head + "x" * (room % 2) + "é" * (room // 2)
+
+
+async def test_a_link_is_bounded_in_stored_bytes_and_a_dropped_item_is_reported(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: UntrustedHttp,
+) -> None:
+    base = feed_server.url
+    at_limit, past_limit = _iri_link(base, MAX_URL_BYTES), _iri_link(base, MAX_URL_BYTES + 1)
+    assert len(past_limit) < MAX_URL_BYTES  # in characters it would pass
+    items = (
+        _item(base, 1, link=at_limit)
+        + _item(base, 2, link=past_limit)
+        + _item(base, 3, link=f"{base}/articles/{'x' * 3000}")
+        + _item(base, 4, link="javascript:alert(1)")
+        + _item(base, 5)
+    )
+    site(feed_server, {"/feeds/good": rss(base, 2, prefix="good"), "/feeds/bad": _feed(items)})
+    await add_source(db, url=base + "/feeds/good", name="Good", shard="s", now=NOW)
+    await add_source(db, url=base + "/feeds/bad", name="Bad", shard="s", now=NOW)
+    runtime = runtime_for(db, clock, fresh_db_url)
+
+    report = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+    ).to_json()
+
+    urls = {r["url"] for r in await db.fetch("SELECT url FROM news.articles")}
+    assert urls == {
+        f"{base}/articles/good-0",
+        f"{base}/articles/good-1",
+        at_limit,
+        f"{base}/articles/hostile-5",
+    }, report
+    assert sorted(report["droppedItems"], key=lambda d: d["reason"]) == [
+        {"source": "Bad", "reason": LINK_NOT_HTTP, "count": 1},
+        {"source": "Bad", "reason": LINK_TOO_LONG, "count": 2},
+    ]
+    assert report["fetchErrors"] == [] and report["writeErrors"] == []
+    # dropped items never count toward parking the source
+    [bad] = await db.fetch("SELECT consecutive_failures FROM news.sources WHERE name = 'Bad'")
+    assert bad["consecutive_failures"] == 0
+
+
+REFUSE_ONE_URL = """
+CREATE FUNCTION public.refuse_one_candidate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.url LIKE '%%/articles/hostile-1' THEN
+        RAISE EXCEPTION 'refused by the test' USING ERRCODE = '{sqlstate}';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_one_candidate BEFORE INSERT ON news.candidates
+    FOR EACH ROW EXECUTE FUNCTION public.refuse_one_candidate();
+"""
+
+
+async def test_an_item_the_database_refuses_to_hold_loses_only_itself(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: UntrustedHttp,
+) -> None:
+    """54000 is what a btree index answers for a row too big ("index row size exceeds btree
+    maximum"): the item's own fault, like classes 22 and 23. The rest of its feed is held
+    and written, and the feed's state saved (nothing to fetch again)."""
+    base = feed_server.url
+    site(
+        feed_server,
+        {
+            "/feeds/good": rss(base, 2, prefix="good"),
+            "/feeds/bad": _feed(_item(base, 1) + _item(base, 2) + _item(base, 3)),
+        },
+    )
+    await add_source(db, url=base + "/feeds/good", name="Good", shard="s", now=NOW)
+    await add_source(db, url=base + "/feeds/bad", name="Bad", shard="s", now=NOW)
+    await db.execute(REFUSE_ONE_URL.format(sqlstate="54000").replace("%%", "%"))
+    runtime = runtime_for(db, clock, fresh_db_url)
+
+    report = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+    ).to_json()
+
+    urls = {r["url"] for r in await db.fetch("SELECT url FROM news.articles")}
+    assert urls == {
+        f"{base}/articles/good-0",
+        f"{base}/articles/good-1",
+        f"{base}/articles/hostile-2",
+        f"{base}/articles/hostile-3",
+    }, report
+    [refused] = report["writeErrors"]
+    assert refused["url"] == f"{base}/articles/hostile-1" and "refused by the test" in str(refused)
+    assert report["fetchErrors"] == []
+    [bad] = await db.fetch("SELECT body_hash FROM news.sources WHERE name = 'Bad'")
+    assert bad["body_hash"] is not None  # its state is saved: the refused item is not retried
+
+
+async def test_a_hold_failure_that_is_no_items_fault_refetches_that_feed(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: UntrustedHttp,
+) -> None:
+    """40001 (a serialization failure) is nobody's item: the feed's state is not saved, so
+    the next run fetches it again and holds what it could not; the neighbour is written."""
+    base = feed_server.url
+    site(
+        feed_server,
+        {
+            "/feeds/good": rss(base, 2, prefix="good"),
+            "/feeds/bad": _feed(_item(base, 1) + _item(base, 2)),
+        },
+    )
+    await add_source(db, url=base + "/feeds/good", name="Good", shard="s", now=NOW)
+    await add_source(db, url=base + "/feeds/bad", name="Bad", shard="s", now=NOW)
+    await db.execute(REFUSE_ONE_URL.format(sqlstate="40001").replace("%%", "%"))
+    runtime = runtime_for(db, clock, fresh_db_url)
+
+    first = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+    ).to_json()
+
+    urls = {r["url"] for r in await db.fetch("SELECT url FROM news.articles")}
+    assert {f"{base}/articles/good-0", f"{base}/articles/good-1"} <= urls, first
+    assert f"{base}/articles/hostile-1" not in urls
+    assert [e["source"] for e in first["fetchErrors"]] == ["Bad"] and first["writeErrors"] == []
+    [bad] = await db.fetch("SELECT body_hash FROM news.sources WHERE name = 'Bad'")
+    assert bad["body_hash"] is None
+
+    await db.execute("DROP TRIGGER refuse_one_candidate ON news.candidates")
+    clock.advance(timedelta(hours=1))
+    await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+    urls = {r["url"] for r in await db.fetch("SELECT url FROM news.articles")}
+    assert {f"{base}/articles/hostile-1", f"{base}/articles/hostile-2"} <= urls
+
+
+class _AlwaysAnswers:
+    """A processed-URL set on "Redis" that keeps answering (nothing seen)."""
+
+    backend = "redis"
+
+    async def seen(self, urls: list[str]) -> set[str]:
+        return set()
+
+    async def add(self, urls: list[str]) -> None:
+        return None
+
+
+class _RedisDownOnRenew(PostgresLeases):
+    """Leases that are granted, then cannot be extended because Redis went away."""
+
+    backend = "redis"
+
+    async def renew(self, lease: Lease, ttl_seconds: float | None = None) -> bool:
+        raise LeaseBackendDown("Redis lease: ConnectionError: Connection refused")
+
+
+async def test_redis_failing_to_extend_the_lease_is_reported_as_redis_not_used(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: UntrustedHttp,
+) -> None:
+    """The processed set still answers, only the lease extension fails: the report must
+    still say Redis was not used (``redisEnabled: false``), and the work is held."""
+    base = feed_server.url
+    site(feed_server, {"/feeds/a": rss(base, 3)})
+    await add_source(db, url=base + "/feeds/a", name="A", shard="s", now=NOW)
+    runtime = runtime_for(db, clock, fresh_db_url)
+    deps = replace(
+        deps_for(db, clock, http),
+        leases=_RedisDownOnRenew(db, clock),
+        processed=_AlwaysAnswers(),
+    )
+    assert deps.redis_configured
+
+    report = (await run_shard(replace(runtime, news=deps), clock, "s")).to_json()
+
+    assert report["redisEnabled"] is False, report
+    assert report["processedCount"] == 0 and report["deferredCount"] == 3
+    assert "the shard lease was lost before the expensive steps" in report["deferredReasons"]
+    assert len(await db.fetch("SELECT 1 FROM news.worker_reports")) == 1

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from werkzeug import Request, Response
 
-from nightcrew.adapters.addresses import AddressPolicy, UnsafeURL, new_client
+from nightcrew.adapters.addresses import AddressPolicy, UnsafeURL, UntrustedHttp, new_client
 from nightcrew.news.images import extract_image, hydrate_image
 from tests.integration.news.conftest import LOOPBACK
 from tests.support.network import LoopbackOnlyBackend
@@ -29,7 +28,7 @@ def pages(server: RecordingServer, routes: dict[str, Response]) -> None:
 
 
 async def test_og_image_is_found_and_resolved_against_the_page(
-    feed_server: RecordingServer, http: httpx.AsyncClient
+    feed_server: RecordingServer, http: UntrustedHttp
 ) -> None:
     pages(
         feed_server,
@@ -73,7 +72,7 @@ async def test_production_mode_refuses_the_inside_of_the_network(
 
 
 async def test_a_redirect_into_the_network_is_refused(
-    feed_server: RecordingServer, http: httpx.AsyncClient, network: LoopbackOnlyBackend
+    feed_server: RecordingServer, http: UntrustedHttp, network: LoopbackOnlyBackend
 ) -> None:
     pages(
         feed_server,
