@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -22,6 +23,14 @@ STORY = Article(
     title="Council approves the new bridge",
     summary="After two years of debate the city council voted 9 to 2 for it.",
 )
+
+
+@pytest.fixture
+async def model_http() -> AsyncIterator[httpx.AsyncClient]:
+    """The reviewer's own client, as production gives it: the model's address is the
+    operator's, so the news client's address policy does not apply."""
+    async with httpx.AsyncClient() as client:
+        yield client
 
 
 async def test_offline_rules_are_named() -> None:
@@ -55,12 +64,12 @@ def chat(content: str) -> Any:
 
 
 async def test_chat_reviewer_sends_the_article_and_reads_the_verdict(
-    stripe_server: RecordingServer, http: httpx.AsyncClient
+    stripe_server: RecordingServer, model_http: httpx.AsyncClient
 ) -> None:
     llm = stripe_server  # any loopback recorder will do; this one plays the LLM
     llm.responder = chat('Sure: {"accept": false, "reason": "advert", "summary": "An ad."}')
     reviewer = OpenAICompatibleReviewer(
-        http, base_url=llm.url + "/v1", model="llama3", api_key="sk-local"
+        model_http, base_url=llm.url + "/v1", model="llama3", api_key="sk-local"
     )
     verdict = await reviewer.review(STORY)
     assert not verdict.accepted and verdict.reasons == ["advert"]
@@ -84,7 +93,7 @@ async def test_chat_reviewer_sends_the_article_and_reads_the_verdict(
 )
 async def test_chat_failures_say_whether_to_retry(
     stripe_server: RecordingServer,
-    http: httpx.AsyncClient,
+    model_http: httpx.AsyncClient,
     status: int,
     content: str | None,
     transient: bool,
@@ -93,7 +102,7 @@ async def test_chat_failures_say_whether_to_retry(
         stripe_server.status = status
     else:
         stripe_server.responder = chat(content)
-    reviewer = OpenAICompatibleReviewer(http, base_url=stripe_server.url, model="m")
+    reviewer = OpenAICompatibleReviewer(model_http, base_url=stripe_server.url, model="m")
     with pytest.raises(ReviewError) as caught:
         await reviewer.review(STORY)
     assert caught.value.transient is transient

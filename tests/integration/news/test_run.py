@@ -13,9 +13,9 @@ import httpx
 import pytest
 from werkzeug import Request, Response
 
+from nightcrew.adapters.addresses import UntrustedHttp
 from nightcrew.adapters.locks import PostgresLeases
-from nightcrew.adapters.news import NewsAdapters
-from nightcrew.adapters.processed import RedisProcessedUrls
+from nightcrew.adapters.news import NewsAdapters, news_adapters
 from nightcrew.adapters.reviewer import OfflineReviewer
 from nightcrew.adapters.storage import open_store
 from nightcrew.clock import FrozenClock
@@ -81,19 +81,22 @@ def site(
     return statuses
 
 
-def deps_for(db: Database, clock: FrozenClock, http: httpx.AsyncClient, **kw: Any) -> NewsAdapters:
+def deps_for(db: Database, clock: FrozenClock, http: UntrustedHttp, **kw: Any) -> NewsAdapters:
     """The news adapters a test runtime gets (``replace(runtime, news=...)``): PostgreSQL
     leases, the offline reviewer and the loopback policy unless a test says otherwise;
-    ``redis=`` a client makes it the processed-URL set."""
-    redis = kw.pop("redis", None)
-    return NewsAdapters(
-        leases=kw.pop("leases", PostgresLeases(db, clock)),
+    ``redis=`` a client makes it the processed-URL set (the leases stay PostgreSQL's unless
+    ``leases=`` says otherwise)."""
+    leases = kw.pop("leases", None)
+    deps = news_adapters(
+        db,
+        clock,
         http=http,
         reviewer=kw.pop("reviewer", OfflineReviewer()),
         policy=kw.pop("policy", LOOPBACK),
-        processed=RedisProcessedUrls(redis) if redis is not None else None,
+        redis=kw.pop("redis", None),
         **kw,
     )
+    return replace(deps, leases=leases or deps.fallback_leases)
 
 
 def runtime_for(db: Database, clock: FrozenClock, url: str, **env: str) -> Runtime:
@@ -109,7 +112,7 @@ async def test_a_run_processes_once_and_the_next_run_does_nothing_per_item(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     site(feed_server, {"/feeds/a": rss(feed_server.url, 5)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
@@ -144,7 +147,7 @@ async def test_251_queued_defers_every_expensive_step(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     site(feed_server, {"/feeds/big": rss(feed_server.url, 251)})
     await add_source(db, url=feed_server.url + "/feeds/big", name="Big", shard="s1", now=NOW)
@@ -172,7 +175,7 @@ async def test_the_database_limit_defers_too(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     site(feed_server, {"/feeds/a": rss(feed_server.url, 2)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
@@ -192,7 +195,7 @@ async def test_a_held_shard_lock_answers_locked_and_does_nothing(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     site(feed_server, {"/feeds/a": rss(feed_server.url, 3)}, slow=0.5)
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
@@ -238,7 +241,7 @@ async def test_a_late_holder_is_refused_by_the_fence(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     site(feed_server, {"/feeds/a": rss(feed_server.url, 2)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
@@ -267,7 +270,7 @@ async def test_a_lease_drawn_after_another_backend_wrote_is_above_its_fence(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     """Redis wrote fence 57; Redis is down now and the PostgreSQL lease counter is at 1: the run
     still writes, because a lease draws its fence above the newest one written."""
@@ -287,7 +290,7 @@ async def test_redis_down_mid_run_falls_back_and_nothing_is_processed_twice(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     import redis.asyncio as aioredis
 
@@ -320,7 +323,7 @@ async def test_with_real_redis_the_processed_set_and_locks_are_used(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     import uuid
 
@@ -374,7 +377,7 @@ async def test_a_failing_article_count_is_reported_and_the_run_goes_on(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
     body: str,
     event_name: str,
 ) -> None:
@@ -434,7 +437,7 @@ async def test_a_lease_that_expires_mid_run_is_extended_first_and_then_fenced_ou
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     site(feed_server, {"/feeds/a": rss(feed_server.url, 2)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
@@ -454,7 +457,7 @@ async def test_scheduled_shard_slots_run_once_across_replicas_and_reports_are_se
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     from nightcrew.http import create_app
     from nightcrew.metrics import Metrics
@@ -498,7 +501,7 @@ async def test_a_model_reviews_translates_and_the_backlog_is_caught_up(
     fresh_db_url: str,
     feed_server: RecordingServer,
     stripe_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     from nightcrew.adapters.reviewer import OpenAICompatibleReviewer
 
@@ -516,30 +519,32 @@ async def test_a_model_reviews_translates_and_the_backlog_is_caught_up(
     llm.responder = model
     site(feed_server, {"/feeds/a": rss(feed_server.url, 2)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
-    reviewer = OpenAICompatibleReviewer(http, base_url=llm.url, model="m")
-    runtime = runtime_for(db, clock, fresh_db_url)
-    report = (
-        await run_shard(
-            replace(runtime, news=deps_for(db, clock, http, reviewer=reviewer)), clock, "s1"
-        )
-    ).to_json()
-    assert report["acceptedCount"] == 2
-    rows = await db.fetch("SELECT summary, translation FROM news.reviews")
-    assert [(r["summary"], r["translation"]) for r in rows] == [
-        ("A short summary.", "Übersetzt.")
-    ] * 2
+    # the model's own client, as production gives it (its address is the operator's)
+    async with httpx.AsyncClient() as model_http:
+        reviewer = OpenAICompatibleReviewer(model_http, base_url=llm.url, model="m")
+        runtime = runtime_for(db, clock, fresh_db_url)
+        report = (
+            await run_shard(
+                replace(runtime, news=deps_for(db, clock, http, reviewer=reviewer)), clock, "s1"
+            )
+        ).to_json()
+        assert report["acceptedCount"] == 2
+        rows = await db.fetch("SELECT summary, translation FROM news.reviews")
+        assert [(r["summary"], r["translation"]) for r in rows] == [
+            ("A short summary.", "Übersetzt.")
+        ] * 2
 
-    # a translation that failed earlier is caught up by the next run, under the same lease
-    await db.execute("UPDATE news.reviews SET translation = NULL")
-    clock.advance(__import__("datetime").timedelta(hours=1))
-    again = (
-        await run_shard(
-            replace(runtime, news=deps_for(db, clock, http, reviewer=reviewer)), clock, "s1"
-        )
-    ).to_json()
-    assert again["processedCount"] == 0 and again["translatedCount"] == 2
-    rows = await db.fetch("SELECT translation FROM news.reviews")
-    assert {r["translation"] for r in rows} == {"Übersetzt."}
+        # a translation that failed earlier is caught up by the next run, under the same lease
+        await db.execute("UPDATE news.reviews SET translation = NULL")
+        clock.advance(__import__("datetime").timedelta(hours=1))
+        again = (
+            await run_shard(
+                replace(runtime, news=deps_for(db, clock, http, reviewer=reviewer)), clock, "s1"
+            )
+        ).to_json()
+        assert again["processedCount"] == 0 and again["translatedCount"] == 2
+        rows = await db.fetch("SELECT translation FROM news.reviews")
+        assert {r["translation"] for r in rows} == {"Übersetzt."}
 
 
 @needs_redis
@@ -548,7 +553,7 @@ async def test_two_runs_started_together_on_redis_one_processes_one_is_locked(
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     import uuid
 
@@ -587,7 +592,7 @@ async def test_a_malformed_link_is_skipped_and_a_transient_review_failure_retrie
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
-    http: httpx.AsyncClient,
+    http: UntrustedHttp,
 ) -> None:
     from nightcrew.adapters.reviewer import ReviewError
 
