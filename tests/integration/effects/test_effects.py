@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -48,12 +49,48 @@ MINUTE = timedelta(minutes=1)
 CLIENT_TIMEOUT = httpx.Timeout(0.3)
 # A hang outlasts the client's timeout by a wide margin (a loaded CI box is slow, not that slow)
 SERVER_HANG_SECONDS = 1.5
+# The Stripe and feed-worker clients of the hang tests: they keep this timeout for the attempt
+# after the hang too, so it is long enough for any loopback answer on a loaded machine.
+HANG_CLIENT_TIMEOUT_SECONDS = 2.0
+# A Hang holds its answer at most this long, so a test that fails early frees the shared server.
+HANG_LIMIT_SECONDS = 30.0
+
+
+class Hang:
+    """A stand-in's responder that takes the request (the cache is purged, the resume applied)
+    and holds its answer until the test has seen the client give up (``answer_late``): a hang
+    past the timeout by construction, not by a race of sleeps."""
+
+    def __init__(self, answer: Callable[[Request], Any]) -> None:
+        self.answer = answer
+        self.received = 0
+        self._release = threading.Event()
+        self._answered = threading.Event()
+
+    def __call__(self, request: Request) -> Any:
+        self.received += 1
+        self._release.wait(HANG_LIMIT_SECONDS)
+        try:
+            return self.answer(request)
+        finally:
+            self._answered.set()
+
+    def release(self) -> None:
+        self._release.set()
+
+    async def answer_late(self) -> None:
+        """Answer now (the client timed out long ago) and wait until that is done: the loopback
+        server serves one request at a time, so the next attempt waits for it."""
+        self.release()
+        if not await asyncio.to_thread(self._answered.wait, 60):
+            pytest.fail("the hanging stand-in never answered")
 
 
 class Resend:
     """A Resend stand-in with Resend's idempotency: a key seen before is answered from its
-    record and not delivered again. ``mode``: ok, 500, 429, hang (the email IS accepted, but
-    the answer comes after the client's timeout), down (hang without accepting)."""
+    record and not delivered again. ``mode``: ok, a status (500, 429, 422: answered at once,
+    nothing accepted), hang (the email IS accepted, but the answer comes after the client's
+    timeout), down (hang without accepting)."""
 
     def __init__(self, server: RecordingServer) -> None:
         self.server = server
@@ -67,7 +104,7 @@ class Resend:
 
     def _respond(self, request: Request) -> Response | tuple[int, dict[str, Any]]:
         key = request.headers["Idempotency-Key"]
-        if self.mode in ("500", "429"):
+        if self.mode.isdigit():
             return int(self.mode), {"name": "error", "message": f"answering {self.mode}"}
         if self.mode == "down":
             time.sleep(SERVER_HANG_SECONDS)
@@ -183,6 +220,65 @@ async def test_a_refused_public_api_invalidation_is_delivered_once_the_queue_rec
     assert len(await f.queue_messages(db, PUBLIC_API_INVALIDATION)) == 1
 
 
+async def test_a_refused_restored_invalidation_is_delivered_once_the_queue_recovers(
+    db: Database,
+    fresh_db_url: str,
+    http: httpx.AsyncClient,
+    resend: Resend,
+    feed_server: RecordingServer,
+) -> None:
+    """The other direction: a restored feed the v1 API and the embed player would keep hiding."""
+    clock = FrozenClock(NOW)
+    runtime = _runtime(db, clock, fresh_db_url, http, resend, feed_server)
+    account, (_, newest) = await _account(db)
+    await _suspend_now(runtime, db, account, clock)
+    assert [m["body"]["type"] for m in await f.queue_messages(db, PUBLIC_API_INVALIDATION)] == [
+        "podcast.suspended"
+    ]
+
+    await _refuse_queue(db, PUBLIC_API_INVALIDATION)
+    await db.execute(  # support raises the cap: the next run restores
+        "INSERT INTO public.cap_overrides (billing_account_id, resource, limit_value)"
+        " VALUES (%(a)s, 'podcasts_per_account', 5)",
+        {"a": account},
+    )
+    clock.advance(DAY)
+    report = await run_overage_escalation(runtime, clock)
+    assert report.restored_accounts == 1
+    assert await _stamps(db, [newest]) == [None]  # the restore committed
+    [failed] = [
+        e
+        for e in report.errors
+        if e["event"] == "overage_cache_invalidation_failed" and e["cache"] == "public-api"
+    ]
+    assert failed["retried"] is True and failed["podcast_id"] == newest
+    assert len(await f.queue_messages(db, PUBLIC_API_INVALIDATION)) == 1  # only the suspension
+
+    drained = await _minute(runtime, clock, MINUTE)
+    assert drained["effects_delivered"] == 0  # still refused: retried, not lost
+    await _accept_queues(db)
+    # the third attempt is due 60 s (±20 %) after the second: a run two minutes on takes it
+    drained = await _minute(runtime, clock, 2 * MINUTE)
+    assert drained["effects_delivered"] == 1
+    suspended, restored = await f.queue_messages(db, PUBLIC_API_INVALIDATION)
+    assert suspended["body"]["type"] == "podcast.suspended"
+    assert restored["body"] == {
+        "type": "podcast.restored",
+        "podcast_id": newest,
+        "podcast_slug": suspended["body"]["podcast_slug"],
+        "effect_id": failed["effect_id"],  # the effect the failed first attempt reported
+    }
+    effect = await outbox.get(db, failed["effect_id"])
+    assert effect is not None and effect.key.startswith(
+        f"{PUBLIC_API_INVALIDATION}:podcast.restored:{newest}:"
+    )
+    assert effect.attempts == 3 and effect.delivered_at == clock.now()
+
+    await _minute(runtime, clock, DAY)  # and never again
+    await run_overage_escalation(runtime, clock)
+    assert len(await f.queue_messages(db, PUBLIC_API_INVALIDATION)) == 2
+
+
 # --- loss 2: the "restored" email --------------------------------------------------------------
 @pytest.mark.parametrize("failure", ["429", "500", "down"])
 async def test_the_restored_email_survives_resend_failing_and_arrives_once(
@@ -235,18 +331,25 @@ def _stripe_updates(stripe: RecordingServer) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("status", [500, 429])
+@pytest.mark.parametrize("failure", ["500", "429", "hang"])
 async def test_a_failed_billing_resume_is_retried_until_stripe_confirms_it(
     db: Database,
     clock: FrozenClock,
     fresh_db_url: str,
     stripe_server: RecordingServer,
-    status: int,
+    failure: str,
 ) -> None:
     podcast, account = await _paused_podcast(db, expires=NOW - MINUTE)
-    stripe_server.responder = stripe_responder({}, fail_status=status)
+    # hang: Stripe applies the resume, but answers after the client's timeout
+    hang = Hang(stripe_responder({}))
+    stripe_server.responder = (
+        hang if failure == "hang" else stripe_responder({}, fail_status=int(failure))
+    )
     billing = StripeBilling(
-        "sk_test_123", api_base=stripe_server.url, timeout=2, max_network_retries=0
+        "sk_test_123",
+        api_base=stripe_server.url,
+        timeout=HANG_CLIENT_TIMEOUT_SECONDS,
+        max_network_retries=0,
     )
     runtime = make_runtime(db, clock, fresh_db_url, billing=billing)
     try:
@@ -256,11 +359,15 @@ async def test_a_failed_billing_resume_is_retried_until_stripe_confirms_it(
             "SELECT status FROM public.podcasts WHERE id = %(p)s", {"p": podcast}
         )
         assert row == {"status": "active"}  # never re-enters the scan: the effect is the record
+        if failure == "hang":
+            assert hang.received == 1  # Stripe did resume it: only the answer was lost
+            await hang.answer_late()
 
         stripe_server.responder = stripe_responder({})  # Stripe recovers
-        drained = await _minute(runtime, clock, 2 * MINUTE)
+        drained = await _minute(runtime, clock, MINUTE)  # the next minute run
         assert drained["effects_delivered"] == 1
     finally:
+        hang.release()
         await billing.close()
     key = billing_resume_key(podcast, NOW)
     assert _stripe_updates(stripe_server) == [key, key]
@@ -271,12 +378,14 @@ async def test_a_failed_billing_resume_is_retried_until_stripe_confirms_it(
 
 
 # --- loss 4: the feed-invalidation outbox without R2_PUBLIC_URL ---------------------------------
+@pytest.mark.parametrize("failure", ["500", "429", "hang"])
 async def test_the_feed_outbox_is_drained_by_the_minute_lane_without_r2_public_url(
     db: Database,
     clock: FrozenClock,
     fresh_db_url: str,
     http: httpx.AsyncClient,
     feed_server: RecordingServer,
+    failure: str,
 ) -> None:
     podcast = await f.podcast(db)
     # an intent the platform itself wrote (or one written before effects existed)
@@ -285,20 +394,38 @@ async def test_the_feed_outbox_is_drained_by_the_minute_lane_without_r2_public_u
         " VALUES (%(p)s, 'episode_published', %(t)s)",
         {"p": podcast, "t": NOW - DAY},
     )
-    runtime = make_runtime(
-        db, clock, fresh_db_url, feedcache=HttpFeedCache(http, feed_server.url, "feed-secret")
+    feedcache = HttpFeedCache(
+        http,
+        feed_server.url,
+        "feed-secret",
+        wait_timeout=httpx.Timeout(HANG_CLIENT_TIMEOUT_SECONDS),
     )
+    runtime = make_runtime(db, clock, fresh_db_url, feedcache=feedcache)
     assert runtime.settings.r2_public_url is None
     daily = await run_lane(runtime, clock, "daily")
     assert daily is not None
     [reconcile] = [j for j in daily.jobs if j.name == "runReconcile"]
     assert reconcile.status == "skipped"
 
-    feed_server.status = 500
-    await _minute(runtime, clock, MINUTE)
-    feed_server.status = 200
-    drained = await _minute(runtime, clock, 5 * MINUTE)
+    # hang: the worker purges its cache, but answers after the client's timeout
+    hang = Hang(lambda _: (200, {"ok": True}))
+    if failure == "hang":
+        feed_server.responder = hang
+    else:
+        feed_server.status = int(failure)
+    try:
+        failed = await _minute(runtime, clock, MINUTE)
+    finally:
+        hang.release()
+    assert failed["effects_delivered"] == 0 and failed["effects_retried"] == 1
+    if failure == "hang":
+        assert hang.received == 1 and "Timeout" in failed["errors"][0]["error"]
+        await hang.answer_late()
+    feed_server.responder, feed_server.status = None, 200  # the worker recovers
+    drained = await _minute(runtime, clock, MINUTE)  # the next minute run
     assert drained["effects_delivered"] == 1
+    [effect] = await _effects(db, "feed_invalidate")
+    assert effect["attempts"] == 2 and effect["delivered_at"] == clock.now()
     [row] = await db.fetch(
         "SELECT delivered_at, attempts, last_error FROM public.feed_invalidation_outbox"
     )

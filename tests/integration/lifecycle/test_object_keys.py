@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote_to_bytes
 
 import psycopg
 import pytest
@@ -22,7 +23,7 @@ from hypothesis import strategies as st
 
 from nightcrew.adapters.storage import ObjectStore
 from nightcrew.db.database import Database, with_dbname
-from nightcrew.lifecycle.reconcile.core import ReconcileOptions, key_from_url, public_prefix
+from nightcrew.lifecycle.reconcile.core import ReconcileOptions, public_prefix
 from nightcrew.lifecycle.reconcile.engine import run_reconcile
 from tests import factories as f
 from tests.integration.lifecycle.test_reconcile import APPLY, BASE, World, later, rt
@@ -212,7 +213,33 @@ def test_object_key_of_null_is_null(pg: psycopg.Connection[Any]) -> None:
     assert row == (None,)
 
 
-# --- the Python helper must say the same ------------------------------------------------------
+# --- an independent model must say the same ---------------------------------------------------
+# The rule written a second way, in Python, from its description rather than from the SQL: two
+# spellings of one rule that agree on every generated URL are far likelier right than either.
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def key_from_url(url: str | None, public_base: str) -> str | None:
+    """The store key behind a public URL: the URL without the prefix, cut at the first ``?`` or
+    ``#``, percent-decoded once. None when the URL is not ours (external hosting) or no key can
+    be derived from it (a malformed escape, not UTF-8, a NUL)."""
+    if not url:
+        return None
+    prefix = public_prefix(public_base)
+    if not url.startswith(prefix):
+        return None
+    path = url[len(prefix) :].split("#", 1)[0].split("?", 1)[0]
+    if not path or "%" not in path:
+        return path or None
+    if _BAD_ESCAPE.search(path):
+        return None
+    try:
+        key = unquote_to_bytes(path).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return None if "\x00" in key else key
+
+
 @PROPERTY
 @given(batch=st.lists(st.tuples(KEYS, SUFFIX), min_size=1, max_size=10))
 @example(batch=[("podcasts/p/e/e1/my file.mp3", "")])

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import unquote_to_bytes
 
 from nightcrew.errors import NightcrewError
 
@@ -127,34 +125,9 @@ def size_needs_write(recorded: str | int | None, actual: int) -> bool:
     return int(recorded) != int(actual)
 
 
-_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
-
-
 def public_prefix(public_base: str) -> str:
     """``R2_PUBLIC_URL`` as the prefix an object's URL starts with."""
     return public_base.rstrip("/") + "/"
-
-
-def key_from_url(url: str | None, public_base: str) -> str | None:
-    """The store key behind a public URL, exactly as SQL's ``nightcrew.object_key`` derives it
-    (migration 0011; a test keeps the two in agreement): the URL without the prefix, cut at the
-    first ``?`` or ``#``, percent-decoded once. None when the URL is not ours (external
-    hosting) or no key can be derived from it (a malformed escape, not UTF-8, a NUL)."""
-    if not url:
-        return None
-    prefix = public_prefix(public_base)
-    if not url.startswith(prefix):
-        return None
-    path = url[len(prefix) :].split("#", 1)[0].split("?", 1)[0]
-    if not path or "%" not in path:
-        return path or None
-    if _BAD_ESCAPE.search(path):
-        return None
-    try:
-        key = unquote_to_bytes(path).decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    return None if "\x00" in key else key
 
 
 def classify_key(key: str) -> ObjectKind:
