@@ -43,6 +43,7 @@ from nightcrew.clock import SystemClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.db.migrate import migrate
+from nightcrew.log import configure_logging
 from nightcrew.news.pipeline import enqueue_shard
 from nightcrew.news.run import run_shard
 from nightcrew.news.sources import add_source
@@ -172,6 +173,7 @@ async def _delete(prefix: str) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
+    configure_logging("warning")  # the passes' and inline runs' info events would drown the table
     counts = [int(n) for n in args.workers.split(",")]
     total = args.feeds * args.items
     parent, child = multiprocessing.Pipe()
@@ -186,6 +188,7 @@ async def main(args: argparse.Namespace) -> None:
         f" {args.delay * 1000:.0f} ms per review, {os.cpu_count()} cores; medians of"
         f" {args.repeat}"
     )
+    began = time.perf_counter()
     results: dict[str, list[Result]] = {}
     try:
         with admin_url() as admin:
@@ -203,7 +206,10 @@ async def main(args: argparse.Namespace) -> None:
         servers.join(5)
         shutil.rmtree(store, ignore_errors=True)
     rate = {k: statistics.median(r.rate for r in v) for k, v in results.items()}
-    print("medians:")
+    print(
+        f"medians (of {args.repeat} runs each; the whole benchmark took"
+        f" {time.perf_counter() - began:.0f} s):"
+    )
     for key, value in rate.items():
         print(f"  {results[key][0].label:<42} {value:7.1f} articles/s")
     if "1" in rate:

@@ -95,6 +95,8 @@ class Settings(BaseSettings):
     news_resend_after_seconds: Annotated[int, Field(alias="NEWS_RESEND_AFTER_SECONDS", ge=60)] = (
         3600
     )
+    # per-stage prefetch of `news worker`, "fetch=8,review=2"; unnamed stages: --concurrency
+    news_stage_prefetch: Annotated[str, Field(alias="NEWS_STAGE_PREFETCH")] = ""
 
     # the storage reconciler's listing: partitions listed at once (unset: 16 on S3, the core
     # count on local disk)
@@ -122,6 +124,17 @@ class Settings(BaseSettings):
     db_keepalives_idle_seconds: Annotated[
         int, Field(alias="NIGHTCREW_DB_KEEPALIVES_IDLE_SECONDS", ge=1)
     ] = 10
+    # Linux caps TCP_KEEPINTVL at 32767 s and TCP_KEEPCNT at 127 (setsockopt refuses more)
+    db_keepalives_interval_seconds: Annotated[
+        int, Field(alias="NIGHTCREW_DB_KEEPALIVES_INTERVAL_SECONDS", ge=1, le=32767)
+    ] = 5
+    db_keepalives_count: Annotated[
+        int, Field(alias="NIGHTCREW_DB_KEEPALIVES_COUNT", ge=1, le=127)
+    ] = 3
+    # the minute lane's statements are short: its bound on a silent server (0: the pool's)
+    db_minute_statement_timeout_seconds: Annotated[
+        float, Field(alias="NIGHTCREW_DB_MINUTE_STATEMENT_TIMEOUT_SECONDS", ge=0)
+    ] = 10.0
     db_tcp_user_timeout_seconds: Annotated[
         float, Field(alias="NIGHTCREW_DB_TCP_USER_TIMEOUT_SECONDS", ge=0)
     ] = 15.0
@@ -148,6 +161,14 @@ class Settings(BaseSettings):
         from nightcrew.adapters.addresses import AddressPolicy
 
         AddressPolicy.parse(value)  # a ValueError names the entry it cannot read
+        return value
+
+    @field_validator("news_stage_prefetch")
+    @classmethod
+    def _stage_prefetch(cls, value: str) -> str:
+        from nightcrew.adapters.broker import parse_stage_prefetch
+
+        parse_stage_prefetch(value)  # a ValueError names the entry it cannot read
         return value
 
     @field_validator("database_url")

@@ -12,9 +12,16 @@ Topology (declared idempotently on first use; ``prefix`` is NEWS_QUEUE_PREFIX, `
 
 Messages are persistent JSON, published with ``mandatory`` and publisher confirms: ``publish``
 returns once the broker has every message, or raises QueueError (the next publish connects
-again). Consumers (``StageConsumers``) reconnect with backoff after a broker restart or a cut
-connection — explicitly, not through aio-pika's robust connection, whose channel restoration
-cannot be relied on after a reset.
+again). Consumers (``StageConsumers``) consume each stage on a channel of its own, so each
+stage has its own prefetch (NEWS_STAGE_PREFETCH, else the worker's --concurrency), and
+reconnect with backoff after a broker restart or a cut connection — explicitly, not through
+aio-pika's robust connection, whose channel restoration cannot be relied on after a reset.
+
+Every return of a message to a quorum queue counts toward its delivery limit: a reject or nack
+with requeue, and the unacknowledged messages of a channel or connection that closes (measured
+on RabbitMQ 3.10: x-delivery-count 1, 2, … then dead-lettered, whichever way it came back). So
+a stopping worker does not return what it holds: it cancels its consumers, lets the work in
+hand finish, and hands back the rest as fresh copies (``Delivery.handed_back``).
 """
 
 from __future__ import annotations
@@ -30,6 +37,37 @@ from nightcrew.errors import ConfigError, QueueError, QueueUnavailableError
 STAGES = ("fetch", "enrich", "review", "write")
 PUBLISH_TIMEOUT_SECONDS = 10.0
 DECLARE_TIMEOUT_SECONDS = 10.0
+MAX_PREFETCH = 1000
+# what a graceful stop carries over when it hands a message back as a fresh copy: the
+# deliveries the original had spent, so a failing message still dead-letters on time
+PRIOR_DELIVERIES_HEADER = "x-prior-deliveries"
+
+
+def parse_stage_prefetch(value: str) -> dict[str, int]:
+    """NEWS_STAGE_PREFETCH (``fetch=8,enrich=8,review=2,write=16``): each named stage's
+    prefetch; stages not named take the worker's --concurrency. A ValueError names the entry
+    it cannot read."""
+    prefetch: dict[str, int] = {}
+    for entry in (e.strip() for e in value.split(",")):
+        if not entry:
+            continue
+        stage, sep, number = (part.strip() for part in entry.partition("="))
+        if not sep or stage not in STAGES:
+            raise ValueError(
+                f"cannot read {entry!r}: expected stage=N with a stage of {', '.join(STAGES)}"
+            )
+        if stage in prefetch:
+            raise ValueError(f"cannot read {entry!r}: {stage} is given twice")
+        try:
+            n = int(number)
+        except ValueError:
+            n = 0
+        if not 1 <= n <= MAX_PREFETCH:
+            raise ValueError(
+                f"cannot read {entry!r}: the prefetch must be a whole number 1..{MAX_PREFETCH}"
+            )
+        prefetch[stage] = n
+    return prefetch
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,6 +94,7 @@ class Delivery:
     def __init__(self, stage: str, message: Any) -> None:
         self.stage = stage
         self._message = message
+        self.settled = False
         self.message_id: str = message.message_id or ""
         self.headers: dict[str, Any] = dict(message.headers or {})
         try:
@@ -65,21 +104,42 @@ class Delivery:
 
     @property
     def deliveries(self) -> int:
-        """Which delivery this is, 1 for the first (quorum queues count the earlier ones)."""
-        return int(self.headers.get("x-delivery-count", 0) or 0) + 1
+        """Which delivery this is, 1 for the first (quorum queues count the earlier ones; a
+        copy handed back at a graceful stop carries its original's count in a header)."""
+        counted = int(self.headers.get("x-delivery-count", 0) or 0)
+        return counted + int(self.headers.get(PRIOR_DELIVERIES_HEADER, 0) or 0) + 1
+
+    def handed_back(self) -> Outgoing:
+        """This message as a fresh copy, to publish before acknowledging the original: a
+        stopping worker's way to return a message without spending one of its deliveries (a
+        quorum queue counts every return toward x-delivery-limit — a reject, a nack, and the
+        unacknowledged messages of a closed channel alike — so plain returns at every restart
+        would dead-letter healthy messages). The deliveries it had spent go along."""
+        headers = {
+            k: v
+            for k, v in self.headers.items()
+            if k != "x-delivery-count" and not k.startswith(("x-death", "x-first-death"))
+        }
+        headers[PRIOR_DELIVERIES_HEADER] = self.deliveries - 1
+        return Outgoing(
+            message_id=self.message_id, stage=self.stage, body=self.body, headers=headers
+        )
 
     async def ack(self) -> bool:
-        """False when the channel went away meanwhile: the broker redelivers the message."""
-        return await self._settle(self._message.ack())
+        """False when the channel went away meanwhile (the broker redelivers the message), or
+        when the message was settled already (handed back by a stopping worker)."""
+        return await self._settle(lambda: self._message.ack())
 
     async def requeue(self) -> bool:
         # reject, not nack: from RabbitMQ 4.3 a nack no longer counts toward the delivery limit
-        return await self._settle(self._message.reject(requeue=True))
+        return await self._settle(lambda: self._message.reject(requeue=True))
 
-    @staticmethod
-    async def _settle(call: Awaitable[None]) -> bool:
+    async def _settle(self, call: Callable[[], Awaitable[None]]) -> bool:
+        if self.settled:
+            return False
+        self.settled = True
         try:
-            await call
+            await call()
         except Exception:  # a closed channel: settled by the broker's redelivery instead
             return False
         return True
@@ -219,7 +279,9 @@ class PipelineBroker:
             await self._drop()
             raise QueueError(f"could not publish to {self.prefix}: {exc}") from exc
 
-    def consumers(self, handlers: dict[str, Handler], prefetch: int) -> StageConsumers:
+    def consumers(self, handlers: dict[str, Handler], prefetch: dict[str, int]) -> StageConsumers:
+        """Consumers of ``handlers``' stages, each stage on its own channel with its own
+        ``prefetch`` (RabbitMQ's QoS is per channel)."""
         return StageConsumers(self, handlers, prefetch)
 
     async def ready(self, stage: str, *, dlq: bool = False) -> int:
@@ -279,11 +341,17 @@ class PipelineBroker:
 
 
 class StageConsumers:
-    """Consume stages on a connection of their own, and connect again (with backoff) whenever
-    it is lost — a broker restart, a cut connection — until told to stop. Messages held when
-    the connection went are redelivered by the broker; their late acks fail harmlessly."""
+    """Consume stages on a connection of their own, one channel (and prefetch) per stage, and
+    connect again (with backoff) whenever it is lost — a broker restart, a cut connection —
+    until told to stop. Messages held when the connection went are redelivered by the broker;
+    their late acks fail harmlessly."""
 
-    def __init__(self, broker: PipelineBroker, handlers: dict[str, Handler], prefetch: int):
+    def __init__(
+        self, broker: PipelineBroker, handlers: dict[str, Handler], prefetch: dict[str, int]
+    ):
+        missing = sorted(set(handlers) - set(prefetch))
+        if missing:
+            raise ValueError(f"no prefetch for stage(s) {missing}")
         self._broker = broker
         self._handlers = handlers
         self._prefetch = prefetch
@@ -292,8 +360,9 @@ class StageConsumers:
         self.connections = 0  # how many times it (re)connected
 
     async def run(self, stop: asyncio.Event, on_event: Callable[[str, str], None]) -> None:
-        """Until ``stop``: then no more messages are taken, and the connection stays open so
-        the messages in hand can still be acknowledged (``close`` ends it)."""
+        """Until ``stop``: then every consumer is cancelled (basic.cancel: the broker sends
+        no more), and the connection stays open so the messages in hand can still be
+        acknowledged (``close`` ends it, returning what is still unacknowledged)."""
         backoff = 1.0
         while not stop.is_set():
             try:
@@ -336,7 +405,7 @@ class StageConsumers:
         self.connections += 1
         for stage, handler in self._handlers.items():
             channel = await self._connection.channel()
-            await channel.set_qos(prefetch_count=self._prefetch)
+            await channel.set_qos(prefetch_count=self._prefetch[stage])
             queue = await channel.declare_queue(
                 self._broker.queue_name(stage),
                 durable=True,

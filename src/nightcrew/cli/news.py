@@ -288,11 +288,23 @@ def _print_pass(report: dict[str, Any]) -> None:
         "enqueuedSources",
         "releasedCount",
         "resentCount",
+        "processedCount",
         "relayedCount",
         "queuedCount",
         "deferredCount",
+        "retriedCount",
+        "redisAiReviewLockSkippedCount",
     ):
         typer.echo(f"  {key:<32} {report[key]}")
+    # the workers' results since the shard's previous report
+    window = f"since {report['resultsSince']}" if report.get("resultsSince") else "so far"
+    typer.echo(
+        f"  {'workers ' + window:<32} {report['writtenCount']} written,"
+        f" {report['aiReviewedCount']} reviewed ({report['acceptedCount']} accepted,"
+        f" {report['rejectedCount']} rejected)"
+    )
+    if report.get("backpressureDbArticleCountError"):
+        typer.echo(f"  ! article count failed: {report['backpressureDbArticleCountError']}")
     for stage, states in report["stages"].items():
         counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items())) or "empty"
         typer.echo(f"  stage {stage:<26} {counts}")
@@ -321,9 +333,20 @@ def news_worker(
             min=1,
             max=1000,
             metavar="N",
-            help="Messages handled at once, per stage.",
+            help="Messages handled at once, per stage (NEWS_STAGE_PREFETCH overrides a stage).",
         ),
     ] = 4,
+    grace: Annotated[
+        float,
+        typer.Option(
+            "--grace",
+            min=0,
+            max=3600,
+            metavar="SECONDS",
+            help="On SIGTERM: how long the messages in hand may take to finish before they are"
+            " handed back to their queue.",
+        ),
+    ] = 30.0,
 ) -> None:
     """Consume the news pipeline's stage queues (NEWS_PIPELINE=rabbitmq) until SIGTERM."""
     import signal
@@ -342,7 +365,7 @@ def news_worker(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         async with open_runtime(settings, clock) as runtime:
-            summary = await Worker(runtime, clock, stages, concurrency).run(stop)
+            summary = await Worker(runtime, clock, stages, concurrency).run(stop, grace=grace)
             return summary.to_json()
 
     _run(work, settings)

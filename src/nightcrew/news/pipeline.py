@@ -29,7 +29,7 @@ from typing import Any
 from nightcrew.adapters.broker import STAGES, Outgoing, PipelineBroker
 from nightcrew.clock import Clock
 from nightcrew.config import Settings
-from nightcrew.db.database import Database, Tx, json_param
+from nightcrew.db.database import Database, QueryError, Tx, json_param
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import ConfigError, NightcrewError, QueueError
 from nightcrew.log import describe_error, event, warning
@@ -55,6 +55,36 @@ def broker_of(runtime: Runtime) -> PipelineBroker:
 class Admission:
     room: int  # how many may enter now
     reason: str | None  # why the rest are held (None: all may enter)
+    articles: int | None = None  # the article count the DB limit saw (None: not read)
+    articles_error: str | None = None  # why it could not be read
+
+
+@dataclass(frozen=True, slots=True)
+class ArticleCount:
+    n: int | None
+    error: str | None
+
+
+async def count_articles(db: Database | Tx, *, in_transaction: bool = False) -> ArticleCount:
+    """The article table's size for the DB limit. A count that fails for its own reasons is
+    reported, not raised (spec 001: "reports the telemetry error, and continues"): the DB limit
+    is then not applied and the queue limit still is. Inside a transaction the count runs
+    under a savepoint, so its failure does not abort the caller's transaction. An outage
+    (DatabaseUnavailableError) is still raised: nothing can go on without the database."""
+    if in_transaction:
+        await db.execute(SQL["savepoint_article_count"])
+    try:
+        row = await db.fetch_one(SQL["article_count"])
+    except QueryError as exc:
+        if in_transaction:
+            await db.execute(SQL["rollback_article_count"])
+        warning("worker.backpressure.db_count_failed", error=describe_error(exc))
+        return ArticleCount(None, describe_error(exc))
+    try:
+        return ArticleCount(int(row["n"]), None)  # type: ignore[index]
+    except (TypeError, ValueError, KeyError):
+        warning("worker.backpressure.db_count_parse_failed", row=repr(row))
+        return ArticleCount(None, f"not a count: {row!r}")
 
 
 async def admit(tx: Tx, settings: Settings, stage: str, wanted: int) -> Admission:
@@ -63,23 +93,26 @@ async def admit(tx: Tx, settings: Settings, stage: str, wanted: int) -> Admissio
     if wanted == 0:
         return Admission(0, None)
     await tx.execute(SQL["admission_lock"], {"stage": stage})
-    articles = await tx.fetch_one(SQL["article_count"])
+    articles = await count_articles(tx, in_transaction=True)
     article_limit = settings.ingestion_backpressure_db_article_limit
-    if articles is not None and int(articles["n"]) >= article_limit:
+    if articles.n is not None and articles.n >= article_limit:
         return Admission(
             0,
-            f"database limit: {int(articles['n'])} articles >= "
+            f"database limit: {articles.n} articles >= "
             f"INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT {article_limit}",
+            articles.n,
         )
     row = await tx.fetch_one(SQL["stage_load"], {"stage": stage})
     load, limit = (int(row["n"]) if row else 0), settings.ingestion_backpressure_queue_limit
     room = max(0, limit - load)
     if room >= wanted:
-        return Admission(wanted, None)
+        return Admission(wanted, None, articles.n, articles.error)
     return Admission(
         room,
         f"{stage} queue limit: {load} queued or in flight, "
         f"INGESTION_BACKPRESSURE_QUEUE_LIMIT {limit}",
+        articles.n,
+        articles.error,
     )
 
 
@@ -163,7 +196,29 @@ async def release_held(
 # --- the pass -----------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class PassReport:
-    """Spec 001's report fields, computed for this pass, plus what the pass enqueued."""
+    """Spec 001's report fields, computed for this pass, plus what the pass enqueued.
+
+    A pass holds no lock and does no stage work, so each field says what the pass itself
+    knows, with the spec's meaning:
+
+    * ``processedCount``: articles this pass put into the pipeline — held candidates it
+      admitted into a stage (``releasedCount``) plus those it sent again (``resentCount``);
+      the due sources it enqueued are ``enqueuedSources``;
+    * ``queuedCount``/``queuedBySource``/``deferredCount``/``deferredReasons``: the shard's
+      held and queued candidates now, the held ones, and the limits this pass ran into;
+    * the stage workers' results — ``aiReviewedCount``, ``acceptedCount``, ``rejectedCount``,
+      and ``writtenCount`` (not in spec 001) — are counted from ``news.reviews`` and
+      ``news.articles`` for the shard since its previous report (``resultsSince``; the
+      beginning when there is none): the window between two passes;
+    * ``retriedCount``: candidates waiting for another review attempt after the model failed
+      for now (the pipeline's retries; it has no no-thumbnail retry);
+    * ``redisAiReviewLockSkippedCount``: candidates parked because another worker holds
+      their review lease;
+    * ``redisEnabled``: whether the workers' leases use Redis (REDIS_URL set);
+    * ``backpressureDbArticleCount`` (or ``…Error``): the article count read by this pass;
+      a count that fails is reported and the pass goes on without the DB limit;
+    * ``lockedCount``: always 0 — no shard lock is taken.
+    """
 
     shard: str
     trigger: str
@@ -171,14 +226,28 @@ class PassReport:
     queued_by_source: dict[str, int]
     deferred_count: int
     deferred_reasons: list[str]
+    retried_count: int
     enqueued_sources: int
     released_count: int
     resent_count: int
     relayed_count: int
     stages: dict[str, dict[str, int]]
+    results_since: datetime | None
+    written_count: int
+    ai_reviewed_count: int
+    accepted_count: int
+    rejected_count: int
+    redis_ai_review_lock_skipped_count: int
+    redis_enabled: bool
     backpressure_queue_limit: int
     backpressure_db_article_limit: int
+    backpressure_db_article_count: int | None
+    backpressure_db_article_count_error: str | None
     duration_ms: float
+
+    @property
+    def processed_count(self) -> int:
+        return self.released_count + self.resent_count
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -190,15 +259,27 @@ class PassReport:
             "queuedBySource": self.queued_by_source,
             "deferredCount": self.deferred_count,
             "deferredReasons": self.deferred_reasons,
+            "retriedCount": self.retried_count,
+            "processedCount": self.processed_count,
             "enqueuedSources": self.enqueued_sources,
             "releasedCount": self.released_count,
             "resentCount": self.resent_count,
             "relayedCount": self.relayed_count,
             "stages": self.stages,
+            "resultsSince": (
+                self.results_since.isoformat() if self.results_since is not None else None
+            ),
+            "writtenCount": self.written_count,
+            "aiReviewedCount": self.ai_reviewed_count,
+            "acceptedCount": self.accepted_count,
+            "rejectedCount": self.rejected_count,
             "backpressureQueueLimit": self.backpressure_queue_limit,
             "backpressureDbArticleLimit": self.backpressure_db_article_limit,
-            # the work itself is the stage workers': see /metrics and `news worker`'s events
-            "processedCount": 0,
+            "backpressureDbArticleCount": self.backpressure_db_article_count,
+            "backpressureDbArticleCountError": self.backpressure_db_article_count_error,
+            "lockedCount": 0,
+            "redisAiReviewLockSkippedCount": self.redis_ai_review_lock_skipped_count,
+            "redisEnabled": self.redis_enabled,
             "durationMs": self.duration_ms,
         }
 
@@ -211,6 +292,7 @@ async def enqueue_shard(
     started = time.perf_counter()
     db, settings, broker = runtime.db, runtime.settings, broker_of(runtime)
     now = clock.now()
+    articles = await count_articles(db)
     released, reasons, owed = await release_held(db, settings, now, shard=shard)
     resent = await db.fetch(
         SQL["resend_stale"],
@@ -230,6 +312,14 @@ async def enqueue_shard(
     stages: dict[str, dict[str, int]] = {s: {} for s in STAGES if s != "fetch"}
     for row in await db.fetch(SQL["shard_stages"], {"shard": shard}):
         stages[row["stage"]][row["state"]] = int(row["n"])
+    previous = await db.fetch_one(SQL["previous_report"], {"shard": shard, "now": now})
+    since = previous["at"] if previous is not None else None
+    results = await db.fetch_one(
+        SQL["shard_results_since"],
+        {"shard": shard, "since": since or datetime.min.replace(tzinfo=now.tzinfo), "now": now},
+    )
+    waits = await db.fetch_one(SQL["shard_review_waits"], {"shard": shard})
+    assert results is not None and waits is not None  # aggregates: always one row
     report = PassReport(
         shard=shard,
         trigger=trigger,
@@ -237,13 +327,23 @@ async def enqueue_shard(
         queued_by_source=by_source,
         deferred_count=sum(s.get("held", 0) for s in stages.values()),
         deferred_reasons=reasons,
+        retried_count=int(waits["retried"]),
         enqueued_sources=len(sources),
         released_count=released,
         resent_count=len(resent),
         relayed_count=relayed,
         stages=stages,
+        results_since=since,
+        written_count=int(results["written"]),
+        ai_reviewed_count=int(results["reviewed"]),
+        accepted_count=int(results["accepted"]),
+        rejected_count=int(results["rejected"]),
+        redis_ai_review_lock_skipped_count=int(waits["lock_skipped"]),
+        redis_enabled=runtime.news_adapters().redis_configured,
         backpressure_queue_limit=settings.ingestion_backpressure_queue_limit,
         backpressure_db_article_limit=settings.ingestion_backpressure_db_article_limit,
+        backpressure_db_article_count=articles.n,
+        backpressure_db_article_count_error=articles.error,
         duration_ms=round((time.perf_counter() - started) * 1000, 1),
     )
     await db.execute(

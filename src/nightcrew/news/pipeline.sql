@@ -14,6 +14,15 @@ SELECT count(*) AS n FROM news.sources WHERE fetch_queued_at IS NOT NULL;
 -- name: article_count
 SELECT news.article_count() AS n;
 
+-- name: savepoint_article_count
+-- The count may fail (an operator's replacement of news.article_count(), a statement
+-- timeout): spec 001 reports that and goes on, so inside a transaction it runs under a
+-- savepoint the failure rolls back to, leaving the admission's transaction usable.
+SAVEPOINT article_count;
+
+-- name: rollback_article_count
+ROLLBACK TO SAVEPOINT article_count;
+
 -- name: hold_staged
 -- A fetch's new items, each at its first stage, queued (with its message in the outbox) or
 -- held with the reason; minus what is written or already a candidate.
@@ -147,6 +156,33 @@ ON CONFLICT (stage) DO UPDATE
    SET processed = s.processed + excluded.processed,
        failed = s.failed + excluded.failed,
        dead_lettered = s.dead_lettered + excluded.dead_lettered;
+
+-- name: previous_report
+-- Where this pass's window of the workers' results starts: the shard's previous report (a
+-- pass's or an inline run's).
+SELECT max(started_at) AS at FROM news.worker_reports
+ WHERE shard = %(shard)s AND started_at < %(now)s;
+
+-- name: shard_results_since
+-- The workers' results for the shard since the previous report: articles written, and their
+-- reviews (every verdict counts, the offline rules' too, as in the inline run's report).
+SELECT (SELECT count(*) FROM news.articles a
+         WHERE a.shard = %(shard)s AND a.created_at > %(since)s
+           AND a.created_at <= %(now)s) AS written,
+       count(r.article_id) AS reviewed,
+       count(r.article_id) FILTER (WHERE r.accepted) AS accepted,
+       count(r.article_id) FILTER (WHERE NOT r.accepted) AS rejected
+  FROM news.reviews r JOIN news.articles a ON a.id = r.article_id
+ WHERE a.shard = %(shard)s AND r.created_at > %(since)s AND r.created_at <= %(now)s;
+
+-- name: shard_review_waits
+-- The shard's candidates waiting for another review attempt (the model failed for now), and
+-- those parked because another worker holds their review lease (stages.py's park reason).
+SELECT count(*) FILTER (WHERE attempts > 0) AS retried,
+       count(*) FILTER (WHERE state = 'held'
+                          AND reason LIKE 'its review lease is held elsewhere%%') AS lock_skipped
+  FROM news.candidates
+ WHERE shard = %(shard)s AND stage = 'review' AND state IN ('held', 'queued');
 
 -- name: save_report
 INSERT INTO news.worker_reports (shard, trigger, started_at, report)

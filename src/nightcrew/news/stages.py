@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from nightcrew.adapters.broker import PipelineBroker
-from nightcrew.adapters.locks import Lease, LeaseBackendDown, Leases, PostgresLeases
+from nightcrew.adapters.locks import Lease, LeaseBackendDown, Leases
 from nightcrew.clock import Clock
 from nightcrew.db.database import QueryError, json_param
 from nightcrew.db.queries import load_queries
@@ -92,7 +92,7 @@ async def _acquire(ctx: StageContext, name: str, ttl: float) -> tuple[Leases, Le
         return ctx.leases, await ctx.leases.acquire(name, ttl)
     except LeaseBackendDown as exc:
         warning("worker.redis.unavailable", error=str(exc))
-        fallback = PostgresLeases(ctx.runtime.db, ctx.clock)
+        fallback = ctx.runtime.news_adapters().fallback_leases
         return fallback, await fallback.acquire(name, ttl)
 
 

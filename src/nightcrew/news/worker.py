@@ -10,8 +10,16 @@ Alongside, every few seconds, the worker releases held candidates into stages th
 again, relays the outbox, refreshes stale snapshots (write stage) and adds its counts to
 ``news.stage_counters`` for /metrics.
 
-SIGTERM (or SIGINT): no new messages; the ones held are finished within the grace period (or
-left unacknowledged, so the broker redelivers them); exit 0.
+Each stage is consumed on its own channel with its own prefetch: ``--concurrency`` for every
+stage, or what NEWS_STAGE_PREFETCH (``fetch=8,enrich=8,review=2,write=16``) names.
+
+SIGTERM (or SIGINT): every consumer is cancelled at once (basic.cancel: nothing new arrives);
+the messages in hand — the stage work under way — get the grace period to finish and be
+acknowledged. What is still unfinished then is cancelled (its lease released) and handed back
+as a fresh copy published before the original is acknowledged: a quorum queue counts every
+return toward its delivery limit — a reject and a closed channel's unacknowledged messages
+alike (measured on RabbitMQ 3.10) — so plain returns at each restart would dead-letter healthy
+messages. The copy carries the deliveries its original had spent. Exit 0.
 """
 
 from __future__ import annotations
@@ -23,15 +31,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nightcrew.adapters.broker import STAGES, Delivery, Outgoing
+from nightcrew.adapters.broker import STAGES, Delivery, Outgoing, parse_stage_prefetch
 from nightcrew.clock import Clock
-from nightcrew.errors import NightcrewError, QueueError
+from nightcrew.errors import DatabaseUnavailableError, NightcrewError, QueueError
 from nightcrew.log import describe_error, event, warning
 from nightcrew.news import pipeline, stages
 from nightcrew.runtime import Runtime
 
 HOUSEKEEPING_SECONDS = 5.0
 STOP_GRACE_SECONDS = 30.0
+CANCEL_WAIT_SECONDS = 10.0  # past the grace: for cancelled stage work to release its leases
 
 
 @dataclass
@@ -72,28 +81,40 @@ class Worker:
         )
         self.stage_names = stage_names
         self.concurrency = concurrency
+        named = parse_stage_prefetch(runtime.settings.news_stage_prefetch)
+        self.prefetch = {stage: named.get(stage, concurrency) for stage in stage_names}
         self.summary = WorkerSummary(stages=stage_names)
         self._unflushed: dict[str, Counter[str]] = {
             "processed": Counter(),
             "failed": Counter(),
             "dead": Counter(),
         }
-        self._inflight: set[asyncio.Task[Any]] = set()
+        # the stage work under way, and the message each one settles
+        self._inflight: dict[asyncio.Task[Any], Delivery] = {}
+        # messages to hand back at the stop rather than return (see the module's docstring)
+        self._give_back: list[Delivery] = []
 
     async def run(self, stop: asyncio.Event, *, grace: float = STOP_GRACE_SECONDS) -> WorkerSummary:
         await self.ctx.broker.connect()  # a broker that is not there at all: exit 2, one line
         consumers = self.ctx.broker.consumers(
-            {stage: self._handler(stage) for stage in self.stage_names}, self.concurrency
+            {stage: self._handler(stage) for stage in self.stage_names}, self.prefetch
         )
-        event("news.worker_started", stages=self.stage_names, concurrency=self.concurrency)
+        event(
+            "news.worker_started",
+            stages=self.stage_names,
+            concurrency=self.concurrency,
+            prefetch=self.prefetch,
+        )
         housekeeping = asyncio.create_task(self._housekeeping())
         try:
-            await consumers.run(stop, _broker_event)
+            await consumers.run(stop, _broker_event)  # returns with every consumer cancelled
         finally:
             self._stopping.set()
             if self._inflight:
                 await asyncio.wait(set(self._inflight), timeout=grace)
-            await consumers.close()  # what is still held goes back to the queue
+            await self._cancel_unfinished()
+            await self._hand_back()
+            await consumers.close()  # returns only what could not be handed back
             housekeeping.cancel()
             await asyncio.gather(housekeeping, return_exceptions=True)
             await self._housekeep_once(final=True)
@@ -106,20 +127,60 @@ class Worker:
             # the callback, but the stage must still finish what it started (its model call,
             # its commit) — else the redelivered message would pay for that step again.
             task = asyncio.create_task(self._handle(stage, delivery))
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
+            self._inflight[task] = delivery
+            task.add_done_callback(lambda done: self._inflight.pop(done, None))
             await asyncio.shield(task)
 
         return handle
 
+    async def _cancel_unfinished(self) -> None:
+        """Stage work still running after the grace: cancelled, so its leases are released
+        now (not when their TTL runs out) for whoever gets the message next."""
+        unfinished = dict(self._inflight)
+        if not unfinished:
+            return
+        for task, delivery in unfinished.items():
+            task.cancel()
+            self._give_back.append(delivery)
+        await asyncio.wait(set(unfinished), timeout=CANCEL_WAIT_SECONDS)
+
+    async def _hand_back(self) -> None:
+        """Every message held but not settled: a fresh copy published (confirmed), then the
+        original acknowledged. Should the broker refuse, the original stays unacknowledged
+        and the closing channel returns it (spending one delivery)."""
+        held = [d for d in self._give_back if not d.settled]
+        self._give_back.clear()
+        if not held:
+            return
+        try:
+            await self.ctx.broker.publish([d.handed_back() for d in held])
+        except QueueError as exc:
+            warning("news.hand_back_failed", messages=len(held), error=describe_error(exc))
+            return
+        for delivery in held:
+            acked = await delivery.ack()
+            event(
+                "news.message",
+                stage=delivery.stage,
+                outcome="handed_back",
+                message_id=delivery.message_id,
+                delivery=delivery.deliveries,
+                acked=acked,
+            )
+
     async def _handle(self, stage: str, delivery: Delivery) -> None:
         if self._stopping.is_set():
-            await delivery.requeue()  # arrived after the stop: someone else's now
+            # arrived after the stop (a consumer's cancel raced it): someone else's now
+            self._give_back.append(delivery)
             return
         started = time.perf_counter()
         try:
             outcome = await self._patiently(stage, delivery.body)
         except Exception as exc:
+            if isinstance(exc, DatabaseUnavailableError) and self._stopping.is_set():
+                # ``patiently`` waits an outage out until the stop: not the message's failure
+                self._give_back.append(delivery)
+                return
             await self._failed(stage, delivery, exc, started)
             return
         acked = await delivery.ack()
