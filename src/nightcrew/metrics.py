@@ -14,7 +14,11 @@ LabelSet = tuple[tuple[str, str], ...]
 
 # name → (kind, help). Declared up front so /metrics documents itself even before a first run.
 METRICS: dict[str, tuple[Kind, str]] = {
-    "nightcrew_lane_runs_total": ("counter", "Lane runs by lane and outcome."),
+    "nightcrew_lane_runs_total": (
+        "counter",
+        "Lane runs by lane and status: completed, failed, or abandoned (a run that died "
+        "without finishing, counted by the replica whose next run of the lane marked it).",
+    ),
     "nightcrew_lane_run_duration_seconds": ("gauge", "Duration of the last run of a lane."),
     "nightcrew_lane_last_success_timestamp_seconds": (
         "gauge",

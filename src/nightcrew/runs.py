@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 from nightcrew.clock import Clock
-from nightcrew.db.database import Database, json_param
+from nightcrew.db.database import Database, json_param, statement_deadline
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import DatabaseUnavailableError, NightcrewError
 from nightcrew.log import describe_error, warning
@@ -30,6 +30,12 @@ HEARTBEAT_SECONDS = 10.0
 # Six missed heartbeats: long enough for a database blip, short enough that the next minute
 # lane run (or the daily catch-up a minute later) takes over a dead run's slot.
 ABANDON_AFTER_SECONDS = 60.0
+# How long a run that lost the database waits to record its failure before it gives up (the
+# next run of its lane marks it abandoned instead): the CLI exits within its bound.
+FINISH_AFTER_LOSS_SECONDS = 5.0
+
+# Told the ids of the runs just marked abandoned (the lane's metrics count them).
+OnAbandoned = Callable[[list[int]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +44,9 @@ class RunHandle:
     attempt: int = 1
 
 
-async def abandon_stale(db: Database, *, lane: str, now: datetime) -> list[int]:
+async def abandon_stale(
+    db: Database, *, lane: str, now: datetime, on_abandoned: OnAbandoned | None = None
+) -> list[int]:
     rows = await db.fetch(
         SQL["abandon_stale"], {"lane": lane, "now": now, "grace_seconds": ABANDON_AFTER_SECONDS}
     )
@@ -49,19 +57,31 @@ async def abandon_stale(db: Database, *, lane: str, now: datetime) -> list[int]:
             run_id=row["id"],
             slot=row["slot"].isoformat() if row["slot"] else None,
         )
-    return [int(r["id"]) for r in rows]
+    ids = [int(r["id"]) for r in rows]
+    if ids and on_abandoned is not None:
+        on_abandoned(ids)
+    return ids
 
 
-async def claim(db: Database, *, lane: str, slot: datetime, now: datetime) -> RunHandle | None:
+async def claim(
+    db: Database,
+    *,
+    lane: str,
+    slot: datetime,
+    now: datetime,
+    on_abandoned: OnAbandoned | None = None,
+) -> RunHandle | None:
     """Claim a scheduled slot; its handle if this caller won it, None if another replica did.
     A stale running run of the lane is marked abandoned first (its slot can then be claimed)."""
-    await abandon_stale(db, lane=lane, now=now)
+    await abandon_stale(db, lane=lane, now=now, on_abandoned=on_abandoned)
     row = await db.fetch_one(SQL["claim_scheduled_slot"], {"lane": lane, "slot": slot, "now": now})
     return None if row is None else RunHandle(int(row["id"]), int(row["attempts"]))
 
 
-async def start_manual(db: Database, *, lane: str, now: datetime) -> int:
-    await abandon_stale(db, lane=lane, now=now)
+async def start_manual(
+    db: Database, *, lane: str, now: datetime, on_abandoned: OnAbandoned | None = None
+) -> int:
+    await abandon_stale(db, lane=lane, now=now, on_abandoned=on_abandoned)
     row = await db.fetch_one(SQL["start_manual_run"], {"lane": lane, "now": now})
     assert row is not None  # INSERT … RETURNING always yields the row
     return int(row["id"])
@@ -99,23 +119,34 @@ async def heartbeat(
     database being away is the body's problem to report, and a run whose beats stop is what
     ``abandoned`` is for. A beat that finds the row no longer this run's (it went without
     beats long enough to be abandoned, and another run took the slot) stops the body with
-    RunSuperseded: two copies of one slot never run on."""
+    RunSuperseded: two copies of one slot never run on.
+
+    When the body ends, a beat in flight is let finish (it is bounded by its interval) rather
+    than cancelled — cancelling a statement makes psycopg ask a possibly silent server to
+    cancel it, which costs up to 10 s more — unless the body lost the database."""
     body = asyncio.current_task()
     superseded = False
+    stop = asyncio.Event()
 
     async def beat() -> None:
         nonlocal superseded
         while True:
-            await asyncio.sleep(every)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(every):
+                    await stop.wait()
+            if stop.is_set():
+                return
             try:
-                touched = await db.execute(
-                    SQL["heartbeat"],
-                    {"id": handle.id, "attempt": handle.attempt, "now": clock.now()},
-                )
+                # a beat slower than its interval is a failed beat: bounded by it
+                with statement_deadline(every):
+                    touched = await db.execute(
+                        SQL["heartbeat"],
+                        {"id": handle.id, "attempt": handle.attempt, "now": clock.now()},
+                    )
             except Exception as exc:
                 warning("run_heartbeat_failed", run_id=handle.id, error=str(exc))
                 continue
-            if touched == 0 and body is not None:
+            if touched == 0 and body is not None and not stop.is_set():
                 warning("run_superseded", run_id=handle.id, attempt=handle.attempt)
                 superseded = True
                 body.cancel()
@@ -124,6 +155,11 @@ async def heartbeat(
     task = asyncio.create_task(beat())
     try:
         yield
+    except DatabaseUnavailableError:
+        # the beat in flight is doomed too (most likely waiting for a connection, which is
+        # cancelled at no cost): the run's end must not wait out its bound
+        task.cancel()
+        raise
     except asyncio.CancelledError:
         if not superseded or body is None:
             raise
@@ -132,7 +168,7 @@ async def heartbeat(
             f"run {handle.id} was given up and its slot claimed again; this copy stopped"
         ) from None
     finally:
-        task.cancel()
+        stop.set()
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
@@ -146,35 +182,41 @@ async def recorded(
     work: Callable[[RunHandle], Awaitable[Report]],
     report_json: Callable[[Report], dict[str, Any]],
     on_failure: Callable[[RunHandle, BaseException], None] | None = None,
+    on_abandoned: OnAbandoned | None = None,
+    heartbeat_every: float = HEARTBEAT_SECONDS,
 ) -> Report | None:
     """One recorded run: claim the scheduled ``slot`` (None: start a manual run) → heartbeat
     while ``work`` runs → finish ``completed`` with its report, or ``failed`` (with
     ``retry: true`` when the database went away, so the slot may be claimed again). A slot
-    another replica won → None. Cancellation (Ctrl-C, SIGTERM) finishes the row too."""
+    another replica won → None. Cancellation (Ctrl-C, SIGTERM) finishes the row too.
+    ``on_abandoned`` hears the ids of the lane's dead runs this run marked abandoned."""
     now = clock.now()
     if slot is not None:
-        handle = await claim(db, lane=lane, slot=slot, now=now)
+        handle = await claim(db, lane=lane, slot=slot, now=now, on_abandoned=on_abandoned)
         if handle is None:
             return None
     else:
-        handle = RunHandle(await start_manual(db, lane=lane, now=now))
+        handle = RunHandle(await start_manual(db, lane=lane, now=now, on_abandoned=on_abandoned))
     try:
-        async with heartbeat(db, handle, clock):
+        async with heartbeat(db, handle, clock, every=heartbeat_every):
             result = await work(handle)
     except BaseException as exc:
         if on_failure is not None:
             on_failure(handle, exc)
-        with contextlib.suppress(Exception):
+        lost = isinstance(exc, DatabaseUnavailableError)
+        # Once the database is lost, one short try: a run that cannot record its end is
+        # marked abandoned by the next run, and the process must not linger for it.
+        with (
+            contextlib.suppress(Exception),
+            statement_deadline(FINISH_AFTER_LOSS_SECONDS if lost else None),
+        ):
             await asyncio.shield(
                 finish(
                     db,
                     handle,
                     status="failed",
                     now=clock.now(),
-                    report={
-                        "error": describe_error(exc),
-                        "retry": isinstance(exc, DatabaseUnavailableError),
-                    },
+                    report={"error": describe_error(exc), "retry": lost},
                 )
             )
         raise

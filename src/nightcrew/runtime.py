@@ -92,6 +92,8 @@ def connection_policy(settings: Settings) -> ConnectionPolicy:
         pool_timeout=settings.db_pool_timeout_seconds,
         max_size=settings.db_pool_max_size,
         keepalives_idle=settings.db_keepalives_idle_seconds,
+        keepalives_interval=settings.db_keepalives_interval_seconds,
+        keepalives_count=settings.db_keepalives_count,
         tcp_user_timeout=settings.db_tcp_user_timeout_seconds,
         statement_timeout=settings.db_statement_timeout_seconds,
         idle_in_transaction_timeout=settings.db_idle_in_transaction_timeout_seconds,

@@ -2,10 +2,12 @@
 nightcrew and the server and is cut (connections closed, new ones refused) or blackholed
 (connections held open, nothing forwarded) while a lane runs, then restored.
 
-Every run goes through a Database with short bounds (``FAST``: 2 s to connect, 2 s to get a
+Most runs go through a Database with short bounds (``FAST``: 2 s to connect, 2 s to get a
 pooled connection, 2 s of TCP user timeout, 5 s statement timeout), so a lost database has to
-surface as ``DatabaseUnavailableError`` within ``BOUND`` seconds, measured. Set-up and checks
-use a direct (unproxied) connection.
+surface as ``DatabaseUnavailableError`` within ``BOUND`` seconds, measured; one runs a minute
+slot with the default settings and holds it to the README's bound (``DEFAULT_MINUTE_BOUND``).
+Set-up and checks use a direct (unproxied) connection. The server may be on 127.0.0.1:PORT or,
+as the embedded pgserver is, on a Unix socket only: the proxy then forwards to the socket.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import httpx
 import psycopg
 import pytest
 from structlog.testing import capture_logs
@@ -32,6 +35,7 @@ from nightcrew.adapters.queues import PODCAST_IMPORTS, PostgresQueueProducer
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import ConnectionPolicy, Database
 from nightcrew.errors import DatabaseUnavailableError
+from nightcrew.http import create_app
 from nightcrew.lifecycle.lanes import lane_schedule, run_lane
 from nightcrew.scheduler import Scheduler
 from tests import factories as f
@@ -61,20 +65,60 @@ REPO = Path(__file__).resolve().parents[2]
 
 # --- plumbing --------------------------------------------------------------------------------
 def _via(url: str, port: int) -> str:
-    """The same database URL, through 127.0.0.1:port."""
+    """The same database URL, through 127.0.0.1:port (a Unix socket's ``host=`` dropped)."""
     parts = urlsplit(url)
     user = parts.netloc.rpartition("@")[0]
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k not in ("host", "port")])
     return urlunsplit(
-        parts._replace(netloc=f"{user}@127.0.0.1:{port}" if user else f"127.0.0.1:{port}")
+        parts._replace(
+            netloc=f"{user}@127.0.0.1:{port}" if user else f"127.0.0.1:{port}", query=query
+        )
     )
+
+
+class UnixUpstreamProxy(TcpProxy):
+    """The same proxy in front of a server that listens on a Unix socket only (the embedded
+    pgserver, started with no TCP address): nightcrew still talks TCP to 127.0.0.1, so what
+    the proxy does to that connection (cut, blackhole) is what a network does."""
+
+    def __init__(self, socket_path: str) -> None:
+        super().__init__(0)
+        self._socket_path = socket_path
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        try:
+            up_reader, up_writer = await asyncio.open_unix_connection(self._socket_path)
+        except OSError:
+            writer.close()
+            return
+        self._open |= {writer, up_writer}
+        for task in (
+            asyncio.create_task(self._pipe(reader, up_writer)),
+            asyncio.create_task(self._pipe(up_reader, writer)),
+        ):
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+
+def _proxy_for(url: str) -> TcpProxy | None:
+    """A proxy in front of the server at ``url``: on 127.0.0.1:PORT, or on a Unix socket
+    (``?host=/dir``, as the embedded pgserver's URL has it); None for anything else."""
+    parts = urlsplit(url)
+    if parts.hostname in ("127.0.0.1", "localhost") and parts.port is not None:
+        return TcpProxy(parts.port)
+    options = dict(parse_qsl(parts.query))
+    directory = options.get("host", "")
+    if not parts.hostname and directory.startswith("/"):
+        return UnixUpstreamProxy(f"{directory}/.s.PGSQL.{options.get('port', '5432')}")
+    return None
 
 
 @pytest.fixture
 async def proxy(fresh_db_url: str) -> AsyncIterator[TcpProxy]:
-    parts = urlsplit(fresh_db_url)
-    if parts.hostname not in ("127.0.0.1", "localhost") or parts.port is None:
-        pytest.skip("the fault tests need PostgreSQL on 127.0.0.1:PORT (DATABASE_URL)")
-    tcp = TcpProxy(parts.port)
+    tcp = _proxy_for(fresh_db_url)
+    if tcp is None:
+        pytest.skip("the fault tests need PostgreSQL on 127.0.0.1:PORT or on a Unix socket")
     await tcp.start()
     try:
         yield tcp
@@ -346,6 +390,87 @@ async def test_cli_minute_run_cut_mid_run_exits_2_with_one_line(
     assert run["status"] == "running"
 
 
+# --- 4b: default settings, the server going silent under a statement in flight ----------------
+# The README's bound for the minute lane with the default settings: its statement deadline
+# (NIGHTCREW_DB_MINUTE_STATEMENT_TIMEOUT_SECONDS, 10 s), a heartbeat in flight at that moment
+# (bounded by its 10 s interval), one 5 s try to record the failure, and the pool's close.
+DEFAULT_MINUTE_BOUND = 30.0
+
+
+async def _lock_waiter(db: Database, dbname: str) -> bool:
+    row = await db.fetch_one(
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = 'nightcrew'"
+        " AND datname = %(db)s AND state = 'active' AND wait_event_type = 'Lock'",
+        {"db": dbname},
+    )
+    return row is not None and row["n"] > 0
+
+
+async def test_minute_slot_blackholed_in_flight_with_default_settings_stops_within_the_bound(
+    db: Database, proxy: TcpProxy, fresh_db_url: str, tmp_path: Path
+) -> None:
+    """The minute lane's 04:00 slot runs in a process of its own with the DEFAULT database
+    settings (no FAST), through the CLI's error handling. Its claim of the stalled items waits
+    on a table lock the test holds — a statement provably in flight (pg_stat_activity says
+    so) — when the proxy goes silent (blackhole: connections held open, the kernel still
+    acknowledging, nothing answered, which no TCP keepalive or user timeout sees). The lock is
+    then released, so the server answers into the void. The process exits 2 within the
+    documented bound, its last stderr line naming the loss and every line before it JSON; once
+    the database is back the run row is finished (failed, retry) or marked abandoned, and the
+    next scheduler tick for the slot claims it again and completes it."""
+    await _stalled_items(db, 50)
+    dbname = urlsplit(fresh_db_url).path.lstrip("/")
+    env = _env(DATABASE_URL=_via(fresh_db_url, proxy.port), NIGHTCREW_DATA_DIR=str(tmp_path))
+    async with await psycopg.AsyncConnection.connect(fresh_db_url) as locker:
+        await locker.execute("LOCK TABLE public.import_items IN ACCESS EXCLUSIVE MODE")
+        worker = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "tests.faults._minute_slot"),
+            env=env,
+            cwd=REPO,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            waiting = await _eventually(lambda: _lock_waiter(db, dbname), within=60)
+            assert waiting, "the minute lane never reached its claim of the stalled items"
+            proxy.blackhole()
+            lost_at = time.monotonic()
+            await locker.rollback()  # the claim completes on the server; its answer is held
+            async with asyncio.timeout(DEFAULT_MINUTE_BOUND + 60):
+                stdout, stderr = await worker.communicate()
+            elapsed = time.monotonic() - lost_at
+        finally:
+            if worker.returncode is None:
+                worker.kill()
+                await worker.wait()
+
+    lines = stderr.decode().splitlines()
+    assert elapsed <= DEFAULT_MINUTE_BOUND, (elapsed, lines[-3:])
+    assert worker.returncode == 2, stderr.decode()
+    assert stdout == b""
+    assert lines[-1].startswith("nightcrew: lost PostgreSQL at "), lines[-1]
+    for line in lines[:-1]:
+        json.loads(line)
+    assert await _sent_item_ids(db) == Counter()  # the claim's answer never arrived
+
+    await proxy.restore()
+    first = await _run_row(db, "minute", NOW)
+    assert first["status"] in ("running", "failed"), first
+    if first["status"] == "failed":
+        assert first["report"]["retry"] is True, first
+    # The next tick for the slot, once the dead run's heartbeat is past the grace period
+    # (a failed-for-retry row is re-claimable at once; a running one after the grace).
+    clock = FrozenClock(NOW + timedelta(seconds=runs.ABANDON_AFTER_SECONDS + 30))
+    rt = make_runtime(db, clock, fresh_db_url)
+    scheduler = Scheduler(rt, clock, (lane_schedule(rt, clock, "minute"),))
+    async with asyncio.timeout(BOUND):
+        assert await scheduler.fire("minute", NOW) is True
+    again = await _run_row(db, "minute", NOW)
+    assert again["id"] == first["id"] and again["attempts"] == 2, again
+    assert again["status"] == "completed", again
+    assert len(await _sent_item_ids(db)) == 50
+
+
 # --- 5: the scheduler rides out an outage --------------------------------------------------------
 class FastClock:
     """Real time from ``start``, ``factor`` times faster; ``sleep`` waits accordingly."""
@@ -421,19 +546,27 @@ def _fire_failures(logs: list[Any]) -> list[datetime]:
     ]
 
 
+STALLED_IN_CUT = 120
+
+
 async def test_scheduler_slots_all_complete_once_a_cut_database_is_back(
-    pdb: Database, proxy: TcpProxy, fresh_db_url: str
+    db: Database, pdb: Database, proxy: TcpProxy, fresh_db_url: str
 ) -> None:
     """A scheduler whose minute slots come every 2 s (clock 30x real time) loses PostgreSQL:
-    the proxy is cut for 5 s (the slots in between fail), then restored — every slot after
-    that completes: no dead pooled connection, no reconnection backoff fails one."""
+    the proxy is cut for 10 s (five slots; they fail), and meanwhile 120 import items stall
+    (written over a direct connection: the platform keeps working while nightcrew cannot reach
+    the database). Restored: every slot after that completes — no dead pooled connection, no
+    reconnection backoff fails one — and the first of them re-sends all 120 stalled items: the
+    work of the slots lost to the cut is done by the next tick."""
     async with _scheduler_every_2_s(pdb, fresh_db_url) as (clock, watch, logs):
         cut = clock.now()
         await proxy.cut()
-        await asyncio.sleep(5)
+        await _stalled_items(db, STALLED_IN_CUT)
+        await asyncio.sleep(10)
+        assert await _sent_item_ids(db) == Counter()  # nothing got through the cut
         await proxy.restore()
         restored = clock.now()
-        await watch.completed(restored, 4, within=12)
+        await watch.completed(restored, 4, within=20)
 
     failed = _fire_failures(logs)
     assert any(cut < slot < restored for slot in failed), "the outage failed no slot"
@@ -441,6 +574,14 @@ async def test_scheduler_slots_all_complete_once_a_cut_database_is_back(
     assert len(after) >= 4 and _every_minute(after, restored), after
     assert [status for _, status, _ in after] == ["completed"] * len(after), after
     assert not [slot for slot in failed if slot > restored]
+    # The first slot to complete since the cut (nothing got through before the restore, so it
+    # ran after it: the slot that was waiting for a connection when the database came back, or
+    # the next one) sent every item that stalled during the cut.
+    since_cut = await watch_slots(fresh_db_url, cut)
+    [(slot, report), *_] = [(sl, rep) for sl, status, rep in since_cut if status == "completed"]
+    assert slot <= restored + timedelta(minutes=1), (slot, restored)
+    assert report["items_requeued"] == STALLED_IN_CUT, report
+    assert len(await _sent_item_ids(db)) == STALLED_IN_CUT
 
 
 async def test_scheduler_slot_after_every_backend_is_terminated_completes(
@@ -555,3 +696,13 @@ async def test_a_sigkilled_daily_run_is_abandoned_and_its_slot_run_again(
     assert again["attempts"] == 2 and again["status"] == "completed", again
     abandoned = [e for e in logs if e["event"] == "run_abandoned"]
     assert [(e["run_id"], e["slot"]) for e in abandoned] == [(first["id"], NOW.isoformat())]
+
+    # /metrics of this replica (the one that marked it) counts the abandoned run beside the
+    # completed re-run
+    transport = httpx.ASGITransport(app=create_app(rt.metrics))
+    async with httpx.AsyncClient(transport=transport, base_url="http://nightcrew") as client:
+        scraped = await client.get("/metrics")
+    assert scraped.status_code == 200
+    lines = scraped.text.splitlines()
+    assert 'nightcrew_lane_runs_total{lane="daily",status="abandoned"} 1' in lines, lines
+    assert 'nightcrew_lane_runs_total{lane="daily",status="completed"} 1' in lines, lines

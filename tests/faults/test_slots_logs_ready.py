@@ -5,7 +5,9 @@
 * ``nightcrew serve`` fed malformed HTTP: every stderr line stays one JSON object (uvicorn's
   own warnings included), /ready and /metrics answer, SIGTERM exits 0.
 * A hard deletion whose storage cleanup dies after its first page: the per-page count survives
-  the crash, and the retry brings ``objects_deleted`` / ``bytes_deleted`` to the true totals.
+  the crash, and the retry brings ``objects_deleted`` / ``bytes_deleted`` to the true totals —
+  also when the process is SIGKILLed between the store's delete and the page's count (the
+  page in flight is written on the deletion's record first, and settled by the next run).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import json
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -45,6 +49,7 @@ from tests.support.servers import free_port
 
 MINUTE = timedelta(minutes=1)
 HOUR = timedelta(hours=1)
+REPO = Path(__file__).resolve().parents[2]
 
 
 # --- 1. the resend cooldown is counted in slots, not in timer jitter -------------------------
@@ -301,3 +306,75 @@ async def test_objects_deleted_is_exact_across_a_crash_mid_cleanup(
     assert settled["bytes_deleted"] == total_bytes
     assert settled["objects_left"] == 0
     assert settled["storage_cleaned_at"] == clock.now() and settled["attempts"] == 1
+
+
+async def test_objects_deleted_is_exact_after_a_sigkill_between_the_delete_and_its_count(
+    db: Database, clock: FrozenClock, fresh_db_url: str, tmp_path: Path
+) -> None:
+    """A process cleaning a deleted podcast's storage (a file:// store both processes share) is
+    SIGKILLed right after the store answered its second page's delete, before that page's
+    count was written. The page is gone and uncounted; the next daily run asks the store which
+    of the in-flight keys are gone, counts them, and finishes: objects_deleted and
+    bytes_deleted equal exactly what existed."""
+    storage_url = f"file://{tmp_path / 'media'}"
+    store = open_store(storage_url)
+    doomed = await f.podcast(db, status="pending_deletion", deletion_scheduled_at=NOW - HOUR)
+    prefix = podcast_prefix(doomed)
+    total = 2 * LIST_PAGE_SIZE + 345
+    for n in range(total):
+        await store.put(f"{prefix}e/{n:05d}.mp3", b"x" * (1 + n % 7))
+    before = await _sizes(store, prefix)
+    assert len(before) == total
+    total_bytes = sum(before.values())
+
+    worker = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "tests.faults._delete_then_crash"),
+        *(fresh_db_url, storage_url, "2"),
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        async with asyncio.timeout(120):
+            output, _ = await worker.communicate()
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+            await worker.wait()
+    assert worker.returncode == -signal.SIGKILL, output.decode()
+    assert b"killed after delete 2" in output, output.decode()
+
+    # Inside the window: two pages are gone from the store, only the first is counted, and the
+    # second is the record's page in flight.
+    left = await _sizes(store, prefix)
+    gone = {k: s for k, s in before.items() if k not in left}
+    crashed = await _deletion(db, doomed)
+    in_flight = await db.fetch_one(
+        "SELECT in_flight FROM nightcrew.podcast_deletions WHERE podcast_id = %(p)s",
+        {"p": doomed},
+    )
+    assert in_flight is not None and in_flight["in_flight"], "no page in flight at the kill"
+    second_page = set(in_flight["in_flight"])
+    assert crashed["objects_deleted"] == len(gone) - len(second_page) > 0
+    assert second_page <= set(gone), "the kill came before the second page's delete"
+    assert crashed["objects_deleted"] < len(gone)  # a page the old count would have lost
+
+    clock.advance(timedelta(days=1))
+    report = await hard_delete_expired_podcasts(
+        make_runtime(db, clock, fresh_db_url, store=store), clock
+    )
+    assert report.errors == []
+    [retried] = report.retried
+    assert retried["storage_cleaned"] is True
+    # what this run counted: the settled page, and what was still there
+    assert retried["objects_deleted"] == total - crashed["objects_deleted"]
+    assert await _sizes(store, prefix) == {}
+    settled = await _deletion(db, doomed)
+    assert settled["objects_deleted"] == total  # every object that existed, exactly once
+    assert settled["bytes_deleted"] == total_bytes
+    assert settled["objects_left"] == 0
+    cleared = await db.fetch_one(
+        "SELECT in_flight FROM nightcrew.podcast_deletions WHERE podcast_id = %(p)s",
+        {"p": doomed},
+    )
+    assert cleared == {"in_flight": None}

@@ -93,3 +93,41 @@ def test_readme_configuration_table_lists_every_variable() -> None:
 def test_amqp_selects_rabbitmq(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QUEUE_URL", "amqp://guest:guest@127.0.0.1:5672/")
     assert load_settings().queue_url.startswith("amqp://")
+
+
+def test_database_keepalives_and_the_minute_deadline_have_defaults_and_are_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for field in Settings.model_fields.values():
+        monkeypatch.delenv(str(field.alias), raising=False)
+    s = load_settings()
+    assert (s.db_keepalives_idle_seconds, s.db_keepalives_interval_seconds) == (10, 5)
+    assert s.db_keepalives_count == 3
+    assert s.db_minute_statement_timeout_seconds == 10.0
+    monkeypatch.setenv("NIGHTCREW_DB_KEEPALIVES_INTERVAL_SECONDS", "2")
+    monkeypatch.setenv("NIGHTCREW_DB_KEEPALIVES_COUNT", "4")
+    monkeypatch.setenv("NIGHTCREW_DB_MINUTE_STATEMENT_TIMEOUT_SECONDS", "0")  # the pool's bound
+    s = load_settings()
+    assert (s.db_keepalives_interval_seconds, s.db_keepalives_count) == (2, 4)
+    assert s.db_minute_statement_timeout_seconds == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "problem"),
+    [
+        ("NIGHTCREW_DB_KEEPALIVES_INTERVAL_SECONDS", "0", "greater than or equal to 1"),
+        ("NIGHTCREW_DB_KEEPALIVES_INTERVAL_SECONDS", "40000", "less than or equal to 32767"),
+        ("NIGHTCREW_DB_KEEPALIVES_INTERVAL_SECONDS", "2.5", "valid integer"),
+        ("NIGHTCREW_DB_KEEPALIVES_COUNT", "0", "greater than or equal to 1"),
+        ("NIGHTCREW_DB_KEEPALIVES_COUNT", "128", "less than or equal to 127"),
+        ("NIGHTCREW_DB_MINUTE_STATEMENT_TIMEOUT_SECONDS", "-1", "greater than or equal to 0"),
+    ],
+)
+def test_a_bad_database_keepalive_or_deadline_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, problem: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert str(caught.value).startswith(f"invalid configuration: {name}: "), str(caught.value)
+    assert problem in str(caught.value)

@@ -241,6 +241,7 @@ async def delete_prefix(
     *,
     verify: bool = True,
     on_batch: Callable[[int, int], Awaitable[None]] | None = None,
+    before_batch: Callable[[list[StoredObject]], Awaitable[None]] | None = None,
 ) -> PrefixDeletion:
     """Delete every object under ``prefix``, page by page, then re-list to count what is left.
 
@@ -248,7 +249,10 @@ async def delete_prefix(
     listing is what makes "left" honest: it counts whatever a failed key, a concurrent upload
     or a listing quirk left behind. ``on_batch(objects, bytes)`` hears each page's deletions as
     the store confirms them, so a caller can persist the count before the next page: a crash
-    then loses at most the one page between the store's answer and the caller's write.
+    then loses at most the one page between the store's answer and the caller's write —
+    unless ``before_batch(page)``, told each page before its delete goes out, persisted the
+    page's keys: then a crash in between loses nothing (the caller asks the store which of them
+    are gone).
     """
     if not prefix or not prefix.endswith("/"):
         raise ValueError(f"refusing to delete a prefix that is not a folder: {prefix!r}")
@@ -256,6 +260,8 @@ async def delete_prefix(
     async for page in store.list_prefix(prefix):
         result.listed += len(page)
         sizes = {o.key: o.size for o in page}
+        if before_batch is not None:
+            await before_batch(page)
         outcome = await store.delete([o.key for o in page])
         deleted_bytes = sum(s for k, s in sizes.items() if k not in outcome.failed)
         result.deleted += outcome.deleted

@@ -8,9 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+import socket
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
@@ -125,13 +136,81 @@ class ConnectionPolicy:
         }
 
 
+# The statement deadline of the work running in this task and the tasks it starts (seconds,
+# None: the pool's). A role whose statements are all short (the minute lane) gives up on a
+# silent server sooner than the pool's default. A ContextVar rather than a second pool: the
+# pool, and every adapter that holds it (the queue producer), is shared with the daily lane.
+_ROLE_DEADLINE: ContextVar[float | None] = ContextVar("nightcrew_db_deadline", default=None)
+
+
+@contextlib.contextmanager
+def statement_deadline(seconds: float | None) -> Iterator[None]:
+    """Inside this block (and in the tasks it starts) no statement, commit or pool checkout
+    waits on PostgreSQL longer than ``seconds`` (None or 0: no change); past it the database
+    counts as lost. Nested blocks keep the shorter bound."""
+    outer = _ROLE_DEADLINE.get()
+    bound = seconds if seconds else None
+    if outer is not None and bound is not None:
+        bound = min(outer, bound)
+    token = _ROLE_DEADLINE.set(bound if bound is not None else outer)
+    try:
+        yield
+    finally:
+        _ROLE_DEADLINE.reset(token)
+
+
+def _role_bound(deadline: float | None) -> float | None:
+    role = _ROLE_DEADLINE.get()
+    if role is None:
+        return deadline
+    return role if deadline is None else min(deadline, role)
+
+
+class _Severer:
+    """Ends a connection whose statement outlives its deadline by shutting down its socket.
+
+    Cancelling the awaiting task instead would make psycopg send a cancel request and wait for
+    the query to end (5 + 5 s) on the very server that stopped answering; with the socket shut
+    down, the pending read sees end-of-file at once and psycopg fails the statement as a lost
+    connection. The file descriptor stays open (psycopg still watches it); only the TCP (or
+    Unix) stream is ended."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[DictRow], deadline: float | None) -> None:
+        self._conn = conn
+        self.deadline = deadline
+        self.severed = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        if self.deadline is not None and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.deadline, self._sever)
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _sever(self) -> None:
+        self._timer = None
+        self.severed = True
+        with contextlib.suppress(Exception):  # closed already, or no socket: nothing to end
+            fd = self._conn.pgconn.socket
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+# After the severed socket, how long the statement may take to notice before the task itself
+# is cancelled (it normally notices at once).
+_SEVER_GRACE = 5.0
+
+
 class _Executor:
     """fetch/execute over one psycopg connection, translating its errors.
 
     ``deadline`` (seconds) bounds each statement on our side too: a server that accepts bytes
     and never answers (frozen, or a stuck proxy in between) is seen by no TCP timeout and no
-    server-side one. Past it the connection is closed and the database counts as lost
-    (psycopg first tries to cancel the query, which adds up to 10 s)."""
+    server-side one. Past it the connection is ended (see ``_Severer``) and the database counts
+    as lost. A ``statement_deadline`` block around the work can only shorten it."""
 
     def __init__(
         self,
@@ -159,19 +238,32 @@ class _Executor:
             cur = await self._conn.execute(query, params)
             return cur.rowcount
 
+    def _severer(self) -> _Severer:
+        return _Severer(self._conn, _role_bound(self._deadline))
+
     @asynccontextmanager
     async def _bounded(self) -> AsyncIterator[None]:
+        severer = self._severer()
+        severer.arm()
         try:
-            async with asyncio.timeout(self._deadline):
+            backstop = None if severer.deadline is None else severer.deadline + _SEVER_GRACE
+            async with asyncio.timeout(backstop):
                 yield
         except TimeoutError:
             with contextlib.suppress(Exception):
                 await self._conn.close()
-            raise DatabaseUnavailableError(
-                f"lost PostgreSQL at {self._target}: no reply within {self._deadline:g} s"
-            ) from None
+            raise self._no_reply(severer) from None
         except psycopg.Error as exc:
+            if severer.severed:
+                raise self._no_reply(severer) from None
             raise _translate(exc, self._target) from exc
+        finally:
+            severer.disarm()
+
+    def _no_reply(self, severer: _Severer) -> DatabaseUnavailableError:
+        return DatabaseUnavailableError(
+            f"lost PostgreSQL at {self._target}: no reply within {severer.deadline:g} s"
+        )
 
 
 class Tx(_Executor):
@@ -268,12 +360,13 @@ class Database(_Executor):
     @asynccontextmanager
     async def _acquire(self) -> AsyncIterator[psycopg.AsyncConnection[DictRow]]:
         """A pooled connection; failing to get one is "database unavailable", one line."""
+        timeout = _role_bound(self._policy.pool_timeout)
         try:
-            async with self._pool.connection() as conn:
+            async with self._pool.connection(timeout=timeout) as conn:
                 yield conn
         except PoolTimeout as exc:
             raise DatabaseUnavailableError(
-                f"lost PostgreSQL at {self.target}: no connection within the pool timeout"
+                f"lost PostgreSQL at {self.target}: no connection within {timeout:g} s"
             ) from exc
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailableError(
@@ -308,11 +401,23 @@ class Database(_Executor):
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
         async with self._acquire() as conn:
+            executor = self._executor(conn)
+            # BEGIN and COMMIT wait on the server as much as a statement does: the same bound
+            severer = executor._severer()
+            severer.arm()
             try:
                 async with conn.transaction():
-                    yield self._executor(conn)
+                    severer.disarm()
+                    try:
+                        yield executor
+                    finally:
+                        severer.arm()
             except psycopg.Error as exc:
+                if severer.severed:
+                    raise executor._no_reply(severer) from None
                 raise _translate(exc, self.target) from exc
+            finally:
+                severer.disarm()
 
     @asynccontextmanager
     async def session(
@@ -482,8 +587,12 @@ def _checker(
         await the_pool.check()
 
     async def check(conn: psycopg.AsyncConnection[DictRow]) -> None:
+        # severed, not cancelled, past its bound: a cancelled check would make psycopg wait
+        # another 10 s on the silent server (see _Severer)
+        severer = _Severer(conn, timeout)
+        severer.arm()
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(timeout + _SEVER_GRACE):
                 await AsyncConnectionPool.check_connection(conn)
         except BaseException:
             if not purging:
@@ -491,6 +600,8 @@ def _checker(
                 purging.add(task)
                 task.add_done_callback(purging.discard)
             raise
+        finally:
+            severer.disarm()
 
     return check
 

@@ -16,14 +16,15 @@ reports both until they are done — so nothing is forgotten after a crash or an
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from nightcrew.adapters.queues import RSS_INVALIDATION
-from nightcrew.adapters.storage import PrefixDeletion, delete_prefix
+from nightcrew.adapters.storage import PrefixDeletion, StoredObject, delete_prefix
 from nightcrew.clock import Clock
-from nightcrew.db.database import Tx
+from nightcrew.db.database import Tx, json_param
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects
 from nightcrew.effects.deliver import Delivery, deliver_now
@@ -39,6 +40,8 @@ SQL = load_queries(__file__)
 DELETION_FOLLOWUP_MAX = 200
 # Failed keys quoted per podcast in events and the report; the count is always complete.
 FAILED_KEY_SAMPLE = 20
+# HEADs at once when a crashed cleanup's in-flight page is settled (at most one page of keys).
+IN_FLIGHT_HEAD_CONCURRENCY = 10
 
 
 def podcast_prefix(podcast_id: str) -> str:
@@ -260,8 +263,17 @@ async def _clean_storage(runtime: Runtime, cleanup: Cleanup, errors: list[Failur
             SQL["count_deleted"], {"id": cleanup.podcast_id, "objects": objects, "bytes": size}
         )
 
+    async def mark(page: list[StoredObject]) -> None:
+        keys = {o.key: o.size for o in page}
+        await runtime.db.execute(
+            SQL["mark_in_flight"], {"id": cleanup.podcast_id, "keys": json_param(keys)}
+        )
+
     try:
-        result: PrefixDeletion = await delete_prefix(runtime.store, prefix, on_batch=count)
+        await _settle_in_flight(runtime, cleanup)
+        result: PrefixDeletion = await delete_prefix(
+            runtime.store, prefix, on_batch=count, before_batch=mark
+        )
     except DatabaseUnavailableError:
         raise
     except Exception as exc:
@@ -276,8 +288,8 @@ async def _clean_storage(runtime: Runtime, cleanup: Cleanup, errors: list[Failur
         error(**failure)
         errors.append(failure)
         return
-    cleanup.objects_deleted = result.deleted
-    cleanup.bytes_deleted = result.bytes_deleted
+    cleanup.objects_deleted += result.deleted
+    cleanup.bytes_deleted += result.bytes_deleted
     cleanup.objects_left = result.left
     if result.failed or result.left:
         sample = dict(list(result.failed.items())[:FAILED_KEY_SAMPLE])
@@ -306,6 +318,38 @@ async def _clean_storage(runtime: Runtime, cleanup: Cleanup, errors: list[Failur
         prefix=prefix,
         count=result.deleted,
         bytes=result.bytes_deleted,
+    )
+
+
+async def _settle_in_flight(runtime: Runtime, cleanup: Cleanup) -> None:
+    """A page an earlier cleanup was deleting when it died: the keys the store no longer has
+    were deleted and never counted. Count them (and clear the page) before deleting anything
+    else, or the next page's mark would overwrite them. A key still there is deleted, and
+    counted, with the listing that follows."""
+    row = await runtime.db.fetch_one(SQL["in_flight"], {"id": cleanup.podcast_id})
+    pending: dict[str, int] = (row or {}).get("in_flight") or {}
+    if not pending:
+        return
+    limit = asyncio.Semaphore(IN_FLIGHT_HEAD_CONCURRENCY)
+
+    async def gone(key: str) -> bool:
+        async with limit:
+            return await runtime.store.head(key) is None
+
+    answers = await asyncio.gather(*(gone(key) for key in pending))
+    deleted = [key for key, is_gone in zip(pending, answers, strict=True) if is_gone]
+    size = sum(int(pending[key]) for key in deleted)
+    await runtime.db.execute(
+        SQL["count_deleted"], {"id": cleanup.podcast_id, "objects": len(deleted), "bytes": size}
+    )
+    cleanup.objects_deleted += len(deleted)
+    cleanup.bytes_deleted += size
+    event(
+        "r2_cleanup_settled",
+        podcast_id=cleanup.podcast_id,
+        in_flight=len(pending),
+        count=len(deleted),
+        bytes=size,
     )
 
 

@@ -53,10 +53,22 @@ UPDATE nightcrew.podcast_deletions
        updated_at = %(now)s
  WHERE podcast_id = %(id)s;
 
+-- name: mark_in_flight
+-- The page about to be deleted ({key: size}), committed before the store is asked: a crash
+-- between the store's answer and count_deleted leaves it for the next cleanup to settle.
+UPDATE nightcrew.podcast_deletions
+   SET in_flight = %(keys)s
+ WHERE podcast_id = %(id)s;
+
 -- name: count_deleted
 -- One listing page's deletions, persisted as the store confirms them (not at the end of the
--- podcast's cleanup): a crash mid-cleanup keeps the count of what is already gone.
+-- podcast's cleanup), and the page no longer in flight, in one statement: the count is exact
+-- whenever the process dies.
 UPDATE nightcrew.podcast_deletions
    SET objects_deleted = objects_deleted + %(objects)s,
-       bytes_deleted = bytes_deleted + %(bytes)s
+       bytes_deleted = bytes_deleted + %(bytes)s,
+       in_flight = NULL
  WHERE podcast_id = %(id)s;
+
+-- name: in_flight
+SELECT in_flight FROM nightcrew.podcast_deletions WHERE podcast_id = %(id)s;

@@ -19,6 +19,7 @@ import structlog
 
 from nightcrew import runs
 from nightcrew.clock import Clock, SlotClock
+from nightcrew.db.database import statement_deadline
 from nightcrew.effects.deliver import deliver_effects
 from nightcrew.errors import DatabaseUnavailableError
 from nightcrew.lifecycle import (
@@ -54,12 +55,16 @@ class Lane:
     # A replica starting after a missed slot still runs it if it is at most this late (the
     # slot claim keeps it to one run); zero for the minute lane, whose next slot is near.
     catch_up: timedelta = timedelta(0)
+    # Every statement of the lane is short, so a silent database is called lost after
+    # NIGHTCREW_DB_MINUTE_STATEMENT_TIMEOUT_SECONDS rather than the pool's long bound.
+    short_statements: bool = False
 
 
 MINUTE = Lane(
     name="minute",
     cron="* * * * *",
     concurrent=True,
+    short_statements=True,
     completed_event="import_watchdog_completed",
     jobs=(
         Job(
@@ -318,15 +323,23 @@ async def run_lane(
         error("lifecycle_cron_failed", lane=lane.name, run_id=handle.id, error=describe_error(exc))
         runtime.metrics.inc("nightcrew_lane_runs_total", lane=lane.name, status="failed")
 
-    report = await runs.recorded(
-        runtime.db,
-        clock,
-        lane=lane.name,
-        slot=claimed_slot,
-        work=work,
-        report_json=LaneReport.to_json,
-        on_failure=failed,
-    )
+    def abandoned(ids: list[int]) -> None:
+        runtime.metrics.inc(
+            "nightcrew_lane_runs_total", len(ids), lane=lane.name, status="abandoned"
+        )
+
+    deadline = runtime.settings.db_minute_statement_timeout_seconds
+    with statement_deadline(deadline if lane.short_statements else None):
+        report = await runs.recorded(
+            runtime.db,
+            clock,
+            lane=lane.name,
+            slot=claimed_slot,
+            work=work,
+            report_json=LaneReport.to_json,
+            on_failure=failed,
+            on_abandoned=abandoned,
+        )
     if report is not None:
         _record_metrics(runtime, clock, report)
     return report
