@@ -1,6 +1,6 @@
 """Benchmark: the storage reconciler over 1,000,000 episodes and 1,000,000 objects.
 
-    python -m bench.reconcile [--store local|s3] [--n N] [--runs 3] [--apply]
+    python -m bench.reconcile [--store local|s3] [--n N] [--runs 3] [--apply] [--profile]
 
 Data: N/1000 podcasts; N episodes; one object per episode except the 1% whose object is
 missing; 1% of the recorded sizes wrong; plus N/100 orphan objects (1%) that no episode
@@ -16,11 +16,14 @@ same layout as small real objects (1,000-1,999 bytes, the recorded sizes scaled 
   manages;
 * the reconciler's dry run (the real ``run_reconcile``), with its store requests (list pages,
   HEADs) and peak RSS (VmHWM, reset just before through /proc/self/clear_refs);
-* with ``--apply``, an apply run (sizes written, orphans deleted, outbox drained).
+* with ``--apply``, as many apply runs (sizes written, orphans deleted, outbox drained), each
+  from a fresh copy of the database and with the orphans put back;
+* with ``--profile``, one more dry run under cProfile and one under py-spy (when installed).
 
 Targets (issue 14): dry run <= 1.0x the rclone listing of the same store (nightcrew compares
-everything in the time rclone only lists); peak RSS <= 256 MB; requests N/1000 + prefixes +
-candidates.
+everything in the time rclone only lists); peak RSS <= 256 MB; store requests exactly the
+list pages the data dictates (N/1000 + prefixes) plus one HEAD per seeded missing object —
+checked for every run, the bench exits non-zero otherwise.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from bench._db import admin_url, drop, proc_kib, recreate, reset_peak_rss
 from nightcrew.adapters.billing import NoBilling
 from nightcrew.adapters.feedcache import RecordingFeedCache
@@ -48,7 +53,7 @@ from nightcrew.adapters.queues import PostgresQueueProducer
 from nightcrew.adapters.storage import open_store
 from nightcrew.clock import FrozenClock, SystemClock
 from nightcrew.config import Settings
-from nightcrew.db.database import Database
+from nightcrew.db.database import Database, with_dbname
 from nightcrew.db.migrate import migrate
 from nightcrew.lifecycle.reconcile.core import ReconcileOptions
 from nightcrew.lifecycle.reconcile.engine import run_reconcile
@@ -62,19 +67,30 @@ def size_of(i: int, scale: int = 1) -> int:
     return (1_000_000 + (i % 1000) * 1000) // scale  # 1-2 MB, like short audio (or scaled)
 
 
-def object_keys(podcasts: list[str], n: int) -> list[tuple[str, int]]:
-    """(key, i) of every object: each episode's except the 1% seeded missing, and N/100
-    orphans nobody references."""
-    keys = [(f"podcasts/{podcasts[i // 1000]}/e/ep{i}/a.mp3", i) for i in range(n) if i % 100 != 0]
-    keys += [
+def seeded_missing(n: int) -> int:
+    """Episodes whose object the data leaves out (every 100th): the HEADs a run must make."""
+    return len(range(0, n, 100))
+
+
+def orphan_keys(podcasts: list[str], n: int) -> list[tuple[str, int]]:
+    """(key, j) of the N/100 orphans nobody references: what an apply run deletes."""
+    return [
         (f"podcasts/{podcasts[j % len(podcasts)]}/e/orphan{j}/a.mp3", j) for j in range(n // 100)
     ]
-    return keys
 
 
-async def fill_bucket(store: Any, podcasts: list[str], n: int, scale: int) -> int:
+def object_keys(podcasts: list[str], n: int) -> list[tuple[str, int]]:
+    """(key, i) of every object: each episode's except the 1% seeded missing, and the
+    orphans."""
+    keys = [(f"podcasts/{podcasts[i // 1000]}/e/ep{i}/a.mp3", i) for i in range(n) if i % 100 != 0]
+    return keys + orphan_keys(podcasts, n)
+
+
+async def fill_bucket(
+    store: Any, podcasts: list[str], n: int, scale: int, *, only_orphans: bool = False
+) -> int:
     """Small real objects, 64 puts in flight."""
-    keys = object_keys(podcasts, n)
+    keys = orphan_keys(podcasts, n) if only_orphans else object_keys(podcasts, n)
     gate = asyncio.Semaphore(64)
 
     async def put(key: str, i: int) -> None:
@@ -85,10 +101,10 @@ async def fill_bucket(store: Any, podcasts: list[str], n: int, scale: int) -> in
     return len(keys)
 
 
-def make_files(root: Path, podcasts: list[str], n: int) -> int:
+def make_files(root: Path, podcasts: list[str], n: int, *, only_orphans: bool = False) -> int:
     """Sparse files: the listing sees real sizes, the disk stores no blocks."""
     old = time.time() - 2 * 86400
-    keys = object_keys(podcasts, n)
+    keys = orphan_keys(podcasts, n) if only_orphans else object_keys(podcasts, n)
     for key, i in keys:
         path = root / key
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -256,21 +272,53 @@ async def _load(admin: str, name: str, n: int, scale: int) -> tuple[str, list[st
     return url, podcasts
 
 
+def clone(admin: str, template: str, name: str) -> str:
+    """A fresh copy of the loaded database (CREATE DATABASE … TEMPLATE): each apply run starts
+    from the same wrong sizes, missing objects and orphans."""
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
+    return with_dbname(admin, name)
+
+
+def restore_orphans(kind: str, store_url: str, podcasts: list[str], n: int) -> None:
+    """Put back the orphans an apply run deleted (nothing else is deleted without
+    --quarantine-missing, and the database is a fresh copy)."""
+    if kind == "local":
+        make_files(Path(store_url.removeprefix("file://")), podcasts, n, only_orphans=True)
+    else:
+        store = open_store(store_url, credentials=S3_CREDENTIALS)
+        asyncio.run(fill_bucket(store, podcasts, n, 1000, only_orphans=True))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", choices=("local", "s3"), default="local")
     parser.add_argument("--n", type=int, default=None)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--apply", action="store_true", help="also time an apply run")
+    parser.add_argument("--runs", type=int, default=3, help="runs per median (dry and apply)")
     parser.add_argument(
-        "--profile", action="store_true", help="one more dry run under cProfile (not counted)"
+        "--apply", action="store_true", help="also time apply runs, each from a fresh copy"
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="one more dry run under cProfile, and one under py-spy when it is installed "
+        "(neither counted)",
+    )
+    # one dry run and nothing else: the process py-spy records (--profile)
+    parser.add_argument("--single-dry-run", nargs=3, metavar=("DB", "STORE", "AGE_S"))
     args = parser.parse_args()
     configure_logging("warning")
+    if args.single_dry_run:
+        db_url, store_url, age_s = args.single_dry_run
+        age = timedelta(seconds=float(age_s))
+        asyncio.run(reconcile_once(db_url, store_url, ReconcileOptions(), age=age))
+        return
     n = args.n or (1_000_000 if args.store == "local" else 100_000)
     scale = 1 if args.store == "local" else 1000
     # local files are made two days old; S3 objects are new, so the clock moves two days on
     age = timedelta(0) if args.store == "local" else timedelta(days=2)
+    checks: list[bool] = []
     with admin_url() as admin:
         name = "nightcrew_bench_reconcile"
         url, podcasts = asyncio.run(_load(admin, name, n, scale))
@@ -281,31 +329,33 @@ def main() -> None:
                     asyncio.run(reconcile_once(url, store_url, ReconcileOptions(), age=age))
                     for _ in range(args.runs)
                 ]
-                report(args, n, objects, rclone, dry, len(podcasts))
+                checks.append(report(args, n, objects, rclone, dry, len(podcasts)))
                 if args.profile:
                     profile_once(url, store_url, age)
                 if args.apply:
-                    applied = asyncio.run(
-                        reconcile_once(url, store_url, ReconcileOptions(mode="apply"), age=age)
-                    )
-                    a, st = applied["report"], applied["stats"]
-                    print(
-                        f"   apply run: {applied['wall_s']:.2f} s, peak RSS "
-                        f"{applied['peak_rss_mib']:.0f} MiB; {a.size_backfill['written']:,} sizes "
-                        f"written, {a.orphans.deleted:,} orphans deleted; store requests: "
-                        f"{st.list_pages:,} list pages, {st.heads:,} HEADs, "
-                        f"{st.delete_requests:,} delete requests"
-                    )
-                    print(
-                        "   apply phases: "
-                        + ", ".join(f"{k} {v / 1000:.2f} s" for k, v in a.phases_ms.items())
-                    )
+                    applied = []
+                    for _ in range(args.runs):
+                        copy = clone(admin, name, f"{name}_apply")
+                        restore_orphans(args.store, store_url, podcasts, n)
+                        applied.append(
+                            asyncio.run(
+                                reconcile_once(
+                                    copy, store_url, ReconcileOptions(mode="apply"), age=age
+                                )
+                            )
+                        )
+                    drop(admin, f"{name}_apply")
+                    checks.append(report_apply(applied, n, len(podcasts), objects))
         finally:
             drop(admin, name)
+    if not all(checks):
+        raise SystemExit("a store request count differs from what the data dictates")
 
 
 def profile_once(url: str, store_url: str, age: timedelta) -> None:
-    """One dry run under cProfile: the top 25 functions by own time and by cumulative time."""
+    """One dry run under cProfile (the top 25 functions by own and by cumulative time, and
+    the whole profile in a file for snakeviz), then, when py-spy is installed, one in a child
+    process under py-spy (native frames of PostgreSQL's driver and the store included)."""
     import cProfile
     import pstats
 
@@ -313,11 +363,101 @@ def profile_once(url: str, store_url: str, age: timedelta) -> None:
     profile.enable()
     asyncio.run(reconcile_once(url, store_url, ReconcileOptions(), age=age))
     profile.disable()
+    out = Path(tempfile.gettempdir()) / "nightcrew-reconcile-dryrun.prof"
+    profile.dump_stats(out)
     stats = pstats.Stats(profile)
-    print("\n   profile of one dry run (cProfile), by own time:")
+    print(f"\n   profile of one dry run (cProfile, saved to {out}), by own time:")
     stats.sort_stats("tottime").print_stats(25)
     print("   by cumulative time:")
     stats.sort_stats("cumulative").print_stats(25)
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(py_spy).exists():
+        print("   py-spy not installed (pip install py-spy): no sampling profile")
+        return
+    raw = Path(tempfile.gettempdir()) / "nightcrew-reconcile-dryrun.py-spy.txt"
+    subprocess.run(
+        [
+            py_spy,
+            "record",
+            "--format",
+            "raw",
+            "--output",
+            str(raw),
+            "--rate",
+            "200",
+            "--",
+            sys.executable,
+            "-m",
+            "bench.reconcile",
+            "--single-dry-run",
+            url,
+            store_url,
+            str(age.total_seconds()),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    print_py_spy(raw)
+
+
+def print_py_spy(raw: Path, top: int = 20) -> None:
+    """The functions most often on top of the stack, from py-spy's raw (collapsed) output:
+    one ``frame;frame;… count`` line per distinct stack."""
+    own: dict[str, int] = {}
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        samples = int(count)
+        total += samples
+        leaf = stack.rsplit(";", 1)[-1]
+        own[leaf] = own.get(leaf, 0) + samples
+    print(f"\n   profile of one dry run (py-spy, {total:,} samples; flamegraph input: {raw}):")
+    for leaf, samples in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"   {100 * samples / max(1, total):5.1f}%  {leaf}")
+
+
+def expected_pages(objects: int, podcasts: int) -> tuple[int, int]:
+    """(pages, objects per prefix) the data dictates: the prefix listing's pages, then one
+    page per 1,000 objects of each podcast prefix."""
+    per_prefix = -(-objects // podcasts) if podcasts else 0
+    return -(-podcasts // 1000) + podcasts * -(-per_prefix // 1000), per_prefix
+
+
+def request_check(stats: Any, n: int, objects: int, podcasts: int) -> tuple[bool, str]:
+    """The store requests against the data, each exactly: list pages as above, and one HEAD
+    per episode whose object was seeded missing (the only candidates a run may HEAD)."""
+    pages, per_prefix = expected_pages(objects, podcasts)
+    missing = seeded_missing(n)
+    ok = stats.list_pages == pages and stats.heads == missing
+    return ok, (
+        f"{stats.list_pages:,} list pages (expected {pages:,}: the prefix listing + "
+        f"{podcasts:,} prefixes x ceil({per_prefix:,}/1000)), {stats.heads:,} HEADs (expected "
+        f"{missing:,}: the seeded missing objects) — {'met exactly' if ok else 'MISSED'}"
+    )
+
+
+def report_apply(applied: list[dict[str, Any]], n: int, podcasts: int, objects: int) -> bool:
+    walls = [a["wall_s"] for a in applied]
+    a, st = applied[-1]["report"], applied[-1]["stats"]
+    peak = max(x["peak_rss_mib"] for x in applied)
+    ok, requests = request_check(st, n, objects, podcasts)
+    print(
+        f"   apply run:                  median {statistics.median(walls):.2f} s "
+        f"({', '.join(f'{t:.2f}' for t in walls)}), peak RSS {peak:.0f} MiB; "
+        f"{a.size_backfill.written:,} sizes written, {a.orphans.deleted:,} orphans deleted"
+    )
+    print(
+        f"   apply store requests: {requests}; {st.delete_requests:,} delete requests "
+        f"({a.orphans.deleted:,} orphans, batches of 1,000)"
+    )
+    print(
+        "   apply phases (last run): "
+        + ", ".join(f"{k} {v / 1000:.2f} s" for k, v in a.phases_ms.items())
+    )
+    return ok
 
 
 def report(
@@ -327,7 +467,7 @@ def report(
     rclone: list[float],
     dry: list[dict[str, Any]],
     podcasts: int,
-) -> None:
+) -> bool:
     last = dry[-1]
     r, stats = last["report"], last["stats"]
     where = "local store, sparse files" if args.store == "local" else "moto S3, small objects"
@@ -340,34 +480,25 @@ def report(
     print(
         f"   reconcile dry run:          median {statistics.median(walls):.2f} s "
         f"({', '.join(f'{t:.2f}' for t in walls)}); listing "
-        f"{r.listing['partitions']:,} partitions, {r.listing['listConcurrency']} at once"
+        f"{r.listing.partitions:,} partitions, {r.listing.list_concurrency} at once, "
+        f"{r.listing.objects_per_second:,} objects/s"
     )
     ratio = statistics.median(walls) / statistics.median(rclone)
     print(f"   ratio to rclone: {ratio:.2f} (target <= 1.0: {'met' if ratio <= 1 else 'MISSED'})")
     peak = max(d["peak_rss_mib"] for d in dry)
     print(f"   peak RSS: {peak:.0f} MiB (target <= 256: {'met' if peak <= 256 else 'MISSED'})")
-    # what the data holds, not what the run did: the prefix listing's pages, one page per
-    # 1,000 objects of each podcast prefix, one HEAD per episode whose object was seeded missing
-    seeded_missing = len(range(0, n, 100))
-    per_prefix = -(-objects // podcasts) if podcasts else 0
-    pages = -(-podcasts // 1000) + podcasts * -(-per_prefix // 1000)
-    expected = pages + seeded_missing
-    verdict = "met" if stats.requests <= expected * 1.01 else "MISSED"
-    print(
-        f"   store requests: {stats.list_pages:,} list pages + {stats.heads:,} HEADs "
-        f"= {stats.requests:,}; expected from the data: {pages:,} pages (the prefix listing + "
-        f"{podcasts:,} prefixes x ceil({per_prefix:,}/1000)) + {seeded_missing:,} seeded missing"
-        f" = {expected:,} (target: within 1%: {verdict})"
-    )
+    ok, requests = request_check(stats, n, objects, podcasts)
+    print(f"   store requests: {requests}")
     print(
         "   phases (last dry run): "
         + ", ".join(f"{k} {v / 1000:.2f} s" for k, v in r.phases_ms.items())
     )
     print(
-        f"   found: {r.size_backfill['mismatched']:,} wrong sizes, "
-        f"{r.missing['count']:,} missing, {r.orphans.found:,} orphans "
+        f"   found: {r.size_backfill.mismatched:,} wrong sizes, "
+        f"{r.missing.count:,} missing, {r.orphans.found:,} orphans "
         f"({r.orphans.eligible:,} eligible)"
     )
+    return ok
 
 
 if __name__ == "__main__":

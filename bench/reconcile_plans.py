@@ -5,9 +5,11 @@
 
 Loads N episodes as ``bench.reconcile`` does, fills the listing's temp table straight from
 SQL (the same keys, sizes and kinds a store listing would give: 1% missing, 1% wrong sizes,
-N/100 orphans), then runs each of the reconciler's comparison queries under EXPLAIN ANALYZE
-under each ``--config`` (settings applied first thing in a fresh session, as temp_buffers
-must be), printing the timing and the plan's top lines.
+N/100 orphans, N/100 transcription-prep chunks, half of them expired) and derives the
+episodes' keys (reconcile_refs) as a run does while it lists, then runs each of
+the reconciler's comparison queries under EXPLAIN ANALYZE under each ``--config`` (settings
+applied first thing in a fresh session, as temp_buffers must be), printing the timing and the
+plan's top lines.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import argparse
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from bench._db import admin_url, drop, recreate
 from bench.reconcile import BASE, load_db
 from nightcrew.db.database import Database
-from nightcrew.lifecycle.reconcile.core import public_prefix
+from nightcrew.lifecycle.reconcile.core import PREP_TTL_DAYS, public_prefix
 from nightcrew.lifecycle.reconcile.engine import SQL
 
 FILL = """
@@ -34,13 +37,21 @@ SELECT 'podcasts/' || p.id || '/e/orphan' || j || '/a.mp3', 'audio', 1000000, %(
   FROM generate_series(0, %(n)s / 100 - 1) j
   JOIN (SELECT id, row_number() OVER (ORDER BY id) - 1 AS r, count(*) OVER () AS c
           FROM public.podcasts) p ON p.r = j %% p.c
+UNION ALL
+-- N/100 transcription-prep chunks, every other one past its TTL
+SELECT 'podcasts/' || p.id || '/e/ep' || j || '/transcribe-prep/c.wav', 'prep', 1000,
+       %(old)s - make_interval(days => 10 * (j %% 2))
+  FROM generate_series(0, %(n)s / 100 - 1) j
+  JOIN (SELECT id, row_number() OVER (ORDER BY id) - 1 AS r, count(*) OVER () AS c
+          FROM public.podcasts) p ON p.r = j %% p.c
 """
 
-QUERIES = {
+QUERIES: dict[str, tuple[str, dict[str, Any]]] = {
     "size backfill (size_candidates)": ("size_candidates", {}),
     "missing (missing_candidates)": ("missing_candidates", {}),
     "orphan audio (unreferenced_audio)": ("unreferenced_audio", {}),
     "episode images (unreferenced_episode_images)": ("unreferenced_episode_images", {}),
+    "expired prep (expired_prep)": ("expired_prep", {"ttl_days": PREP_TTL_DAYS}),
 }
 
 
@@ -70,6 +81,7 @@ async def explain(db: Database, n: int, prefix: str, config: str) -> None:
         for name, value in settings:
             await conn.execute(f"SET {name.strip()} = '{value.strip()}'")
         await conn.execute(SQL["drop_listing"])
+        await conn.execute(SQL["drop_refs"])
         await conn.execute(SQL["create_listing"])
         try:
             started = time.perf_counter()
@@ -77,13 +89,20 @@ async def explain(db: Database, n: int, prefix: str, config: str) -> None:
             await conn.execute(FILL, {"n": n, "prefix": prefix, "old": old})
             await conn.execute(SQL["index_listing"])
             await conn.execute(SQL["analyze_listing"])
+            filled = time.perf_counter() - started
+            started = time.perf_counter()
+            # the episodes' keys, as a run derives them while its listing streams in
+            await conn.execute(SQL["create_refs"], {"prefix": prefix})
+            await conn.execute(SQL["index_refs"])
+            await conn.execute(SQL["analyze_refs"])
             print(
-                f"\n== {config or 'defaults'}: listing table filled in"
-                f" {time.perf_counter() - started:.1f} s"
+                f"\n== {config or 'defaults'}: listing table filled in {filled:.1f} s;"
+                f" episode keys derived in {time.perf_counter() - started:.1f} s"
             )
             for label, (name, extra) in QUERIES.items():
                 plan = await conn.fetch(
-                    "EXPLAIN (ANALYZE, BUFFERS) " + SQL[name], {"prefix": prefix, **extra}
+                    "EXPLAIN (ANALYZE, BUFFERS) " + SQL[name],
+                    {"prefix": prefix, "now": datetime.now(UTC), **extra},
                 )
                 lines = [next(iter(r.values())) for r in plan]
                 total = [ln for ln in lines if ln.startswith("Execution Time")]
@@ -91,6 +110,7 @@ async def explain(db: Database, n: int, prefix: str, config: str) -> None:
                 for line in lines[:12]:
                     print("   " + line)
         finally:
+            await conn.execute(SQL["drop_refs"])
             await conn.execute(SQL["drop_listing"])
 
 

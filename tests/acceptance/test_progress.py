@@ -7,11 +7,18 @@ import os
 import pty
 import re
 import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from nightcrew.adapters.storage import open_store
+from nightcrew.clock import FrozenClock
+from nightcrew.db.database import Database
+from nightcrew.lifecycle.reconcile.core import ReconcileOptions
+from nightcrew.lifecycle.reconcile.engine import OVERLAP_PAGES, run_reconcile
 from tests.acceptance.test_cli import _env, _nightcrew
+from tests.conftest import make_runtime
 
 pytestmark = pytest.mark.acceptance
 NOW = "2026-11-29T04:00:00Z"
@@ -73,3 +80,35 @@ def test_a_terminal_gets_a_progress_display_and_a_pipe_does_not(
     assert piped.returncode == 0, piped.stderr
     assert "\x1b[" not in piped.stderr and "\x1b[" not in piped.stdout
     assert all(line.startswith("{") for line in piped.stderr.splitlines()), piped.stderr
+
+
+async def test_the_listing_reports_objects_per_second_and_an_eta(
+    db: Database, fresh_db_url: str, tmp_path: Path
+) -> None:
+    """The reconciler's progress events during the listing carry its rate and, once a podcast
+    prefix is done and others are not, an ETA; its report carries the rate too."""
+    store = open_store(f"file://{tmp_path}")
+    # one lister, prefix after prefix, and more prefixes than the pages the listing may buffer
+    # ahead of its COPY (OVERLAP_PAGES): early progress events still have partitions left
+    prefixes = OVERLAP_PAGES + 16
+    for p in range(prefixes):
+        await store.put(f"podcasts/p{p:03d}/e/e1/a.mp3", b"x" * 10)
+    clock = FrozenClock(datetime(2026, 11, 29, 4, tzinfo=UTC))
+    env = {"R2_PUBLIC_URL": "https://media.example.test", "RECONCILE_LIST_CONCURRENCY": "1"}
+    runtime = make_runtime(db, clock, fresh_db_url, env=env, store=store)
+    events: list[tuple[str, int]] = []
+
+    report = await run_reconcile(
+        runtime, clock, ReconcileOptions(), progress=lambda phase, n: events.append((phase, n))
+    )
+
+    listing = [phase for phase, _ in events if phase.startswith("listing")]
+    assert len(listing) == prefixes, events  # one event per page, a page per prefix here
+    rate = r"[\d,]+ objects/s"
+    assert all(re.fullmatch(rf"listing \({rate}, \d+/{prefixes} podcasts.*\)", p) for p in listing)
+    # the third page's prefix was listed after two others were done, and at most OVERLAP_PAGES
+    # more can have been listed ahead of the COPY: partitions are left, so an ETA is given
+    done = re.fullmatch(rf"listing \({rate}, (\d+)/{prefixes} podcasts, ETA \d+ s\)", listing[2])
+    assert done is not None and 2 <= int(done[1]) < prefixes, listing[2]
+    assert report.listing.objects == prefixes and report.listing.objects_per_second > 0
+    assert report.to_json()["listing"]["objectsPerSecond"] == report.listing.objects_per_second

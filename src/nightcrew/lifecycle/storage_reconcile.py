@@ -8,7 +8,7 @@ from typing import Any
 from nightcrew.clock import Clock
 from nightcrew.lifecycle.reconcile.core import SCHEDULED_OPTIONS
 from nightcrew.lifecycle.reconcile.engine import (
-    ReconcileSummary,
+    ReconcileReport,
     ReconcileUnavailable,
     run_reconcile,
 )
@@ -19,13 +19,12 @@ from nightcrew.runtime import Runtime
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ScheduledReconcileReport:
-    summary: ReconcileSummary | None = None  # None: skipped
-    report: dict[str, Any] = field(default_factory=dict)
+    report: ReconcileReport | None = None  # None: skipped
     skipped: str | None = None
     errors: list[Failure] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
-        s = self.summary
+        s = self.report.summary() if self.report else None
         return {
             "reconcile_size_written": s.size_written if s else 0,
             "reconcile_orphans_deleted": s.orphans_deleted if s else 0,
@@ -34,9 +33,9 @@ class ScheduledReconcileReport:
         }
 
     def to_json(self) -> dict[str, Any]:
-        if self.skipped:
+        if self.report is None:
             return {"skipped": self.skipped}
-        return {**self.counts(), "report": self.report}
+        return {**self.counts(), "report": self.report.to_json()}
 
 
 async def scheduled_reconcile(runtime: Runtime, clock: Clock) -> ScheduledReconcileReport:
@@ -47,13 +46,7 @@ async def scheduled_reconcile(runtime: Runtime, clock: Clock) -> ScheduledReconc
     except ReconcileUnavailable as exc:
         warning("scheduled_reconcile_skipped", reason=str(exc))
         return ScheduledReconcileReport(skipped=str(exc))
-    summary = report.summary()
-    event("scheduled_reconcile", **summary.to_json())
-    return ScheduledReconcileReport(
-        summary=summary,
-        report=report.to_json(),
-        errors=[
-            {"event": "scheduled_reconcile_error", **e} if "event" not in e else e
-            for e in report.errors
-        ],
-    )
+    event("scheduled_reconcile", **report.summary().to_json())
+    # each entry already carries its spec event (reconcile_quarantine_failed,
+    # reconcile_delete_failed), logged where it happened
+    return ScheduledReconcileReport(report=report, errors=report.errors)

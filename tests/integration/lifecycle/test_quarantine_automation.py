@@ -72,7 +72,7 @@ async def test_run_reconcile_cancels_time_automation_of_published_and_scheduled_
 
     report = await run_reconcile(rt(db, clock, fresh_db_url, store), clock, QUARANTINE)
 
-    assert report.missing["count"] == 4 and report.missing["quarantined"] == 4
+    assert report.missing.count == 4 and report.missing.quarantined == 4
     for status, episode in episodes.items():
         row = await db.fetch_one(
             "SELECT status, audio_url FROM public.episodes WHERE id = %(e)s", {"e": episode}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from nightcrew.adapters.storage import ObjectStore, open_store
 from nightcrew.clock import FrozenClock, SystemClock
 from nightcrew.db.database import Database
 from nightcrew.lifecycle.reconcile.core import ReconcileOptions
-from nightcrew.lifecycle.reconcile.engine import quarantine_episode, run_reconcile
+from nightcrew.lifecycle.reconcile.engine import SQL, OutboxDrain, quarantine_episode, run_reconcile
 from nightcrew.runtime import Runtime
 from tests import factories as f
 from tests.conftest import make_runtime
@@ -34,8 +35,39 @@ def later(**delta: float) -> FrozenClock:
     return FrozenClock(SystemClock().now() + timedelta(**delta))
 
 
-def rt(db: Database, clock: FrozenClock, url: str, store: ObjectStore, **kw: Any) -> Runtime:
-    return make_runtime(db, clock, url, env={"R2_PUBLIC_URL": BASE}, store=store, **kw)
+def rt(
+    db: Database,
+    clock: FrozenClock,
+    url: str,
+    store: ObjectStore,
+    *,
+    window: RecheckWindow | None = None,
+    **kw: Any,
+) -> Runtime:
+    """A runtime with R2_PUBLIC_URL set; with ``window``, its database is that wrapper."""
+    env = {"R2_PUBLIC_URL": BASE}
+    return make_runtime(window or db, clock, url, env=env, store=store, **kw)  # type: ignore[arg-type]
+
+
+class RecheckWindow:
+    """The real database, except that ``land`` runs right before each orphan sweep's final
+    re-check: what lands between a sweep's scan and its delete. (A store whose delete ran it
+    would come after the re-check, too late to test it.)"""
+
+    RECHECKS = (SQL["recheck_audio_references"], SQL["recheck_image_references"])
+
+    def __init__(self, inner: Database, land: Callable[[], Awaitable[None]]) -> None:
+        self._inner, self._land = inner, land
+        self.rechecks = 0
+
+    async def fetch(self, query: str, params: Any = None) -> list[dict[str, Any]]:
+        if query in self.RECHECKS:
+            self.rechecks += 1
+            await self._land()
+        return await self._inner.fetch(query, params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 class World:
@@ -205,7 +237,7 @@ async def test_an_orphan_referenced_inside_the_recheck_window_is_not_deleted(
             )
 
     report = await run_reconcile(
-        rt(db, clock, fresh_db_url, store), clock, APPLY, before_delete=finalize_lands
+        rt(db, clock, fresh_db_url, store, window=RecheckWindow(db, finalize_lands)), clock, APPLY
     )
     assert report.orphans.eligible == 1 and report.orphans.referenced_at_recheck == 1
     assert report.episode_images.referenced_at_recheck == 1
@@ -249,7 +281,7 @@ async def test_bigint_equal_sizes_are_never_rewritten(
     before = await w.row(episode)
     clock = later(days=2)
     report = await run_reconcile(rt(db, clock, fresh_db_url, store), clock, APPLY)
-    assert report.size_backfill["mismatched"] == 0 and report.size_backfill["written"] == 0
+    assert report.size_backfill.mismatched == 0 and report.size_backfill.written == 0
     after = await w.row(episode)
     assert after["updated_at"] == before["updated_at"]  # no bump, no feed churn
     assert await db.fetch("SELECT 1 FROM public.feed_invalidation_outbox") == []
@@ -279,7 +311,7 @@ async def test_quarantine_is_the_complete_transition(
         clock,
         ReconcileOptions(mode="apply", quarantine_missing=True),
     )
-    assert report.missing["count"] == 2 and report.missing["quarantined"] == 2
+    assert report.missing.count == 2 and report.missing.quarantined == 2
     row = await w.row(published)
     assert row["audio_url"] is None and row["audio_file_size_bytes"] is None
     assert row["status"] == "draft" and row["published_at"] is None
@@ -343,7 +375,7 @@ async def test_an_error_mid_quarantine_rolls_everything_back(
             clock,
             ReconcileOptions(mode="apply", quarantine_missing=True),
         )
-    assert report.missing["quarantined"] == 0 and report.missing["quarantineFailed"] == 1
+    assert report.missing.quarantined == 0 and len(report.missing.failures) == 1
     assert await w.row(episode) == before  # the episode update was rolled back with the rest
     assert await db.fetch("SELECT 1 FROM public.feed_invalidation_outbox") == []
     assert any(e["event"] == "reconcile_quarantine_failed" for e in logs)
@@ -383,7 +415,7 @@ async def test_outbox_failures_leave_the_row_pending_with_the_error(
         feed = HttpFeedCache(http, feed_server.url, "s", wait_timeout=httpx.Timeout(0.3))
         runtime = rt(db, clock, fresh_db_url, open_store("memory://"), feedcache=feed)
         report = await run_reconcile(runtime, clock, APPLY)
-        assert report.outbox == {"pending": 1, "delivered": 0, "failed": 1, "dead": 0}
+        assert report.outbox == OutboxDrain(pending=1, delivered=0, failed=1, dead=0)
         [row] = await _outbox_rows(db)
         assert row["delivered_at"] is None and row["attempts"] == 1
         assert ("500" if failure == "500" else "Timeout") in row["last_error"]
@@ -394,7 +426,7 @@ async def test_outbox_failures_leave_the_row_pending_with_the_error(
         await asyncio.sleep(2.1)  # the loopback server answers one request at a time
         clock.advance(timedelta(hours=1))  # past its backoff (the minute lane would be first)
         report = await run_reconcile(runtime, clock, APPLY)
-    assert report.outbox["delivered"] == 1
+    assert report.outbox is not None and report.outbox.delivered == 1
     [row] = await _outbox_rows(db)
     assert row["delivered_at"] == clock.now() and row["attempts"] == 2
     assert row["last_error"] is None
@@ -419,11 +451,11 @@ async def test_a_cap_violation_is_listed_not_fatal(
     _, episode = await _capped_world(db, store)
     clock = later(days=1)
     report = await run_reconcile(rt(db, clock, fresh_db_url, store), clock, APPLY)
-    assert report.size_backfill["written"] == 0
-    [blocked] = report.size_backfill["blockedOverCap"]
-    assert blocked["episodeId"] == episode and blocked["measured"] == 5000
-    assert report.over_cap == []  # nothing recorded over cap yet: the write was refused
-    assert "capBypassFallback" not in report.size_backfill
+    assert report.size_backfill.written == 0
+    [blocked] = report.size_backfill.blocked_over_cap
+    assert blocked.episode_id == episode and blocked.measured == 5000
+    assert report.over_cap == ()  # nothing recorded over cap yet: the write was refused
+    assert "capBypassFallback" not in report.to_json()["sizeBackfill"]
 
 
 async def test_the_cap_bypass_writes_and_re_enables_the_trigger(
@@ -436,14 +468,14 @@ async def test_the_cap_bypass_writes_and_re_enables_the_trigger(
         clock,
         ReconcileOptions(mode="apply", bypass_cap_for_backfill=True),
     )
-    assert report.size_backfill["written"] == 1
-    assert report.size_backfill["capBypassFallback"] is False
+    assert report.size_backfill.written == 1
+    assert report.size_backfill.cap_bypass_fallback is False
     assert (await w.row(episode))["audio_file_size_bytes"] == 5000
     trigger = await db.fetch_one(
         "SELECT tgenabled FROM pg_trigger WHERE tgname = 'trigger_enforce_storage_account_cap'"
     )
     assert trigger == {"tgenabled": "O"}  # enabled again
-    assert [a["overBytes"] for a in report.over_cap] == [4000]  # now reported, never deleted
+    assert [a.over_bytes for a in report.over_cap] == [4000]  # now reported, never deleted
 
 
 async def test_without_alter_privilege_the_bypass_falls_back_to_the_active_path(
@@ -472,8 +504,8 @@ async def test_without_alter_privilege_the_bypass_falls_back_to_the_active_path(
         )
     finally:
         await app_db.close()
-    assert report.size_backfill["capBypassFallback"] is True
-    assert len(report.size_backfill["blockedOverCap"]) == 1
+    assert report.size_backfill.cap_bypass_fallback is True
+    assert len(report.size_backfill.blocked_over_cap) == 1
     assert (await w.row(episode))["audio_file_size_bytes"] is None
 
 
@@ -516,10 +548,7 @@ async def test_the_recheck_matches_a_query_string_reference_and_a_late_invalidat
         )
 
     report = await run_reconcile(
-        rt(db, clock, fresh_db_url, store),
-        clock,
-        ReconcileOptions(mode="apply"),
-        before_delete=window,
+        rt(db, clock, fresh_db_url, store, window=RecheckWindow(db, window)), clock, APPLY
     )
     assert report.orphans.eligible == 2 and report.orphans.referenced_at_recheck == 2
     assert await w.exists(first) and await other.exists(second)
@@ -542,7 +571,7 @@ async def test_the_recheck_decodes_a_percent_encoded_reference_and_keeps_an_unkn
         await f.episode(db, other.podcast, audio_url=f"{BASE}/")
 
     report = await run_reconcile(
-        rt(db, clock, fresh_db_url, store), clock, APPLY, before_delete=window
+        rt(db, clock, fresh_db_url, store, window=RecheckWindow(db, window)), clock, APPLY
     )
     assert report.orphans.eligible == 2 and report.orphans.referenced_at_recheck == 2
     assert await w.exists(spaced) and await other.exists(kept)
@@ -591,3 +620,37 @@ async def test_a_listing_that_fails_midway_fails_the_run_and_changes_nothing(
         await run_reconcile(rt(db, clock, fresh_db_url, BreaksAfterOnePage(store)), clock, APPLY)
     assert await _snapshot(db) == before
     assert len(await _store_keys(store)) == 1500
+
+
+async def test_an_episode_that_lands_while_the_store_is_listed_keeps_its_object(
+    db: Database, fresh_db_url: str, store: ObjectStore
+) -> None:
+    """The episodes' keys are derived while the listing runs, so they may predate an episode
+    that lands during it: whichever way that race goes, its old object is not deleted (the
+    re-check before each delete reads the database as it is then)."""
+    w = await World(db, store).setup()
+    audio = await w.obj(w.key("restored.mp3"))
+    landed: list[str] = []
+
+    class LandsDuringListing:
+        def __init__(self, inner: ObjectStore) -> None:
+            self._inner, self.description, self.stats = inner, inner.description, inner.stats
+
+        async def list_prefix(self, prefix: str) -> Any:
+            async for page in self._inner.list_prefix(prefix):
+                if not landed:
+                    landed.append(await w.episode(audio, audio_file_size_bytes=100))
+                yield page
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+    clock = later(days=3)
+    report = await run_reconcile(
+        rt(db, clock, fresh_db_url, LandsDuringListing(store)),  # type: ignore[arg-type]
+        clock,
+        APPLY,
+    )
+    assert landed and await w.exists(audio)
+    assert report.orphans.deleted == 0
+    assert report.orphans.found == report.orphans.referenced_at_recheck  # 0 or 1: the race

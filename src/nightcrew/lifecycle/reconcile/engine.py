@@ -5,7 +5,14 @@ partitions in flight — streams into a session temp table (COPY, one page of 10
 every job is a join and the store sees about N/1000 + prefixes list requests plus one request
 per candidate: a HEAD per missing-object candidate (it may have been uploaded after the listing
 passed it) and a delete per batch of at most 1000 orphans. Memory stays flat: nothing holds more
-than a page or a batch of candidates.
+than OVERLAP_PAGES listing pages or a batch of candidates.
+
+What needs no listing overlaps with it: while the listers run, the session derives every
+audio URL's key once (reconcile_refs), and the joins after the listing only match keys.
+Comparing each podcast's partition as soon as it is listed is not done: a dry run's listing
+lives in one rolled-back transaction that no second connection can read, so per-partition
+joins would have to stop and restart the COPY on this one, for what is left after the keys:
+at 100k the joins after the listing take 0.3 s of a 3.8 s dry run (bench.reconcile).
 
 1. size backfill  — measured sizes where the recorded one is NULL or wrong (+ outbox intent for
                     a published episode); 23514 (over cap) is listed, never fatal.
@@ -23,18 +30,18 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from nightcrew.adapters.storage import ObjectStore, StoredObject
 from nightcrew.clock import Clock
-from nightcrew.db.database import QueryError, Tx
+from nightcrew.db.database import Database, QueryError, Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects_outbox
 from nightcrew.effects.deliver import drain
-from nightcrew.errors import ConfigError, DatabaseUnavailableError
+from nightcrew.errors import ConfigError
 from nightcrew.lifecycle import outbox as feed_outbox
 from nightcrew.lifecycle.reconcile.core import (
     PREP_TTL_DAYS,
@@ -45,7 +52,8 @@ from nightcrew.lifecycle.reconcile.core import (
     size_needs_write,
 )
 from nightcrew.lifecycle.watchdogs import sweep_wedged_media_jobs
-from nightcrew.log import describe_error, error, event, warning
+from nightcrew.log import describe_error, event, warning
+from nightcrew.reports import Failure, one_item
 from nightcrew.runtime import Runtime
 
 SQL = load_queries(__file__)
@@ -59,6 +67,10 @@ LIST_PAGE = 1000
 # afterwards, so no pooled backend keeps the memory or the settings.
 JOIN_SETTINGS = {"temp_buffers": "512MB", "work_mem": "64MB", "enable_nestloop": "off"}
 REMOTE_LIST_CONCURRENCY = 16
+# Listing pages buffered while the session derives the episodes' keys before its COPY starts:
+# 64 pages of 1,000 objects, ~20 MB, enough for the listers to run through that work (100k
+# episodes: 0.8 s of it, ~14k objects/s listed on local disk).
+OVERLAP_PAGES = 64
 HEAD_CONCURRENCY = 32
 UUID_RE = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 # Podcasts whose pending intents one run delivers (one ?wait=1 call each, covering all of a
@@ -75,10 +87,143 @@ class ReconcileUnavailable(ConfigError):
     """The reconciler cannot run here (e.g. R2_PUBLIC_URL is unset); the message says why."""
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Listing:
+    """What the listing saw, and how fast."""
+
+    objects: int
+    bytes: int
+    list_requests: int
+    partitions: int
+    list_concurrency: int
+    objects_per_second: int
+    kinds: Mapping[str, int]  # objects per ObjectKind
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "objects": self.objects,
+            "bytes": self.bytes,
+            "listRequests": self.list_requests,
+            "partitions": self.partitions,
+            "listConcurrency": self.list_concurrency,
+            "objectsPerSecond": self.objects_per_second,
+            **self.kinds,
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SizeSample:
+    episode_id: str
+    key: str
+    recorded: int | None
+    measured: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "episodeId": self.episode_id,
+            "key": self.key,
+            "recorded": self.recorded,
+            "measured": self.measured,
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlockedWrite:
+    """A measured size the storage cap trigger refused (23514): listed, never fatal."""
+
+    episode_id: str
+    podcast_id: str
+    measured: int
+    error: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "episodeId": self.episode_id,
+            "podcastId": self.podcast_id,
+            "measured": self.measured,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SizeBackfill:
+    checked: int = 0
+    mismatched: int = 0
+    written: int = 0
+    blocked_over_cap: tuple[BlockedWrite, ...] = ()
+    sample: tuple[SizeSample, ...] = ()
+    cap_bypass_fallback: bool | None = None  # None: the bypass was not asked for
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "checked": self.checked,
+            "mismatched": self.mismatched,
+            "written": self.written,
+            "blockedOverCap": [b.to_json() for b in self.blocked_over_cap],
+            "sample": [s.to_json() for s in self.sample],
+        }
+        if self.cap_bypass_fallback is not None:
+            body["capBypassFallback"] = self.cap_bypass_fallback
+        return body
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MissingSample:
+    episode_id: str
+    key: str
+    status: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"episodeId": self.episode_id, "key": self.key, "status": self.status}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Missing:
+    count: int = 0
+    quarantined: int = 0
+    sample: tuple[MissingSample, ...] = ()
+    failures: tuple[Failure, ...] = ()  # one per episode whose quarantine rolled back
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "quarantined": self.quarantined,
+            "sample": [s.to_json() for s in self.sample],
+            "quarantineFailed": len(self.failures),
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OutboxDrain:
+    pending: int
+    delivered: int
+    failed: int
+    dead: int
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "pending": self.pending,
+            "delivered": self.delivered,
+            "failed": self.failed,
+            "dead": self.dead,
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OrphanSample:
+    key: str
+    size: int
+    last_modified: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "size": self.size, "lastModified": self.last_modified.isoformat()}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Sweep:
     """One orphan category's tally."""
 
+    kind: str = ""
     found: int = 0
     bytes: int = 0
     too_young: int = 0
@@ -87,8 +232,19 @@ class Sweep:
     referenced_at_recheck: int = 0
     deleted: int = 0
     bytes_deleted: int = 0
-    failed: dict[str, str] = field(default_factory=dict)
-    sample: list[dict[str, Any]] = field(default_factory=list)
+    failed: Mapping[str, str] = field(default_factory=dict)  # key → the store's refusal
+    sample: tuple[OrphanSample, ...] = ()
+
+    def error(self) -> Failure | None:
+        """The sweep's one error entry: its failed deletes, summed (each key is in the report)."""
+        if not self.failed:
+            return None
+        return {
+            "event": "reconcile_delete_failed",
+            "kind": self.kind,
+            "failed": len(self.failed),
+            "error": next(iter(self.failed.values())),
+        }
 
     def to_json(self, *, protected_key: str | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -101,11 +257,48 @@ class Sweep:
             "bytesDeleted": self.bytes_deleted,
             "failed": len(self.failed),
             "failedKeys": dict(list(self.failed.items())[:SAMPLE_KEYS]),
-            "sample": self.sample,
+            "sample": [s.to_json() for s in self.sample],
         }
         if protected_key:
             body[protected_key] = self.protected
         return body
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MediaJobs:
+    """The media_jobs watchdog's result, run with the reconciler."""
+
+    flagged: int
+    job_ids: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"flagged": self.flagged, "jobIds": list(self.job_ids)}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OverCapAccount:
+    account_id: str
+    bytes: int
+    cap_bytes: int
+    over_bytes: int
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> OverCapAccount:
+        cap = int(row["cap_gb"] * 1_000_000_000)
+        return cls(
+            account_id=str(row["account_id"]),
+            bytes=int(row["bytes"]),
+            cap_bytes=cap,
+            over_bytes=int(row["bytes"] - row["cap_gb"] * 1_000_000_000),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "accountId": self.account_id,
+            "bytes": self.bytes,
+            "capBytes": self.cap_bytes,
+            "overBytes": self.over_bytes,
+        }
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -139,32 +332,39 @@ def _timed(phases: dict[str, float], name: str) -> Iterator[None]:
         phases[name] = round(phases.get(name, 0.0) + (time.perf_counter() - started) * 1000, 1)
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ReconcileReport:
+    """One run, assembled once at its end from each phase's own result."""
+
     options: ReconcileOptions
     now: datetime
-    listing: dict[str, int] = field(default_factory=dict)
-    size_backfill: dict[str, Any] = field(default_factory=dict)
-    missing: dict[str, Any] = field(default_factory=dict)
-    outbox: dict[str, Any] = field(default_factory=dict)
-    orphans: Sweep = field(default_factory=Sweep)
-    episode_images: Sweep = field(default_factory=Sweep)
-    transcribe_prep: Sweep = field(default_factory=Sweep)
-    media_jobs: dict[str, Any] = field(default_factory=dict)
-    over_cap: list[dict[str, Any]] = field(default_factory=list)
-    errors: list[dict[str, Any]] = field(default_factory=list)
-    phases_ms: dict[str, float] = field(default_factory=dict)  # where the time went
-    duration_ms: float = 0.0
+    listing: Listing
+    size_backfill: SizeBackfill
+    missing: Missing
+    outbox: OutboxDrain | None  # None: a dry run drains nothing
+    orphans: Sweep
+    episode_images: Sweep
+    transcribe_prep: Sweep
+    media_jobs: MediaJobs
+    over_cap: tuple[OverCapAccount, ...]
+    phases_ms: Mapping[str, float]  # where the time went
+    duration_ms: float
+
+    @property
+    def errors(self) -> list[Failure]:
+        """Quarantines that rolled back, then each sweep's failed deletes."""
+        sweeps = (self.orphans, self.episode_images, self.transcribe_prep)
+        return [*self.missing.failures, *(e for s in sweeps if (e := s.error()) is not None)]
 
     def summary(self) -> ReconcileSummary:
         """The fields of the spec's scheduled_reconcile event."""
         return ReconcileSummary(
-            size_written=int(self.size_backfill.get("written", 0)),
+            size_written=self.size_backfill.written,
             orphans_deleted=self.orphans.deleted
             + self.episode_images.deleted
             + self.transcribe_prep.deleted,
             over_cap_accounts=len(self.over_cap),
-            outbox_drained=int(self.outbox.get("delivered", 0)),
+            outbox_drained=self.outbox.delivered if self.outbox else 0,
             errors=len(self.errors),
             duration_ms=self.duration_ms,
         )
@@ -175,15 +375,15 @@ class ReconcileReport:
             "options": self.options.to_json(),
             "now": self.now.isoformat(),
             "summary": self.summary().to_json(),
-            "listing": self.listing,
-            "sizeBackfill": self.size_backfill,
-            "missing": self.missing,
-            "outbox": self.outbox,
+            "listing": self.listing.to_json(),
+            "sizeBackfill": self.size_backfill.to_json(),
+            "missing": self.missing.to_json(),
+            "outbox": self.outbox.to_json() if self.outbox else {},
             "orphans": self.orphans.to_json(protected_key="protectedPendingInvalidation"),
             "episodeImages": self.episode_images.to_json(),
             "transcribePrep": self.transcribe_prep.to_json(),
-            "mediaJobs": self.media_jobs,
-            "overCap": self.over_cap,
+            "mediaJobs": self.media_jobs.to_json(),
+            "overCap": [a.to_json() for a in self.over_cap],
             "errors": self.errors,
             "durationMs": self.duration_ms,
         }
@@ -195,17 +395,15 @@ async def run_reconcile(
     options: ReconcileOptions,
     *,
     progress: Progress | None = None,
-    before_delete: Callable[[], Any] | None = None,
 ) -> ReconcileReport:
-    """Run the reconciler once. ``before_delete`` is awaited just before each orphan batch's
-    final re-check (tests use it to change the world inside that window)."""
+    """Run the reconciler once."""
     base = runtime.settings.r2_public_url
     if not base:
         raise ReconcileUnavailable(
             "R2_PUBLIC_URL is unset: object keys cannot be derived from episode URLs"
         )
     started = time.perf_counter()
-    report = ReconcileReport(options=options, now=clock.now())
+    now = clock.now()
     prefix = public_prefix(base)
     if not options.apply:
         # the one dry-run view: a rollback-only database, a read-only store, stand-ins for the
@@ -213,6 +411,8 @@ async def run_reconcile(
         runtime = runtime.dry_run_view(clock)
     store: ObjectStore = runtime.store
     tick = progress or (lambda phase, n: None)
+    phases: dict[str, float] = {}
+    outbox: OutboxDrain | None = None
 
     # the listing's COPY and the joins over a million rows are long work, not a lane's statement
     long_work = runtime.settings.db_long_statement_timeout_seconds
@@ -220,77 +420,64 @@ async def run_reconcile(
         statement_timeout=long_work, settings=JOIN_SETTINGS, discard=True
     ) as conn:
         await conn.execute(SQL["drop_listing"])
+        await conn.execute(SQL["drop_refs"])
         await conn.execute(SQL["create_listing"])
         try:
-            phases = report.phases_ms
             concurrency = list_concurrency(runtime.settings.reconcile_list_concurrency, store)
+
+            async def derive_episode_keys() -> None:
+                with _timed(phases, "episodeKeys"):  # inside the listing's time
+                    await conn.execute(SQL["create_refs"], {"prefix": prefix})
+                    await conn.execute(SQL["index_refs"])
+                    await conn.execute(SQL["analyze_refs"])
+
             with _timed(phases, "listing"):
-                report.listing = await _load_listing(conn, store, tick, concurrency)
+                listing = await _load_listing(
+                    conn, store, tick, concurrency, meanwhile=derive_episode_keys
+                )
             with _timed(phases, "sizeBackfill"):
-                await _size_backfill(runtime, conn, options, prefix, report, tick)
+                size_backfill = await _size_backfill(runtime, conn, options, prefix, now, tick)
             with _timed(phases, "missing"):
-                await _missing(runtime, conn, store, options, prefix, report, tick)
+                missing = await _missing(runtime, conn, options, prefix, now, tick)
             if options.apply:
                 with _timed(phases, "outbox"):
-                    await _drain_outbox(runtime, clock, report)
-            deletes = options.apply and not options.skip_orphan_delete
-            age = timedelta(hours=options.min_orphan_age_hours)
-            sweeps = (
-                SweepSpec(
-                    kind="orphan",
-                    query=SQL["unreferenced_audio"],
-                    params={"prefix": prefix},
-                    recheck=SQL["recheck_audio_references"],
-                    min_age=age,
-                ),
-                SweepSpec(
-                    kind="episode_image",
-                    query=SQL["unreferenced_episode_images"],
-                    params={"prefix": prefix},
-                    recheck=SQL["recheck_image_references"],
-                    min_age=age,
-                ),
-                SweepSpec(
-                    kind="transcribe_prep",
-                    query=SQL["expired_prep"],
-                    params={"now": report.now, "ttl_days": PREP_TTL_DAYS},
-                    recheck=None,
-                    min_age=timedelta(0),
-                    hooked=False,
-                ),
+                    outbox = await _drain_outbox(runtime, clock, now)
+            context = SweepContext(
+                db=runtime.db,
+                conn=conn,
+                store=store,
+                prefix=prefix,
+                now=now,
+                # skipOrphanDelete holds back every sweep, prep too
+                delete=options.apply and not options.skip_orphan_delete,
+                tick=tick,
             )
-            tallies = (report.orphans, report.episode_images, report.transcribe_prep)
-            for spec, tally in zip(sweeps, tallies, strict=True):
+            sweeps: list[Sweep] = []
+            for spec in sweep_specs(options, prefix, now):
                 with _timed(phases, f"sweep:{spec.kind}"):
-                    await _sweep(
-                        runtime,
-                        conn,
-                        store,
-                        spec,
-                        tally,
-                        report,
-                        prefix=prefix,
-                        # skipOrphanDelete holds back every sweep, prep too
-                        delete=deletes,
-                        tick=tick,
-                        before_delete=before_delete if spec.hooked else None,
-                    )
+                    sweeps.append(await _sweep(context, spec))
         finally:
+            await conn.execute(SQL["drop_refs"])
             await conn.execute(SQL["drop_listing"])
 
     media = await sweep_wedged_media_jobs(runtime, clock)
-    report.media_jobs = {"flagged": media.media_jobs_flagged, "jobIds": media.job_ids}
-    report.over_cap = [
-        {
-            "accountId": str(r["account_id"]),
-            "bytes": int(r["bytes"]),
-            "capBytes": int(r["cap_gb"] * 1_000_000_000),
-            "overBytes": int(r["bytes"] - r["cap_gb"] * 1_000_000_000),
-        }
-        for r in await runtime.db.fetch(SQL["over_cap_accounts"], {"now": report.now})
-    ]
-    report.duration_ms = round((time.perf_counter() - started) * 1000, 1)
-    return report
+    over_cap = await runtime.db.fetch(SQL["over_cap_accounts"], {"now": now})
+    orphans, episode_images, transcribe_prep = sweeps
+    return ReconcileReport(
+        options=options,
+        now=now,
+        listing=listing,
+        size_backfill=size_backfill,
+        missing=missing,
+        outbox=outbox,
+        orphans=orphans,
+        episode_images=episode_images,
+        transcribe_prep=transcribe_prep,
+        media_jobs=MediaJobs(flagged=media.media_jobs_flagged, job_ids=tuple(media.job_ids)),
+        over_cap=tuple(OverCapAccount.from_row(r) for r in over_cap),
+        phases_ms=phases,
+        duration_ms=round((time.perf_counter() - started) * 1000, 1),
+    )
 
 
 def _listing_rows(page: list[StoredObject], kinds: dict[str, int]) -> list[tuple[Any, ...]]:
@@ -311,8 +498,13 @@ def list_concurrency(settings_value: int | None, store: ObjectStore) -> int:
 
 
 async def _load_listing(
-    conn: Tx, store: ObjectStore, tick: Progress, concurrency: int
-) -> dict[str, int]:
+    conn: Tx,
+    store: ObjectStore,
+    tick: Progress,
+    concurrency: int,
+    *,
+    meanwhile: Callable[[], Awaitable[None]] | None = None,
+) -> Listing:
     """List ``podcasts/`` partitioned by podcast and COPY as we go.
 
     A delimiter listing finds every ``podcasts/{id}/`` prefix the store holds (of podcasts in
@@ -321,12 +513,18 @@ async def _load_listing(
     another, each streaming its pages into one queue that the COPY drains. Memory holds at
     most the queue's pages plus one page per lister; requests are the prefix listing's pages
     plus every prefix's own (N/1000 + prefixes). One partition failing fails the listing,
-    before anything is changed."""
+    before anything is changed.
+
+    ``meanwhile`` is the session's work that needs no listing (deriving the episodes' keys):
+    it runs on ``conn`` before the COPY starts while the listers already fill the queue, which
+    then holds up to OVERLAP_PAGES pages so that they are not held up meanwhile."""
     totals = {"objects": 0, "bytes": 0}
     kinds: dict[str, int] = {}
     pages_before = store.stats.list_pages
     prefixes, loose = await store.list_children("podcasts/")
-    queue: asyncio.Queue[list[StoredObject] | None] = asyncio.Queue(maxsize=concurrency * 2)
+    queue: asyncio.Queue[list[StoredObject] | None] = asyncio.Queue(
+        maxsize=max(concurrency * 2, OVERLAP_PAGES if meanwhile else 0)
+    )
     done = {"prefixes": 0}
     started = time.monotonic()
 
@@ -365,6 +563,8 @@ async def _load_listing(
 
     producer = asyncio.create_task(produce())
     try:
+        if meanwhile is not None:
+            await meanwhile()
         await conn.copy_in_batches(SQL["copy_listing"], pages())
     finally:
         if not producer.done():
@@ -374,15 +574,15 @@ async def _load_listing(
     seconds = time.monotonic() - started
     await conn.execute(SQL["index_listing"])
     await conn.execute(SQL["analyze_listing"])
-    return {
-        "objects": totals["objects"],
-        "bytes": totals["bytes"],
-        "listRequests": store.stats.list_pages - pages_before,
-        "partitions": len(prefixes),
-        "listConcurrency": concurrency,
-        "objectsPerSecond": round(totals["objects"] / seconds) if seconds > 0 else 0,
-        **kinds,
-    }
+    return Listing(
+        objects=totals["objects"],
+        bytes=totals["bytes"],
+        list_requests=store.stats.list_pages - pages_before,
+        partitions=len(prefixes),
+        list_concurrency=concurrency,
+        objects_per_second=round(totals["objects"] / seconds) if seconds > 0 else 0,
+        kinds=kinds,
+    )
 
 
 def _listing_phase(objects: int, done: int, partitions: int, started: float) -> str:
@@ -401,12 +601,12 @@ async def _size_backfill(
     conn: Tx,
     options: ReconcileOptions,
     prefix: str,
-    report: ReconcileReport,
+    now: datetime,
     tick: Progress,
-) -> None:
+) -> SizeBackfill:
     checked = mismatched = written = 0
-    blocked: list[dict[str, Any]] = []
-    sample: list[dict[str, Any]] = []
+    blocked: list[BlockedWrite] = []
+    sample: list[SizeSample] = []
     # The cap bypass is one transaction that ALTERs episodes, which must not start while this
     # session's cursor still reads the table (it would wait on us forever): collect first.
     # The active path writes as the rows stream by, so its memory stays flat.
@@ -416,18 +616,18 @@ async def _size_backfill(
     async def write_active(row: dict[str, Any]) -> None:
         nonlocal written
         try:
-            if await _write_size(runtime, row, report.now):
+            if await _write_size(runtime, row, now):
                 written += 1
         except QueryError as exc:
             if exc.sqlstate != CHECK_VIOLATION:
                 raise
             blocked.append(
-                {
-                    "episodeId": str(row["id"]),
-                    "podcastId": str(row["podcast_id"]),
-                    "measured": row["actual"],
-                    "error": str(exc),
-                }
+                BlockedWrite(
+                    episode_id=str(row["id"]),
+                    podcast_id=str(row["podcast_id"]),
+                    measured=row["actual"],
+                    error=str(exc),
+                )
             )
 
     async for rows in conn.stream(SQL["size_candidates"], {"prefix": prefix}):
@@ -438,12 +638,12 @@ async def _size_backfill(
             mismatched += 1
             if len(sample) < SAMPLE_KEYS:
                 sample.append(
-                    {
-                        "episodeId": str(row["id"]),
-                        "key": row["key"],
-                        "recorded": row["recorded"],
-                        "measured": row["actual"],
-                    }
+                    SizeSample(
+                        episode_id=str(row["id"]),
+                        key=row["key"],
+                        recorded=row["recorded"],
+                        measured=row["actual"],
+                    )
                 )
             if bypass:
                 collected.append(row)
@@ -454,7 +654,7 @@ async def _size_backfill(
     fallback = False
     if collected:
         try:
-            written = await _write_sizes_bypassing_cap(runtime, collected, report.now)
+            written = await _write_sizes_bypassing_cap(runtime, collected, now)
         except QueryError as exc:
             if exc.sqlstate != INSUFFICIENT_PRIVILEGE:
                 raise
@@ -462,15 +662,14 @@ async def _size_backfill(
             warning("reconcile_cap_bypass_unavailable", error=describe_error(exc))
             for row in collected:
                 await write_active(row)
-    report.size_backfill = {
-        "checked": checked,
-        "mismatched": mismatched,
-        "written": written,
-        "blockedOverCap": blocked,
-        "sample": sample,
-    }
-    if options.bypass_cap_for_backfill:
-        report.size_backfill["capBypassFallback"] = fallback
+    return SizeBackfill(
+        checked=checked,
+        mismatched=mismatched,
+        written=written,
+        blocked_over_cap=tuple(blocked),
+        sample=tuple(sample),
+        cap_bypass_fallback=fallback if options.bypass_cap_for_backfill else None,
+    )
 
 
 async def _write_size(
@@ -518,16 +717,16 @@ async def _write_sizes_bypassing_cap(
 async def _missing(
     runtime: Runtime,
     conn: Tx,
-    store: ObjectStore,
     options: ReconcileOptions,
     prefix: str,
-    report: ReconcileReport,
+    now: datetime,
     tick: Progress,
-) -> None:
+) -> Missing:
     count = candidates = quarantined = 0
-    sample: list[dict[str, Any]] = []
-    failures: list[dict[str, Any]] = []
+    sample: list[MissingSample] = []
+    failures: list[Failure] = []
     gate = asyncio.Semaphore(HEAD_CONCURRENCY)
+    store = runtime.store
 
     async def present(key: str) -> bool:
         async with gate:
@@ -544,31 +743,18 @@ async def _missing(
             count += 1
             if len(sample) < SAMPLE_KEYS:
                 sample.append(
-                    {"episodeId": str(row["id"]), "key": row["key"], "status": row["status"]}
+                    MissingSample(episode_id=str(row["id"]), key=row["key"], status=row["status"])
                 )
             if not (options.apply and options.quarantine_missing):
                 continue
-            try:
-                if await quarantine_episode(runtime, row, report.now):
+            # rolled back whole on a failure; the next run rediscovers it
+            with one_item(failures, "reconcile_quarantine_failed", episode_id=str(row["id"])):
+                if await quarantine_episode(runtime, row, now):
                     quarantined += 1
-            except DatabaseUnavailableError:
-                raise
-            except Exception as exc:  # rolled back whole; the next run rediscovers it
-                failure = {
-                    "event": "reconcile_quarantine_failed",
-                    "episode_id": str(row["id"]),
-                    "error": describe_error(exc),
-                }
-                error(**failure)
-                failures.append(failure)
         tick("missing objects", candidates)
-    report.missing = {
-        "count": count,
-        "quarantined": quarantined,
-        "sample": sample,
-        "quarantineFailed": len(failures),
-    }
-    report.errors.extend(failures)
+    return Missing(
+        count=count, quarantined=quarantined, sample=tuple(sample), failures=tuple(failures)
+    )
 
 
 async def quarantine_episode(runtime: Runtime, row: dict[str, Any], now: datetime) -> bool:
@@ -590,21 +776,21 @@ async def quarantine_episode(runtime: Runtime, row: dict[str, Any], now: datetim
     return True
 
 
-async def _drain_outbox(runtime: Runtime, clock: Clock, report: ReconcileReport) -> None:
+async def _drain_outbox(runtime: Runtime, clock: Clock, now: datetime) -> OutboxDrain:
     """Deliver the feed invalidations owed now (the minute lane does the same every minute;
     this run's own intents — size backfill, quarantine — go out before its orphan sweeps)."""
-    await effects_outbox.adopt_feed_outbox(runtime.db, report.now, limit=OUTBOX_ADOPT_MAX)
+    await effects_outbox.adopt_feed_outbox(runtime.db, now, limit=OUTBOX_ADOPT_MAX)
     drained = await drain(runtime, clock, kinds=["feed_invalidate"])
     for failure in drained.errors:
         warning(
             "reconcile_outbox_delivery_failed", **{k: v for k, v in failure.items() if k != "event"}
         )
-    report.outbox = {
-        "pending": drained.delivered + drained.retried + drained.dead,
-        "delivered": drained.delivered,
-        "failed": drained.retried + drained.dead,
-        "dead": drained.dead,
-    }
+    return OutboxDrain(
+        pending=drained.delivered + drained.retried + drained.dead,
+        delivered=drained.delivered,
+        failed=drained.retried + drained.dead,
+        dead=drained.dead,
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -620,60 +806,99 @@ class SweepSpec:
     params: dict[str, Any]
     recheck: str | None
     min_age: timedelta
-    hooked: bool = True  # whether a test's before_delete applies
 
 
-async def _sweep(
-    runtime: Runtime,
-    conn: Tx,
-    store: ObjectStore,
-    spec: SweepSpec,
-    tally: Sweep,
-    report: ReconcileReport,
-    *,
-    prefix: str,
-    delete: bool,
-    tick: Progress,
-    before_delete: Callable[[], Any] | None,
-) -> None:
-    query, params, recheck, kind = spec.query, spec.params, spec.recheck, spec.kind
-    cutoff = report.now - spec.min_age
+def sweep_specs(options: ReconcileOptions, prefix: str, now: datetime) -> tuple[SweepSpec, ...]:
+    """The three sweeps, in the report's order: audio, per-episode images, expired prep."""
+    age = timedelta(hours=options.min_orphan_age_hours)
+    return (
+        SweepSpec(
+            kind="orphan",
+            query=SQL["unreferenced_audio"],
+            params={"prefix": prefix},
+            recheck=SQL["recheck_audio_references"],
+            min_age=age,
+        ),
+        SweepSpec(
+            kind="episode_image",
+            query=SQL["unreferenced_episode_images"],
+            params={"prefix": prefix},
+            recheck=SQL["recheck_image_references"],
+            min_age=age,
+        ),
+        SweepSpec(
+            kind="transcribe_prep",
+            query=SQL["expired_prep"],
+            params={"now": now, "ttl_days": PREP_TTL_DAYS},
+            recheck=None,
+            min_age=timedelta(0),
+        ),
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SweepContext:
+    """What every sweep of one run shares."""
+
+    db: Database  # the re-check reads the committed state, outside the listing's session
+    conn: Tx  # the session that holds the listing
+    store: ObjectStore
+    prefix: str
+    now: datetime
+    delete: bool  # an apply run that does not skip orphan deletes
+    tick: Progress
+
+
+@dataclass(kw_only=True)
+class _Tally:
+    """A sweep's counts while it runs; frozen into a Sweep at its end."""
+
+    found: int = 0
+    bytes: int = 0
+    too_young: int = 0
+    protected: int = 0
+    eligible: int = 0
+    referenced_at_recheck: int = 0
+    deleted: int = 0
+    bytes_deleted: int = 0
+    failed: dict[str, str] = field(default_factory=dict)
+    sample: list[OrphanSample] = field(default_factory=list)
+
+
+async def _sweep(ctx: SweepContext, spec: SweepSpec) -> Sweep:
+    cutoff = ctx.now - spec.min_age
+    tally = _Tally()
     batch: list[tuple[str, int]] = []
 
     async def flush() -> None:
         if not batch:
             return
-        if before_delete is not None:
-            await before_delete()
         keys = [k for k, _ in batch]
-        if recheck is not None:
+        if spec.recheck is not None:
             # Immediately before the delete: anything referenced now stays.
             keep = {
                 r["key"]
-                for r in await runtime.db.fetch(
-                    recheck, {"keys": keys, "prefix": prefix, "uuid_re": UUID_RE}
+                for r in await ctx.db.fetch(
+                    spec.recheck, {"keys": keys, "prefix": ctx.prefix, "uuid_re": UUID_RE}
                 )
             }
             tally.referenced_at_recheck += len(keep)
             keys = [k for k in keys if k not in keep]
         sizes = dict(batch)
-        outcome = await store.delete(keys)
+        outcome = await ctx.store.delete(keys)
         tally.deleted += outcome.deleted
         tally.bytes_deleted += sum(sizes[k] for k in keys if k not in outcome.failed)
         tally.failed.update(outcome.failed)
         batch.clear()
 
-    async for rows in conn.stream(query, params):
+    async for rows in ctx.conn.stream(spec.query, spec.params):
         for row in rows:
+            size = int(row["size"])
             tally.found += 1
-            tally.bytes += int(row["size"])
+            tally.bytes += size
             if len(tally.sample) < SAMPLE_KEYS:
                 tally.sample.append(
-                    {
-                        "key": row["key"],
-                        "size": int(row["size"]),
-                        "lastModified": row["last_modified"].isoformat(),
-                    }
+                    OrphanSample(key=row["key"], size=size, last_modified=row["last_modified"])
                 )
             if row["last_modified"] >= cutoff:
                 tally.too_young += 1
@@ -682,19 +907,23 @@ async def _sweep(
                 tally.protected += 1
                 continue
             tally.eligible += 1
-            if delete:
-                batch.append((row["key"], int(row["size"])))
+            if ctx.delete:
+                batch.append((row["key"], size))
                 if len(batch) >= DELETE_BATCH:
                     await flush()
-        tick(f"{kind} sweep", tally.found)
-    if delete:
+        ctx.tick(f"{spec.kind} sweep", tally.found)
+    if ctx.delete:
         await flush()
-    if tally.failed:
-        report.errors.append(
-            {
-                "event": "reconcile_delete_failed",
-                "kind": kind,
-                "failed": len(tally.failed),
-                "error": next(iter(tally.failed.values())),
-            }
-        )
+    return Sweep(
+        kind=spec.kind,
+        found=tally.found,
+        bytes=tally.bytes,
+        too_young=tally.too_young,
+        protected=tally.protected,
+        eligible=tally.eligible,
+        referenced_at_recheck=tally.referenced_at_recheck,
+        deleted=tally.deleted,
+        bytes_deleted=tally.bytes_deleted,
+        failed=dict(tally.failed),
+        sample=tuple(tally.sample),
+    )
