@@ -11,10 +11,12 @@ from __future__ import annotations
 import itertools
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import psycopg
@@ -22,13 +24,14 @@ import pytest
 
 from nightcrew.adapters.billing import NoBilling
 from nightcrew.adapters.feedcache import RecordingFeedCache
+from nightcrew.adapters.mail import RecordingMailer
 from nightcrew.adapters.queues import PostgresQueueProducer
 from nightcrew.adapters.storage import ObjectStore, open_store
 from nightcrew.clock import Clock, FrozenClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database, with_dbname
 from nightcrew.db.migrate import migrate
-from nightcrew.runtime import Runtime
+from nightcrew.runtime import Runtime, open_runtime
 from tests.support.servers import (
     S3_CREDENTIALS,
     RecordingServer,
@@ -125,6 +128,52 @@ async def db(fresh_db_url: str) -> AsyncIterator[Database]:
         await database.close()
 
 
+def _test_settings(database_url: str, env: dict[str, str] | None) -> Settings:
+    return Settings.model_validate({"DATABASE_URL": database_url, **(env or {})})
+
+
+def _stand_ins(db: Database, clock: Clock) -> dict[str, Any]:
+    """What a test runtime gets unless it says otherwise: nothing that reaches outside the
+    test's own database (no broker, bucket, feed worker, Stripe or Resend)."""
+    return {
+        "queues": PostgresQueueProducer(db, clock),
+        "store": open_store("memory://"),
+        "feedcache": RecordingFeedCache(),
+        "billing": NoBilling(),
+        "mail": RecordingMailer(),
+    }
+
+
+@asynccontextmanager
+async def open_test_runtime(
+    db: Database,
+    clock: Clock,
+    database_url: str,
+    *,
+    env: dict[str, str] | None = None,
+    **adapters: Any,
+) -> AsyncIterator[Runtime]:
+    """A Runtime assembled by open_runtime on a real database: the adapters a test names
+    replace the stand-ins, and everything else open_runtime builds from Settings (``env``)."""
+    overrides = {**_stand_ins(db, clock), **adapters}
+    async with open_runtime(_test_settings(database_url, env), clock, db=db, **overrides) as rt:
+        yield rt
+
+
+# The runtimes make_runtime opened for the current test, closed when it ends.
+_OPENED: ContextVar[AsyncExitStack | None] = ContextVar("nightcrew_test_runtimes", default=None)
+
+
+@pytest.fixture(autouse=True)
+async def _close_test_runtimes() -> AsyncIterator[None]:
+    async with AsyncExitStack() as opened:
+        token = _OPENED.set(opened)
+        try:
+            yield
+        finally:
+            _OPENED.reset(token)
+
+
 def make_runtime(
     db: Database,
     clock: Clock,
@@ -133,20 +182,29 @@ def make_runtime(
     env: dict[str, str] | None = None,
     **adapters: Any,
 ) -> Runtime:
-    """A Runtime on a real database; other adapters default to in-process stand-ins."""
-    settings = Settings.model_validate({"DATABASE_URL": database_url, **(env or {})})
-    defaults: dict[str, Any] = {
-        "queues": PostgresQueueProducer(db, clock),
-        "store": open_store("memory://"),
-        "feedcache": RecordingFeedCache(),
-        "billing": NoBilling(),
-    }
-    return Runtime(settings=settings, db=db, **{**defaults, **adapters})
+    """open_test_runtime for the many tests that build a runtime in a plain expression.
+
+    With the database and the queue producer given, open_runtime's entry never waits (its
+    clients connect on first use), so it is stepped here once instead of awaited; anything that
+    would wait fails loudly rather than blocking the event loop. The runtime is closed when the
+    test ends (a script outside pytest leaves it to the process exit)."""
+    opening = open_test_runtime(db, clock, database_url, env=env, **adapters)
+    entry = cast(Coroutine[Any, Any, Runtime], opening.__aenter__())
+    try:
+        entry.send(None)
+    except StopIteration as entered:
+        opened = _OPENED.get()
+        if opened is not None:
+            opened.push_async_exit(opening)
+        return cast(Runtime, entered.value)
+    entry.close()
+    raise RuntimeError("open_runtime waited while opening: use `async with open_test_runtime(…)`")
 
 
 @pytest.fixture
-def runtime(db: Database, clock: FrozenClock, fresh_db_url: str) -> Runtime:
-    return make_runtime(db, clock, fresh_db_url)
+async def runtime(db: Database, clock: FrozenClock, fresh_db_url: str) -> AsyncIterator[Runtime]:
+    async with open_test_runtime(db, clock, fresh_db_url) as rt:
+        yield rt
 
 
 @pytest.fixture

@@ -187,13 +187,22 @@ async def seed(db: Database, store: ObjectStore, now: datetime) -> Sample:
         external_link_next_attempt_at=ago(10 * MINUTE),
     )
 
-    imp = await _one(
-        db,
-        "INSERT INTO public.podcast_imports (podcast_id, status, started_at,"
-        " dispatch_end_at, created_at) VALUES (%(p)s, 'running', %(t)s, %(t)s, %(t)s)",
-        {"p": brew, "t": ago(30 * MINUTE)},
-    )
-    sample.names[imp] = "the import into “Morning Brew”"
+    async def podcast_import(
+        pid: str, name: str, status: str, at: datetime, *, migration: bool = False
+    ) -> str:
+        """An import created at ``at``; a running one was started and dispatched then too."""
+        started = at if status == "running" else None
+        iid = await _one(
+            db,
+            "INSERT INTO public.podcast_imports (podcast_id, status, is_hosting_migration,"
+            " started_at, dispatch_end_at, created_at)"
+            " VALUES (%(p)s, %(s)s, %(m)s, %(r)s, %(r)s, %(t)s)",
+            {"p": pid, "s": status, "m": migration, "r": started, "t": at},
+        )
+        sample.names[iid] = name
+        return iid
+
+    imp = await podcast_import(brew, "the import into “Morning Brew”", "running", ago(30 * MINUTE))
     for status, attempts, age in (
         ("pending", 1, 5 * MINUTE),
         ("processing", 0, 20 * MINUTE),
@@ -205,13 +214,13 @@ async def seed(db: Database, store: ObjectStore, now: datetime) -> Sample:
             " created_at, updated_at) VALUES (%(i)s, %(s)s, %(a)s, %(t)s, %(t)s)",
             {"i": imp, "s": status, "a": attempts, "t": ago(age)},
         )
-    preview = await _one(
-        db,
-        "INSERT INTO public.podcast_imports (podcast_id, status,"
-        " is_hosting_migration, created_at) VALUES (%(p)s, 'preview', true, %(t)s)",
-        {"p": ext, "t": ago(20 * MINUTE)},
+    await podcast_import(
+        ext,
+        "the hosting-migration preview of “Elsewhere FM”",
+        "preview",
+        ago(20 * MINUTE),
+        migration=True,
     )
-    sample.names[preview] = "the hosting-migration preview of “Elsewhere FM”"
     media_episode = await db.fetch_one(
         "SELECT id FROM public.episodes WHERE podcast_id = %(p)s LIMIT 1", {"p": brew}
     )

@@ -31,6 +31,7 @@ from nightcrew.errors import (
     QueueUnavailableError,
 )
 from nightcrew.log import SecretScrubber, configure_logging, describe_error
+from nightcrew.runtime import Runtime, open_runtime
 
 T = TypeVar("T")
 
@@ -160,6 +161,29 @@ def _run(work: Callable[[], Awaitable[T]], settings: Settings) -> T:
         _fail("interrupted", 130)
     except Exception as exc:  # last resort: still one line, never a traceback
         _fail(scrub.text(f"unexpected error: {describe_error(exc)}"), 1)
+
+
+def _run_and_print(
+    job: Callable[[Runtime, Clock], Awaitable[dict[str, Any]]],
+    *,
+    now: str | None,
+    as_json: bool,
+    summary: Callable[[dict[str, Any]], None],
+) -> None:
+    """Run ``job`` on the runtime (one failure: one line and an exit code), then print its
+    report: as JSON, or ``summary`` for a person."""
+    settings = _settings()
+    clock = _clock(now)
+
+    async def work() -> dict[str, Any]:
+        async with open_runtime(settings, clock) as runtime:
+            return await job(runtime, clock)
+
+    report = _run(work, settings)
+    if as_json:
+        _print_json(report)
+    else:
+        summary(report)
 
 
 async def _call(work: Callable[[], Awaitable[T]]) -> T:

@@ -9,22 +9,11 @@ from typing import Annotated, Any
 
 import typer
 
-from nightcrew.cli.common import (
-    Lane,
-    NowOption,
-    _clock,
-    _fail,
-    _print_json,
-    _run,
-    _settings,
-    lifecycle_app,
-)
+from nightcrew.cli.common import Lane, NowOption, _fail, _run_and_print, lifecycle_app
 from nightcrew.clock import Clock
-from nightcrew.errors import (
-    NightcrewError,
-)
+from nightcrew.errors import NightcrewError
 from nightcrew.log import event
-from nightcrew.runtime import open_runtime
+from nightcrew.runtime import Runtime
 
 
 # --- lifecycle -----------------------------------------------------------------------------------
@@ -41,26 +30,18 @@ def lifecycle_run(
     """Run one lane once and print its report."""
     from nightcrew.lifecycle.lanes import run_lane
 
-    settings = _settings()
-    clock = _clock(now)
+    async def job(runtime: Runtime, clock: Clock) -> dict[str, Any]:
+        if as_json or not sys.stderr.isatty():
+            report = await run_lane(runtime, clock, lane.value, dry_run=dry_run)
+        else:
+            with _job_progress(f"{lane.value} lane") as progress:
+                report = await run_lane(
+                    runtime, clock, lane.value, dry_run=dry_run, progress=progress
+                )
+        assert report is not None  # manual runs always run
+        return report.to_json()
 
-    async def work() -> dict[str, Any]:
-        async with open_runtime(settings, clock) as runtime:
-            if as_json or not sys.stderr.isatty():
-                report = await run_lane(runtime, clock, lane.value, dry_run=dry_run)
-            else:
-                with _job_progress(f"{lane.value} lane") as progress:
-                    report = await run_lane(
-                        runtime, clock, lane.value, dry_run=dry_run, progress=progress
-                    )
-            assert report is not None  # manual runs always run
-            return report.to_json()
-
-    report = _run(work, settings)
-    if as_json:
-        _print_json(report)
-    else:
-        _print_lane_summary(report)
+    _run_and_print(job, now=now, as_json=as_json, summary=_print_lane_summary)
 
 
 def _print_lane_summary(report: dict[str, Any]) -> None:
@@ -124,8 +105,6 @@ def lifecycle_reconcile(
     from nightcrew.lifecycle.reconcile.core import ReconcileOptions
     from nightcrew.lifecycle.reconcile.engine import run_reconcile
 
-    settings = _settings()
-    clock = _clock(now)
     options = ReconcileOptions(
         mode="apply" if apply else "dryrun",
         quarantine_missing=quarantine_missing,
@@ -134,20 +113,15 @@ def lifecycle_reconcile(
         min_orphan_age_hours=min_orphan_age_hours,
     )
 
-    async def work() -> dict[str, Any]:
-        async with open_runtime(settings, clock) as runtime:
-            if as_json or not sys.stderr.isatty():
-                report = await run_reconcile(runtime, clock, options)
-            else:
-                report = await _with_progress(runtime, clock, options, run_reconcile)
-            event("reconcile_completed", **report.summary().to_json())
-            return report.to_json()
+    async def job(runtime: Runtime, clock: Clock) -> dict[str, Any]:
+        if as_json or not sys.stderr.isatty():
+            report = await run_reconcile(runtime, clock, options)
+        else:
+            report = await _with_progress(runtime, clock, options, run_reconcile)
+        event("reconcile_completed", **report.summary().to_json())
+        return report.to_json()
 
-    report = _run(work, settings)
-    if as_json:
-        _print_json(report)
-    else:
-        _print_reconcile_summary(report)
+    _run_and_print(job, now=now, as_json=as_json, summary=_print_reconcile_summary)
 
 
 @contextmanager
@@ -260,23 +234,20 @@ def lifecycle_overage(
         account_id = str(uuid.UUID(account))
     except ValueError:
         _fail(f"--account: {account!r} is not a billing account id (a UUID)", 2)
-    settings = _settings()
-    clock = _clock(now)
 
-    async def work() -> dict[str, Any]:
-        async with open_runtime(settings, clock) as runtime:
-            view = runtime.dry_run_view(clock) if dry_run else runtime
-            report = await reconcile_account_overage(view, clock, account_id)
-            if report.scanned == 0:
-                raise NightcrewError(f"no billing account {account_id}")
-            return {"account_id": account_id, "dry_run": dry_run, **report.to_json()}
+    async def job(runtime: Runtime, clock: Clock) -> dict[str, Any]:
+        view = runtime.dry_run_view(clock) if dry_run else runtime
+        report = await reconcile_account_overage(view, clock, account_id)
+        if report.scanned == 0:
+            raise NightcrewError(f"no billing account {account_id}")
+        return {"account_id": account_id, "dry_run": dry_run, **report.to_json()}
 
-    report = _run(work, settings)
-    if as_json:
-        _print_json(report)
-        return
-    mode = "dry run (nothing changed)" if dry_run else "done"
-    typer.echo(f"overage escalation for {account_id} — {mode}")
+    _run_and_print(job, now=now, as_json=as_json, summary=_print_overage_summary)
+
+
+def _print_overage_summary(report: dict[str, Any]) -> None:
+    mode = "dry run (nothing changed)" if report["dry_run"] else "done"
+    typer.echo(f"overage escalation for {report['account_id']} — {mode}")
     for key in ("armed", "emails_sent", "suspended_podcasts", "restored_podcasts"):
         typer.echo(f"  {key:<20} {report[key]}")
     for claim in report["claims"]:

@@ -211,7 +211,7 @@ RECOMMENDED_INDEXES: dict[str, str] = {
 }
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TableCheck:
     name: str
     problems: list[str] = field(default_factory=list)
@@ -222,7 +222,7 @@ class TableCheck:
         return not self.problems
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CheckReport:
     tables: list[TableCheck]
     problems: list[str]
@@ -268,30 +268,10 @@ async def check_schema(db: Database) -> CheckReport:
     )
     live_triggers = {(_qualify(row["tbl"]), row["tgname"]) for row in triggers}
 
-    reports: list[TableCheck] = []
-    for table, wanted in TABLES.items():
-        check = TableCheck(name=table)
-        have = live.get(table)
-        if have is None:
-            check.problems.append("table is missing")
-        else:
-            for column, data_type in wanted.items():
-                if column not in have:
-                    check.problems.append(f"missing column {column} ({data_type})")
-                elif have[column] != data_type:
-                    check.problems.append(
-                        f"column {column} is {have[column]}, expected {data_type}"
-                    )
-        for index, owner in REQUIRED_INDEXES.items():
-            if owner == table and index not in live_indexes:
-                check.problems.append(f"missing unique index {index}")
-        for index, owner in RECOMMENDED_INDEXES.items():
-            if owner == table and index not in live_indexes:
-                check.advice.append(f"index {index} is missing: its sweep will scan the table")
-        for owner, trigger in TRIGGERS:
-            if owner == table and (owner, trigger) not in live_triggers:
-                check.problems.append(f"missing trigger {trigger}")
-        reports.append(check)
+    reports = [
+        _check_table(table, wanted, live.get(table), live_indexes, live_triggers)
+        for table, wanted in TABLES.items()
+    ]
 
     problems: list[str] = []
     functions = await db.fetch(
@@ -314,6 +294,35 @@ async def check_schema(db: Database) -> CheckReport:
     if pending:
         problems.append("nightcrew migrations not applied: " + ", ".join(pending))
     return CheckReport(tables=reports, problems=problems, pending_migrations=pending)
+
+
+def _check_table(
+    table: str,
+    wanted: dict[str, str],
+    have: dict[str, str] | None,
+    live_indexes: dict[str, str],
+    live_triggers: set[tuple[str, str]],
+) -> TableCheck:
+    problems: list[str] = []
+    advice: list[str] = []
+    if have is None:
+        problems.append("table is missing")
+    else:
+        for column, data_type in wanted.items():
+            if column not in have:
+                problems.append(f"missing column {column} ({data_type})")
+            elif have[column] != data_type:
+                problems.append(f"column {column} is {have[column]}, expected {data_type}")
+    for index, owner in REQUIRED_INDEXES.items():
+        if owner == table and index not in live_indexes:
+            problems.append(f"missing unique index {index}")
+    for index, owner in RECOMMENDED_INDEXES.items():
+        if owner == table and index not in live_indexes:
+            advice.append(f"index {index} is missing: its sweep will scan the table")
+    for owner, trigger in TRIGGERS:
+        if owner == table and (owner, trigger) not in live_triggers:
+            problems.append(f"missing trigger {trigger}")
+    return TableCheck(name=table, problems=problems, advice=advice)
 
 
 def _qualify(regclass_text: str) -> str:

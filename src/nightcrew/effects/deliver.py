@@ -177,7 +177,7 @@ def _same_delivery(effect: Effect) -> str:
 
 
 # --- settling ----------------------------------------------------------------------------------
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class DrainReport:
     adopted: int = 0
     delivered: int = 0
@@ -208,24 +208,71 @@ class DrainReport:
         }
 
 
+@dataclass(kw_only=True, slots=True)
+class _Tally:
+    """What a drain's settlements came to so far; a DrainReport once the drain ends."""
+
+    delivered: int = 0
+    retried: int = 0
+    dead: int = 0
+    released: int = 0
+    errors: list[Failure] = field(default_factory=list)
+
+    def failed(self, event_name: str, effect: Effect, error: str, **detail: Any) -> None:
+        """One effect's failed attempt: logged under ``event_name`` and kept for the report."""
+        failure: Failure = {
+            "event": event_name,
+            **_ids(effect),
+            "attempts": effect.attempts,
+            **detail,
+            "error": error,
+        }
+        warning(**failure)
+        self.errors.append(failure)
+
+    def report(
+        self,
+        *,
+        adopted: int = 0,
+        purged: int = 0,
+        pending: dict[str, int] | None = None,
+        dead_by_kind: dict[str, int] | None = None,
+    ) -> DrainReport:
+        """The drain's report; deliverEffects adds what it did around the drain."""
+        return DrainReport(
+            adopted=adopted,
+            delivered=self.delivered,
+            retried=self.retried,
+            dead=self.dead,
+            released=self.released,
+            purged=purged,
+            pending=pending or {},
+            dead_by_kind=dead_by_kind or {},
+            errors=self.errors,
+        )
+
+
+def _ids(effect: Effect) -> dict[str, Any]:
+    return {"effect_id": effect.id, "kind": effect.kind, "key": effect.key}
+
+
 def _settlement(
     runtime: Runtime,
     effect: Effect,
     delivery: Delivery,
     now: datetime,
-    report: DrainReport,
+    tally: _Tally,
     *,
     log_delivered: bool,
 ) -> Settle:
     """What a delivery's outcome makes of its effect; logs and counts it. A first attempt's
     caller logs its own event for a delivery (``overage_email_sent``, …), the drain this one."""
-    ids = {"effect_id": effect.id, "kind": effect.kind, "key": effect.key}
     if delivery.status == "delivered":
-        report.delivered += 1
+        tally.delivered += 1
         if not runtime.dry_run:
             runtime.metrics.inc("nightcrew_effects_delivered_total", kind=effect.kind)
         if log_delivered:
-            event("effect_delivered", **ids, attempts=effect.attempts, **delivery.detail)
+            event("effect_delivered", **_ids(effect), attempts=effect.attempts, **delivery.detail)
         return Settle(effect_id=effect.id, claimed_until=effect.claimed_until, outcome="delivered")
     error = delivery.error or "not confirmed"
     # The last retry is due a little before the maximum age, so a minute tick still makes it.
@@ -233,16 +280,8 @@ def _settlement(
         now + outbox.retry_delay(effect.id, effect.attempts), effect.expires_at - LAST_CALL
     )
     if delivery.status == "transient" and next_at > now:
-        report.retried += 1
-        failure: Failure = {
-            "event": "effect_delivery_failed",
-            **ids,
-            "attempts": effect.attempts,
-            "next_attempt_at": next_at.isoformat(),
-            "error": error,
-        }
-        warning(**failure)
-        report.errors.append(failure)
+        tally.retried += 1
+        tally.failed("effect_delivery_failed", effect, error, next_attempt_at=next_at.isoformat())
         return Settle(
             effect_id=effect.id,
             claimed_until=effect.claimed_until,
@@ -254,16 +293,8 @@ def _settlement(
     if expired:
         max_age = effect.expires_at - effect.created_at
         error = f"expired: not confirmed within {max_age} (last error: {error})"
-    report.dead += 1
-    dead: Failure = {
-        "event": "effects_dead",
-        **ids,
-        "attempts": effect.attempts,
-        "reason": "expired" if expired else "permanent",
-        "error": error,
-    }
-    warning(**dead)
-    report.errors.append(dead)
+    tally.dead += 1
+    tally.failed("effects_dead", effect, error, reason="expired" if expired else "permanent")
     return Settle(
         effect_id=effect.id,
         claimed_until=effect.claimed_until,
@@ -276,7 +307,7 @@ async def _deliver_claimed(
     runtime: Runtime,
     clock: Clock,
     claimed: Sequence[Effect],
-    report: DrainReport,
+    tally: _Tally,
     *,
     deadline: float | None = None,
     log_delivered: bool = True,
@@ -290,7 +321,7 @@ async def _deliver_claimed(
     def settle_as(effect: Effect, delivery: Delivery, at: datetime) -> None:
         deliveries[effect.id] = delivery
         settles[effect.id] = _settlement(
-            runtime, effect, delivery, at, report, log_delivered=log_delivered
+            runtime, effect, delivery, at, tally, log_delivered=log_delivered
         )
 
     async def one(group: list[Effect]) -> None:
@@ -307,7 +338,7 @@ async def _deliver_claimed(
         async with gate:
             if deadline is not None and time.monotonic() > deadline:
                 for effect in live:
-                    report.released += 1
+                    tally.released += 1
                     settles[effect.id] = Settle(
                         effect_id=effect.id,
                         claimed_until=effect.claimed_until,
@@ -345,7 +376,6 @@ async def deliver_now(runtime: Runtime, clock: Clock, effects: Sequence[Effect])
             _settled_outcome(e) if e.settled else await deliver(runtime, e, wall_now(clock))
             for e in effects
         ]
-    report = DrainReport()
     claimed = await outbox.claim_ids(
         runtime.db, [e.id for e in effects if not e.settled], wall_now(clock)
     )
@@ -353,7 +383,7 @@ async def deliver_now(runtime: Runtime, clock: Clock, effects: Sequence[Effect])
         runtime,
         clock,
         claimed,
-        report,
+        _Tally(),  # the caller reports each delivery itself
         deadline=time.monotonic() + FIRST_ATTEMPT_BUDGET_SECONDS,
         log_delivered=False,
     )
@@ -383,11 +413,22 @@ async def drain(
     *,
     kinds: Sequence[str] | None = None,
     budget_seconds: float = DRAIN_BUDGET_SECONDS,
-    report: DrainReport | None = None,
 ) -> DrainReport:
     """Deliver every due effect (of ``kinds``), a batch at a time, until none is due or the
     time budget is spent."""
-    report = report or DrainReport()
+    tally = _Tally()
+    await _drain(runtime, clock, tally, kinds=kinds, budget_seconds=budget_seconds)
+    return tally.report()
+
+
+async def _drain(
+    runtime: Runtime,
+    clock: Clock,
+    tally: _Tally,
+    *,
+    kinds: Sequence[str] | None = None,
+    budget_seconds: float = DRAIN_BUDGET_SECONDS,
+) -> None:
     deadline = time.monotonic() + budget_seconds
     while time.monotonic() < deadline:
         claimed = await outbox.claim_due(
@@ -395,28 +436,26 @@ async def drain(
         )
         if not claimed:
             break
-        await _deliver_claimed(runtime, clock, claimed, report, deadline=deadline)
+        await _deliver_claimed(runtime, clock, claimed, tally, deadline=deadline)
         if runtime.dry_run:
             break  # its claims are rolled back: the same rows would come back forever
-    return report
 
 
 async def deliver_effects(runtime: Runtime, clock: Clock) -> DrainReport:
     """The minute lane's fifth sweep (``deliverEffects``): adopt undelivered feed-outbox
     intents, drain what is due, purge old delivered rows, refresh the gauges."""
-    report = DrainReport()
+    tally = _Tally()
     now = wall_now(clock)
-    report.adopted = len(
-        await outbox.adopt_feed_outbox(runtime.db, now, limit=ADOPT_FEED_OUTBOX_MAX)
-    )
-    await drain(runtime, clock, report=report)
-    report.purged = await outbox.purge_delivered(
-        runtime.db, now - DELIVERED_RETENTION, limit=PURGE_BATCH
-    )
+    adopted = await outbox.adopt_feed_outbox(runtime.db, now, limit=ADOPT_FEED_OUTBOX_MAX)
+    await _drain(runtime, clock, tally)
+    purged = await outbox.purge_delivered(runtime.db, now - DELIVERED_RETENTION, limit=PURGE_BATCH)
     by_kind = await outbox.counts(runtime.db)
     for kind in KINDS:
         runtime.metrics.set("nightcrew_effects_pending", by_kind[kind]["pending"], kind=kind)
         runtime.metrics.set("nightcrew_effects_dead", by_kind[kind]["dead"], kind=kind)
-    report.pending = {k: v["pending"] for k, v in by_kind.items()}
-    report.dead_by_kind = {k: v["dead"] for k, v in by_kind.items()}
-    return report
+    return tally.report(
+        adopted=len(adopted),
+        purged=purged,
+        pending={k: v["pending"] for k, v in by_kind.items()},
+        dead_by_kind={k: v["dead"] for k, v in by_kind.items()},
+    )

@@ -269,24 +269,12 @@ async def _clean_storage(runtime: Runtime, cleanup: Cleanup, errors: list[Failur
             SQL["mark_in_flight"], {"id": cleanup.podcast_id, "keys": json_param(keys)}
         )
 
-    try:
+    result: PrefixDeletion | None = None
+    with one_item(errors, "r2_cleanup_failed", podcast_id=cleanup.podcast_id, prefix=prefix):
         await _settle_in_flight(runtime, cleanup)
-        result: PrefixDeletion = await delete_prefix(
-            runtime.store, prefix, on_batch=count, before_batch=mark
-        )
-    except DatabaseUnavailableError:
-        raise
-    except Exception as exc:
-        message = describe_error(exc)
-        cleanup.errors.append(message)
-        failure = {
-            "event": "r2_cleanup_failed",
-            "podcast_id": cleanup.podcast_id,
-            "prefix": prefix,
-            "error": message,
-        }
-        error(**failure)
-        errors.append(failure)
+        result = await delete_prefix(runtime.store, prefix, on_batch=count, before_batch=mark)
+    if result is None:
+        cleanup.errors.append(errors[-1]["error"])
         return
     cleanup.objects_deleted += result.deleted
     cleanup.bytes_deleted += result.bytes_deleted
@@ -356,7 +344,14 @@ async def _settle_in_flight(runtime: Runtime, cleanup: Cleanup) -> None:
 async def _record(runtime: Runtime, now: datetime, cleanup: Cleanup, errors: list[Failure]) -> None:
     """Write what this run did to the deletion's record. A failure here is reported and the run
     goes on: the record still says what is left, and the next run retries it."""
-    try:
+    # A lost database stops the run (one_item re-raises it); the next run finds the podcast and
+    # writes the record.
+    with one_item(
+        errors,
+        "podcast_deletion_record_failed",
+        podcast_id=cleanup.podcast_id,
+        slug=cleanup.slug,
+    ):
         await runtime.db.execute(
             SQL["record_cleanup"],
             {
@@ -368,17 +363,6 @@ async def _record(runtime: Runtime, now: datetime, cleanup: Cleanup, errors: lis
                 "last_error": "; ".join(cleanup.errors) or None,
             },
         )
-    except DatabaseUnavailableError:
-        raise  # the run stops; the record is written by the next run, which finds the podcast
-    except Exception as exc:
-        failure = {
-            "event": "podcast_deletion_record_failed",
-            "podcast_id": cleanup.podcast_id,
-            "slug": cleanup.slug,
-            "error": describe_error(exc),
-        }
-        error(**failure)
-        errors.append(failure)
 
 
 def _leftover(cleanup: Cleanup, deleted_at: datetime, attempts: int) -> dict[str, Any]:

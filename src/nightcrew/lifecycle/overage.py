@@ -28,10 +28,11 @@ the email effect's key); the conditional claims are the advance-once guard.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from nightcrew.adapters.queues import PUBLIC_API_INVALIDATION
 from nightcrew.clock import Clock
@@ -91,7 +92,7 @@ def sanction_set(
     return []
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class EscalationReport:
     scanned: int = 0
     armed: int = 0
@@ -127,13 +128,43 @@ class EscalationReport:
         }
 
 
+# What a sweep counts besides its lists (emails sent and accounts restored are their lengths).
+_Count = Literal["armed", "suspended_accounts", "suspended_podcasts", "restored_podcasts"]
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What a sweep has done so far; frozen into its EscalationReport when the sweep ends."""
+
+    counts: Counter[_Count] = field(default_factory=Counter)
+    claims: list[dict[str, Any]] = field(default_factory=list)
+    emails: list[dict[str, Any]] = field(default_factory=list)
+    restored: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[Failure] = field(default_factory=list)
+
+    def report(self, *, scanned: int) -> EscalationReport:
+        return EscalationReport(
+            scanned=scanned,
+            armed=self.counts["armed"],
+            emails_sent=len(self.emails),
+            suspended_accounts=self.counts["suspended_accounts"],
+            suspended_podcasts=self.counts["suspended_podcasts"],
+            restored_accounts=len(self.restored),
+            restored_podcasts=self.counts["restored_podcasts"],
+            claims=self.claims,
+            emails=self.emails,
+            restored=self.restored,
+            errors=self.errors,
+        )
+
+
 async def run_overage_escalation(runtime: Runtime, clock: Clock) -> EscalationReport:
     """The daily sweep: every account that can need work; one failing never stops the next."""
-    report = EscalationReport()
+    tally = _Tally()
     rows = await runtime.db.fetch(SQL["scan"], {"now": clock.now()})
-    report.scanned = len(rows)
     for row in rows:
-        await _isolated(runtime, clock, row, report)
+        await _isolated(runtime, clock, row, tally)
+    report = tally.report(scanned=len(rows))
     event("overage_escalation_completed", **report.counts(), errors=len(report.errors))
     return report
 
@@ -142,21 +173,18 @@ async def reconcile_account_overage(
     runtime: Runtime, clock: Clock, account_id: str
 ) -> EscalationReport:
     """The webhook's entry: the same legs and claims, for one account."""
-    report = EscalationReport()
+    tally = _Tally()
     rows = await runtime.db.fetch(
         SQL["measure_account"], {"now": clock.now(), "account_id": account_id}
     )
-    report.scanned = len(rows)
     for row in rows:
-        await _isolated(runtime, clock, row, report)
-    return report
+        await _isolated(runtime, clock, row, tally)
+    return tally.report(scanned=len(rows))
 
 
-async def _isolated(
-    runtime: Runtime, clock: Clock, row: dict[str, Any], report: EscalationReport
-) -> None:
-    with one_item(report.errors, "overage_escalation_account_failed", account_id=str(row["id"])):
-        await _process(runtime, clock, row, report)
+async def _isolated(runtime: Runtime, clock: Clock, row: dict[str, Any], tally: _Tally) -> None:
+    with one_item(tally.errors, "overage_escalation_account_failed", account_id=str(row["id"])):
+        await _process(runtime, clock, row, tally)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,9 +206,7 @@ class OverageClock:
         )
 
 
-async def _process(
-    runtime: Runtime, clock: Clock, row: dict[str, Any], report: EscalationReport
-) -> None:
+async def _process(runtime: Runtime, clock: Clock, row: dict[str, Any], tally: _Tally) -> None:
     now = clock.now()
     account = str(row["id"])
     # Measure again, now: the scan row may be minutes old, and the webhook may have moved the
@@ -206,14 +232,14 @@ async def _process(
 
     if not (over_count or over_storage):
         if clock_state.since is not None or fresh["stamped"]:
-            await _restore(runtime, clock, account, clock_state, overage, report)
+            await _restore(runtime, clock, account, clock_state, overage, tally)
         return
-    armed = await _arm(runtime, now, account, clock_state, report)
+    armed = await _arm(runtime, now, account, clock_state, tally)
     if armed is None or armed.since is None:
         return  # the account is gone
     overage = replace(overage, deadline=armed.deadline)  # if just armed
     if armed.stage < FINAL_STAGE:
-        await _nag(runtime, clock, account, armed, overage, report)
+        await _nag(runtime, clock, account, armed, overage, tally)
         return
     await _suspend(
         runtime,
@@ -221,7 +247,7 @@ async def _process(
         account,
         armed,
         overage,
-        report,
+        tally,
         over_storage=over_storage,
         over_count=over_count,
         podcast_cap=podcast_cap,
@@ -233,7 +259,7 @@ async def _arm(
     now: datetime,
     account: str,
     clock_state: OverageClock,
-    report: EscalationReport,
+    tally: _Tally,
 ) -> OverageClock | None:
     """Start the clock if it is not running; the clock as it now stands (None: no account)."""
     if clock_state.since is not None:
@@ -242,7 +268,7 @@ async def _arm(
         SQL["arm"], {"id": account, "now": now, "grace_days": OVERAGE_GRACE_DAYS}
     )
     if armed is not None:
-        report.armed += 1
+        tally.counts["armed"] += 1
         event(
             "overage_armed",
             account_id=account,
@@ -260,7 +286,7 @@ async def _nag(
     account: str,
     clock_state: OverageClock,
     overage: Overage,
-    report: EscalationReport,
+    tally: _Tally,
 ) -> None:
     """Owe and send the warning whose stage is due, if one is."""
     now, since = clock.now(), clock_state.since
@@ -270,8 +296,8 @@ async def _nag(
         return
     async with runtime.db.transaction() as tx:
         nag = await _owe_email(runtime, tx, now, account, since, due, overage, [])
-    if await _send(runtime, clock, account, due, nag, report):
-        await _claim(runtime, account, since, due, now, report)
+    if await _send(runtime, clock, account, due, nag, tally):
+        await _claim(runtime, account, since, due, now, tally)
 
 
 async def _suspend(
@@ -280,7 +306,7 @@ async def _suspend(
     account: str,
     clock_state: OverageClock,
     overage: Overage,
-    report: EscalationReport,
+    tally: _Tally,
     *,
     over_storage: bool,
     over_count: bool,
@@ -326,14 +352,14 @@ async def _suspend(
             account_id=account,
             podcast_ids=[str(p["id"]) for p in stamped],
         )
-    await _invalidate(runtime, clock, owed, report)
+    await _invalidate(runtime, clock, owed, tally)
     if stage == FINAL_STAGE:
-        report.suspended_accounts += 1
-        report.suspended_podcasts += len(stamped)
-        if await _send(runtime, clock, account, SUSPENDED_STAGE, notice, report):
-            await _claim(runtime, account, since, SUSPENDED_STAGE, now, report)
+        tally.counts["suspended_accounts"] += 1
+        tally.counts["suspended_podcasts"] += len(stamped)
+        if await _send(runtime, clock, account, SUSPENDED_STAGE, notice, tally):
+            await _claim(runtime, account, since, SUSPENDED_STAGE, now, tally)
     else:
-        report.suspended_podcasts += len(stamped)
+        tally.counts["suspended_podcasts"] += len(stamped)
 
 
 async def _restore(
@@ -342,7 +368,7 @@ async def _restore(
     account: str,
     clock_state: OverageClock,
     overage: Overage,
-    report: EscalationReport,
+    tally: _Tally,
 ) -> None:
     now = clock.now()
     since = clock_state.since
@@ -369,9 +395,8 @@ async def _restore(
             restored = await _owe_email(
                 runtime, tx, now, account, since, "restored", overage, names
             )
-    report.restored_accounts += 1
-    report.restored_podcasts += len(cleared)
-    report.restored.append(
+    tally.counts["restored_podcasts"] += len(cleared)
+    tally.restored.append(
         {
             "account_id": account,
             "since": since.isoformat() if since else None,
@@ -379,9 +404,9 @@ async def _restore(
         }
     )
     event("overage_restored", account_id=account, podcast_ids=[str(p["id"]) for p in cleared])
-    await _invalidate(runtime, clock, owed, report)
+    await _invalidate(runtime, clock, owed, tally)
     if since is not None:
-        await _send(runtime, clock, account, "restored", restored, report)
+        await _send(runtime, clock, account, "restored", restored, tally)
 
 
 async def _owe_email(
@@ -426,7 +451,7 @@ async def _send(
     account: str,
     stage: int | str,
     email: effects.Effect | None,
-    report: EscalationReport,
+    tally: _Tally,
 ) -> bool:
     """The email's first attempt; True when its outcome is final (sent — now or by an earlier
     caller — or permanently not: no owner, Resend unconfigured, a 4xx). A transient failure is
@@ -442,8 +467,7 @@ async def _send(
     [delivery] = await deliver_now(runtime, clock, [email])
     if delivery.status == "delivered":
         if not delivery.detail.get("earlier"):
-            report.emails_sent += 1
-            report.emails.append(
+            tally.emails.append(
                 {
                     "account_id": account,
                     "stage": stage,
@@ -464,7 +488,7 @@ async def _send(
         "error": delivery.error,
     }
     warning(**failure)
-    report.errors.append(failure)
+    tally.errors.append(failure)
     return delivery.final
 
 
@@ -474,13 +498,13 @@ async def _claim(
     since: datetime,
     stage: int,
     now: datetime,
-    report: EscalationReport,
+    tally: _Tally,
 ) -> None:
     claimed = await runtime.db.fetch_one(
         SQL["claim_stage"], {"id": account, "since": since, "stage": stage, "now": now}
     )
     if claimed is not None:
-        report.claims.append({"account_id": account, "stage": stage})
+        tally.claims.append({"account_id": account, "stage": stage})
 
 
 async def _owe_invalidations(
@@ -522,14 +546,14 @@ async def _owe_invalidations(
 
 
 async def _invalidate(
-    runtime: Runtime, clock: Clock, owed: list[effects.Effect], report: EscalationReport
+    runtime: Runtime, clock: Clock, owed: list[effects.Effect], tally: _Tally
 ) -> None:
     """The first attempt of the invalidations owed; a failure is reported and retried by the
     minute lane until it is confirmed."""
     for effect, delivery in zip(owed, await deliver_now(runtime, clock, owed), strict=True):
         if delivery.status == "delivered":
             continue
-        report.errors.append(
+        tally.errors.append(
             {
                 "event": "overage_cache_invalidation_failed",
                 "podcast_id": str(

@@ -20,13 +20,15 @@ from enum import StrEnum
 from typing import Literal
 from xml.parsers import expat
 
+from nightcrew.errors import NightcrewError
+
 # A feed list is small (2,000 feeds of OPML are ~400 KB): anything far larger is not one.
 MAX_FILE_BYTES = 64 * 1024 * 1024
 
 FileFormat = Literal["opml", "urls"]
 
 
-class FeedListError(ValueError):
+class FeedListError(NightcrewError, ValueError):
     """The file cannot be read as a feed list at all; nothing of it may be imported."""
 
     def __init__(self, message: str, *, line: int | None = None, column: int | None = None) -> None:

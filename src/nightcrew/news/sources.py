@@ -12,7 +12,7 @@ from nightcrew.db.queries import load_queries
 from nightcrew.errors import NightcrewError
 from nightcrew.log import event, warning
 from nightcrew.news.fetch import FetchResult, next_check
-from nightcrew.news.opml import FeedList, FileFormat, Skipped, SkipReason
+from nightcrew.news.opml import FeedEntry, FeedList, FileFormat, Skipped, SkipReason
 
 SQL = load_queries(__file__)
 
@@ -101,31 +101,23 @@ def check_import(feeds: FeedList) -> tuple[list[ImportedSource], list[Skipped]]:
         try:
             url = validate_feed_url(entry.url)
         except SourceError as exc:
-            skipped.append(
-                Skipped(
-                    line=entry.line,
-                    reason=SkipReason.invalid_url,
-                    url=entry.url,
-                    name=entry.name,
-                    detail=str(exc),
-                )
-            )
+            skipped.append(_skip(entry, SkipReason.invalid_url, str(exc), url=entry.url))
             continue
         if url in first_line:
-            skipped.append(
-                Skipped(
-                    line=entry.line,
-                    reason=SkipReason.duplicate,
-                    url=url,
-                    name=entry.name,
-                    detail=f"the same feed URL as line {first_line[url]}",
-                )
-            )
+            earlier = f"the same feed URL as line {first_line[url]}"
+            skipped.append(_skip(entry, SkipReason.duplicate, earlier, url=url))
             continue
         first_line[url] = entry.line
         name = entry.name or source_name_for(url)
         candidates.append(ImportedSource(line=entry.line, id=None, name=name, feed_url=url))
     return candidates, skipped
+
+
+def _skip(
+    entry: FeedEntry | ImportedSource, reason: SkipReason, detail: str, *, url: str
+) -> Skipped:
+    """Why the file's entry on ``entry.line`` did not become a source."""
+    return Skipped(line=entry.line, reason=reason, url=url, name=entry.name, detail=detail)
 
 
 async def import_sources(
@@ -150,19 +142,12 @@ async def import_sources(
         if row["added_id"] is not None or (dry_run and row["existing_id"] is None):
             added.append(replace(source, id=row["added_id"]))
             continue
-        skipped.append(
-            Skipped(
-                line=source.line,
-                reason=SkipReason.exists,
-                url=source.feed_url,
-                name=source.name,
-                detail=(
-                    f"already source {row['existing_id']} on shard {row['existing_shard']}"
-                    if row["existing_id"] is not None
-                    else "already a source (added while this import ran)"
-                ),
-            )
+        known = (
+            f"already source {row['existing_id']} on shard {row['existing_shard']}"
+            if row["existing_id"] is not None
+            else "already a source (added while this import ran)"
         )
+        skipped.append(_skip(source, SkipReason.exists, known, url=source.feed_url))
     return ImportReport(
         format=feeds.format,
         shard=shard,

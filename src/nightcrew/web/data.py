@@ -17,6 +17,7 @@ from typing import Any
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects_outbox
+from nightcrew.errors import NightcrewError
 
 SQL = load_queries(__file__)
 
@@ -34,7 +35,7 @@ _SKIPPED = "AND r.status = 'completed' AND (r.report ->> 'skipped') = 'true'"
 _NOT_SKIPPED = "AND (r.report ->> 'skipped') IS DISTINCT FROM 'true'"
 
 
-class BadRequest(ValueError):
+class BadRequest(NightcrewError, ValueError):
     """A filter or cursor the dashboard cannot use; the message names it."""
 
 

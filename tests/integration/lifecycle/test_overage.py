@@ -452,7 +452,6 @@ async def test_a_stale_scan_never_suspends_an_account_the_webhook_just_restored(
     feed_server: RecordingServer,
 ) -> None:
     from nightcrew.lifecycle import overage
-    from nightcrew.lifecycle.overage import EscalationReport
 
     clock = FrozenClock(NOW)
     runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
@@ -472,10 +471,10 @@ async def test_a_stale_scan_never_suspends_an_account_the_webhook_just_restored(
     )
     await reconcile_account_overage(runtime, clock, account)
     resend_server.reset()
-    report = EscalationReport()
-    await overage._process(runtime, clock, stale, report)  # the sweep, on its stale row
+    tally = overage._Tally()
+    await overage._process(runtime, clock, stale, tally)  # the sweep, on its stale row
     assert await _stamps(db, [first, second]) == [None, None]
-    assert report.suspended_accounts == 0 and resend_server.requests == []
+    assert tally.report(scanned=1).suspended_accounts == 0 and resend_server.requests == []
     assert await _clock_columns(db, account) == (None, None, None, None)
 
 

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
+import pytest
+from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
+from nightcrew.adapters.billing import NoBilling
+from nightcrew.adapters.feedcache import RecordingFeedCache
+from nightcrew.adapters.queues import MemoryQueueProducer
+from nightcrew.adapters.storage import open_store
 from nightcrew.clock import FrozenClock
+from nightcrew.config import Settings
+from nightcrew.db.database import Database
 from nightcrew.lifecycle.lanes import Job, Lane, run_jobs
 from nightcrew.reports import Failure
-from nightcrew.runtime import Runtime
+from nightcrew.runtime import Runtime, open_runtime
 from tests.conftest import NOW
 
 
@@ -28,14 +37,24 @@ class Counted:
         return self.counts()
 
 
-# Two jobs of this long: concurrent takes one, in sequence two — a margin of a whole job, so a
-# loaded CI machine cannot blur the difference.
-JOB_SECONDS = 0.6
+@dataclass
+class Span:
+    started: float = 0.0
+    finished: float = 0.0
 
 
-def _job(name: str, key: str, n: int, delay: float = 0.0) -> Job:
+# Long enough that the two sleeping jobs could interleave only if they run side by side; the
+# assertions compare the recorded instants, so no bound on elapsed time is needed.
+JOB_SECONDS = 0.05
+
+
+def _job(name: str, key: str, n: int, spans: dict[str, Span]) -> Job:
     async def run(runtime: Runtime, clock: Any) -> Counted:
-        await asyncio.sleep(delay)
+        loop = asyncio.get_running_loop()
+        span = spans.setdefault(name, Span())
+        span.started = loop.time()
+        await asyncio.sleep(JOB_SECONDS)
+        span.finished = loop.time()
         return Counted(key, n)
 
     return Job(name=name, failed_event=f"{name}_failed", run=run)
@@ -45,30 +64,45 @@ async def boom(runtime: Runtime, clock: Any) -> Counted:
     raise RuntimeError("queue binding missing")
 
 
-def _lane(concurrent: bool) -> Lane:
+def _lane(concurrent: bool, spans: dict[str, Span]) -> Lane:
     return Lane(
         name="test",
         cron="* * * * *",
         concurrent=concurrent,
         completed_event="test_completed",
         jobs=(
-            _job("a", "items_requeued", 3, delay=JOB_SECONDS),
+            _job("a", "items_requeued", 3, spans),
             Job(name="b", failed_event="b_failed", run=boom),
-            _job("c", "links_requeued", 2, delay=JOB_SECONDS),
+            _job("c", "links_requeued", 2, spans),
         ),
     )
 
 
-class _Runtime:
-    dry_run = False
+@pytest.fixture
+async def runtime() -> AsyncIterator[Runtime]:
+    """The real assembly with in-memory adapters, over a pool that is never opened: these jobs
+    touch nothing, and a job that did would fail at once rather than reach a server."""
+    clock = FrozenClock(NOW)
+    settings = Settings.model_validate({"DATABASE_URL": "postgresql://unused@127.0.0.1/unused"})
+    never_opened = Database(AsyncConnectionPool(settings.database_url, open=False), "unused")
+    async with open_runtime(
+        settings,
+        clock,
+        db=never_opened,
+        queues=MemoryQueueProducer(clock),
+        store=open_store("memory://"),
+        feedcache=RecordingFeedCache(),
+        billing=NoBilling(),
+    ) as rt:
+        yield rt
 
 
-async def test_concurrent_jobs_overlap_and_a_raiser_is_isolated() -> None:
-    started = asyncio.get_running_loop().time()
+async def test_concurrent_jobs_overlap_and_a_raiser_is_isolated(runtime: Runtime) -> None:
+    spans: dict[str, Span] = {}
     with capture_logs() as logs:
-        report = await run_jobs(cast(Runtime, _Runtime()), FrozenClock(NOW), _lane(True))
-    elapsed = asyncio.get_running_loop().time() - started
-    assert elapsed < 1.5 * JOB_SECONDS  # concurrent, not 2 x JOB_SECONDS in sequence
+        report = await run_jobs(runtime, FrozenClock(NOW), _lane(True, spans))
+    a, c = spans["a"], spans["c"]
+    assert a.started < c.finished and c.started < a.finished  # side by side, not in turn
     assert report.totals == {"items_requeued": 3, "links_requeued": 2}
     assert report.errors == [
         {"job": "b", "event": "b_failed", "error": "RuntimeError: queue binding missing"}
@@ -80,10 +114,11 @@ async def test_concurrent_jobs_overlap_and_a_raiser_is_isolated() -> None:
     assert summary["items_requeued"] == 3
 
 
-async def test_sequential_jobs_run_in_order_and_the_raiser_does_not_stop_the_next() -> None:
-    started = asyncio.get_running_loop().time()
-    report = await run_jobs(cast(Runtime, _Runtime()), FrozenClock(NOW), _lane(False))
-    elapsed = asyncio.get_running_loop().time() - started
-    assert elapsed >= 2 * JOB_SECONDS  # one after another, as the daily lane's spec order wants
+async def test_sequential_jobs_run_in_order_and_the_raiser_does_not_stop_the_next(
+    runtime: Runtime,
+) -> None:
+    spans: dict[str, Span] = {}
+    report = await run_jobs(runtime, FrozenClock(NOW), _lane(False, spans))
+    assert spans["a"].finished <= spans["c"].started  # one after another, as the spec orders
     assert [j.name for j in report.jobs] == ["a", "b", "c"]
     assert [j.ok for j in report.jobs] == [True, False, True]
