@@ -30,3 +30,13 @@ def test_the_json_keeps_the_spec_field_and_says_who_reviewed() -> None:
     body = NewsReport(shard="s1", trigger="manual", reviewer="offline rules").to_json()
     assert body["aiReviewedCount"] == 0 and body["reviewer"] == "offline rules"
     assert NewsReport(shard="s1", trigger="manual").to_json()["reviewer"] == "model"
+
+
+def test_dropped_items_are_listed_by_source_and_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    report = NewsReport(
+        shard="s1",
+        trigger="manual",
+        dropped_items=[{"source": "longlinks", "reason": "link too long", "count": 2}],
+    )
+    _print_run(report.to_json())
+    assert "  - longlinks: 2 dropped (link too long)\n" in capsys.readouterr().out

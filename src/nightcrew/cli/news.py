@@ -96,6 +96,8 @@ def _print_run(report: dict[str, Any]) -> None:
         typer.echo(f"  deferred: {reason}")
     for failure in report["fetchErrors"]:
         typer.echo(f"  ! {failure['source']}: {failure['error']}")
+    for dropped in report.get("droppedItems", []):  # a pipeline pass has none
+        typer.echo(f"  - {dropped['source']}: {dropped['count']} dropped ({dropped['reason']})")
 
 
 @sources_app.command("add")
