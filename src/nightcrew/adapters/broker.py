@@ -97,10 +97,18 @@ class Delivery:
         self.settled = False
         self.message_id: str = message.message_id or ""
         self.headers: dict[str, Any] = dict(message.headers or {})
+        self.readable = True
         try:
             self.body: dict[str, Any] = json.loads(message.body)
         except ValueError:
+            self.readable = False
             self.body = {"unreadable": message.body[:200].decode("utf-8", "replace")}
+
+    @property
+    def channel_open(self) -> bool:
+        """False once the channel it came on has closed: the broker has then returned the
+        message by itself, and a copy handed back would be a second one."""
+        return not self._message.channel.is_closed
 
     @property
     def deliveries(self) -> int:

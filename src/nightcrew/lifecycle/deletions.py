@@ -17,6 +17,9 @@ reports both until they are done — so nothing is forgotten after a crash or an
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -110,34 +113,12 @@ async def hard_delete_expired_podcasts(runtime: Runtime, clock: Clock) -> Deleti
     deleted: list[Cleanup] = []
 
     for podcast in await runtime.db.fetch(SQL["due_deletions"], {"now": now}):
-        podcast_id, slug = str(podcast["id"]), podcast["slug"]
-        owed: effects.Effect | None = None
-        row = None
-        with one_item(errors, "podcast_deletion_failed", podcast_id=podcast_id, slug=slug) as item:
-            async with runtime.db.transaction() as tx:
-                row = await tx.fetch_one(SQL["delete_podcast"], {"id": podcast_id, "now": now})
-                if row is not None:
-                    await tx.execute(
-                        SQL["record_deletion"], {"id": podcast_id, "slug": slug, "now": now}
-                    )
-                    owed = await _owe_invalidation(tx, podcast_id, slug, now)
-        if item.failed:
-            continue
-        if row is None or owed is None:
-            continue  # restored, or deleted by another replica, since the scan
-        event(
-            "podcast_hard_deleted",
-            podcast_id=podcast_id,
-            slug=slug,
-            deletion_scheduled_at=podcast["deletion_scheduled_at"].isoformat(),
-            deletion_redirect_url=podcast["deletion_redirect_url"],
-        )
-        cleanup = Cleanup(podcast_id=podcast_id, slug=slug, invalidation_effect_id=owed.id)
-        await _clean_storage(runtime, cleanup, errors)
-        [delivery] = await deliver_now(runtime, clock, [owed])
-        _invalidation_outcome(cleanup, delivery, now, errors)
-        await _record(runtime, now, cleanup, errors)
-        deleted.append(cleanup)
+        async with _exclusive(runtime, str(podcast["id"])) as mine:
+            if not mine:
+                continue  # another run is deleting it right now
+            cleanup = await _delete_one(runtime, clock, podcast, errors)
+        if cleanup is not None:
+            deleted.append(cleanup)
 
     # Earlier deletions whose storage or feed is still dirty: retry, and keep reporting them.
     retried: list[Cleanup] = []
@@ -152,12 +133,15 @@ async def hard_delete_expired_podcasts(runtime: Runtime, clock: Clock) -> Deleti
             slug=record["slug"],
             invalidation_effect_id=record["invalidation_effect_id"],
         )
-        if record["storage_cleaned_at"] is None:
-            await _clean_storage(runtime, cleanup, errors)
-        else:
-            cleanup.storage_done = True
-        await _follow_invalidation(runtime, clock, cleanup, record, errors)
-        await _record(runtime, now, cleanup, errors)
+        async with _exclusive(runtime, cleanup.podcast_id) as mine:
+            if not mine:
+                continue  # another run is cleaning it up right now: its report says how far
+            if record["storage_cleaned_at"] is None:
+                await _clean_storage(runtime, cleanup, errors)
+            else:
+                cleanup.storage_done = True
+            await _follow_invalidation(runtime, clock, cleanup, record, errors)
+            await _record(runtime, now, cleanup, errors)
         retried.append(cleanup)
         if not cleanup.storage_done or cleanup.invalidated_via is None:
             leftovers.append(_leftover(cleanup, record["deleted_at"], record["attempts"] + 1))
@@ -172,6 +156,57 @@ async def hard_delete_expired_podcasts(runtime: Runtime, clock: Clock) -> Deleti
         leftovers=leftovers,
         errors=errors,
     )
+
+
+@asynccontextmanager
+async def _exclusive(runtime: Runtime, podcast_id: str) -> AsyncIterator[bool]:
+    """Whether this run may delete and clean up ``podcast_id`` now: held on a connection of
+    its own for the whole cleanup, so it ends with that connection if the process dies."""
+    async with runtime.db.session() as conn:
+        row = await conn.fetch_one(SQL["try_lock_cleanup"], {"id": podcast_id})
+        locked = bool(row and row["locked"])
+        try:
+            yield locked
+        finally:
+            if locked:  # a connection that died took the lock with it
+                with contextlib.suppress(DatabaseUnavailableError):
+                    await conn.execute(SQL["unlock_cleanup"], {"id": podcast_id})
+
+
+async def _delete_one(
+    runtime: Runtime, clock: Clock, podcast: dict[str, Any], errors: list[Failure]
+) -> Cleanup | None:
+    """Delete one due podcast and clean up after it; None when it failed, was restored, or was
+    deleted by another replica since the scan."""
+    now = clock.now()
+    podcast_id, slug = str(podcast["id"]), podcast["slug"]
+    owed: effects.Effect | None = None
+    row = None
+    with one_item(errors, "podcast_deletion_failed", podcast_id=podcast_id, slug=slug) as item:
+        async with runtime.db.transaction() as tx:
+            row = await tx.fetch_one(SQL["delete_podcast"], {"id": podcast_id, "now": now})
+            if row is not None:
+                await tx.execute(
+                    SQL["record_deletion"], {"id": podcast_id, "slug": slug, "now": now}
+                )
+                owed = await _owe_invalidation(tx, podcast_id, slug, now)
+    if item.failed:
+        return None
+    if row is None or owed is None:
+        return None  # restored, or deleted by another replica, since the scan
+    event(
+        "podcast_hard_deleted",
+        podcast_id=podcast_id,
+        slug=slug,
+        deletion_scheduled_at=podcast["deletion_scheduled_at"].isoformat(),
+        deletion_redirect_url=podcast["deletion_redirect_url"],
+    )
+    cleanup = Cleanup(podcast_id=podcast_id, slug=slug, invalidation_effect_id=owed.id)
+    await _clean_storage(runtime, cleanup, errors)
+    [delivery] = await deliver_now(runtime, clock, [owed])
+    _invalidation_outcome(cleanup, delivery, now, errors)
+    await _record(runtime, now, cleanup, errors)
+    return cleanup
 
 
 async def _owe_invalidation(tx: Tx, podcast_id: str, slug: str, now: datetime) -> effects.Effect:

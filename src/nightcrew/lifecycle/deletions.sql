@@ -72,3 +72,13 @@ UPDATE nightcrew.podcast_deletions
 
 -- name: in_flight
 SELECT in_flight FROM nightcrew.podcast_deletions WHERE podcast_id = %(id)s;
+
+-- name: try_lock_cleanup
+-- One cleanup of a podcast at a time (a manual daily run overlapping the scheduled one would
+-- settle and count the same page twice): a session-level advisory lock, which PostgreSQL
+-- releases by itself when the holder's connection dies — a crash never leaves it held.
+SELECT pg_try_advisory_lock(hashtextextended('nightcrew.podcast_deletion:' || %(id)s, 0))
+       AS locked;
+
+-- name: unlock_cleanup
+SELECT pg_advisory_unlock(hashtextextended('nightcrew.podcast_deletion:' || %(id)s, 0));

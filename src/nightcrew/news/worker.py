@@ -148,7 +148,8 @@ class Worker:
         """Every message held but not settled: a fresh copy published (confirmed), then the
         original acknowledged. Should the broker refuse, the original stays unacknowledged
         and the closing channel returns it (spending one delivery)."""
-        held = [d for d in self._give_back if not d.settled]
+        # an unreadable body is returned as it came (its copy would lose the original bytes)
+        held = [d for d in self._give_back if not d.settled and d.channel_open and d.readable]
         self._give_back.clear()
         if not held:
             return

@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from structlog.testing import capture_logs
 
@@ -260,3 +261,47 @@ async def test_one_podcast_whose_deletion_throws_does_not_stop_the_next(
     left = await db.fetch("SELECT id::text FROM public.podcasts")
     assert [r["id"] for r in left] == [stuck]
     assert len(await _keys(runtime.store, f"podcasts/{stuck}/")) == 1  # its files untouched
+
+
+LOCK = "SELECT pg_advisory_lock(hashtextextended('nightcrew.podcast_deletion:' || %s, 0))"
+
+
+async def test_a_podcast_another_run_is_cleaning_is_left_to_that_run(
+    db: Database, clock: FrozenClock, fresh_db_url: str, store: ObjectStore
+) -> None:
+    """Two daily runs at once (a manual run beside the scheduled one) never work on one podcast
+    together: the second would settle and count the first's page in flight a second time."""
+    doomed = await _doomed_podcast(db, store, objects=10)
+    other_run = await psycopg.AsyncConnection.connect(fresh_db_url, autocommit=True)
+    try:
+        await other_run.execute(LOCK, (doomed,))
+        skipped = await hard_delete_expired_podcasts(
+            _runtime(db, clock, fresh_db_url, store), clock
+        )
+        assert skipped.deleted == [] and skipped.errors == []
+        assert await db.fetch_one("SELECT count(*) AS n FROM public.podcasts") == {"n": 1}
+
+        await other_run.execute("SELECT pg_advisory_unlock_all()")
+        sick = HalfFailingStore(store)
+        first = await hard_delete_expired_podcasts(_runtime(db, clock, fresh_db_url, sick), clock)
+        assert [lo["podcast_id"] for lo in first.leftovers] == [doomed]
+        counted = await db.fetch_one("SELECT objects_deleted FROM nightcrew.podcast_deletions")
+
+        # its leftover, while another run holds it: not retried, nothing counted
+        await other_run.execute(LOCK, (doomed,))
+        clock.advance(timedelta(days=1))
+        busy = await hard_delete_expired_podcasts(_runtime(db, clock, fresh_db_url, store), clock)
+        assert busy.retried == [] and busy.leftovers == []
+        assert (
+            await db.fetch_one("SELECT objects_deleted FROM nightcrew.podcast_deletions") == counted
+        )
+        assert len(await _keys(store, f"podcasts/{doomed}/")) == 5
+    finally:
+        await other_run.close()  # a holder that goes away takes its lock with it
+
+    done = await hard_delete_expired_podcasts(_runtime(db, clock, fresh_db_url, store), clock)
+    assert done.retried[0]["storage_cleaned"] is True and done.leftovers == []
+    assert await _keys(store, f"podcasts/{doomed}/") == []
+    assert await db.fetch_one("SELECT objects_deleted FROM nightcrew.podcast_deletions") == {
+        "objects_deleted": 10
+    }
