@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -331,6 +331,7 @@ async def _deliver_claimed(
                 settle_as(
                     effect, _failed(effect.last_error or "never attempted", permanent=False), now
                 )
+                settles[effect.id] = replace(settles[effect.id], unsent=True)
             else:
                 live.append(effect)
         if not live:

@@ -157,6 +157,8 @@ class Settle:
     outcome: Settlement
     next_attempt_at: datetime | None = None
     error: str | None = None
+    # settled without a send (its window closed while it waited): the claim's attempt is not one
+    unsent: bool = False
 
 
 async def settle(db: Database, settles: Sequence[Settle], now: datetime) -> None:
@@ -172,6 +174,7 @@ async def settle(db: Database, settles: Sequence[Settle], now: datetime) -> None
             "next_at": [s.next_attempt_at for s in settles],
             "errors": [s.error for s in settles],
             "claims": [s.claimed_until for s in settles],
+            "unsent": [s.unsent for s in settles],
         },
     )
 

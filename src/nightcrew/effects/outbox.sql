@@ -48,12 +48,13 @@ UPDATE nightcrew.effects e
        dead_at = CASE WHEN u.outcome IN ('permanent', 'expired') THEN %(now)s END,
        dead_reason = CASE WHEN u.outcome IN ('permanent', 'expired') THEN u.outcome END,
        next_attempt_at = coalesce(u.next_at, e.next_attempt_at),
-       attempts = CASE WHEN u.outcome = 'released' THEN e.attempts - 1 ELSE e.attempts END,
+       attempts = CASE WHEN u.outcome = 'released' OR u.unsent THEN e.attempts - 1
+                       ELSE e.attempts END,
        claimed_until = NULL,
        last_error = CASE WHEN u.outcome = 'released' THEN e.last_error ELSE u.error END
   FROM unnest(%(ids)s::bigint[], %(outcomes)s::text[], %(next_at)s::timestamptz[],
-              %(errors)s::text[], %(claims)s::timestamptz[])
-           AS u (id, outcome, next_at, error, claimed_until)
+              %(errors)s::text[], %(claims)s::timestamptz[], %(unsent)s::boolean[])
+           AS u (id, outcome, next_at, error, claimed_until, unsent)
  WHERE e.id = u.id AND e.delivered_at IS NULL AND e.dead_at IS NULL
    -- only the claim that made the attempt settles it (a claimant that stalled past its lease
    -- finds the effect claimed by another, and leaves it to that one)

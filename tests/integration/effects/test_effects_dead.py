@@ -251,3 +251,30 @@ async def test_effects_list_and_retry_dead_by_kind(
     assert _stripe_posts(stripe_server)[-1] == "cli:resume"
     assert listed("--dead") == [(dead_queue.id, "queue", True)]  # its kind was never named
     assert await f.queue_messages(db, RSS_INVALIDATION) == []
+
+
+async def test_an_effect_whose_window_closed_before_any_attempt_dies_with_no_attempt_counted(
+    db: Database, fresh_db_url: str
+) -> None:
+    """Its claim is no attempt: the row keeps saying it was never tried, and nothing is sent."""
+    clock = FrozenClock(NOW)
+    queued = await outbox.record(
+        db,
+        kind="queue",
+        key="never-tried",
+        payload={"queue": RSS_INVALIDATION, "body": {"type": "podcast.deleted"}},
+        now=NOW - DAY * 8,
+    )
+    await db.execute(
+        "UPDATE nightcrew.effects SET expires_at = %(t)s, next_attempt_at = %(t)s"
+        " WHERE id = %(id)s",
+        {"t": NOW - MINUTE, "id": queued.id},
+    )
+
+    report = await deliver_effects(make_runtime(db, clock, fresh_db_url), clock)
+
+    assert report.dead == 1 and report.delivered == 0
+    [row] = await _effects(db, "queue")
+    assert row["dead_reason"] == "expired" and row["attempts"] == 0
+    assert "never attempted" in row["last_error"]
+    assert await f.queue_messages(db, RSS_INVALIDATION) == []
