@@ -41,6 +41,10 @@ from tests.support.servers import (
     recording_server,
 )
 
+# The pipeline tests' fixtures (a RabbitMQ namespace, a model stand-in), shared by
+# tests/integration/news and tests/faults.
+pytest_plugins = ["tests.integration.news.pipeline_support"]
+
 NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 _counter = itertools.count()
 

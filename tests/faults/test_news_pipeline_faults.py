@@ -24,7 +24,6 @@ from nightcrew.news.standins import FeedFarm, ModelStandIn
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
-    namespace,
     pipeline_env,
     pipeline_runtime,
     wait_for,
@@ -38,12 +37,6 @@ pytestmark = needs_rabbitmq
 
 def _nightcrew() -> str:
     return str(Path(sys.executable).parent / "nightcrew")
-
-
-@pytest.fixture
-async def prefix() -> AsyncIterator[str]:
-    async with namespace() as name:
-        yield name
 
 
 @pytest.fixture

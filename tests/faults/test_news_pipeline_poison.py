@@ -8,10 +8,7 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-
-import pytest
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
@@ -21,7 +18,6 @@ from tests.faults.test_news_pipeline_faults import _nightcrew
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
-    namespace,
     pipeline_env,
     pipeline_runtime,
     wait_for,
@@ -32,18 +28,6 @@ from tests.support.services import needs_rabbitmq
 pytestmark = needs_rabbitmq
 
 MAX_DELIVERIES = 2
-
-
-@pytest.fixture
-async def prefix() -> AsyncIterator[str]:
-    async with namespace() as name:
-        yield name
-
-
-@pytest.fixture
-def model() -> Iterator[ModelStandIn]:
-    with ModelStandIn(delay=0.0) as server:
-        yield server
 
 
 async def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -11,11 +11,8 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
@@ -25,7 +22,6 @@ from tests.faults.test_news_pipeline_faults import _nightcrew
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
-    namespace,
     pipeline_env,
     pipeline_runtime,
     wait_for,
@@ -33,12 +29,6 @@ from tests.integration.news.pipeline_support import (
 from tests.support.services import needs_rabbitmq
 
 pytestmark = needs_rabbitmq
-
-
-@pytest.fixture
-async def prefix() -> AsyncIterator[str]:
-    async with namespace() as name:
-        yield name
 
 
 class Worker:

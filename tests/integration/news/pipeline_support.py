@@ -1,17 +1,21 @@
 """What the pipeline tests share: a RabbitMQ namespace per test (its own NEWS_QUEUE_PREFIX,
 deleted afterwards), the pipeline's environment, a runtime on it whose feed client can open
-loopback connections only, and a worker run until a condition holds."""
+loopback connections only, and a worker run until a condition holds. Its fixtures (``prefix``,
+``model``) serve every pipeline test, in this folder and in tests/faults (registered as a plugin
+by tests/conftest.py); a module that needs another model defines its own ``model``."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
+
+import pytest
 
 from nightcrew.adapters.addresses import new_client
 from nightcrew.adapters.broker import STAGES, PipelineBroker
@@ -59,6 +63,20 @@ def pipeline_env(
         "MAX_AI_REVIEWS": "1000",
         **extra,
     }
+
+
+@pytest.fixture
+async def prefix() -> AsyncIterator[str]:
+    """The test's own RabbitMQ namespace (NEWS_QUEUE_PREFIX), deleted afterwards."""
+    async with namespace() as name:
+        yield name
+
+
+@pytest.fixture
+def model() -> Iterator[ModelStandIn]:
+    """An OpenAI-compatible model stand-in that answers at once."""
+    with ModelStandIn(delay=0.0) as server:
+        yield server
 
 
 @asynccontextmanager

@@ -5,11 +5,8 @@ shard between the inline run and the pipeline without losing or repeating an art
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from nightcrew.adapters.broker import Outgoing, PipelineBroker
 from nightcrew.clock import SystemClock
@@ -22,7 +19,6 @@ from nightcrew.news.standins import FeedFarm, ModelStandIn
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
-    namespace,
     pipeline_env,
     pipeline_runtime,
     wait_for,
@@ -31,18 +27,6 @@ from tests.integration.news.pipeline_support import (
 from tests.support.services import needs_rabbitmq
 
 pytestmark = needs_rabbitmq
-
-
-@pytest.fixture
-def model() -> Iterator[ModelStandIn]:
-    with ModelStandIn(delay=0.0) as server:
-        yield server
-
-
-@pytest.fixture
-async def prefix() -> AsyncIterator[str]:
-    async with namespace() as name:
-        yield name
 
 
 async def _articles(db: Database) -> list[str]:

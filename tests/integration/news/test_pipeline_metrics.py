@@ -4,12 +4,10 @@ per-stage gauges (ready, in flight, oldest age, held, dead letters) and the work
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
-import pytest
 
 from nightcrew.adapters.broker import Outgoing
 from nightcrew.clock import FrozenClock
@@ -18,24 +16,12 @@ from nightcrew.http import create_app
 from nightcrew.news.pipeline import broker_of, collect_metrics
 from nightcrew.news.sources import add_source
 from nightcrew.news.standins import ModelStandIn
-from tests.integration.news.pipeline_support import namespace, pipeline_env, pipeline_runtime
+from tests.integration.news.pipeline_support import pipeline_env, pipeline_runtime
 from tests.support.services import needs_rabbitmq
 
 pytestmark = needs_rabbitmq
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-def model() -> Iterator[ModelStandIn]:
-    with ModelStandIn(delay=0.0) as server:
-        yield server
-
-
-@pytest.fixture
-async def prefix() -> AsyncIterator[str]:
-    async with namespace() as name:
-        yield name
 
 
 def _samples(text: str) -> dict[str, float]:

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-
-import pytest
 
 from nightcrew.adapters.broker import Delivery, Outgoing
 from nightcrew.clock import SystemClock
@@ -17,7 +14,6 @@ from nightcrew.news import pipeline
 from nightcrew.news.standins import ModelStandIn
 from nightcrew.news.worker import Worker
 from tests.integration.news.pipeline_support import (
-    namespace,
     pipeline_env,
     pipeline_runtime,
     wait_for,
@@ -25,18 +21,6 @@ from tests.integration.news.pipeline_support import (
 from tests.support.services import needs_rabbitmq
 
 pytestmark = needs_rabbitmq
-
-
-@pytest.fixture
-def model() -> Iterator[ModelStandIn]:
-    with ModelStandIn(delay=0.0) as server:
-        yield server
-
-
-@pytest.fixture
-async def prefix() -> AsyncIterator[str]:
-    async with namespace() as name:
-        yield name
 
 
 async def test_each_stage_holds_at_most_its_own_prefetch_on_its_own_channel(

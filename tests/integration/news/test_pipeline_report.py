@@ -4,11 +4,8 @@ reported — with the pass and the workers going on."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from pathlib import Path
-
-import pytest
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
@@ -17,7 +14,6 @@ from nightcrew.news.standins import FeedFarm, ModelStandIn
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
-    namespace,
     pipeline_env,
     pipeline_runtime,
     wait_for,
@@ -26,18 +22,6 @@ from tests.integration.news.pipeline_support import (
 from tests.support.services import needs_rabbitmq
 
 pytestmark = needs_rabbitmq
-
-
-@pytest.fixture
-def model() -> Iterator[ModelStandIn]:
-    with ModelStandIn(delay=0.0) as server:
-        yield server
-
-
-@pytest.fixture
-async def prefix() -> AsyncIterator[str]:
-    async with namespace() as name:
-        yield name
 
 
 async def _candidate(db: Database, url: str, **columns: object) -> None:

@@ -5,10 +5,7 @@ another replica firing the same slot runs nothing."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-
-import pytest
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
@@ -20,25 +17,12 @@ from nightcrew.scheduler import Scheduler
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
-    namespace,
     pipeline_env,
     pipeline_runtime,
 )
 from tests.support.services import needs_rabbitmq
 
 pytestmark = needs_rabbitmq
-
-
-@pytest.fixture
-def model() -> Iterator[ModelStandIn]:
-    with ModelStandIn(delay=0.0) as server:
-        yield server
-
-
-@pytest.fixture
-async def prefix() -> AsyncIterator[str]:
-    async with namespace() as name:
-        yield name
 
 
 async def test_the_scheduled_runner_enqueues_a_pass_without_the_shard_lock_and_records_it(
