@@ -20,9 +20,10 @@ is treated as lost, never as held.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from nightcrew.adapters.processed import redis_failures
 from nightcrew.clock import Clock
@@ -72,6 +73,25 @@ class Leases(Protocol):
         ...
 
     async def release(self, lease: Lease) -> bool: ...
+
+
+T = TypeVar("T")
+
+
+async def with_fallback(
+    leases: Leases,
+    fallback: Leases,
+    take: Callable[[Leases], Awaitable[T]],
+    on_down: Callable[[LeaseBackendDown], None],
+) -> tuple[Leases, T]:
+    """``take`` from ``leases``; when their backend (Redis) cannot be reached, ``on_down`` is
+    told and ``take`` runs on ``fallback`` (PostgreSQL's) instead — Redis trouble never stops
+    the work (spec 001). Returns the leases that answered: release and extend go to them."""
+    try:
+        return leases, await take(leases)
+    except LeaseBackendDown as exc:
+        on_down(exc)
+        return fallback, await take(fallback)
 
 
 class RedisLeases:

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from nightcrew.adapters.addresses import AddressPolicy
-from nightcrew.adapters.locks import Lease, LeaseBackendDown, Leases
+from nightcrew.adapters.locks import Lease, LeaseBackendDown, Leases, with_fallback
 from nightcrew.adapters.news import NewsAdapters
 from nightcrew.adapters.processed import ProcessedUrls, ProcessedUrlsDown
 from nightcrew.adapters.reviewer import (
@@ -156,14 +156,13 @@ async def run_shard(
         backpressure_queue_limit=settings.ingestion_backpressure_queue_limit,
         backpressure_db_article_limit=settings.ingestion_backpressure_db_article_limit,
     )
-    leases = deps.leases
     name, ttl = shard_lock_name(shard), settings.worker_lock_ttl_seconds
-    try:
-        lease = await leases.acquire(name, ttl)
-    except LeaseBackendDown as exc:  # Redis trouble never kills a run: PostgreSQL leases
-        _redis_failed(report, exc)
-        leases = deps.fallback_leases
-        lease = await leases.acquire(name, ttl)
+    leases, lease = await with_fallback(
+        deps.leases,
+        deps.fallback_leases,
+        lambda backend: backend.acquire(name, ttl),
+        lambda exc: _redis_failed(report, exc),
+    )
     if lease is None:
         report.skipped, report.locked_count = True, 1
         report.deferred_count = await held_candidates.count_held(runtime.db, shard)
@@ -492,12 +491,12 @@ class _Run:
         )
 
     async def _review_locks(self, names: list[str], ttl: float) -> tuple[Leases, dict[str, Lease]]:
-        try:
-            return self.leases, await self.leases.acquire_many(names, ttl)
-        except LeaseBackendDown as exc:
-            _redis_failed(self.report, exc)
-            fallback = self.deps.fallback_leases
-            return fallback, await fallback.acquire_many(names, ttl)
+        return await with_fallback(
+            self.leases,
+            self.deps.fallback_leases,
+            lambda backend: backend.acquire_many(names, ttl),
+            lambda exc: _redis_failed(self.report, exc),
+        )
 
     async def _review_and_write(
         self, to_process: list[Candidate], images: dict[str, str]

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from nightcrew.adapters.broker import PipelineBroker
-from nightcrew.adapters.locks import Lease, LeaseBackendDown, Leases
+from nightcrew.adapters.locks import Lease, LeaseBackendDown, Leases, with_fallback
 from nightcrew.clock import Clock
 from nightcrew.db.database import QueryError, json_param
 from nightcrew.db.queries import load_queries
@@ -88,12 +88,12 @@ async def patiently(ctx: StageContext, step: Callable[[], Awaitable[T]], *, what
 # --- leases ---------------------------------------------------------------------------------------
 async def _acquire(ctx: StageContext, name: str, ttl: float) -> tuple[Leases, Lease | None]:
     """The stage lease from the configured backend; PostgreSQL's when Redis fails (spec 001)."""
-    try:
-        return ctx.leases, await ctx.leases.acquire(name, ttl)
-    except LeaseBackendDown as exc:
-        warning("worker.redis.unavailable", error=str(exc))
-        fallback = ctx.runtime.news_adapters().fallback_leases
-        return fallback, await fallback.acquire(name, ttl)
+    return await with_fallback(
+        ctx.leases,
+        ctx.runtime.news_adapters().fallback_leases,
+        lambda backend: backend.acquire(name, ttl),
+        lambda exc: warning("worker.redis.unavailable", error=str(exc)),
+    )
 
 
 async def _release(leases: Leases, lease: Lease) -> None:
