@@ -97,7 +97,7 @@ async def main() -> None:
                 found = 0
                 for _ in range(args.runs):
                     started = time.perf_counter()
-                    rows = await db.fetch(overage.SQL["scan"], {"now": NOW})
+                    rows = await db.fetch(overage.SQL["scan"])
                     scans.append(time.perf_counter() - started)
                     found = len(rows)
                 plan = await db.fetch(

@@ -161,7 +161,7 @@ class _Tally:
 async def run_overage_escalation(runtime: Runtime, clock: Clock) -> EscalationReport:
     """The daily sweep: every account that can need work; one failing never stops the next."""
     tally = _Tally()
-    rows = await runtime.db.fetch(SQL["scan"], {"now": clock.now()})
+    rows = await runtime.db.fetch(SQL["scan"])
     for row in rows:
         await _isolated(runtime, clock, row, tally)
     report = tally.report(scanned=len(rows))
@@ -174,9 +174,7 @@ async def reconcile_account_overage(
 ) -> EscalationReport:
     """The webhook's entry: the same legs and claims, for one account."""
     tally = _Tally()
-    rows = await runtime.db.fetch(
-        SQL["measure_account"], {"now": clock.now(), "account_id": account_id}
-    )
+    rows = await runtime.db.fetch(SQL["measure_account"], {"account_id": account_id})
     for row in rows:
         await _isolated(runtime, clock, row, tally)
     return tally.report(scanned=len(rows))
@@ -211,7 +209,7 @@ async def _process(runtime: Runtime, clock: Clock, row: dict[str, Any], tally: _
     account = str(row["id"])
     # Measure again, now: the scan row may be minutes old, and the webhook may have moved the
     # clock or the owner the usage since. Decisions are taken on live state only.
-    fresh = await runtime.db.fetch_one(SQL["measure_account"], {"now": now, "account_id": account})
+    fresh = await runtime.db.fetch_one(SQL["measure_account"], {"account_id": account})
     if fresh is None:
         return  # the account is gone
     # NUMERIC and BIGINT sums arrive as Decimal: coerce at the boundary (invariant 7).

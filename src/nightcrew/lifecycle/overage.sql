@@ -1,11 +1,16 @@
 -- The hosted-content overage escalation (spec 000 "Hosted-content overage escalation sweep").
 -- Occupancy = active/paused podcasts of any hosting type (pending_deletion excluded); storage =
--- audio + original bytes over non-pending_deletion podcasts (count-both, DESIGN §6:
--- nightcrew.account_stored_bytes, migration 0014); caps live through effective_cap (NULL =
--- unlimited).
+-- the escalation's byte rule, nightcrew.escalation_storage_bytes() (audio_file_size_bytes over
+-- non-pending_deletion podcasts; migration 0021); caps from the platform's own
+-- public.effective_cap(account, resource), live (NULL = unlimited).
 
 -- name: scan
 -- One round trip: only accounts that can need work — over either cap, armed, or stamped.
+-- Usage is measured set-based here; each account that uses a resource is then confirmed
+-- against effective_cap(), which "resolves live — overrides and credit pools included". A
+-- resource an account does not use (no occupying podcast, no stored byte) is not asked: a cap
+-- is never below zero, so nothing is over it. MATERIALIZED keeps each cap one call: inlined,
+-- the filter below would repeat the call for every mention.
 WITH occupancy AS (
     SELECT p.billing_account_id AS account_id,
            count(*) FILTER (WHERE p.status IN ('active', 'paused')) AS podcasts,
@@ -13,29 +18,25 @@ WITH occupancy AS (
       FROM public.podcasts p
      WHERE p.billing_account_id IS NOT NULL
      GROUP BY p.billing_account_id
-), storage AS (
-    SELECT account_id, bytes FROM nightcrew.account_stored_bytes(false)
-), caps AS (
-    -- the same live caps as effective_cap(), computed set-based
-    SELECT c.account_id,
-           max(c.cap) FILTER (WHERE c.resource = 'podcasts_per_account') AS podcast_cap,
-           max(c.cap) FILTER (WHERE c.resource = 'storage_gb_per_account') AS storage_cap_gb
-      FROM public.account_caps(%(now)s) c
-     GROUP BY c.account_id
-), measured AS (
+), measured AS MATERIALIZED (
     SELECT b.id, b.content_overage_since, b.content_overage_deadline,
            b.content_overage_nag_stage, b.content_overage_last_nag_at,
            coalesce(o.podcasts, 0) AS podcasts, coalesce(s.bytes, 0) AS bytes,
-           coalesce(o.stamped, false) AS stamped,
-           caps.podcast_cap, caps.storage_cap_gb
+           coalesce(o.stamped, false) AS stamped
       FROM public.billing_accounts b
-      JOIN caps ON caps.account_id = b.id
       LEFT JOIN occupancy o ON o.account_id = b.id
-      LEFT JOIN storage s ON s.account_id = b.id
+      LEFT JOIN nightcrew.escalation_storage_bytes() s ON s.account_id = b.id
      WHERE o.account_id IS NOT NULL OR b.content_overage_since IS NOT NULL
+), capped AS MATERIALIZED (
+    SELECT m.*,
+           CASE WHEN m.podcasts > 0
+                THEN public.effective_cap(m.id, 'podcasts_per_account') END AS podcast_cap,
+           CASE WHEN m.bytes > 0
+                THEN public.effective_cap(m.id, 'storage_gb_per_account') END AS storage_cap_gb
+      FROM measured m
 )
 SELECT *
-  FROM measured
+  FROM capped
  WHERE content_overage_since IS NOT NULL
     OR stamped
     OR (podcast_cap IS NOT NULL AND podcasts > podcast_cap)
@@ -45,18 +46,25 @@ SELECT *
 -- name: measure_account
 -- The same measurements as the scan, for one account, taken right before acting on it (and by
 -- the webhook's entry point). A test keeps the two in agreement.
-SELECT b.id, b.content_overage_since, b.content_overage_deadline,
-       b.content_overage_nag_stage, b.content_overage_last_nag_at,
-       (SELECT count(*) FROM public.podcasts p
-         WHERE p.billing_account_id = b.id AND p.status IN ('active', 'paused')) AS podcasts,
-       nightcrew.account_stored_bytes_of(b.id, false) AS bytes,
-       EXISTS (SELECT 1 FROM public.podcasts p
-                WHERE p.billing_account_id = b.id AND p.overage_suspended_at IS NOT NULL)
-           AS stamped,
-       public.effective_cap(b.id, 'podcasts_per_account', %(now)s) AS podcast_cap,
-       public.effective_cap(b.id, 'storage_gb_per_account', %(now)s) AS storage_cap_gb
-  FROM public.billing_accounts b
- WHERE b.id = %(account_id)s;
+WITH measured AS MATERIALIZED (
+    SELECT b.id, b.content_overage_since, b.content_overage_deadline,
+           b.content_overage_nag_stage, b.content_overage_last_nag_at,
+           (SELECT count(*) FROM public.podcasts p
+             WHERE p.billing_account_id = b.id AND p.status IN ('active', 'paused')) AS podcasts,
+           coalesce((SELECT s.bytes FROM nightcrew.escalation_storage_bytes() s
+                      WHERE s.account_id = b.id), 0) AS bytes,
+           EXISTS (SELECT 1 FROM public.podcasts p
+                    WHERE p.billing_account_id = b.id AND p.overage_suspended_at IS NOT NULL)
+               AS stamped
+      FROM public.billing_accounts b
+     WHERE b.id = %(account_id)s
+)
+SELECT m.*,
+       CASE WHEN m.podcasts > 0
+            THEN public.effective_cap(m.id, 'podcasts_per_account') END AS podcast_cap,
+       CASE WHEN m.bytes > 0
+            THEN public.effective_cap(m.id, 'storage_gb_per_account') END AS storage_cap_gb
+  FROM measured m;
 
 -- name: arm
 -- First detection wins: an armed clock is never re-armed or extended.

@@ -408,7 +408,6 @@ class SuspendedFeed:
 @dataclass(frozen=True, kw_only=True)
 class OverageAccount:
     id: str
-    plan: str
     owner_email: str | None
     since: datetime
     deadline: datetime | None
@@ -467,7 +466,6 @@ async def overage(db: Database, now: datetime, *, limit: int = 200) -> OverageVi
     accounts = [
         OverageAccount(
             id=str(r["id"]),
-            plan=r["plan"],
             owner_email=r["owner_email"],
             since=r["since"],
             deadline=r["deadline"],

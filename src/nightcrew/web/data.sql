@@ -86,14 +86,15 @@ SELECT count(*) AS podcasts, coalesce(sum(objects_deleted), 0) AS objects,
 
 -- name: overage_clocks
 -- Accounts on the clock, soonest deadline first, measured as the escalation measures them.
-SELECT b.id, b.plan, b.content_overage_since AS since, b.content_overage_deadline AS deadline,
+SELECT b.id, b.content_overage_since AS since, b.content_overage_deadline AS deadline,
        b.content_overage_nag_stage AS stage, b.content_overage_last_nag_at AS last_nag_at,
        coalesce(up.email, u.email) AS owner_email,
        (SELECT count(*) FROM public.podcasts p
          WHERE p.billing_account_id = b.id AND p.status IN ('active', 'paused')) AS podcasts,
-       nightcrew.account_stored_bytes_of(b.id, false) AS bytes,
-       public.effective_cap(b.id, 'podcasts_per_account', %(now)s) AS podcast_cap,
-       public.effective_cap(b.id, 'storage_gb_per_account', %(now)s) AS storage_cap_gb
+       coalesce((SELECT s.bytes FROM nightcrew.escalation_storage_bytes() s
+                  WHERE s.account_id = b.id), 0) AS bytes,
+       public.effective_cap(b.id, 'podcasts_per_account') AS podcast_cap,
+       public.effective_cap(b.id, 'storage_gb_per_account') AS storage_cap_gb
   FROM public.billing_accounts b
   LEFT JOIN public.user_profiles up ON up.id = b.owner_user_id
   LEFT JOIN auth.users u ON u.id = b.owner_user_id

@@ -2,27 +2,27 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from nightcrew.db.database import Database, QueryError
 from tests import factories as f
-from tests.conftest import NOW
 
 GB = 10**9
 
 
 async def _cap(db: Database, account: str, resource: str = "storage_gb_per_account") -> object:
     row = await db.fetch_one(
-        "SELECT public.effective_cap(%(a)s, %(r)s, %(now)s) AS cap",
-        {"a": account, "r": resource, "now": NOW},
+        "SELECT public.effective_cap(%(a)s, %(r)s) AS cap", {"a": account, "r": resource}
     )
     assert row is not None
     return row["cap"]
 
 
 async def test_effective_cap_plan_credits_overrides_and_unlimited(db: Database) -> None:
+    """Spec 000: effective_cap(account, 'storage_gb_per_account') "(NULL = unlimited)", and it
+    "resolves live — overrides and credit pools included" (at the database's now())."""
     await db.execute(
         "INSERT INTO public.plan_limits (plan, resource, limit_value) VALUES"
         " ('starter', 'storage_gb_per_account', 5), ('starter', 'podcasts_per_account', 1),"
@@ -38,7 +38,7 @@ async def test_effective_cap_plan_credits_overrides_and_unlimited(db: Database) 
         "INSERT INTO public.credit_pools (billing_account_id, resource, amount, expires_at)"
         " VALUES (%(a)s, 'storage_gb_per_account', 2, NULL),"
         "        (%(a)s, 'storage_gb_per_account', 10, %(expired)s)",
-        {"a": starter, "expired": NOW - timedelta(seconds=1)},
+        {"a": starter, "expired": datetime.now(UTC) - timedelta(seconds=1)},
     )
     assert await _cap(db, starter) == 7  # expired credits do not count
 
@@ -102,21 +102,49 @@ async def test_guard_refuses_user_jwt_writes_to_platform_owned_columns(db: Datab
 
 
 async def test_reap_unconfirmed_users_skips_what_a_foreign_key_still_holds(db: Database) -> None:
-    old = NOW - timedelta(days=7, seconds=1)
+    """Spec 000: public.reap_unconfirmed_users(interval) deletes every unconfirmed, non-invited
+    user older than the retention; "a row still held by a NO ACTION foreign key is skipped with
+    a Postgres WARNING and counted in skipped". The cut-off is the database's now()."""
+    now = datetime.now(UTC)
+    old = now - timedelta(days=7, minutes=5)
     reaped = await f.user(db, created_at=old)
     held = await f.user(db, created_at=old)
     await f.account(db, owner_user_id=held)  # NO ACTION: blocks the delete
-    young = await f.user(db, created_at=NOW - timedelta(days=6, hours=23))
+    young = await f.user(db, created_at=now - timedelta(days=6, hours=23))
     confirmed = await f.user(db, created_at=old, email_confirmed_at=old)
     invited = await f.user(db, created_at=old, invited_at=old)
 
-    row = await db.fetch_one(
-        "SELECT * FROM public.reap_unconfirmed_users(interval '7 days', %(now)s)", {"now": NOW}
-    )
+    row = await db.fetch_one("SELECT * FROM public.reap_unconfirmed_users(interval '7 days')")
     assert row == {"deleted": 1, "skipped": 1}
     left = {r["id"] for r in await db.fetch("SELECT id::text FROM auth.users")}
     assert reaped not in left
     assert {held, young, confirmed, invited} <= left
+
+
+async def test_platform_functions_have_exactly_the_spec_signatures(db: Database) -> None:
+    """The reference schema creates the platform's functions as spec 000 names them, and
+    nothing else of nightcrew's in the platform's schemas."""
+    rows = await db.fetch(
+        "SELECT n.nspname || '.' || p.proname || '(' ||"
+        " pg_get_function_identity_arguments(p.oid) || ') -> ' || pg_get_function_result(p.oid)"
+        " AS sig FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname IN ('public', 'auth') AND p.prorettype <> 'trigger'::regtype"
+        " ORDER BY 1"
+    )
+    assert [r["sig"] for r in rows] == [
+        "auth.uid() -> uuid",
+        "public.effective_cap(account uuid, resource text) -> numeric",
+        "public.notify_media_job_result(job_id uuid) -> void",
+        "public.reap_unconfirmed_users(retention interval) -> "
+        "TABLE(deleted integer, skipped integer)",
+    ]
+    cap_trigger = await db.fetch_one(
+        "SELECT p.prosrc FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid"
+        " WHERE t.tgname = 'trigger_enforce_storage_account_cap'"
+        " AND t.tgrelid = 'public.episodes'::regclass"
+    )
+    assert cap_trigger is not None
+    assert "nightcrew." not in cap_trigger["prosrc"]  # the platform's trigger counts for itself
 
 
 async def test_one_active_hosting_migration_per_podcast(db: Database) -> None:

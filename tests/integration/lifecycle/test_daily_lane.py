@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from structlog.testing import capture_logs
 
 from nightcrew.adapters.queues import RSS_INVALIDATION
@@ -141,6 +142,24 @@ async def test_reaper_deletes_only_old_unconfirmed_uninvited_free_users(
     left = {r["id"] for r in await db.fetch("SELECT id::text FROM auth.users")}
     assert left == {young, invited, confirmed, held}
     assert gone not in left and on_the_edge not in left
+
+
+@pytest.mark.parametrize("ahead", [timedelta(days=-2), timedelta(0), timedelta(days=30)])
+async def test_the_reaper_cut_off_is_nightcrews_clock_through_the_spec_signature(
+    db: Database, fresh_db_url: str, ahead: timedelta
+) -> None:
+    """public.reap_unconfirmed_users(interval) cuts off at the database's now() - retention;
+    nightcrew passes the retention that puts the cut-off at its own clock - 7 days, whether
+    the clock is the database's time, a past slot or a --now a month ahead."""
+    clock = FrozenClock(datetime.now(UTC) + ahead)
+    runtime = make_runtime(db, clock, fresh_db_url)
+    cut_off = clock.now() - timedelta(days=7)
+    due = await f.user(db, created_at=cut_off - timedelta(minutes=1))
+    kept = await f.user(db, created_at=cut_off + timedelta(minutes=1))
+    report = await reap_unconfirmed_users(runtime, clock)
+    assert (report.deleted, report.skipped) == (1, 0)
+    left = {r["id"] for r in await db.fetch("SELECT id::text FROM auth.users")}
+    assert kept in left and due not in left
 
 
 async def test_a_failing_reaper_is_isolated_and_named(

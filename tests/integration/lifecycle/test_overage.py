@@ -374,8 +374,8 @@ async def test_sanction_sets_storage_count_tiebreak_and_pending_deletion(
     await db.execute(
         "UPDATE public.billing_accounts SET plan = 'pro' WHERE id = %(a)s", {"a": storage_acct}
     )
-    await f.episode(  # count-both: 0.6 + 0.6 GB > 1 GB
-        db, only, audio_file_size_bytes=int(0.6 * GB), original_audio_file_size_bytes=int(0.6 * GB)
+    await f.episode(  # the escalation counts the enclosure only: 1.2 GB > 1 GB
+        db, only, audio_file_size_bytes=int(1.2 * GB), original_audio_file_size_bytes=int(0.3 * GB)
     )
     await db.execute(
         "UPDATE public.billing_accounts SET plan = 'starter' WHERE id = %(a)s", {"a": storage_acct}
@@ -462,7 +462,7 @@ async def test_a_stale_scan_never_suspends_an_account_the_webhook_just_restored(
         " content_overage_last_nag_at = %(l)s WHERE id = %(a)s",
         {"s": NOW - 31 * DAY, "d": NOW - DAY, "l": NOW - 4 * DAY, "a": account},
     )
-    [stale] = await db.fetch(overage.SQL["scan"], {"now": NOW})
+    [stale] = await db.fetch(overage.SQL["scan"])
     # meanwhile the owner upgrades and the webhook restores the account
     await db.execute(
         "INSERT INTO public.cap_overrides (billing_account_id, resource,"
@@ -496,12 +496,10 @@ async def test_the_scan_and_the_single_account_measurement_agree(
         {"n": NOW, "p": p},
     )
     quiet, _ = await _account(db, podcasts=1)
-    rows = {str(r["id"]): r for r in await db.fetch(overage.SQL["scan"], {"now": NOW})}
+    rows = {str(r["id"]): r for r in await db.fetch(overage.SQL["scan"])}
     assert set(rows) == {over, armed_under, stamped}  # only accounts that can need work
     for account in (over, armed_under, stamped, quiet):
-        single = await db.fetch_one(
-            overage.SQL["measure_account"], {"now": NOW, "account_id": account}
-        )
+        single = await db.fetch_one(overage.SQL["measure_account"], {"account_id": account})
         assert single is not None
         if account in rows:
             assert {k: str(v) for k, v in single.items()} == {

@@ -461,7 +461,7 @@ async def run_reconcile(
             await conn.execute(SQL["drop_listing"])
 
     media = await sweep_wedged_media_jobs(runtime, clock)
-    over_cap = await runtime.db.fetch(SQL["over_cap_accounts"], {"now": now})
+    over_cap = await runtime.db.fetch(SQL["over_cap_accounts"])
     orphans, episode_images, transcribe_prep = sweeps
     return ReconcileReport(
         options=options,

@@ -213,14 +213,16 @@ UPDATE public.automation_jobs
  WHERE episode_id = %(id)s AND status = 'pending' AND trigger_type = 'time';
 
 -- name: over_cap_accounts
--- Count-both bytes (enclosure + master) per account against its live cap, every podcast
--- counted as the storage cap trigger counts it (spec 000). Report only.
-WITH usage AS (
-    SELECT account_id, bytes FROM nightcrew.account_stored_bytes(true)
+-- The over-cap report's byte rule, nightcrew.overcap_report_bytes() (count-both: enclosure +
+-- master, every podcast of the account, as the storage cap trigger counts; migration 0021)
+-- against the platform's live effective_cap(account, 'storage_gb_per_account'). Report only.
+WITH usage AS MATERIALIZED (
+    SELECT u.account_id, u.bytes,
+           public.effective_cap(u.account_id, 'storage_gb_per_account') AS cap_gb
+      FROM nightcrew.overcap_report_bytes() u
+     WHERE u.bytes > 0
 )
 SELECT account_id, bytes, cap_gb
-  FROM (SELECT u.account_id, u.bytes,
-               public.effective_cap(u.account_id, 'storage_gb_per_account', %(now)s) AS cap_gb
-          FROM usage u) capped
+  FROM usage
  WHERE cap_gb IS NOT NULL AND bytes > cap_gb * 1000000000
  ORDER BY bytes - cap_gb * 1000000000 DESC;
