@@ -52,7 +52,8 @@ def db_migrate(
 def db_check(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Report, table by table, what the database lacks that nightcrew needs. Exit 1 if any."""
+    """Compare the database with what nightcrew needs: column types, function signatures,
+    triggers, unique indexes. One line per mismatch; exit 1 if any."""
     settings = _settings()
 
     async def work() -> dict[str, Any]:
@@ -64,16 +65,31 @@ def db_check(
         _print_json(report)
     else:
         for table, result in report["tables"].items():
-            typer.echo(f"{'ok     ' if result['ok'] else 'MISSING'} {table}")
+            typer.echo(f"{_label(result)} {table}")
             for problem in result["problems"]:
                 typer.echo(f"          - {problem}")
+            for note in result["notes"]:
+                typer.echo(f"          = {note}")
             for advice in result["advice"]:
                 typer.echo(f"          ~ {advice}")
+        for name, result in report["functions"].items():
+            if result["ok"]:
+                typer.echo(f"ok      function {name}{result['expected']}")
+            for problem in result["problems"]:
+                typer.echo(f"{_label(result)} {problem}")
+        of_functions = {p for result in report["functions"].values() for p in result["problems"]}
         for problem in report["problems"]:
-            typer.echo(f"MISSING {problem}")
+            if problem not in of_functions:
+                typer.echo(f"MISSING {problem}")
         typer.echo("schema ok" if report["ok"] else "schema incomplete")
     if not report["ok"]:
         raise typer.Exit(1)
+
+
+def _label(result: dict[str, Any]) -> str:
+    if result["ok"]:
+        return "ok     "
+    return "MISSING" if result["missing"] else "WRONG  "
 
 
 # --- effects -------------------------------------------------------------------------------------

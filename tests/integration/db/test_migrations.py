@@ -69,7 +69,7 @@ async def test_skip_reference_creates_only_nightcrews_own_tables(empty_db_url: s
     assert result.applied == [m.label for m in discover_migrations() if m.scope == "nightcrew"]
     by_name = {t.name: t for t in report.tables}
     assert by_name["nightcrew.runs"].ok and by_name["nightcrew.queue_messages"].ok
-    assert by_name["public.podcasts"].problems == ["table is missing"]
+    assert by_name["public.podcasts"].problems == ["table public.podcasts: missing"]
     assert not report.ok
 
 
@@ -90,14 +90,15 @@ async def test_db_check_names_what_is_missing_table_by_table(db: Database) -> No
     assert not report.ok
     episodes = next(t for t in report.tables if t.name == "public.episodes")
     assert episodes.problems == [
-        "column audio_file_size_bytes is integer, expected bigint",
-        "missing column original_audio_url (text)",
-        "missing trigger trigger_enforce_storage_account_cap",
+        "column public.episodes.audio_file_size_bytes: expected bigint, found integer",
+        "column public.episodes.original_audio_url: missing, expected text",
+        "trigger trigger_enforce_storage_account_cap on public.episodes: missing",
     ]
     items = next(t for t in report.tables if t.name == "public.import_items")
     assert items.ok and items.advice == [
         "index idx_import_items_active is missing: its sweep will scan the table"
     ]
     assert report.problems == [
-        "missing function public.reap_unconfirmed_users() — the signup reaper"
+        "function public.reap_unconfirmed_users(interval): missing"
+        " — the signup reaper (nightcrew reads deleted and skipped)"
     ]
