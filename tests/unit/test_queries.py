@@ -41,4 +41,12 @@ def test_every_query_file_in_the_package_parses(path: Path) -> None:
     queries = parse_queries(path.read_text(), path)
     assert queries.names()
     for name in queries.names():
+        if (path.relative_to(PACKAGE).as_posix(), name) in READS_THE_DATABASES_NOW:
+            continue
         assert "now()" not in queries[name].lower(), f"{name}: take `now` as a parameter"
+
+
+# Queries that read the database's now() without deciding by it: the platform's
+# reap_unconfirmed_users(interval) cuts off at now() - retention, so the reaper translates
+# nightcrew's clock (a parameter) into that interval.
+READS_THE_DATABASES_NOW = {("lifecycle/signups.sql", "reap_unconfirmed_users")}

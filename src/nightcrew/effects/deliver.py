@@ -273,6 +273,14 @@ def _settlement(
             runtime.metrics.inc("nightcrew_effects_delivered_total", kind=effect.kind)
         if log_delivered:
             event("effect_delivered", **_ids(effect), attempts=effect.attempts, **delivery.detail)
+            if effect.kind == "billing_resume":  # a retry succeeded: its caller logged nothing
+                billing_resume.log_resumed(
+                    podcast_id=str(effect.payload.get("podcast_id")),
+                    account_id=str(effect.payload["account_id"]),
+                    detail=delivery.detail,
+                    effect_id=effect.id,
+                    attempts=effect.attempts,
+                )
         return Settle(effect_id=effect.id, claimed_until=effect.claimed_until, outcome="delivered")
     error = delivery.error or "not confirmed"
     # The last retry is due a little before the maximum age, so a minute tick still makes it.

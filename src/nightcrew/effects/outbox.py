@@ -270,8 +270,37 @@ async def purge_delivered(db: Database, before: datetime, *, limit: int) -> int:
 async def adopt_feed_outbox(
     db: Database | Tx, now: datetime, *, limit: int, ids: Sequence[str] | None = None
 ) -> list[Effect]:
-    """Give undelivered ``feed_invalidation_outbox`` intents (these ``ids``, or any) the
-    ``feed_invalidate`` effect that drives them; returns the effects created."""
+    """Give undelivered ``feed_invalidation_outbox`` intents (these ``ids``, or any) that have
+    no effect the ``feed_invalidate`` effect that drives them; returns the effects created. An
+    intent whose effect died is left to ``revive_feed_outbox`` (the reconciler's apply run)."""
+    created, _ = await _adopt(db, now, limit=limit, ids=ids, revive=False)
+    return created
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FeedOutboxDrive:
+    """What ``revive_feed_outbox`` made due now: effects created, effects revived."""
+
+    created: list[Effect]
+    revived: list[Effect]
+
+
+async def revive_feed_outbox(db: Database | Tx, now: datetime, *, limit: int) -> FeedOutboxDrive:
+    """Make every undelivered intent (the oldest ``limit``) due for an attempt now, whatever
+    became of its earlier effect: an effect is created where there is none, and one that died,
+    or waits out a backoff, is revived in place with a fresh maximum age (outbox.sql says why)."""
+    created, revived = await _adopt(db, now, limit=limit, ids=None, revive=True)
+    return FeedOutboxDrive(created=created, revived=revived)
+
+
+async def _adopt(
+    db: Database | Tx,
+    now: datetime,
+    *,
+    limit: int,
+    ids: Sequence[str] | None,
+    revive: bool,
+) -> tuple[list[Effect], list[Effect]]:
     rows = await db.fetch(
         SQL["adopt_feed_outbox"],
         {
@@ -279,6 +308,9 @@ async def adopt_feed_outbox(
             "expires_at": now + MAX_AGE["feed_invalidate"],
             "limit": limit,
             "ids": list(ids) if ids is not None else None,
+            "revive": revive,
         },
     )
-    return [Effect.from_row(r) for r in rows]
+    created = [Effect.from_row(r) for r in rows if not r["revived"]]
+    revived = [Effect.from_row(r) for r in rows if r["revived"]]
+    return created, revived

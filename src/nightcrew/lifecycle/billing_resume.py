@@ -8,12 +8,14 @@ after the commit and again by the minute lane's drain until Stripe confirms it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from nightcrew.db.database import Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import BillingError
+from nightcrew.log import event
 from nightcrew.runtime import Runtime
 
 SQL = load_queries(__file__)
@@ -62,6 +64,27 @@ async def owed_resume(tx: Tx, podcast_id: str) -> tuple[str | None, BillingResum
             account_id=account_id,
         )
     return account_id, None
+
+
+def log_resumed(
+    *, podcast_id: str, account_id: str, detail: Mapping[str, Any], effect_id: int, **extra: Any
+) -> bool:
+    """``billing_resumed_after_reactivation``, once Stripe confirmed a resume: by its first
+    attempt (pauses.py) or by a retry of the minute lane's drain (effects/deliver.py). Not for
+    a delivery that resumed nothing (skipped) or that an earlier caller had already settled.
+    Returns whether it was logged."""
+    if detail.get("outcome") != "resumed" or detail.get("earlier"):
+        return False
+    event(
+        "billing_resumed_after_reactivation",
+        podcast_id=podcast_id,
+        account_id=account_id,
+        subscription_id=detail.get("subscription_id"),
+        self_healed=bool(detail.get("self_healed")),
+        effect_id=effect_id,
+        **extra,
+    )
+    return True
 
 
 async def resume_billing(

@@ -26,6 +26,12 @@ async def record(
     return await adopt_feed_outbox(db, now, limit=len(ids), ids=ids)
 
 
+async def count_pending(db: Database) -> int:
+    """Undelivered intents, of every podcast: how many invalidations are still owed."""
+    row = await db.fetch_one(SQL["count_pending"])
+    return int(row["pending"]) if row else 0
+
+
 async def pending_for_podcast(db: Database, podcast_id: str) -> list[str]:
     rows = await db.fetch(SQL["pending_for_podcast"], {"podcast_id": podcast_id})
     return [str(r["id"]) for r in rows]

@@ -22,3 +22,7 @@ UPDATE public.feed_invalidation_outbox
 UPDATE public.feed_invalidation_outbox
    SET attempts = attempts + 1, last_error = %(error)s
  WHERE id = ANY(%(ids)s::uuid[]) AND delivered_at IS NULL;
+
+-- name: count_pending
+-- How many intents are still owed (the partial index of undelivered rows, never the history).
+SELECT count(*) AS pending FROM public.feed_invalidation_outbox WHERE delivered_at IS NULL;

@@ -28,6 +28,7 @@ the email effect's key); the conditional claims are the advance-once guard.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -55,6 +56,10 @@ FINAL_STAGE = 3
 SUSPENDED_STAGE = 4
 SUSPEND_NOTICE_DAYS = 3
 GB = 1_000_000_000
+# The scan's slices, run at once on as many pooled connections: the platform's effective_cap()
+# is called per account and cannot run in a parallel query, so the slices are how the scan uses
+# more than one of the database's cores (bench.overage: the README's figures).
+SCAN_SLICES = 2
 
 
 def _number(value: Any) -> float | None:
@@ -158,10 +163,20 @@ class _Tally:
         )
 
 
+async def scan(runtime: Runtime) -> list[dict[str, Any]]:
+    """Every account that can need work, ordered by id: the scan's slices run at once, each on
+    a connection of its own (the pool keeps one free for everything else)."""
+    slices = max(1, min(SCAN_SLICES, runtime.settings.db_pool_max_size - 1))
+    parts = await asyncio.gather(
+        *(runtime.db.fetch(SQL["scan"], {"slices": slices, "slice": n}) for n in range(slices))
+    )
+    return sorted((row for part in parts for row in part), key=lambda row: str(row["id"]))
+
+
 async def run_overage_escalation(runtime: Runtime, clock: Clock) -> EscalationReport:
     """The daily sweep: every account that can need work; one failing never stops the next."""
     tally = _Tally()
-    rows = await runtime.db.fetch(SQL["scan"])
+    rows = await scan(runtime)
     for row in rows:
         await _isolated(runtime, clock, row, tally)
     report = tally.report(scanned=len(rows))
@@ -376,22 +391,41 @@ async def _restore(
         if locked is None or locked["content_overage_since"] != since:
             return  # re-armed (or restored) by the other entry point meanwhile
         await tx.execute(SQL["disarm"], {"id": account, "since": since})
+        # The restored email is owed armed or stamped (spec 000, leg 4), keyed by the `{since}`
+        # of the overage it ends. Stamped but not armed (the clock was cleared elsewhere while
+        # the feeds stayed stamped) there is no clock: the newest stamp's time stands in. It is
+        # stable — read under the account's lock from the very stamps this transaction clears,
+        # so a rolled-back attempt derives the same key and a committed one leaves nothing
+        # stamped to owe it again — and it is this suspension's own: a later suspension
+        # stamps later, so its restore gets its own email instead of deduping against this one.
+        episode = since
+        if since is None:
+            newest = await tx.fetch_one(SQL["newest_stamp"], {"id": account})
+            episode = newest["newest"] if newest else None
         cleared = await tx.fetch(SQL["unstamp_except"], {"id": account, "keep": [], "now": now})
         if since is None and not cleared:
             return  # another caller restored it first
         owed = await _owe_invalidations(tx, now, cleared, "podcast.restored", "overage_restored")
-        if since is not None:
-            # A warning or notice still being retried would now arrive after "you're back".
+        if episode is not None:
+            # A warning or notice still being retried would now arrive after "you're back"
+            # (unarmed: whichever clock they were keyed by, that clock is gone).
+            keys: list[str] = []
+            patterns: list[str] = []
+            if since is not None:
+                keys = [idempotency_key(account, since, s) for s in range(5)]
+            else:
+                patterns = [f"overage:{account}:%:{s}" for s in range(5)]
             await effects.supersede(
                 tx,
                 kind="mail",
                 now=now,
                 reason="superseded: the account was restored",
-                keys=[idempotency_key(account, since, stage) for stage in range(5)],
+                keys=keys,
+                patterns=patterns,
             )
             names = [p["slug"] for p in cleared]
             restored = await _owe_email(
-                runtime, tx, now, account, since, "restored", overage, names
+                runtime, tx, now, account, episode, "restored", overage, names
             )
     tally.counts["restored_podcasts"] += len(cleared)
     tally.restored.append(
@@ -403,7 +437,7 @@ async def _restore(
     )
     event("overage_restored", account_id=account, podcast_ids=[str(p["id"]) for p in cleared])
     await _invalidate(runtime, clock, owed, tally)
-    if since is not None:
+    if episode is not None:
         await _send(runtime, clock, account, "restored", restored, tally)
 
 

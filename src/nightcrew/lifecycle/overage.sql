@@ -5,19 +5,27 @@
 -- public.effective_cap(account, resource), live (NULL = unlimited).
 
 -- name: scan
--- One round trip: only accounts that can need work — over either cap, armed, or stamped.
--- Usage is measured set-based here; each account that uses a resource is then confirmed
--- against effective_cap(), which "resolves live — overrides and credit pools included". A
--- resource an account does not use (no occupying podcast, no stored byte) is not asked: a cap
--- is never below zero, so nothing is over it. MATERIALIZED keeps each cap one call: inlined,
--- the filter below would repeat the call for every mention.
+-- Only accounts that can need work — over either cap, armed, or stamped — of one slice of the
+-- accounts (slice of slices, by the account id's last byte; the sweep runs the slices at once
+-- on as many connections). Usage is measured set-based here; each account that uses a
+-- resource is then confirmed against the platform's effective_cap(), which "resolves live —
+-- overrides and credit pools included": a PL/pgSQL call of ~10 µs, two per account, the bulk
+-- of the scan's cost and the part the slices share out. A resource an account does not use
+-- (no occupying podcast, no stored byte) is not asked: a cap is never below zero, so nothing
+-- is over it. MATERIALIZED keeps each cap one call: inlined, the filter below would repeat the
+-- call for every mention.
 WITH occupancy AS (
     SELECT p.billing_account_id AS account_id,
            count(*) FILTER (WHERE p.status IN ('active', 'paused')) AS podcasts,
            bool_or(p.overage_suspended_at IS NOT NULL) AS stamped
       FROM public.podcasts p
      WHERE p.billing_account_id IS NOT NULL
+       AND mod(get_byte(uuid_send(p.billing_account_id), 15), %(slices)s) = %(slice)s
      GROUP BY p.billing_account_id
+), storage AS (
+    SELECT s.account_id, s.bytes
+      FROM nightcrew.escalation_storage_bytes() s
+     WHERE mod(get_byte(uuid_send(s.account_id), 15), %(slices)s) = %(slice)s
 ), measured AS MATERIALIZED (
     SELECT b.id, b.content_overage_since, b.content_overage_deadline,
            b.content_overage_nag_stage, b.content_overage_last_nag_at,
@@ -25,8 +33,9 @@ WITH occupancy AS (
            coalesce(o.stamped, false) AS stamped
       FROM public.billing_accounts b
       LEFT JOIN occupancy o ON o.account_id = b.id
-      LEFT JOIN nightcrew.escalation_storage_bytes() s ON s.account_id = b.id
-     WHERE o.account_id IS NOT NULL OR b.content_overage_since IS NOT NULL
+      LEFT JOIN storage s ON s.account_id = b.id
+     WHERE (o.account_id IS NOT NULL OR b.content_overage_since IS NOT NULL)
+       AND mod(get_byte(uuid_send(b.id), 15), %(slices)s) = %(slice)s
 ), capped AS MATERIALIZED (
     SELECT m.*,
            CASE WHEN m.podcasts > 0
@@ -40,8 +49,7 @@ SELECT *
  WHERE content_overage_since IS NOT NULL
     OR stamped
     OR (podcast_cap IS NOT NULL AND podcasts > podcast_cap)
-    OR (storage_cap_gb IS NOT NULL AND bytes > storage_cap_gb * 1000000000)
- ORDER BY id;
+    OR (storage_cap_gb IS NOT NULL AND bytes > storage_cap_gb * 1000000000);
 
 -- name: measure_account
 -- The same measurements as the scan, for one account, taken right before acting on it (and by
@@ -119,6 +127,12 @@ UPDATE public.podcasts
    AND overage_suspended_at IS NOT NULL
    AND NOT (id = ANY(%(keep)s::uuid[]))
 RETURNING id, slug;
+
+-- name: newest_stamp
+-- The restore of an account stamped but not armed: its restored email's `{since}` (overage.py).
+SELECT max(overage_suspended_at) AS newest
+  FROM public.podcasts
+ WHERE billing_account_id = %(id)s AND overage_suspended_at IS NOT NULL;
 
 -- name: disarm
 UPDATE public.billing_accounts

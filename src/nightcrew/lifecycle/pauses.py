@@ -18,7 +18,12 @@ from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects
 from nightcrew.effects.deliver import Delivery, deliver_now
-from nightcrew.lifecycle.billing_resume import STRIPE_NOT_CONFIGURED, BillingResume, owed_resume
+from nightcrew.lifecycle.billing_resume import (
+    STRIPE_NOT_CONFIGURED,
+    BillingResume,
+    log_resumed,
+    owed_resume,
+)
 from nightcrew.log import error, event, warning
 from nightcrew.reports import Failure, one_item
 from nightcrew.runtime import Runtime
@@ -112,15 +117,8 @@ def _billing_outcome(
             self_healed=bool(detail.get("self_healed")),
             effect_id=owed.id,
         )
-        if resumed.outcome == "resumed" and not detail.get("earlier"):
-            event(
-                "billing_resumed_after_reactivation",
-                podcast_id=podcast_id,
-                account_id=account_id,
-                subscription_id=resumed.subscription_id,
-                self_healed=resumed.self_healed,
-                effect_id=owed.id,
-            )
+        # a retry that succeeds later logs it from the drain (effects/deliver.py)
+        log_resumed(podcast_id=podcast_id, account_id=account_id, detail=detail, effect_id=owed.id)
         return resumed
     if delivery.error == STRIPE_NOT_CONFIGURED:
         # Loud, and kept: the effect is dead, so `nightcrew effects retry --dead --kind

@@ -462,7 +462,7 @@ async def test_a_stale_scan_never_suspends_an_account_the_webhook_just_restored(
         " content_overage_last_nag_at = %(l)s WHERE id = %(a)s",
         {"s": NOW - 31 * DAY, "d": NOW - DAY, "l": NOW - 4 * DAY, "a": account},
     )
-    [stale] = await db.fetch(overage.SQL["scan"])
+    [stale] = await overage.scan(runtime)
     # meanwhile the owner upgrades and the webhook restores the account
     await db.execute(
         "INSERT INTO public.cap_overrides (billing_account_id, resource,"
@@ -496,8 +496,16 @@ async def test_the_scan_and_the_single_account_measurement_agree(
         {"n": NOW, "p": p},
     )
     quiet, _ = await _account(db, podcasts=1)
-    rows = {str(r["id"]): r for r in await db.fetch(overage.SQL["scan"])}
+    runtime = make_runtime(db, FrozenClock(NOW), fresh_db_url)
+    rows = {str(r["id"]): r for r in await overage.scan(runtime)}
     assert set(rows) == {over, armed_under, stamped}  # only accounts that can need work
+    for slices in (1, 3, 7):  # the slices share out the accounts: each exactly once
+        parts = [
+            await db.fetch(overage.SQL["scan"], {"slices": slices, "slice": n})
+            for n in range(slices)
+        ]
+        ids = [str(r["id"]) for part in parts for r in part]
+        assert sorted(ids) == sorted(rows), slices
     for account in (over, armed_under, stamped, quiet):
         single = await db.fetch_one(overage.SQL["measure_account"], {"account_id": account})
         assert single is not None

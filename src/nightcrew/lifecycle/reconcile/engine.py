@@ -73,9 +73,10 @@ REMOTE_LIST_CONCURRENCY = 16
 OVERLAP_PAGES = 64
 HEAD_CONCURRENCY = 32
 UUID_RE = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
-# Podcasts whose pending intents one run delivers (one ?wait=1 call each, covering all of a
-# podcast's intents); a larger backlog continues the next run.
-# Undelivered feed_invalidation_outbox intents given an effect per run (those without one).
+# Undelivered feed_invalidation_outbox intents an apply run makes due (the oldest first): an
+# effect created for those without one, the effect revived for those whose effect died or waits
+# out a backoff. One ?wait=1 call per podcast covers all of its intents; what the drain's time
+# budget leaves is due for the minute lane, and a larger backlog continues the next run.
 OUTBOX_ADOPT_MAX = 5000
 CHECK_VIOLATION = "23514"
 INSUFFICIENT_PRIVILEGE = "42501"
@@ -195,10 +196,12 @@ class Missing:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OutboxDrain:
-    pending: int
+    pending: int  # undelivered intents left in the table after the drain: still owed
     delivered: int
-    failed: int
-    dead: int
+    failed: int  # failed deliveries (each also in the run's errors)
+    dead: int  # of the failed, the effects that died (revived by the next apply run)
+    revived: int = 0  # earlier effects made due again (dead, or waiting out a backoff)
+    failures: tuple[Failure, ...] = field(default=(), compare=False)
 
     def to_json(self) -> dict[str, int]:
         return {
@@ -206,6 +209,7 @@ class OutboxDrain:
             "delivered": self.delivered,
             "failed": self.failed,
             "dead": self.dead,
+            "revived": self.revived,
         }
 
 
@@ -352,9 +356,14 @@ class ReconcileReport:
 
     @property
     def errors(self) -> list[Failure]:
-        """Quarantines that rolled back, then each sweep's failed deletes."""
+        """Quarantines that rolled back, the outbox's failed deliveries, then each sweep's
+        failed deletes."""
         sweeps = (self.orphans, self.episode_images, self.transcribe_prep)
-        return [*self.missing.failures, *(e for s in sweeps if (e := s.error()) is not None)]
+        return [
+            *self.missing.failures,
+            *(self.outbox.failures if self.outbox else ()),
+            *(e for s in sweeps if (e := s.error()) is not None),
+        ]
 
     def summary(self) -> ReconcileSummary:
         """The fields of the spec's scheduled_reconcile event."""
@@ -777,19 +786,33 @@ async def quarantine_episode(runtime: Runtime, row: dict[str, Any], now: datetim
 
 
 async def _drain_outbox(runtime: Runtime, clock: Clock, now: datetime) -> OutboxDrain:
-    """Deliver the feed invalidations owed now (the minute lane does the same every minute;
-    this run's own intents — size backfill, quarantine — go out before its orphan sweeps)."""
-    await effects_outbox.adopt_feed_outbox(runtime.db, now, limit=OUTBOX_ADOPT_MAX)
-    drained = await drain(runtime, clock, kinds=["feed_invalidate"])
-    for failure in drained.errors:
-        warning(
-            "reconcile_outbox_delivery_failed", **{k: v for k, v in failure.items() if k != "event"}
+    """Attempt every undelivered intent (up to OUTBOX_ADOPT_MAX), whatever became of an earlier
+    effect: spec 000's drain "runs on every apply run" and leaves a failed row pending to be
+    retried, so an effect that died (a 4xx, its maximum age) is revived here, not left as the
+    intent's end (effects/outbox.sql, adopt_feed_outbox). The minute lane drains what is due
+    every minute but never revives the dead. This run's own intents (size backfill, quarantine)
+    go out before its orphan sweeps."""
+    driven = await effects_outbox.revive_feed_outbox(runtime.db, now, limit=OUTBOX_ADOPT_MAX)
+    if driven.revived:
+        event(
+            "reconcile_outbox_revived",
+            effect_ids=[e.id for e in driven.revived],
+            outbox_ids=[str(e.payload.get("outbox_id")) for e in driven.revived],
         )
+    drained = await drain(runtime, clock, kinds=["feed_invalidate"])
+    failures: list[Failure] = []
+    for failure in drained.errors:
+        detail = {k: v for k, v in failure.items() if k != "event"}
+        warning("reconcile_outbox_delivery_failed", **detail)
+        failures.append({"event": "reconcile_outbox_delivery_failed", **detail})
     return OutboxDrain(
-        pending=drained.delivered + drained.retried + drained.dead,
+        # after the drain: what is still owed, this run's failures and any backlog past the bound
+        pending=await feed_outbox.count_pending(runtime.db),
         delivered=drained.delivered,
         failed=drained.retried + drained.dead,
         dead=drained.dead,
+        revived=len(driven.revived),
+        failures=tuple(failures),
     )
 
 
