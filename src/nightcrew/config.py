@@ -104,6 +104,12 @@ class Settings(BaseSettings):
         int | None, Field(alias="RECONCILE_LIST_CONCURRENCY", ge=1, le=256)
     ] = None
 
+    # the overage scan: slices of the accounts scanned at once, each on a pooled connection (the
+    # platform's per-account effective_cap() cannot run in a parallel query)
+    overage_scan_slices: Annotated[
+        int, Field(alias="NIGHTCREW_OVERAGE_SCAN_SLICES", ge=1, le=64)
+    ] = 2
+
     # --- nightcrew's own knobs ---------------------------------------------------------------
     db_connect_timeout_seconds: Annotated[
         float, Field(alias="NIGHTCREW_DB_CONNECT_TIMEOUT_SECONDS", gt=0)

@@ -131,7 +131,9 @@ DELETE FROM nightcrew.effects
 -- effect. Spec 000's drain runs on every apply run and leaves a failed intent pending to be
 -- retried, so an effect that died (a 401 during a secret rotation: 'permanent'; a week-long
 -- outage: 'expired'; or settled in any other way while the intent is still owed) is not where
--- the intent ends, and one waiting out its backoff is made due now. The effect is revived in
+-- the intent ends, one waiting out its backoff is made due now, and one past its maximum age
+-- but not yet settled (its last retry fell in a gap of the minute lane) gets a fresh one —
+-- else the drain would settle it expired without a call. The effect is revived in
 -- place, not superseded by a second one: the intent keeps exactly one effect, under the key
 -- the first-attempt path, the drain's per-podcast grouping and `effects list` already know;
 -- its attempts keep counting; and the death it came back from stays on the record in its
@@ -151,26 +153,28 @@ WITH owed AS (
        AND (%(ids)s::uuid[] IS NULL OR f.id = ANY(%(ids)s::uuid[]))
        AND (e.id IS NULL
             OR (%(revive)s
-                AND (e.dead_at IS NOT NULL OR e.delivered_at IS NOT NULL
-                     OR e.next_attempt_at > %(now)s)
+                AND e.delivered_at IS NULL
+                AND (e.dead_at IS NOT NULL OR e.next_attempt_at > %(now)s
+                     OR e.expires_at <= %(now)s)
                 AND (e.claimed_until IS NULL OR e.claimed_until <= %(now)s)))
      ORDER BY f.created_at
      LIMIT %(limit)s
 ), revived AS (
     UPDATE nightcrew.effects e
-       SET payload = CASE WHEN e.dead_at IS NULL AND e.delivered_at IS NULL THEN e.payload
+       SET payload = CASE WHEN e.dead_at IS NULL THEN e.payload
                           ELSE e.payload || jsonb_build_object(
                                    'revived', coalesce((e.payload ->> 'revived')::int, 0) + 1,
                                    'last_death', jsonb_build_object(
                                        'dead_at', e.dead_at, 'dead_reason', e.dead_reason,
-                                       'delivered_at', e.delivered_at, 'attempts', e.attempts,
-                                       'error', e.last_error)) END,
-           delivered_at = NULL, dead_at = NULL, dead_reason = NULL,
+                                       'attempts', e.attempts, 'error', e.last_error)) END,
+           dead_at = NULL, dead_reason = NULL,
            next_attempt_at = %(now)s, expires_at = %(expires_at)s
       FROM owed o
      WHERE e.id = o.effect_id
-       -- re-checked on the row as it is now: a drain may have claimed or settled it since
-       AND (e.dead_at IS NOT NULL OR e.delivered_at IS NOT NULL OR e.next_attempt_at > %(now)s)
+       -- re-checked on the row as it is now: a drain may have claimed or settled it since (a
+       -- delivered effect is never revived: its delivery settled the intent too)
+       AND e.delivered_at IS NULL
+       AND (e.dead_at IS NOT NULL OR e.next_attempt_at > %(now)s OR e.expires_at <= %(now)s)
        AND (e.claimed_until IS NULL OR e.claimed_until <= %(now)s)
     RETURNING e.*
 ), adopted AS (

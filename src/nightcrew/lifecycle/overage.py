@@ -56,10 +56,6 @@ FINAL_STAGE = 3
 SUSPENDED_STAGE = 4
 SUSPEND_NOTICE_DAYS = 3
 GB = 1_000_000_000
-# The scan's slices, run at once on as many pooled connections: the platform's effective_cap()
-# is called per account and cannot run in a parallel query, so the slices are how the scan uses
-# more than one of the database's cores (bench.overage: the README's figures).
-SCAN_SLICES = 2
 
 
 def _number(value: Any) -> float | None:
@@ -164,13 +160,23 @@ class _Tally:
 
 
 async def scan(runtime: Runtime) -> list[dict[str, Any]]:
-    """Every account that can need work, ordered by id: the scan's slices run at once, each on
-    a connection of its own (the pool keeps one free for everything else)."""
-    slices = max(1, min(SCAN_SLICES, runtime.settings.db_pool_max_size - 1))
-    parts = await asyncio.gather(
-        *(runtime.db.fetch(SQL["scan"], {"slices": slices, "slice": n}) for n in range(slices))
+    """Every account that can need work, ordered by id. The platform's effective_cap() is
+    called per account and cannot run in a parallel query, so the scan's slices
+    (NIGHTCREW_OVERAGE_SCAN_SLICES) run at once, each on a pooled connection (one is left free
+    for everything else): that is how it uses more than one of the database's cores. A slice
+    that fails cancels the others."""
+    slices = max(
+        1, min(runtime.settings.overage_scan_slices, runtime.settings.db_pool_max_size - 1)
     )
-    return sorted((row for part in parts for row in part), key=lambda row: str(row["id"]))
+    try:
+        async with asyncio.TaskGroup() as group:
+            parts = [
+                group.create_task(runtime.db.fetch(SQL["scan"], {"slices": slices, "slice": n}))
+                for n in range(slices)
+            ]
+    except ExceptionGroup as failed:  # the lane names the first cause, not a group of them
+        raise failed.exceptions[0] from None
+    return sorted((row for part in parts for row in part.result()), key=lambda r: str(r["id"]))
 
 
 async def run_overage_escalation(runtime: Runtime, clock: Clock) -> EscalationReport:

@@ -8,8 +8,10 @@ from typing import Any
 from nightcrew.clock import Clock
 from nightcrew.lifecycle.reconcile.core import SCHEDULED_OPTIONS
 from nightcrew.lifecycle.reconcile.engine import (
+    OutboxDrain,
     ReconcileReport,
     ReconcileUnavailable,
+    drain_feed_outbox,
     run_reconcile,
 )
 from nightcrew.log import event, warning
@@ -21,6 +23,7 @@ from nightcrew.runtime import Runtime
 class ScheduledReconcileReport:
     report: ReconcileReport | None = None  # None: skipped
     skipped: str | None = None
+    outbox: OutboxDrain | None = None  # a skipped reconciler's outbox drain
     errors: list[Failure] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
@@ -29,12 +32,17 @@ class ScheduledReconcileReport:
             "reconcile_size_written": s.size_written if s else 0,
             "reconcile_orphans_deleted": s.orphans_deleted if s else 0,
             "reconcile_over_cap_accounts": s.over_cap_accounts if s else 0,
-            "reconcile_outbox_drained": s.outbox_drained if s else 0,
+            "reconcile_outbox_drained": (
+                s.outbox_drained if s else self.outbox.delivered if self.outbox else 0
+            ),
         }
 
     def to_json(self) -> dict[str, Any]:
         if self.report is None:
-            return {"skipped": self.skipped}
+            skipped: dict[str, Any] = {"skipped": self.skipped}
+            if self.outbox is not None:
+                skipped["outbox"] = self.outbox.to_json()
+            return skipped
         return {**self.counts(), "report": self.report.to_json()}
 
 
@@ -45,7 +53,12 @@ async def scheduled_reconcile(runtime: Runtime, clock: Clock) -> ScheduledReconc
         report = await run_reconcile(runtime, clock, SCHEDULED_OPTIONS)
     except ReconcileUnavailable as exc:
         warning("scheduled_reconcile_skipped", reason=str(exc))
-        return ScheduledReconcileReport(skipped=str(exc))
+        # The invalidation-outbox drain needs no object store: spec 000 runs it on every apply
+        # run, and it is the only thing that revives an intent whose effect died.
+        outbox = await drain_feed_outbox(runtime, clock, clock.now())
+        return ScheduledReconcileReport(
+            skipped=str(exc), outbox=outbox, errors=list(outbox.failures)
+        )
     event("scheduled_reconcile", **report.summary().to_json())
     # each entry already carries its spec event (reconcile_quarantine_failed,
     # reconcile_delete_failed), logged where it happened

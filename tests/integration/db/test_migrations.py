@@ -8,7 +8,7 @@ import pytest
 
 from nightcrew.db.contract import TABLES, check_schema
 from nightcrew.db.database import Database
-from nightcrew.db.migrate import discover_migrations, migrate
+from nightcrew.db.migrate import Migration, discover_migrations, migrate
 from nightcrew.errors import MigrationError
 
 
@@ -102,3 +102,55 @@ async def test_db_check_names_what_is_missing_table_by_table(db: Database) -> No
         "function public.reap_unconfirmed_users(interval): missing"
         " — the signup reaper (nightcrew reads deleted and skipped)"
     ]
+
+
+def _up_to(version: int) -> list[Migration]:
+    return [m for m in discover_migrations() if m.version <= version]
+
+
+async def test_a_development_database_at_0019_upgrades_to_the_spec_signatures(
+    empty_db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database migrated before issue 22 (0001-0019: effective_cap with p_now, account_caps,
+    the cap trigger counting through schema nightcrew) ends with spec 000's signatures."""
+    db = await Database.open(empty_db_url)
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr("nightcrew.db.migrate.discover_migrations", lambda: _up_to(19))
+            await migrate(db)
+        result = await migrate(db)
+        assert result.applied == [m.label for m in discover_migrations() if m.version > 19]
+        report = await check_schema(db)
+        assert report.ok, report.to_json()
+        gone = await db.fetch(
+            "SELECT p.oid::regprocedure::text AS fn FROM pg_proc p"
+            " WHERE p.proname IN ('account_caps', 'account_stored_bytes',"
+            " 'account_stored_bytes_of')"
+        )
+        assert gone == []
+    finally:
+        await db.close()
+
+
+async def test_a_database_at_0019_that_switches_to_skip_reference_is_refused(
+    empty_db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0019 pointed the reference cap trigger at a function 0021 drops; without 0020 (a
+    reference migration) every episode write would fail. 0021 refuses, saying what to do, and
+    leaves nothing half done."""
+    db = await Database.open(empty_db_url)
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr("nightcrew.db.migrate.discover_migrations", lambda: _up_to(19))
+            await migrate(db)
+        with pytest.raises(MigrationError) as refused:
+            await migrate(db, skip_reference=True)
+        assert "0021_two_byte_rules" in str(refused.value)
+        assert "without --skip-reference" in str(refused.value)
+        still = await db.fetch_one(
+            "SELECT to_regproc('nightcrew.account_stored_bytes') IS NOT NULL AS kept,"
+            " (SELECT max(version) FROM nightcrew.schema_migrations) AS version"
+        )
+        assert still == {"kept": True, "version": 19}
+    finally:
+        await db.close()

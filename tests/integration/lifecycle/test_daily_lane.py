@@ -162,6 +162,25 @@ async def test_the_reaper_cut_off_is_nightcrews_clock_through_the_spec_signature
     assert kept in left and due not in left
 
 
+async def test_a_failing_overage_scan_is_isolated_and_names_its_cause(
+    db: Database, runtime: Runtime, clock: FrozenClock
+) -> None:
+    """The scan's slices run at once; one failing fails the job with its own cause (not a
+    group of them), and the lane's other jobs have done their work."""
+    await db.execute("DROP FUNCTION public.effective_cap(uuid, text)")
+    await f.podcast(db, billing_account_id=await f.account(db))
+    paused = await f.podcast(db, status="paused", pause_expires_at=NOW)
+    report = await run_lane(runtime, clock, "daily")
+    assert report is not None
+    [failure] = report.errors
+    assert failure["event"] == "overage_escalation_failed"
+    assert "effective_cap" in failure["error"], failure
+    status = await db.fetch_one(
+        "SELECT status FROM public.podcasts WHERE id = %(p)s", {"p": paused}
+    )
+    assert status == {"status": "active"}
+
+
 async def test_a_failing_reaper_is_isolated_and_named(
     db: Database, runtime: Runtime, clock: FrozenClock
 ) -> None:

@@ -239,3 +239,35 @@ async def test_the_apply_run_is_bounded_oldest_first(
     assert (await _row(db, first_id))["delivered_at"] == clock.now()
     assert (await _row(db, second_id))["delivered_at"] is None
     assert [c.json() for c in feed_server.requests] == [{"id": older}]
+
+
+async def test_without_r2_public_url_the_daily_lane_still_revives_and_drains_the_outbox(
+    db: Database, fresh_db_url: str, feed_server: RecordingServer
+) -> None:
+    """The reconciler is skipped while R2_PUBLIC_URL is unset (it cannot derive object keys),
+    but its outbox drain needs no store: the daily lane still attempts every owed intent."""
+    from nightcrew.lifecycle.lanes import run_lane
+    from tests.conftest import make_runtime
+
+    podcast = await f.podcast(db)
+    outbox_id = await _intent(db, podcast)
+    clock = later(days=2)
+    feed_server.status = 401
+    async with httpx.AsyncClient() as http:
+        runtime = make_runtime(
+            db, clock, fresh_db_url, feedcache=HttpFeedCache(http, feed_server.url, SECRET)
+        )
+        first = await run_lane(runtime, clock, "daily")
+        assert first is not None
+        assert (await _effect(db, outbox_id))["dead_reason"] == "permanent"
+        assert any(e["event"] == "reconcile_outbox_delivery_failed" for e in first.errors)
+
+        feed_server.status = 200
+        clock.advance(DAY)
+        second = await run_lane(runtime, clock, "daily")
+    assert second is not None
+    reconcile = second.to_json()["jobs"]["runReconcile"]
+    assert reconcile["skipped"] and reconcile["outbox"]["delivered"] == 1, reconcile
+    assert reconcile["outbox"]["revived"] == 1 and reconcile["outbox"]["pending"] == 0
+    assert (await _row(db, outbox_id))["delivered_at"] == clock.now()
+    assert len(feed_server.requests) == 2

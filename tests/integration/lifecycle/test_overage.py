@@ -496,9 +496,16 @@ async def test_the_scan_and_the_single_account_measurement_agree(
         {"n": NOW, "p": p},
     )
     quiet, _ = await _account(db, podcasts=1)
+    armed_empty, _ = await _account(db, podcasts=0)  # armed, every podcast since deleted
+    await db.execute(
+        "UPDATE public.billing_accounts SET content_overage_since = %(n)s,"
+        " content_overage_nag_stage = 1 WHERE id = %(a)s",
+        {"n": NOW, "a": armed_empty},
+    )
     runtime = make_runtime(db, FrozenClock(NOW), fresh_db_url)
     rows = {str(r["id"]): r for r in await overage.scan(runtime)}
-    assert set(rows) == {over, armed_under, stamped}  # only accounts that can need work
+    # only accounts that can need work
+    assert set(rows) == {over, armed_under, stamped, armed_empty}
     for slices in (1, 3, 7):  # the slices share out the accounts: each exactly once
         parts = [
             await db.fetch(overage.SQL["scan"], {"slices": slices, "slice": n})
@@ -506,7 +513,7 @@ async def test_the_scan_and_the_single_account_measurement_agree(
         ]
         ids = [str(r["id"]) for part in parts for r in part]
         assert sorted(ids) == sorted(rows), slices
-    for account in (over, armed_under, stamped, quiet):
+    for account in (over, armed_under, stamped, quiet, armed_empty):
         single = await db.fetch_one(overage.SQL["measure_account"], {"account_id": account})
         assert single is not None
         if account in rows:

@@ -26,8 +26,10 @@ BEGIN
                 WHERE n.nspname = 'public' AND p.proname = 'enforce_storage_account_cap'
                   AND p.prosrc LIKE '%nightcrew.account_stored_bytes%') THEN
         RAISE EXCEPTION 'public.enforce_storage_account_cap() still counts through '
-                        'nightcrew.account_stored_bytes (reference migration 0019): run '
-                        '`nightcrew db migrate` without --skip-reference first';
+                        'nightcrew.account_stored_bytes (reference migration 0019 of a '
+                        'development database): run `nightcrew db migrate` without '
+                        '--skip-reference to apply 0020 first; on a platform database, give '
+                        'the cap trigger back the platform''s own function';
     END IF;
 END
 $$;

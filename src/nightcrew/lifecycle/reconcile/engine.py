@@ -78,6 +78,7 @@ UUID_RE = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA
 # out a backoff. One ?wait=1 call per podcast covers all of its intents; what the drain's time
 # budget leaves is due for the minute lane, and a larger backlog continues the next run.
 OUTBOX_ADOPT_MAX = 5000
+LOGGED_IDS_MAX = 20
 CHECK_VIOLATION = "23514"
 INSUFFICIENT_PRIVILEGE = "42501"
 
@@ -450,7 +451,7 @@ async def run_reconcile(
                 missing = await _missing(runtime, conn, options, prefix, now, tick)
             if options.apply:
                 with _timed(phases, "outbox"):
-                    outbox = await _drain_outbox(runtime, clock, now)
+                    outbox = await drain_feed_outbox(runtime, clock, now)
             context = SweepContext(
                 db=runtime.db,
                 conn=conn,
@@ -785,7 +786,7 @@ async def quarantine_episode(runtime: Runtime, row: dict[str, Any], now: datetim
     return True
 
 
-async def _drain_outbox(runtime: Runtime, clock: Clock, now: datetime) -> OutboxDrain:
+async def drain_feed_outbox(runtime: Runtime, clock: Clock, now: datetime) -> OutboxDrain:
     """Attempt every undelivered intent (up to OUTBOX_ADOPT_MAX), whatever became of an earlier
     effect: spec 000's drain "runs on every apply run" and leaves a failed row pending to be
     retried, so an effect that died (a 4xx, its maximum age) is revived here, not left as the
@@ -796,8 +797,10 @@ async def _drain_outbox(runtime: Runtime, clock: Clock, now: datetime) -> Outbox
     if driven.revived:
         event(
             "reconcile_outbox_revived",
-            effect_ids=[e.id for e in driven.revived],
-            outbox_ids=[str(e.payload.get("outbox_id")) for e in driven.revived],
+            count=len(driven.revived),
+            # a sample, as r2_cleanup_failed's keys: a backlog of 5,000 is no log line
+            effect_ids=[e.id for e in driven.revived[:LOGGED_IDS_MAX]],
+            outbox_ids=[str(e.payload.get("outbox_id")) for e in driven.revived[:LOGGED_IDS_MAX]],
         )
     drained = await drain(runtime, clock, kinds=["feed_invalidate"])
     failures: list[Failure] = []
