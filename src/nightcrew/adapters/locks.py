@@ -26,15 +26,36 @@ from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
 from nightcrew.adapters.processed import redis_failures
+from nightcrew.adapters.redis_breaker import RedisBreaker
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database
 from nightcrew.errors import NightcrewError
 from nightcrew.log import describe_error, warning
 
 FENCE_SUFFIX = ":fence"
+# A fence must only grow while a holder of an older one can still be alive: at most the
+# longest lease (the review lock, 30 min) plus a write in flight. A day is far past that, and
+# the key still goes (every key nightcrew writes has a TTL).
+FENCE_TTL_SECONDS = 24 * 3600
 ACQUIRE_WITH_FENCE = """
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    return redis.call('incr', KEYS[2])
+    local fence = redis.call('incr', KEYS[2])
+    redis.call('pexpire', KEYS[2], ARGV[3])
+    return fence
+end
+return 0
+"""
+# The mirror of a PostgreSQL lease in Redis: written over whatever is there (the authority
+# granted it), extended and deleted only under the holder's token.
+MIRROR_EXTEND = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+    return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
+MIRROR_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+    return redis.call('del', KEYS[1])
 end
 return 0
 """
@@ -115,6 +136,7 @@ class RedisLeases:
                     name + FENCE_SUFFIX,
                     token,
                     int(ttl_seconds * 1000),
+                    FENCE_TTL_SECONDS * 1000,
                 )
             )
         except redis_failures() as exc:
@@ -244,3 +266,74 @@ class PostgresLeases:
 
     async def release(self, lease: Lease) -> bool:
         return await self._expire([lease.name], lease.token) == 1
+
+
+class PairedLeases:
+    """One lock authority, PostgreSQL, mirrored in Redis.
+
+    A lease is decided by PostgreSQL alone (``nightcrew.leases``: token-checked, fenced), so two
+    holders can never hold one name in two places that cannot see each other — not when Redis
+    is cut mid-run, not when it comes back. Redis carries a copy of every held lease (the
+    spec's key, the holder's token, the same TTL) for whoever watches Redis; writing the copy
+    is best effort, under the process's circuit breaker: one Redis failure and the copies stop
+    for ``REDIS_RETRY_AFTER_SECONDS``, with no timeout paid per call, while the leases go on.
+    """
+
+    backend = "postgres+redis"
+
+    def __init__(self, authority: PostgresLeases, redis: Any, breaker: RedisBreaker) -> None:
+        self._authority = authority
+        self._redis = redis
+        self._breaker = breaker
+
+    async def acquire(self, name: str, ttl_seconds: float) -> Lease | None:
+        lease = await self._authority.acquire(name, ttl_seconds)
+        if lease is not None:
+            await self._mirror([lease], "set")
+        return lease
+
+    async def acquire_many(self, names: list[str], ttl_seconds: float) -> dict[str, Lease]:
+        leases = await self._authority.acquire_many(names, ttl_seconds)
+        await self._mirror(list(leases.values()), "set")
+        return leases
+
+    async def release_many(self, leases: list[Lease]) -> None:
+        await self._authority.release_many(leases)
+        await self._mirror(leases, "release")
+
+    async def extend(self, lease: Lease, ttl_seconds: float | None = None) -> bool:
+        held = await self._authority.extend(lease, ttl_seconds)
+        if held:
+            await self._mirror([lease], "extend", ttl_seconds)
+        return held
+
+    async def renew(self, lease: Lease, ttl_seconds: float | None = None) -> bool:
+        return await self.extend(lease, ttl_seconds)
+
+    async def release(self, lease: Lease) -> bool:
+        released = await self._authority.release(lease)
+        await self._mirror([lease], "release")
+        return released
+
+    async def _mirror(
+        self, leases: list[Lease], action: str, ttl_seconds: float | None = None
+    ) -> None:
+        if not leases or self._breaker.is_open:
+            return
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for lease in leases:
+                    ttl_ms = int((ttl_seconds or lease.ttl_seconds) * 1000)
+                    if action == "set":
+                        pipe.set(lease.name, lease.token, px=ttl_ms)
+                    elif action == "extend":
+                        pipe.eval(MIRROR_EXTEND, 1, lease.name, lease.token, ttl_ms)
+                    else:
+                        pipe.eval(MIRROR_RELEASE, 1, lease.name, lease.token)
+                await pipe.execute()
+        except redis_failures() as exc:
+            error = describe_error(exc)
+            self._breaker.failure(error)
+            warning("lease.redis_unavailable", lease=leases[0].name, error=error)
+            return
+        self._breaker.success()

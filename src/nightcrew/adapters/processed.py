@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from nightcrew.adapters.redis_breaker import RedisBreaker
 from nightcrew.db.database import Database
 from nightcrew.errors import NightcrewError
 from nightcrew.log import describe_error
 
 PROCESSED_SET = "news:processed"
+PROCESSED_SET_TTL_SECONDS = 30 * 24 * 3600
 
 
 def redis_failures() -> tuple[type[BaseException], ...]:
@@ -44,26 +46,51 @@ class ProcessedUrls(Protocol):
 class RedisProcessedUrls:
     backend = "redis"
 
-    def __init__(self, redis: Any, key: str = PROCESSED_SET) -> None:
+    def __init__(
+        self, redis: Any, key: str = PROCESSED_SET, *, breaker: RedisBreaker | None = None
+    ) -> None:
         self._redis = redis
         self._key = key
+        self._breaker = breaker or RedisBreaker()
 
     async def seen(self, urls: list[str]) -> set[str]:
         if not urls:
             return set()
+        self._skip_if_failing()
         try:
             flags = await self._redis.smismember(self._key, urls)
         except redis_failures() as exc:  # the caller logs it, and says so in its report
-            raise ProcessedUrlsDown(f"Redis set {self._key}: {describe_error(exc)}") from exc
+            raise self._down(exc) from exc
+        self._breaker.success()
         return {u for u, hit in zip(urls, flags, strict=True) if hit}
 
     async def add(self, urls: list[str]) -> None:
         if not urls:
             return
+        self._skip_if_failing()
         try:
-            await self._redis.sadd(self._key, *urls)
+            # The set lives as long as articles are written to it, and goes PROCESSED_SET_TTL
+            # after the last: every key nightcrew writes has a TTL. Missing an entry costs a
+            # database lookup, never a duplicate (news.articles is unique by URL).
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.sadd(self._key, *urls)
+                pipe.expire(self._key, PROCESSED_SET_TTL_SECONDS)
+                await pipe.execute()
         except redis_failures() as exc:  # the caller logs it, and says so in its report
-            raise ProcessedUrlsDown(f"Redis set {self._key}: {describe_error(exc)}") from exc
+            raise self._down(exc) from exc
+        self._breaker.success()
+
+    def _skip_if_failing(self) -> None:
+        if self._breaker.is_open:
+            raise ProcessedUrlsDown(
+                f"Redis set {self._key}: skipped, Redis failed moments ago "
+                f"({self._breaker.last_error})"
+            )
+
+    def _down(self, exc: BaseException) -> ProcessedUrlsDown:
+        error = describe_error(exc)
+        self._breaker.failure(error)
+        return ProcessedUrlsDown(f"Redis set {self._key}: {error}")
 
 
 class PostgresProcessedUrls:

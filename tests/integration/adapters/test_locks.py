@@ -9,7 +9,13 @@ from datetime import timedelta
 
 import pytest
 
-from nightcrew.adapters.locks import FENCE_SUFFIX, Leases, PostgresLeases, RedisLeases
+from nightcrew.adapters.locks import (
+    FENCE_SUFFIX,
+    FENCE_TTL_SECONDS,
+    Leases,
+    PostgresLeases,
+    RedisLeases,
+)
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
 from tests.support.services import REDIS_URL, needs_redis
@@ -117,6 +123,8 @@ async def test_redis_extend_replaces_the_ttl_it_never_adds() -> None:
         for _ in range(3):
             assert await leases.extend(lease, 10)
         assert 9000 < await client.pttl(name) <= 10000  # not 40 s
+        # the fence key goes too, in a day (it must only outlive every older holder)
+        assert 0 < await client.ttl(name + FENCE_SUFFIX) <= FENCE_TTL_SECONDS
         await leases.release(lease)
         await client.delete(name + FENCE_SUFFIX)
     finally:
