@@ -13,10 +13,14 @@
 --   credit_pools or billing_accounts.plan — nightcrew may only ask public.effective_cap();
 -- * updated_at maintained by triggers, and a touch trigger that bumps the parent podcast's
 --   updated_at whenever one of its episodes changes ("the parent podcast (touch trigger)");
--- * Supabase-style functions: SECURITY DEFINER where they act for a user, search_path pinned.
+-- * Supabase-style functions: SECURITY DEFINER where they act for a user, search_path pinned;
+-- * the shapes `db check` must tolerate because nightcrew works on them: Supabase's
+--   auth.users.email character varying(255), an enum for podcasts.status, an integer (not
+--   smallint) content_overage_nag_stage, and the reaper written with OUT parameters (its result
+--   prints as `record`; nightcrew reads deleted and skipped by name either way).
 --
 -- Spec 000's platform functions, with exactly the spec's signatures and the database's now():
---   public.reap_unconfirmed_users(retention interval) RETURNS TABLE(deleted integer, skipped integer)
+--   public.reap_unconfirmed_users(retention interval, OUT deleted integer, OUT skipped integer)
 --   public.effective_cap(account uuid, resource text) RETURNS numeric   (PL/pgSQL, per account)
 --   public.notify_media_job_result(job_id uuid) RETURNS void
 --   auth.uid() RETURNS uuid
@@ -36,7 +40,7 @@ CREATE TABLE auth.users (
     id                   uuid NOT NULL PRIMARY KEY DEFAULT gen_random_uuid(),
     aud                  text DEFAULT 'authenticated',
     role                 text DEFAULT 'authenticated',
-    email                text,
+    email                character varying(255),
     encrypted_password   text,
     email_confirmed_at   timestamptz,
     invited_at           timestamptz,
@@ -96,7 +100,7 @@ CREATE TABLE public.billing_accounts (
         CONSTRAINT billing_accounts_billing_model_check
         CHECK (billing_model IN ('subscription', 'enterprise_manual', 'ltd')),
     content_overage_last_nag_at timestamptz,
-    content_overage_nag_stage   smallint
+    content_overage_nag_stage   integer
         CHECK (content_overage_nag_stage >= -1 AND content_overage_nag_stage <= 4),
     content_overage_deadline    timestamptz,
     content_overage_since       timestamptz,
@@ -162,6 +166,9 @@ CREATE TABLE public.crm_contacts (
 -- Podcasts and episodes
 -- ------------------------------------------------------------------------------------------
 
+-- The lifecycle state as an enum: nightcrew compares it with and sets it to string literals only.
+CREATE TYPE public.podcast_status AS ENUM ('active', 'paused', 'pending_deletion');
+
 CREATE TABLE public.podcasts (
     id                    uuid NOT NULL PRIMARY KEY DEFAULT gen_random_uuid(),
     created_at            timestamptz NOT NULL DEFAULT now(),
@@ -177,8 +184,7 @@ CREATE TABLE public.podcasts (
     hosting_type          text NOT NULL DEFAULT 'podcasterplus'
         CHECK (hosting_type IN ('podcasterplus', 'external')),
     is_active             boolean NOT NULL DEFAULT true,
-    status                text NOT NULL DEFAULT 'active'
-        CHECK (status IN ('active', 'paused', 'pending_deletion')),
+    status                public.podcast_status NOT NULL DEFAULT 'active',
     paused_at             timestamptz,
     pause_expires_at      timestamptz,
     last_pause_ended_at   timestamptz,
@@ -425,8 +431,8 @@ $fn$;
 -- De-provision and delete every unconfirmed, non-invited user created before now() - retention.
 -- One subtransaction per user: a row still held by a NO ACTION foreign key is skipped with a
 -- WARNING and counted, and never fails the batch.
-CREATE FUNCTION public.reap_unconfirmed_users(retention interval)
-RETURNS TABLE (deleted integer, skipped integer)
+CREATE FUNCTION public.reap_unconfirmed_users(
+    retention interval, OUT deleted integer, OUT skipped integer)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = ''
@@ -462,7 +468,6 @@ BEGIN
     END LOOP;
     deleted := v_deleted;
     skipped := v_skipped;
-    RETURN NEXT;
 END
 $fn$;
 

@@ -53,7 +53,8 @@ def db_check(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Compare the database with what nightcrew needs: column types, function signatures,
-    triggers, unique indexes. One line per mismatch; exit 1 if any."""
+    triggers, unique indexes, and what the role it connects as may do (grants, row-level
+    security). One line per mismatch; exit 1 if any."""
     settings = _settings()
 
     async def work() -> dict[str, Any]:
@@ -66,7 +67,7 @@ def db_check(
     else:
         for table, result in report["tables"].items():
             typer.echo(f"{_label(result)} {table}")
-            for problem in result["problems"]:
+            for problem in [*result["problems"], *result["privileges"]]:
                 typer.echo(f"          - {problem}")
             for note in result["notes"]:
                 typer.echo(f"          = {note}")
@@ -77,9 +78,17 @@ def db_check(
                 typer.echo(f"ok      function {name}{result['expected']}")
             for problem in result["problems"]:
                 typer.echo(f"{_label(result)} {problem}")
-        of_functions = {p for result in report["functions"].values() for p in result["problems"]}
+            for problem in result["privileges"]:
+                typer.echo(f"DENIED  {problem}")
+        for problem in report["role"]["problems"]:
+            typer.echo(f"DENIED  {problem}")
+        shown = {
+            p
+            for result in report["functions"].values()
+            for p in [*result["problems"], *result["privileges"]]
+        } | set(report["role"]["problems"])
         for problem in report["problems"]:
-            if problem not in of_functions:
+            if problem not in shown:
                 typer.echo(f"MISSING {problem}")
         typer.echo("schema ok" if report["ok"] else "schema incomplete")
     if not report["ok"]:
@@ -89,7 +98,9 @@ def db_check(
 def _label(result: dict[str, Any]) -> str:
     if result["ok"]:
         return "ok     "
-    return "MISSING" if result["missing"] else "WRONG  "
+    if result["missing"]:
+        return "MISSING"
+    return "WRONG  " if result["problems"] else "DENIED "
 
 
 # --- effects -------------------------------------------------------------------------------------

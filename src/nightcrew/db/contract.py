@@ -4,9 +4,18 @@
 platform owns its schema, ``db check`` compares the live catalog with this contract: the column
 types of every table nightcrew reads or writes, the argument and result types of every function
 it calls (spec 000's signatures for the platform's, the migrations' for nightcrew's own), each
-trigger on its table, and the unique indexes the jobs rely on. Each mismatch is one line naming
-the object, what was expected and what was found. Tests keep the contract, the reference
-migrations and nightcrew's SQL in step.
+trigger on its table, the unique indexes the jobs rely on — and what the role nightcrew connects
+as may do: use the schemas, read and write the tables, execute the functions, see every row
+past row-level security. Each mismatch is one line naming the object, what was expected and
+what was found. Tests keep the contract, the reference migrations and nightcrew's SQL in step.
+
+Types are compared the way nightcrew uses them, not as the reference schema spells them
+(spec 000 gives no result or column types): on the platform's tables and functions an integer
+may be any of smallint/integer/bigint, a number any numeric type (nightcrew coerces numbers at
+the boundary), text may be character varying or an enum (nightcrew compares and writes string
+literals, which PostgreSQL casts) — except where nightcrew's SQL would refuse it, named below.
+timestamptz, uuid, boolean and jsonb are exact. nightcrew's own tables and functions are
+created by its migrations, so any other difference there is drift and stays a mismatch.
 """
 
 from __future__ import annotations
@@ -21,10 +30,11 @@ from nightcrew.db.migrate import applied_migrations, discover_migrations
 TS = "timestamp with time zone"
 
 # Every column nightcrew's SQL reads or writes (its queries beside the jobs, the dashboard's, and
-# the bodies of its functions in schema nightcrew), as information_schema's data_type. Nothing
-# of how a platform implements its caps: spec 000 names only effective_cap(), and the reference
-# schema's plan_limits / cap_overrides / credit_pools / billing_accounts.plan are one way to
-# write it, not the contract. auth.users keeps the columns the reaper's population is defined by.
+# the bodies of its functions in schema nightcrew), as the reference schema types it (what else
+# will do: _column_rule below). Nothing of how a platform implements its caps: spec 000 names
+# only effective_cap(), and the reference schema's plan_limits / cap_overrides / credit_pools /
+# billing_accounts.plan are one way to write it, not the contract. auth.users keeps the columns
+# the reaper's population is defined by.
 TABLES: dict[str, dict[str, str]] = {
     "auth.users": {
         "id": "uuid",
@@ -183,28 +193,153 @@ TABLES: dict[str, dict[str, str]] = {
 }
 
 
+# --- types ---------------------------------------------------------------------------------------
+
+INTEGER_TYPES = ("smallint", "integer", "bigint")
+NUMBER_TYPES = (*INTEGER_TYPES, "numeric", "real", "double precision")
+TEXT_TYPES = ("text", "character varying")
+
+# Platform columns that keep exactly their reference type although their family would allow more.
+EXACT_COLUMNS: dict[str, str] = {
+    "public.episodes.audio_file_size_bytes": (
+        "the reconciler's size backfill writes measured object sizes into it, which an integer"
+        " column cannot hold past 2 GiB"
+    ),
+}
+
+# Platform text columns an enum will not do for, and why. nightcrew's SQL (src/nightcrew/**/*.sql
+# and the statements in its Python) only reads every other text column, compares it with string
+# literals or parameters (`status = 'paused'`, `status IN (…)`, `role = 'owner'`), or sets it to
+# a value spec 000 names (`status = 'canceled'`): PostgreSQL casts an untyped literal or
+# parameter to the enum, and psycopg sends str parameters untyped. These it does more with.
+_URL_PARTS = (
+    "the reconciler takes it apart with text functions (left, strpos, nightcrew.object_key) and"
+    " compares it with text"
+)
+_FREE_TEXT = "nightcrew writes its own messages into it"
+_EMAIL = "coalesce(user_profiles.email, users.email) needs both of one type"
+NOT_AN_ENUM: dict[str, str] = {
+    "auth.users.email": _EMAIL,
+    "public.user_profiles.email": _EMAIL,
+    "public.billing_accounts.stripe_subscription_id": "nightcrew stores Stripe's ids in it",
+    "public.episodes.audio_url": _URL_PARTS,
+    "public.episodes.original_audio_url": _URL_PARTS,
+    "public.episodes.cover_image_url": _URL_PARTS,
+    "public.feed_invalidation_outbox.reason": "nightcrew records its own reasons (size_backfill…)",
+    "public.feed_invalidation_outbox.last_error": _FREE_TEXT,
+    "public.media_jobs.error": _FREE_TEXT,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LiveType:
+    """A type as the catalog has it: format_type's name (a domain's base type), and whether it
+    is an enum."""
+
+    name: str
+    enum: bool = False
+
+    def describe(self) -> str:
+        return f"enum {self.name}" if self.enum else self.name
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TypeRule:
+    """What will do where the reference schema has ``reference``."""
+
+    reference: str
+    accepted: tuple[str, ...]
+    enum: bool = False  # an enum will do (text nightcrew only compares and writes literals to)
+    not_enum: str | None = None  # why an enum will not, where text would otherwise allow one
+
+    def admits(self, found: LiveType) -> bool:
+        if found.enum:
+            return self.enum
+        return found.name in self.accepted
+
+    def describe(self) -> str:
+        names = [*self.accepted, "an enum"] if self.enum else list(self.accepted)
+        if len(names) == 1:
+            return names[0]
+        return f"{', '.join(names[:-1])} or {names[-1]}"
+
+    def mismatch(self, found: LiveType) -> str:
+        """``expected …, found …`` (and why an enum will not do, when that is the difference)."""
+        line = f"expected {self.describe()}, found {found.describe()}"
+        if found.enum and self.not_enum is not None:
+            line += f" (an enum will not do: {self.not_enum})"
+        return line
+
+
+def _family(reference: str) -> tuple[str, ...]:
+    if reference in INTEGER_TYPES:
+        return INTEGER_TYPES
+    if reference == "numeric":
+        return NUMBER_TYPES
+    if reference == "text":
+        return TEXT_TYPES
+    return (reference,)
+
+
+def _column_rule(table: str, column: str, reference: str) -> TypeRule:
+    qualified = f"{table}.{column}"
+    if table.startswith("nightcrew."):
+        # nightcrew's own: its migrations create it; only varchar for text, as ever
+        accepted = TEXT_TYPES if reference == "text" else (reference,)
+        return TypeRule(reference=reference, accepted=accepted)
+    if qualified in EXACT_COLUMNS:
+        return TypeRule(reference=reference, accepted=(reference,))
+    text = reference == "text"
+    return TypeRule(
+        reference=reference,
+        accepted=_family(reference),
+        enum=text and qualified not in NOT_AN_ENUM,
+        not_enum=NOT_AN_ENUM.get(qualified) if text else None,
+    )
+
+
+def _result_rule(spec: FunctionSpec, reference: str) -> TypeRule:
+    """A platform function's result (or result column) by family; nightcrew's own exactly."""
+    if spec.nightcrew or reference == "text":
+        return TypeRule(reference=reference, accepted=(reference,))
+    return TypeRule(reference=reference, accepted=_family(reference))
+
+
+# --- functions -----------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FunctionSpec:
-    """A function nightcrew calls: argument types in order and the result as PostgreSQL prints
-    it (``pg_get_function_result``), column names included for a ``TABLE(…)`` result."""
+    """A function nightcrew calls: argument types in order, and either one result (``result``)
+    or the columns nightcrew reads from it by name (``columns``: a ``TABLE(…)`` result, OUT
+    parameters or a composite type all do)."""
 
     name: str  # schema-qualified
     args: tuple[str, ...]
-    result: str
+    result: str = ""
+    columns: tuple[tuple[str, str], ...] = ()
     purpose: str
     nightcrew: bool = False  # created by nightcrew's migrations (not the platform's)
 
     @property
+    def result_text(self) -> str:
+        """The result as PostgreSQL prints the reference's (``pg_get_function_result``)."""
+        if self.columns:
+            return f"TABLE({', '.join(f'{n} {t}' for n, t in self.columns)})"
+        return self.result
+
+    @property
     def signature(self) -> str:
-        return _signature(self.args, self.result)
+        return _signature(self.args, self.result_text)
 
 
 FUNCTIONS: tuple[FunctionSpec, ...] = (
-    # The platform's, with spec 000's signatures.
+    # The platform's, with spec 000's signatures. Spec 000 gives no result types: the reference
+    # schema's are shown, and any of the same family will do (_result_rule).
     FunctionSpec(
         name="public.reap_unconfirmed_users",
         args=("interval",),
-        result="TABLE(deleted integer, skipped integer)",
+        columns=(("deleted", "integer"), ("skipped", "integer")),
         purpose="the signup reaper (nightcrew reads deleted and skipped)",
     ),
     FunctionSpec(
@@ -243,18 +378,42 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec(
         name="nightcrew.overcap_report_bytes",
         args=(),
-        result="TABLE(account_id uuid, bytes numeric)",
+        columns=(("account_id", "uuid"), ("bytes", "numeric")),
         purpose="the over-cap report's stored bytes per account (audio + original)",
         nightcrew=True,
     ),
     FunctionSpec(
         name="nightcrew.escalation_storage_bytes",
         args=(),
-        result="TABLE(account_id uuid, bytes numeric)",
+        columns=(("account_id", "uuid"), ("bytes", "numeric")),
         purpose="the overage escalation's storage per account (audio, non-pending_deletion)",
         nightcrew=True,
     ),
 )
+
+# --- privileges ----------------------------------------------------------------------------------
+
+# What nightcrew's SQL writes, per contract table (every table also needs SELECT): its INSERTs,
+# UPDATEs (an INSERT … ON CONFLICT DO UPDATE and a SELECT … FOR UPDATE need UPDATE too) and
+# DELETEs under src/nightcrew, the development seeding in demo.py aside. A test derives the same
+# from the SQL. The reaper's deletes in auth are the platform function's own business.
+WRITES: dict[str, tuple[str, ...]] = {
+    "public.billing_accounts": ("UPDATE",),
+    "public.podcasts": ("UPDATE", "DELETE"),
+    "public.episodes": ("UPDATE",),
+    "public.automation_jobs": ("UPDATE",),
+    "public.feed_invalidation_outbox": ("INSERT", "UPDATE"),
+    "public.podcast_imports": ("UPDATE",),
+    "public.import_items": ("UPDATE",),
+    "public.media_jobs": ("UPDATE",),
+    "nightcrew.queue_messages": ("INSERT",),
+    "nightcrew.podcast_deletions": ("INSERT", "UPDATE"),
+    "nightcrew.effects": ("INSERT", "UPDATE", "DELETE"),
+    "nightcrew.leases": ("INSERT", "UPDATE"),
+    "nightcrew.runs": ("INSERT", "UPDATE"),
+}
+
+RLS_HINT = "needs BYPASSRLS, as Supabase's service_role has"
 
 # (table, trigger name): the reconciler disables and re-enables this one by name, so it must
 # exist on that table. Whether it is enabled is not checked (the reconciler may have it off
@@ -324,17 +483,22 @@ RECOMMENDED_INDEXES: dict[str, str] = {
 }
 
 
+# --- the report ----------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TableCheck:
     name: str
     problems: list[str] = field(default_factory=list)
+    # what the role may not do with it (grants, row-level security)
+    privileges: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
     # what was accepted although it differs from the reference (an index under another name)
     notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.privileges
 
     @property
     def missing(self) -> bool:
@@ -347,10 +511,11 @@ class FunctionCheck:
     expected: str  # "(uuid, text) → numeric"
     found: list[str]  # every signature of that name, as "(…) → …"
     problems: list[str] = field(default_factory=list)
+    privileges: list[str] = field(default_factory=list)  # EXECUTE
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.privileges
 
     @property
     def missing(self) -> bool:
@@ -358,10 +523,23 @@ class FunctionCheck:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class RoleCheck:
+    """The role nightcrew connects as, and what it may not do beyond single tables and
+    functions (schemas, temporary tables, the migrations table)."""
+
+    name: str
+    superuser: bool
+    bypassrls: bool
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CheckReport:
     tables: list[TableCheck]
     functions: list[FunctionCheck]
-    # what belongs to no table: the functions' mismatches, then unapplied migrations
+    role: RoleCheck
+    # what belongs to no table: the functions' mismatches and privileges, the role's, then
+    # unapplied migrations
     problems: list[str]
     pending_migrations: list[str]
 
@@ -376,17 +554,24 @@ class CheckReport:
     @property
     def mismatches(self) -> list[str]:
         """Every mismatch, one line each."""
-        lines = [p for t in self.tables for p in t.problems]
+        lines = [p for t in self.tables for p in (*t.problems, *t.privileges)]
         return lines + self.problems
 
     def to_json(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
+            "role": {
+                "name": self.role.name,
+                "superuser": self.role.superuser,
+                "bypassrls": self.role.bypassrls,
+                "problems": self.role.problems,
+            },
             "tables": {
                 t.name: {
                     "ok": t.ok,
                     "missing": t.missing,
                     "problems": t.problems,
+                    "privileges": t.privileges,
                     "advice": t.advice,
                     "notes": t.notes,
                 }
@@ -399,6 +584,7 @@ class CheckReport:
                     "expected": f.expected,
                     "found": f.found,
                     "problems": f.problems,
+                    "privileges": f.privileges,
                 }
                 for f in self.functions
             },
@@ -408,15 +594,25 @@ class CheckReport:
 
 
 async def check_schema(db: Database) -> CheckReport:
-    columns = await db.fetch(
-        "SELECT table_schema || '.' || table_name AS tbl, column_name, data_type"
-        " FROM information_schema.columns"
-        " WHERE table_schema || '.' || table_name = ANY(%(tables)s)",
-        {"tables": list(TABLES)},
-    )
-    live: dict[str, dict[str, str]] = {}
-    for row in columns:
-        live.setdefault(row["tbl"], {})[row["column_name"]] = row["data_type"]
+    role_row = await db.fetch_one(_ROLE_SQL)
+    assert role_row is not None
+    role = str(role_row["name"])
+
+    relations = {
+        row["tbl"]: LiveRelation(
+            owned=row["owned"],
+            rls=row["rls"],
+            forced=row["forced"],
+            open_policy=row["open_policy"],
+            granted=frozenset(p for p, ok in zip(_PRIVILEGES, row["granted"], strict=True) if ok),
+        )
+        for row in await db.fetch(_RELATIONS_SQL, {"tables": list(TABLES)})
+    }
+    live: dict[str, dict[str, LiveType]] = {}
+    for row in await db.fetch(_COLUMNS_SQL, {"tables": list(TABLES)}):
+        live.setdefault(row["tbl"], {})[row["column_name"]] = LiveType(
+            row["data_type"], row["is_enum"]
+        )
 
     indexes = [
         LiveIndex(
@@ -442,8 +638,17 @@ async def check_schema(db: Database) -> CheckReport:
     for row in triggers:
         live_triggers.setdefault(row["tgname"], []).append(row["tbl"])
 
+    access = Access(role=role, superuser=role_row["superuser"], bypassrls=role_row["bypassrls"])
     reports = [
-        _check_table(table, wanted, live.get(table), indexes, live_triggers)
+        _check_table(
+            table,
+            wanted,
+            live.get(table),
+            indexes,
+            live_triggers,
+            relations.get(table),
+            access,
+        )
         for table, wanted in TABLES.items()
     ]
 
@@ -451,36 +656,125 @@ async def check_schema(db: Database) -> CheckReport:
     overloads: dict[str, list[LiveFunction]] = {}
     for row in rows:
         overloads.setdefault(row["fn"], []).append(
-            LiveFunction(args=tuple(row["args"]), result=row["result"], defaults=row["defaults"])
+            LiveFunction(
+                args=tuple(row["args"]),
+                result=row["result"],
+                defaults=row["defaults"],
+                retset=row["retset"],
+                returns=LiveType(row["rettype"]),
+                columns=tuple((name, LiveType(type_)) for name, type_ in row["columns"]),
+                executable=row["executable"],
+            )
         )
-    functions = [_check_function(spec, overloads.get(spec.name, [])) for spec in FUNCTIONS]
-    problems = [p for f in functions for p in f.problems]
+    functions = [_check_function(spec, overloads.get(spec.name, []), role) for spec in FUNCTIONS]
+    problems = [p for f in functions for p in (*f.problems, *f.privileges)]
 
-    applied = await applied_migrations(db)
-    pending = [
-        m.label
-        for m in discover_migrations()
-        if m.scope == "nightcrew" and m.version not in applied
+    role_problems = [
+        f"schema {row['nspname']}: role {role} lacks the USAGE privilege"
+        for row in await db.fetch(
+            "SELECT nspname FROM pg_namespace"
+            " WHERE nspname = ANY(%(schemas)s) AND NOT has_schema_privilege(oid, 'USAGE')"
+            " ORDER BY nspname",
+            {"schemas": sorted({t.split(".")[0] for t in TABLES} | _function_schemas())},
+        )
     ]
+    if not role_row["temporary"]:
+        role_problems.append(
+            f"database {role_row['database']}: role {role} lacks the TEMPORARY privilege"
+            " (the reconciler lists the store into temporary tables)"
+        )
+
+    pending: list[str] = []
+    migrations_table = await db.fetch_one(_MIGRATIONS_TABLE_SQL)
+    if migrations_table is not None and not migrations_table["readable"]:
+        role_problems.append(
+            f"table nightcrew.schema_migrations: role {role} lacks the SELECT privilege"
+            " (which migrations are applied cannot be told)"
+        )
+    else:
+        applied = await applied_migrations(db)
+        pending = [
+            m.label
+            for m in discover_migrations()
+            if m.scope == "nightcrew" and m.version not in applied
+        ]
+    problems.extend(role_problems)
     if pending:
         problems.append("nightcrew migrations not applied: " + ", ".join(pending))
     return CheckReport(
-        tables=reports, functions=functions, problems=problems, pending_migrations=pending
+        tables=reports,
+        functions=functions,
+        role=RoleCheck(
+            name=role,
+            superuser=role_row["superuser"],
+            bypassrls=role_row["bypassrls"],
+            problems=role_problems,
+        ),
+        problems=problems,
+        pending_migrations=pending,
     )
 
 
-# --- functions -----------------------------------------------------------------------------------
+def _function_schemas() -> set[str]:
+    return {fn.name.split(".")[0] for fn in FUNCTIONS}
+
+
+# --- the role ------------------------------------------------------------------------------------
+
+# The role every privilege below is checked for: current_user, as nightcrew's sessions run.
+_ROLE_SQL = """
+SELECT current_user AS name, r.rolsuper AS superuser, r.rolbypassrls AS bypassrls,
+       current_database() AS database,
+       has_database_privilege(current_database(), 'TEMPORARY') AS temporary
+  FROM pg_roles r
+ WHERE r.rolname = current_user
+"""
+
+# Exists, and may this role read it (it never needs to write it: `db migrate` does).
+_MIGRATIONS_TABLE_SQL = """
+SELECT has_schema_privilege(n.oid, 'USAGE') AND has_table_privilege(c.oid, 'SELECT') AS readable
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = 'nightcrew' AND c.relname = 'schema_migrations'
+"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Access:
+    role: str
+    superuser: bool
+    bypassrls: bool
+
+
+# --- functions, live -----------------------------------------------------------------------------
 
 # Every function of a contract name: its input argument types in order (proargtypes: OUT and
-# TABLE columns excluded), its result as PostgreSQL prints it, and how many trailing arguments
-# have defaults (which lets a shorter call reach it).
+# TABLE columns excluded), its result as PostgreSQL prints it, how many trailing arguments have
+# defaults (which lets a shorter call reach it), whether it returns a set, and the columns a
+# row result has — from the OUT/INOUT/TABLE arguments, or else the composite type it returns —
+# so RETURNS TABLE(…), OUT parameters and RETURNS SETOF a_row_type are read alike. And whether
+# the current role may execute it.
 _FUNCTIONS_SQL = """
 SELECT n.nspname || '.' || p.proname AS fn,
        ARRAY(SELECT format_type(a.oid, NULL)
                FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY AS a (oid, i)
               ORDER BY a.i) AS args,
        pg_get_function_result(p.oid) AS result,
-       p.pronargdefaults AS defaults
+       p.pronargdefaults AS defaults,
+       p.proretset AS retset,
+       format_type(p.prorettype, NULL) AS rettype,
+       coalesce(
+           (SELECT array_agg(ARRAY[coalesce(p.proargnames[o.i], ''), format_type(o.t, NULL)]
+                             ORDER BY o.i)
+              FROM unnest(p.proallargtypes, p.proargmodes) WITH ORDINALITY AS o (t, m, i)
+             WHERE o.m IN ('o', 'b', 't')),
+           (SELECT array_agg(ARRAY[a.attname::text, format_type(a.atttypid, NULL)]
+                             ORDER BY a.attnum)
+              FROM pg_type rt
+              JOIN pg_attribute a ON a.attrelid = rt.typrelid
+             WHERE rt.oid = p.prorettype AND rt.typrelid <> 0
+               AND a.attnum > 0 AND NOT a.attisdropped),
+           '{}') AS columns,
+       has_function_privilege(p.oid, 'EXECUTE') AS executable
   FROM pg_proc p
   JOIN pg_namespace n ON n.oid = p.pronamespace
  WHERE p.prokind = 'f'
@@ -489,15 +783,24 @@ SELECT n.nspname || '.' || p.proname AS fn,
 """
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class LiveFunction:
     args: tuple[str, ...]
-    result: str
+    result: str  # pg_get_function_result
     defaults: int
+    retset: bool = False
+    returns: LiveType = LiveType("")
+    columns: tuple[tuple[str, LiveType], ...] = ()  # a row result's columns
+    executable: bool = True
 
     @property
     def signature(self) -> str:
-        return _signature(self.args, self.result)
+        result = self.result
+        if self.columns and not result.startswith("TABLE("):
+            # OUT parameters print as "record", a row type by its name: show the columns
+            cols = ", ".join(f"{name} {type_.describe()}" for name, type_ in self.columns)
+            result = f"{result} ({cols})"
+        return _signature(self.args, result)
 
     def reachable_with(self, args: tuple[str, ...]) -> bool:
         """Would a call with exactly these argument types also resolve to this function (the
@@ -510,8 +813,34 @@ def _signature(args: Iterable[str], result: str) -> str:
     return f"({', '.join(args)}) → {result}"
 
 
-def _check_function(spec: FunctionSpec, found: list[LiveFunction]) -> FunctionCheck:
+def _result_mismatch(spec: FunctionSpec, found: LiveFunction) -> str | None:
+    """Why ``found``'s result will not do for the way nightcrew calls ``spec``, or None."""
+    if spec.columns:
+        # read by name (`SELECT deleted, skipped FROM f(…)`): one row or a set, any column order,
+        # more columns are fine
+        if not found.columns:
+            return f"columns {', '.join(n for n, _ in spec.columns)} expected"
+        have = dict(found.columns)
+        reasons: list[str] = []
+        for name, reference in spec.columns:
+            rule = _result_rule(spec, reference)
+            if name not in have:
+                reasons.append(f"no column {name}")
+            elif not rule.admits(have[name]):
+                reasons.append(f"column {name} must be {rule.describe()}")
+        return "; ".join(reasons) or None
+    # called for one value (`SELECT f(…)`, inside CASE): not a set, not a row
+    if found.retset or found.columns:
+        return "one value expected, not a set or a row"
+    rule = _result_rule(spec, spec.result)
+    if not rule.admits(found.returns):
+        return f"the result must be {rule.describe()}"
+    return None
+
+
+def _check_function(spec: FunctionSpec, found: list[LiveFunction], role: str) -> FunctionCheck:
     problems: list[str] = []
+    privileges: list[str] = []
     exact = [f for f in found if f.args == spec.args]
     hint = " (nightcrew's migrations are not applied: run `nightcrew db migrate`)"
     after = hint if spec.nightcrew else ""
@@ -522,9 +851,10 @@ def _check_function(spec: FunctionSpec, found: list[LiveFunction]) -> FunctionCh
     elif not exact:
         others = "; ".join(f.signature for f in found)
         problems.append(f"function {spec.name}: expected {spec.signature}, found {others}{after}")
-    elif exact[0].result != spec.result:
+    elif (why := _result_mismatch(spec, exact[0])) is not None:
         problems.append(
-            f"function {spec.name}: expected {spec.signature}, found {exact[0].signature}{after}"
+            f"function {spec.name}: expected {spec.signature},"
+            f" found {exact[0].signature} ({why}){after}"
         )
     else:
         # An overload whose extra arguments all have defaults makes the spec's call ambiguous
@@ -536,15 +866,175 @@ def _check_function(spec: FunctionSpec, found: list[LiveFunction]) -> FunctionCh
                 f"function {spec.name}: expected {spec.signature} alone, found also {others},"
                 f" which makes a call with ({', '.join(spec.args)}) ambiguous"
             )
+    if exact and not exact[0].executable:
+        # Supabase revokes EXECUTE from PUBLIC on many functions: the call fails with 42501
+        privileges.append(
+            f"function {spec.name}({', '.join(spec.args)}): role {role} lacks the EXECUTE privilege"
+        )
     return FunctionCheck(
         name=spec.name,
         expected=spec.signature,
         found=[f.signature for f in found],
         problems=problems,
+        privileges=privileges,
     )
 
 
 # --- tables, triggers, indexes -------------------------------------------------------------------
+
+_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
+
+# Every contract table that exists, whatever the role may see of it (pg_class, not
+# information_schema, which lists only what the role has a privilege on): whether the role owns
+# it (a member of the owner role does), its row-level security, whether a permissive policy for
+# every command with `USING (true)` (and no restrictive one) opens it to the role anyway, and
+# which of _PRIVILEGES the role holds on the table as a whole.
+_RELATIONS_SQL = """
+SELECT n.nspname || '.' || c.relname AS tbl,
+       pg_has_role(c.relowner, 'USAGE') AS owned,
+       c.relrowsecurity AS rls,
+       c.relforcerowsecurity AS forced,
+       (EXISTS (SELECT 1 FROM pg_policy p
+                 WHERE p.polrelid = c.oid AND p.polpermissive AND p.polcmd = '*'
+                   AND pg_get_expr(p.polqual, p.polrelid) = 'true'
+                   AND (p.polwithcheck IS NULL
+                        OR pg_get_expr(p.polwithcheck, p.polrelid) = 'true')
+                   AND EXISTS (SELECT 1 FROM unnest(p.polroles) AS r (oid)
+                                WHERE CASE WHEN r.oid = 0 THEN true
+                                           ELSE pg_has_role(r.oid, 'USAGE') END))
+        AND NOT EXISTS (SELECT 1 FROM pg_policy p
+                         WHERE p.polrelid = c.oid AND NOT p.polpermissive
+                           AND EXISTS (SELECT 1 FROM unnest(p.polroles) AS r (oid)
+                                        WHERE CASE WHEN r.oid = 0 THEN true
+                                                   ELSE pg_has_role(r.oid, 'USAGE') END)))
+           AS open_policy,
+       ARRAY[has_table_privilege(c.oid, 'SELECT'), has_table_privilege(c.oid, 'INSERT'),
+             has_table_privilege(c.oid, 'UPDATE'), has_table_privilege(c.oid, 'DELETE')]
+           AS granted
+  FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f')
+   AND n.nspname || '.' || c.relname = ANY(%(tables)s)
+"""
+
+# Every column of a contract table (pg_attribute: all of them, whatever the role's grants), by
+# its type's name — a domain's base type; an enum's schema-qualified — and whether that is an
+# enum.
+_COLUMNS_SQL = """
+SELECT n.nspname || '.' || c.relname AS tbl, a.attname AS column_name,
+       CASE WHEN b.typtype = 'e' THEN b.typnamespace::regnamespace::text || '.' || b.typname
+            ELSE format_type(b.oid, NULL) END AS data_type,
+       b.typtype = 'e' AS is_enum
+  FROM pg_attribute a
+  JOIN pg_class c ON c.oid = a.attrelid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+  JOIN pg_type t ON t.oid = a.atttypid
+  JOIN pg_type b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
+ WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f')
+   AND n.nspname || '.' || c.relname = ANY(%(tables)s)
+   AND a.attnum > 0 AND NOT a.attisdropped
+"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LiveRelation:
+    owned: bool
+    rls: bool
+    forced: bool
+    open_policy: bool
+    granted: frozenset[str]
+
+
+def _privilege_problems(table: str, relation: LiveRelation, access: Access) -> list[str]:
+    lines: list[str] = []
+    needed = ("SELECT", *WRITES.get(table, ()))
+    lacking = [p for p in needed if p not in relation.granted]
+    if lacking:
+        plural = "s" if len(lacking) > 1 else ""
+        lines.append(
+            f"table {table}: role {access.role} lacks the {', '.join(lacking)} privilege{plural}"
+        )
+    # Row-level security filters every read and write to the rows a policy lets through, and
+    # silently: no error, the lanes just find nothing. A superuser and a BYPASSRLS role are
+    # never subject to it; the owner only when it is forced.
+    hidden = (
+        relation.rls
+        and not access.superuser
+        and not access.bypassrls
+        and (relation.forced or not relation.owned)
+        and not relation.open_policy
+    )
+    if hidden:
+        lines.append(
+            f"table {table}: row-level security hides rows from role {access.role} ({RLS_HINT})"
+        )
+    return lines
+
+
+def _check_table(
+    table: str,
+    wanted: dict[str, str],
+    have: dict[str, LiveType] | None,
+    indexes: list[LiveIndex],
+    live_triggers: dict[str, list[str]],
+    relation: LiveRelation | None,
+    access: Access,
+) -> TableCheck:
+    if relation is None:
+        # One line: its columns, trigger and indexes are missing with it.
+        return TableCheck(name=table, problems=[f"table {table}: missing"])
+    have = have or {}
+    problems: list[str] = []
+    advice: list[str] = []
+    notes: list[str] = []
+    for column, reference in wanted.items():
+        qualified = f"{table}.{column}"
+        rule = _column_rule(table, column, reference)
+        found = have.get(column)
+        if found is None:
+            problems.append(f"column {qualified}: missing, expected {reference}")
+        elif not rule.admits(found):
+            problems.append(f"column {qualified}: {rule.mismatch(found)}")
+        elif found.enum or found.name != reference:
+            # e.g. Supabase's auth.users.email varchar(255): read as text, the same value
+            notes.append(f"column {qualified}: {found.describe()}, accepted as {reference}")
+    for owner, trigger in TRIGGERS:
+        if owner != table:
+            continue
+        on = live_triggers.get(trigger, [])
+        if table in on:
+            if not (access.superuser or relation.owned):
+                advice.append(
+                    f"trigger {trigger}: role {access.role} does not own {table}, so"
+                    " `lifecycle reconcile --bypass-cap-for-backfill` cannot disable it and"
+                    " writes under the cap instead"
+                )
+            continue
+        if on:
+            problems.append(f"trigger {trigger}: expected on {table}, found on {', '.join(on)}")
+        else:
+            problems.append(f"trigger {trigger} on {table}: missing")
+    own = [i for i in indexes if i.table == table]
+    for unique in REQUIRED_INDEXES:
+        if unique.table != table:
+            continue
+        problem, note = _check_unique(unique, own)
+        if problem:
+            problems.append(problem)
+        if note:
+            notes.append(note)
+    names = {i.name for i in own}
+    for index, owner in RECOMMENDED_INDEXES.items():
+        if owner == table and index not in names:
+            advice.append(f"index {index} is missing: its sweep will scan the table")
+    return TableCheck(
+        name=table,
+        problems=problems,
+        privileges=_privilege_problems(table, relation, access),
+        advice=advice,
+        notes=notes,
+    )
+
 
 # Every index on a contract table: its key columns (or expressions) in order, whether it is
 # unique, its predicate (partial index), and whether a constraint owns it.
@@ -591,53 +1081,6 @@ class LiveIndex:
             and (self.predicate is None) == (wanted.where is None)
             and (self.constraint or not wanted.name_fixed)
         )
-
-
-def _check_table(
-    table: str,
-    wanted: dict[str, str],
-    have: dict[str, str] | None,
-    indexes: list[LiveIndex],
-    live_triggers: dict[str, list[str]],
-) -> TableCheck:
-    if have is None:
-        # One line: its columns, trigger and indexes are missing with it.
-        return TableCheck(name=table, problems=[f"table {table}: missing"])
-    problems: list[str] = []
-    advice: list[str] = []
-    notes: list[str] = []
-    for column, data_type in wanted.items():
-        if column not in have:
-            problems.append(f"column {table}.{column}: missing, expected {data_type}")
-        elif have[column] == "character varying" and data_type == "text":
-            # Supabase's auth.users.email is varchar(255): read as text, it is the same value.
-            notes.append(f"column {table}.{column}: character varying, accepted as text")
-        elif have[column] != data_type:
-            problems.append(f"column {table}.{column}: expected {data_type}, found {have[column]}")
-    for owner, trigger in TRIGGERS:
-        if owner != table:
-            continue
-        on = live_triggers.get(trigger, [])
-        if table in on:
-            continue
-        if on:
-            problems.append(f"trigger {trigger}: expected on {table}, found on {', '.join(on)}")
-        else:
-            problems.append(f"trigger {trigger} on {table}: missing")
-    own = [i for i in indexes if i.table == table]
-    for unique in REQUIRED_INDEXES:
-        if unique.table != table:
-            continue
-        problem, note = _check_unique(unique, own)
-        if problem:
-            problems.append(problem)
-        if note:
-            notes.append(note)
-    names = {i.name for i in own}
-    for index, owner in RECOMMENDED_INDEXES.items():
-        if owner == table and index not in names:
-            advice.append(f"index {index} is missing: its sweep will scan the table")
-    return TableCheck(name=table, problems=problems, advice=advice, notes=notes)
 
 
 def _check_unique(wanted: UniqueIndex, live: list[LiveIndex]) -> tuple[str | None, str | None]:

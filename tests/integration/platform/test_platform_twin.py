@@ -15,10 +15,13 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import psycopg
@@ -26,6 +29,7 @@ import pytest
 
 from nightcrew.db.migrate import discover_migrations
 from tests.support.platform_twin import (
+    admin,
     command_env,
     nightcrew_command,
     platform_catalog,
@@ -484,9 +488,11 @@ def test_the_twin_has_spec_000s_signatures_and_behaviour(bare_twin_url: str) -> 
         )
     )
     assert functions == {
+        # written with OUT parameters: called with (interval) all the same, the result prints
+        # as record, and its columns are deleted and skipped
         "public.reap_unconfirmed_users": (
-            "retention interval",
-            "TABLE(deleted integer, skipped integer)",
+            "retention interval, OUT deleted integer, OUT skipped integer",
+            "record",
         ),
         "public.effective_cap": ("account uuid, resource text", "numeric"),
         "public.notify_media_job_result": ("job_id uuid", "void"),
@@ -500,6 +506,21 @@ def test_the_twin_has_spec_000s_signatures_and_behaviour(bare_twin_url: str) -> 
         "   AND table_name = 'billing_accounts' AND column_name = 'plan')",
     )
     assert reference_only == [(None, None, None, None, 0)]
+    # the real shapes db check tolerates
+    shapes = _all(
+        bare_twin_url,
+        "SELECT a.attrelid::regclass::text || '.' || a.attname,"
+        " format_type(a.atttypid, a.atttypmod) FROM pg_attribute a"
+        " WHERE (a.attrelid, a.attname) IN (('auth.users'::regclass, 'email'),"
+        " ('public.podcasts'::regclass, 'status'),"
+        " ('public.billing_accounts'::regclass, 'content_overage_nag_stage'))"
+        " ORDER BY 1",
+    )
+    assert shapes == [
+        ("auth.users.email", "character varying(255)"),
+        ("billing_accounts.content_overage_nag_stage", "integer"),
+        ("podcasts.status", "podcast_status"),
+    ]
 
     with psycopg.connect(bare_twin_url, autocommit=True) as conn:
         owner = _user(conn, "o@twin.example", "1 day", confirmed=True)
@@ -594,6 +615,108 @@ def test_db_check_accepts_the_platform_as_spec_000_shapes_it(twin_url: str) -> N
     assert report["ok"] is True and report["problems"] == []
     advice = {t: r["advice"] for t, r in report["tables"].items() if r["advice"]}
     assert advice == {}, "the twin has every sweep index nightcrew recommends"
+    notes = {t: r["notes"] for t, r in report["tables"].items() if r["notes"]}
+    assert notes == {
+        "auth.users": ["column auth.users.email: character varying, accepted as text"],
+        "public.billing_accounts": [
+            "column public.billing_accounts.content_overage_nag_stage: integer,"
+            " accepted as smallint"
+        ],
+        "public.podcasts": [
+            "column public.podcasts.status: enum public.podcast_status, accepted as text"
+        ],
+    }
+    assert report["functions"]["public.reap_unconfirmed_users"]["found"] == [
+        "(interval) → record (deleted integer, skipped integer)"
+    ]
+
+
+# The twin's tables with row-level security (as on any Supabase table a browser can reach).
+RLS_TABLES = {
+    "public.billing_accounts",
+    "public.user_profiles",
+    "public.podcasts",
+    "public.podcast_members",
+    "public.episodes",
+    "public.media_jobs",
+}
+
+
+def _as_user(url: str, user: str) -> str:
+    """The same server and database as another user: password-less, which the test server
+    allows over trust authentication on 127.0.0.1."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{user}@{parts.netloc.rpartition('@')[2]}"))
+
+
+@contextmanager
+def _service_role(url: str, *, bypassrls: bool) -> Iterator[str]:
+    """A LOGIN role that is neither superuser nor owner, with the grants a platform's service
+    role has (Supabase's service_role: every table and sequence of the schemas, EXECUTE by
+    default) on the platform's schemas and nightcrew's. Roles are cluster-wide: a unique name,
+    and always dropped — what it came to own handed back first."""
+    role = f"nightcrew_twin_{'bypass' if bypassrls else 'plain'}_{uuid.uuid4().hex[:12]}"
+    schemas = "public, auth, nightcrew, news"
+    try:
+        admin(url, f"CREATE ROLE {role} LOGIN NOSUPERUSER {'' if bypassrls else 'NO'}BYPASSRLS")
+        admin(
+            url,
+            f"GRANT USAGE ON SCHEMA {schemas} TO {role};"
+            f" GRANT ALL ON ALL TABLES IN SCHEMA {schemas} TO {role};"
+            f" GRANT ALL ON ALL SEQUENCES IN SCHEMA {schemas} TO {role}",
+        )
+        yield role
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
+                conn.execute(f"REASSIGN OWNED BY {role} TO CURRENT_USER")
+                conn.execute(f"DROP OWNED BY {role}")
+                conn.execute(f"DROP ROLE {role}")
+
+
+def test_db_check_passes_exactly_when_the_role_sees_the_rows(
+    twin_url: str, platform: Platform, twin_env: dict[str, str]
+) -> None:
+    """As a service role with BYPASSRLS, db check passes and the minute lane finds its rows
+    behind row-level security; the same role without BYPASSRLS would find none of them, and db
+    check says so, table by table."""
+    with _service_role(twin_url, bypassrls=True) as service:
+        as_service = _as_user(twin_url, service)
+        check = run_nightcrew("db", "check", env=command_env(DATABASE_URL=as_service))
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert check.stdout.rstrip().endswith("schema ok")
+
+        report = _json_run(
+            "lifecycle", "run", "minute", "--json", env={**twin_env, "DATABASE_URL": as_service}
+        )
+        assert _failed_jobs(report) == {}, json.dumps(report["errors"], indent=1)
+        assert report["errors"] == [], json.dumps(report["errors"], indent=1)
+        # every sweep found its row, each behind (or joined through) row-level security
+        assert report["items_requeued"] == 1 and report["links_requeued"] == 1
+        assert report["previews_canceled"] == 1 and report["media_jobs_flagged"] == 1
+
+    with _service_role(twin_url, bypassrls=False) as plain:
+        env = command_env(DATABASE_URL=_as_user(twin_url, plain))
+        denied = run_nightcrew("db", "check", env=env)
+        as_json = run_nightcrew("db", "check", "--json", env=env)
+    assert denied.returncode == 1, denied.stdout + denied.stderr
+    hidden = [line for line in denied.stdout.splitlines() if "row-level security" in line]
+    assert len(hidden) == len(RLS_TABLES), denied.stdout
+    assert all(f"hides rows from role {plain} (needs BYPASSRLS" in line for line in hidden)
+    assert denied.stdout.rstrip().endswith("schema incomplete")
+    report = json.loads(as_json.stdout)
+    assert report["role"] == {
+        "name": plain,
+        "superuser": False,
+        "bypassrls": False,
+        "problems": [],
+    }
+    privileges = {t: r["privileges"] for t, r in report["tables"].items() if r["privileges"]}
+    assert set(privileges) == RLS_TABLES
+    assert all(
+        len(lines) == 1 and "row-level security" in lines[0] for lines in privileges.values()
+    )
+    assert report["problems"] == []
 
 
 # --- 3. the daily lane -------------------------------------------------------------------------
