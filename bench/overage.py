@@ -145,9 +145,7 @@ async def measure(
             mailer = RecordingMailer()
             async with _runtime(db, url, clock, mailer, slices) as runtime:
                 sliced, found = await _timed(lambda: overage.scan(runtime), runs)
-                serial, _ = await _timed(
-                    lambda: db.fetch(overage.SQL["scan"], {"slices": 1, "slice": 0}), runs
-                )
+                serial, _ = await _timed(lambda: overage.scan_slice(runtime, 1, 0), runs)
                 print(
                     f"   scan, {slices} slices at once: {_ms(sliced)}, "
                     f"{found:,} accounts selected → target < 2 s: "
@@ -170,10 +168,11 @@ async def measure(
                         f"   next day's sweep (nothing due): {second_s:.2f} s — scanned "
                         f"{second.scanned:,}, emails {second.emails_sent}"
                     )
-                    plan = await db.fetch(
-                        "EXPLAIN (ANALYZE, COSTS OFF, SUMMARY ON) " + overage.SQL["scan"],
-                        {"slices": slices, "slice": 0},
-                    )
+                    async with db.session(settings=overage.SCAN_SETTINGS) as session:
+                        plan = await session.fetch(
+                            "EXPLAIN (ANALYZE, COSTS OFF, SUMMARY ON) " + overage.SQL["scan"],
+                            {"slices": slices, "slice": 0},
+                        )
                     print(f"\n   -- EXPLAIN ANALYZE scan, slice 0 of {slices}")
                     for row in plan:
                         print("   " + row["QUERY PLAN"])

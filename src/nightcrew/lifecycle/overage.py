@@ -56,6 +56,10 @@ FINAL_STAGE = 3
 SUSPENDED_STAGE = 4
 SUSPEND_NOTICE_DAYS = 3
 GB = 1_000_000_000
+# The scan's session: its slice filter (a function of the account id) is estimated at 0.5% of
+# the rows, really 1/slices, so the planner would probe the episodes index once per podcast;
+# one pass over episodes into a hash join is ~20% faster at 100k accounts (bench.overage).
+SCAN_SETTINGS = {"enable_nestloop": "off"}
 
 
 def _number(value: Any) -> float | None:
@@ -170,13 +174,15 @@ async def scan(runtime: Runtime) -> list[dict[str, Any]]:
     )
     try:
         async with asyncio.TaskGroup() as group:
-            parts = [
-                group.create_task(runtime.db.fetch(SQL["scan"], {"slices": slices, "slice": n}))
-                for n in range(slices)
-            ]
+            parts = [group.create_task(scan_slice(runtime, slices, n)) for n in range(slices)]
     except ExceptionGroup as failed:  # the lane names the first cause, not a group of them
         raise failed.exceptions[0] from None
     return sorted((row for part in parts for row in part.result()), key=lambda r: str(r["id"]))
+
+
+async def scan_slice(runtime: Runtime, slices: int, n: int) -> list[dict[str, Any]]:
+    async with runtime.db.session(settings=SCAN_SETTINGS) as session:
+        return await session.fetch(SQL["scan"], {"slices": slices, "slice": n})
 
 
 async def run_overage_escalation(runtime: Runtime, clock: Clock) -> EscalationReport:
