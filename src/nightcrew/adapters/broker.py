@@ -31,6 +31,7 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from nightcrew.errors import ConfigError, QueueError, QueueUnavailableError
 
@@ -156,11 +157,26 @@ class Delivery:
 Handler = Callable[[Delivery], Awaitable[None]]
 
 
+# AMQP heartbeats: the client declares the broker gone after three missed ones (aiormq's
+# grace), so a broker that goes silent — accepting, never answering — is noticed in ~30 s. The
+# broker's default (60 s) would take three minutes. A URL that names its own keeps it.
+AMQP_HEARTBEAT_SECONDS = 10
+
+
+def with_heartbeat(url: str) -> str:
+    """``url`` with ``heartbeat=AMQP_HEARTBEAT_SECONDS`` unless it sets one."""
+    parts = urlsplit(url)
+    if any(key == "heartbeat" for key, _ in parse_qsl(parts.query, keep_blank_values=True)):
+        return url
+    query = "&".join(q for q in (parts.query, f"heartbeat={AMQP_HEARTBEAT_SECONDS}") if q)
+    return urlunsplit(parts._replace(query=query))
+
+
 class PipelineBroker:
     """One robust connection; a confirming channel to publish, one channel per consumed stage."""
 
     def __init__(self, url: str, *, prefix: str, max_deliveries: int) -> None:
-        self.url = url
+        self.url = with_heartbeat(url)
         self.prefix = prefix
         self.max_deliveries = max_deliveries
         self._connection: Any = None
