@@ -52,8 +52,9 @@ from nightcrew.db.database import Database
 from nightcrew.db.migrate import migrate
 from nightcrew.log import configure_logging
 from nightcrew.news import fetch as news_fetch
+from nightcrew.news.inline import run_shard
 from nightcrew.news.parse import parse_feed
-from nightcrew.news.run import NewsReport, run_shard
+from nightcrew.news.report import NewsReport
 from nightcrew.news.sources import add_source
 from nightcrew.runtime import open_runtime
 

@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
+from tests.support.standins import FeedFarm, ModelStandIn
+
 from bench._db import admin_url, drop, recreate
 from nightcrew.adapters.broker import PipelineBroker
 from nightcrew.clock import SystemClock
@@ -44,10 +46,9 @@ from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.db.migrate import migrate
 from nightcrew.log import configure_logging
+from nightcrew.news.inline import run_shard
 from nightcrew.news.pipeline import enqueue_shard
-from nightcrew.news.run import run_shard
 from nightcrew.news.sources import add_source
-from nightcrew.news.standins import FeedFarm, ModelStandIn
 from nightcrew.runtime import open_runtime
 
 AMQP_URL = os.environ.get("NIGHTCREW_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")

@@ -404,8 +404,8 @@ async def _run(
 
 async def _news(runtime: Runtime, clock: Clock, now: datetime) -> list[str]:
     """Two sample feeds on a loopback server, two news runs: the second finds nothing new."""
-    from nightcrew.news.demo_feeds import serve_sample_feeds
-    from nightcrew.news.run import run_shard
+    from nightcrew.demo_support import serve_sample_feeds
+    from nightcrew.news.inline import run_shard
     from nightcrew.news.sources import add_source
 
     with serve_sample_feeds() as base:

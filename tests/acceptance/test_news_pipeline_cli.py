@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from nightcrew.news.standins import FeedFarm, ModelStandIn
 from tests.acceptance.test_cli import _env, _nightcrew, run
 from tests.integration.news.pipeline_support import delete_namespace
 from tests.support.servers import answers
 from tests.support.services import AMQP_URL, needs_rabbitmq
+from tests.support.standins import FeedFarm, ModelStandIn
 
 pytestmark = pytest.mark.acceptance
 

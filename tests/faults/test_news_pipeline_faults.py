@@ -20,7 +20,6 @@ import pytest
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
 from nightcrew.news.pipeline import enqueue_shard
-from nightcrew.news.standins import FeedFarm, ModelStandIn
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
@@ -31,6 +30,7 @@ from tests.integration.news.pipeline_support import (
 )
 from tests.support.proxy import TcpProxy
 from tests.support.services import AMQP_URL, host_port, needs_rabbitmq, with_port
+from tests.support.standins import FeedFarm, ModelStandIn
 
 pytestmark = needs_rabbitmq
 

@@ -17,7 +17,6 @@ from typing import Any
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
 from nightcrew.news.pipeline import broker_of, enqueue_shard
-from nightcrew.news.standins import FeedFarm, ModelStandIn
 from tests.faults.test_news_pipeline_faults import _nightcrew
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
@@ -27,6 +26,7 @@ from tests.integration.news.pipeline_support import (
     wait_for,
 )
 from tests.support.services import needs_rabbitmq
+from tests.support.standins import FeedFarm, ModelStandIn
 
 pytestmark = needs_rabbitmq
 

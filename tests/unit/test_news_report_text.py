@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nightcrew.cli.news import _print_run
-from nightcrew.news.run import NewsReport
+from nightcrew.news.report import NewsReport
 
 
 def test_the_report_says_no_instead_of_false_and_whose_reviews_it_counts(

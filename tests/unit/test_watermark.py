@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from nightcrew.news.fetch import FeedItem
-from nightcrew.news.stages import new_watermark, past_watermark
+from nightcrew.news.items import new_watermark, past_watermark
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

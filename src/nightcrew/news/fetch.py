@@ -1,4 +1,6 @@
-"""Fetching one RSS/Atom feed, politely and defensively.
+"""Fetch: RSS/Atom feeds, politely and defensively — one feed (``fetch_feed``), a source as
+both engines fetch it (``fetch_source``), and a shard's due sources at once (``fetch_sources``,
+the inline run).
 
 Every request goes through the address policy (``adapters/addresses.py``), has per-read timeouts
 and a total time budget (a server sending a byte every few seconds cannot hold a run), a
@@ -28,7 +30,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import SplitResult, parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
 
 from nightcrew.adapters.addresses import (
@@ -39,6 +41,7 @@ from nightcrew.adapters.addresses import (
     join_host,
     split_host,
 )
+from nightcrew.config import Settings
 from nightcrew.errors import FetchError
 from nightcrew.log import describe_error
 from nightcrew.news.parse import RawEntry, parse_feed
@@ -55,6 +58,7 @@ MAX_SUMMARY_CHARS = 16 * 1024
 # Bytes, not characters: the bound keeps a stored URL well inside a btree index row (~2.7 kB).
 MAX_URL_BYTES = 2048
 FETCH_BUDGET_SECONDS = 30.0
+FETCH_CONCURRENCY = 16  # the inline run's feeds in flight at once
 
 # Numeric character references: feedparser turns one naming a surrogate into a lone surrogate
 # that later fails to encode (inside feedparser itself), and one naming NUL into a NUL.
@@ -389,3 +393,49 @@ def next_check(now: datetime, result: FetchResult, interval: timedelta) -> datet
     if result.outcome == "retry_later" and result.retry_after_seconds:
         return now + timedelta(seconds=result.retry_after_seconds)
     return now + interval
+
+
+def feed_rules(settings: Settings, policy: AddressPolicy) -> FeedRules:
+    """The rules every fetch of a run follows, from NEWS_FETCH_BUDGET_SECONDS,
+    NEWS_MAX_TITLE_CHARS and NEWS_MAX_SUMMARY_CHARS."""
+    return FeedRules(
+        policy=policy,
+        budget_seconds=settings.news_fetch_budget_seconds,
+        limits=ItemLimits(
+            title_chars=settings.news_max_title_chars,
+            summary_chars=settings.news_max_summary_chars,
+        ),
+    )
+
+
+async def fetch_source(
+    client: UntrustedHttp, rules: FeedRules, source: dict[str, Any], now: datetime
+) -> FetchResult:
+    """One source's feed, conditionally on what its last fetch saved (ETag, Last-Modified,
+    body hash). Never raises: whatever goes wrong is that source's failed fetch."""
+    try:
+        return await fetch_feed(
+            client,
+            source["feed_url"],
+            now,
+            rules,
+            etag=source["etag"],
+            last_modified=source["last_modified"],
+            body_hash=source["body_hash"],
+        )
+    except Exception as exc:  # a feed never kills its run or its worker: it is that source's
+        return FetchResult(outcome="failed", error=describe_error(exc))
+
+
+async def fetch_sources(
+    client: UntrustedHttp, rules: FeedRules, sources: list[dict[str, Any]], now: datetime
+) -> list[tuple[dict[str, Any], FetchResult]]:
+    """Every one of ``sources`` fetched, FETCH_CONCURRENCY at a time, in their order; one
+    source never takes the others' results with it."""
+    gate = asyncio.Semaphore(FETCH_CONCURRENCY)
+
+    async def one(source: dict[str, Any]) -> tuple[dict[str, Any], FetchResult]:
+        async with gate:
+            return source, await fetch_source(client, rules, source, now)
+
+    return list(await asyncio.gather(*(one(s) for s in sources)))

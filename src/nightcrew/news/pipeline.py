@@ -1,4 +1,7 @@
-"""The news pipeline on RabbitMQ (NEWS_PIPELINE=rabbitmq): admission, the outbox, the pass.
+"""The pipeline engine on RabbitMQ (NEWS_PIPELINE=rabbitmq): the outbox, the pass, releasing
+held candidates; its stage consumers are ``stages.py`` (run by ``worker.py``), calling the same
+steps as the inline run (``inline.py``): ``admission``, ``items``, ``hydrate``, ``review``,
+``write``, ``snapshot``.
 
 PostgreSQL holds every candidate's stage and state (``news.candidates``); a broker message only
 says "work on this now". Whatever owes a message writes it to ``news.outbox`` in the same
@@ -6,10 +9,10 @@ transaction as the state change that owes it; after the commit it is published (
 deleted, and the relay publishes what a crash or an absent broker left behind — so nothing is
 lost between the database and the broker, and a message sent twice finds its work done.
 
-**Admission** (spec 001's backpressure, owned by the backend): before a candidate enters an
-expensive stage (enrich, review, write), the stage's load — candidates queued for it, whether
-still in the outbox, waiting in the queue or being worked on — is compared with
-INGESTION_BACKPRESSURE_QUEUE_LIMIT, and the article table with
+**Admission** (spec 001's backpressure, owned by the backend; ``admission.py``): before a
+candidate enters an expensive stage (enrich, review, write), the stage's load — candidates
+queued for it, whether still in the outbox, waiting in the queue or being worked on — is
+compared with INGESTION_BACKPRESSURE_QUEUE_LIMIT, and the article table with
 INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT. Over a limit, the candidate is ``held`` with the
 reason; nothing expensive runs for it until a later **pass** releases it into a stage with room.
 
@@ -22,18 +25,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from nightcrew.adapters.broker import STAGES, Outgoing, PipelineBroker
 from nightcrew.clock import Clock
 from nightcrew.config import Settings
-from nightcrew.db.database import Database, QueryError, Tx, json_param
+from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import ConfigError, NightcrewError, QueueError
 from nightcrew.log import describe_error, event, warning
 from nightcrew.news import candidates as held_candidates
+from nightcrew.news.admission import admit, count_articles
+from nightcrew.news.report import PassReport, save_report
 from nightcrew.runtime import Runtime
 
 SQL = load_queries(__file__)
@@ -48,72 +52,6 @@ def broker_of(runtime: Runtime) -> PipelineBroker:
     if broker is None:
         raise ConfigError("the news pipeline needs NEWS_PIPELINE=rabbitmq and QUEUE_URL=amqp://…")
     return broker
-
-
-# --- admission ----------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Admission:
-    room: int  # how many may enter now
-    reason: str | None  # why the rest are held (None: all may enter)
-    articles: int | None = None  # the article count the DB limit saw (None: not read)
-    articles_error: str | None = None  # why it could not be read
-
-
-@dataclass(frozen=True, slots=True)
-class ArticleCount:
-    n: int | None
-    error: str | None
-
-
-async def count_articles(db: Database | Tx, *, in_transaction: bool = False) -> ArticleCount:
-    """The article table's size for the DB limit. A count that fails for its own reasons is
-    reported, not raised (spec 001: "reports the telemetry error, and continues"): the DB limit
-    is then not applied and the queue limit still is. Inside a transaction the count runs
-    under a savepoint, so its failure does not abort the caller's transaction. An outage
-    (DatabaseUnavailableError) is still raised: nothing can go on without the database."""
-    if in_transaction:
-        await db.execute(SQL["savepoint_article_count"])
-    try:
-        row = await db.fetch_one(SQL["article_count"])
-    except QueryError as exc:
-        if in_transaction:
-            await db.execute(SQL["rollback_article_count"])
-        warning("worker.backpressure.db_count_failed", error=describe_error(exc))
-        return ArticleCount(None, describe_error(exc))
-    try:
-        return ArticleCount(int(row["n"]), None)  # type: ignore[index]
-    except (TypeError, ValueError, KeyError):
-        warning("worker.backpressure.db_count_parse_failed", row=repr(row))
-        return ArticleCount(None, f"not a count: {row!r}")
-
-
-async def admit(tx: Tx, settings: Settings, stage: str, wanted: int) -> Admission:
-    """How many of ``wanted`` candidates may enter ``stage`` now. Serialised per stage (an
-    advisory lock held to the end of ``tx``), so concurrent workers cannot overfill it."""
-    if wanted == 0:
-        return Admission(0, None)
-    await tx.execute(SQL["admission_lock"], {"stage": stage})
-    articles = await count_articles(tx, in_transaction=True)
-    article_limit = settings.ingestion_backpressure_db_article_limit
-    if articles.n is not None and articles.n >= article_limit:
-        return Admission(
-            0,
-            f"database limit: {articles.n} articles >= "
-            f"INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT {article_limit}",
-            articles.n,
-        )
-    row = await tx.fetch_one(SQL["stage_load"], {"stage": stage})
-    load, limit = (int(row["n"]) if row else 0), settings.ingestion_backpressure_queue_limit
-    room = max(0, limit - load)
-    if room >= wanted:
-        return Admission(wanted, None, articles.n, articles.error)
-    return Admission(
-        room,
-        f"{stage} queue limit: {load} queued or in flight, "
-        f"INGESTION_BACKPRESSURE_QUEUE_LIMIT {limit}",
-        articles.n,
-        articles.error,
-    )
 
 
 # --- the outbox ---------------------------------------------------------------------------------
@@ -193,97 +131,7 @@ async def release_held(
     return released, reasons, owed
 
 
-# --- the pass -----------------------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class PassReport:
-    """Spec 001's report fields, computed for this pass, plus what the pass enqueued.
-
-    A pass holds no lock and does no stage work, so each field says what the pass itself
-    knows, with the spec's meaning:
-
-    * ``processedCount``: articles this pass put into the pipeline — held candidates it
-      admitted into a stage (``releasedCount``) plus those it sent again (``resentCount``);
-      the due sources it enqueued are ``enqueuedSources``;
-    * ``queuedCount``/``queuedBySource``/``deferredCount``/``deferredReasons``: the shard's
-      held and queued candidates now, the held ones, and the limits this pass ran into;
-    * the stage workers' results — ``aiReviewedCount``, ``acceptedCount``, ``rejectedCount``,
-      and ``writtenCount`` (not in spec 001) — are counted from ``news.reviews`` and
-      ``news.articles`` for the shard since its previous report (``resultsSince``; the
-      beginning when there is none): the window between two passes;
-    * ``retriedCount``: candidates waiting for another review attempt after the model failed
-      for now (the pipeline's retries; it has no no-thumbnail retry);
-    * ``redisAiReviewLockSkippedCount``: candidates parked because another worker holds
-      their review lease;
-    * ``redisEnabled``: whether the workers' leases use Redis (REDIS_URL set);
-    * ``backpressureDbArticleCount`` (or ``…Error``): the article count read by this pass;
-      a count that fails is reported and the pass goes on without the DB limit;
-    * ``lockedCount``: always 0 — no shard lock is taken.
-    """
-
-    shard: str
-    trigger: str
-    queued_count: int
-    queued_by_source: dict[str, int]
-    deferred_count: int
-    deferred_reasons: list[str]
-    retried_count: int
-    enqueued_sources: int
-    released_count: int
-    resent_count: int
-    relayed_count: int
-    stages: dict[str, dict[str, int]]
-    results_since: datetime | None
-    written_count: int
-    ai_reviewed_count: int
-    accepted_count: int
-    rejected_count: int
-    redis_ai_review_lock_skipped_count: int
-    redis_enabled: bool
-    backpressure_queue_limit: int
-    backpressure_db_article_limit: int
-    backpressure_db_article_count: int | None
-    backpressure_db_article_count_error: str | None
-    duration_ms: float
-
-    @property
-    def processed_count(self) -> int:
-        return self.released_count + self.resent_count
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "shard": self.shard,
-            "trigger": self.trigger,
-            "pipeline": "rabbitmq",
-            "skipped": False,
-            "queuedCount": self.queued_count,
-            "queuedBySource": self.queued_by_source,
-            "deferredCount": self.deferred_count,
-            "deferredReasons": self.deferred_reasons,
-            "retriedCount": self.retried_count,
-            "processedCount": self.processed_count,
-            "enqueuedSources": self.enqueued_sources,
-            "releasedCount": self.released_count,
-            "resentCount": self.resent_count,
-            "relayedCount": self.relayed_count,
-            "stages": self.stages,
-            "resultsSince": (
-                self.results_since.isoformat() if self.results_since is not None else None
-            ),
-            "writtenCount": self.written_count,
-            "aiReviewedCount": self.ai_reviewed_count,
-            "acceptedCount": self.accepted_count,
-            "rejectedCount": self.rejected_count,
-            "backpressureQueueLimit": self.backpressure_queue_limit,
-            "backpressureDbArticleLimit": self.backpressure_db_article_limit,
-            "backpressureDbArticleCount": self.backpressure_db_article_count,
-            "backpressureDbArticleCountError": self.backpressure_db_article_count_error,
-            "lockedCount": 0,
-            "redisAiReviewLockSkippedCount": self.redis_ai_review_lock_skipped_count,
-            "redisEnabled": self.redis_enabled,
-            "durationMs": self.duration_ms,
-        }
-
-
+# --- the pass ---------------------------------------------------------------------------------
 async def enqueue_shard(
     runtime: Runtime, clock: Clock, shard: str, *, trigger: str = "manual"
 ) -> PassReport:
@@ -346,10 +194,7 @@ async def enqueue_shard(
         backpressure_db_article_count_error=articles.error,
         duration_ms=round((time.perf_counter() - started) * 1000, 1),
     )
-    await db.execute(
-        SQL["save_report"],
-        {"shard": shard, "trigger": trigger, "now": now, "report": json_param(report.to_json())},
-    )
+    await save_report(db, shard=shard, trigger=trigger, started_at=now, report=report.to_json())
     event(
         "news.pass_completed",
         shard=shard,

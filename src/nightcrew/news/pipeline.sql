@@ -1,51 +1,5 @@
--- The pipeline's state in PostgreSQL: stage admission, the outbox, the pass (issue 13).
-
--- name: admission_lock
--- One admission into a stage at a time, so concurrent workers cannot all see the same room.
-SELECT pg_advisory_xact_lock(hashtext('nightcrew.news.stage.' || %(stage)s));
-
--- name: stage_load
--- Candidates owed to, waiting in, or being worked on in a stage: its depth plus in flight.
-SELECT count(*) AS n FROM news.candidates WHERE stage = %(stage)s AND state = 'queued';
-
--- name: fetch_load
-SELECT count(*) AS n FROM news.sources WHERE fetch_queued_at IS NOT NULL;
-
--- name: article_count
-SELECT news.article_count() AS n;
-
--- name: savepoint_article_count
--- The count may fail (an operator's replacement of news.article_count(), a statement
--- timeout): spec 001 reports that and goes on, so inside a transaction it runs under a
--- savepoint the failure rolls back to, leaving the admission's transaction usable.
-SAVEPOINT article_count;
-
--- name: rollback_article_count
-ROLLBACK TO SAVEPOINT article_count;
-
--- name: hold_staged
--- A fetch's new items, each at its first stage, queued (with its message in the outbox) or
--- held with the reason; minus what is written or already a candidate.
-WITH ins AS (
-    INSERT INTO news.candidates AS c (url, source_id, shard, title, summary, image_url,
-                                      published_at, stage, state, reason, created_at,
-                                      updated_at)
-    SELECT i.url, i.source_id, %(shard)s, i.title, i.summary, i.image_url, i.published_at,
-           i.stage, i.state, i.reason, %(now)s, %(now)s
-      FROM unnest(%(urls)b::text[], %(source_ids)b::bigint[], %(titles)b::text[],
-                  %(summaries)b::text[], %(images)b::text[], %(published)b::timestamptz[],
-                  %(stages)b::text[], %(states)b::text[], %(reasons)b::text[])
-           WITH ORDINALITY AS i (url, source_id, title, summary, image_url, published_at,
-                                 stage, state, reason, n)
-     WHERE NOT EXISTS (SELECT 1 FROM news.articles a WHERE a.url = i.url)
-     ORDER BY i.n
-    ON CONFLICT (url) DO NOTHING
-    RETURNING c.url, c.shard, c.stage, c.state
-)
-INSERT INTO news.outbox (stage, body, created_at)
-SELECT stage, jsonb_build_object('url', url, 'shard', shard), %(now)s FROM ins
- WHERE state = 'queued'
-RETURNING id, message_id, stage, body;
+-- The pipeline's state in PostgreSQL: the outbox, the pass, releasing held candidates
+-- (issue 13). Admission is admission.sql's; holding a fetch's items, items.sql's.
 
 -- name: held_in_stage
 -- Held candidates of a stage (of one shard, or of all) that may go again now.
@@ -183,7 +137,3 @@ SELECT count(*) FILTER (WHERE attempts > 0) AS retried,
                           AND reason LIKE 'its review lease is held elsewhere%%') AS lock_skipped
   FROM news.candidates
  WHERE shard = %(shard)s AND stage = 'review' AND state IN ('held', 'queued');
-
--- name: save_report
-INSERT INTO news.worker_reports (shard, trigger, started_at, report)
-VALUES (%(shard)s, %(trigger)s, %(now)s, %(report)s);

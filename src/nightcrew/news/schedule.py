@@ -1,6 +1,6 @@
 """The news worker's schedules: one per shard, running the shard the way NEWS_PIPELINE says —
-the inline run (``news/run.py``), or a pass that feeds the RabbitMQ stage queues
-(``news/pipeline.py``)."""
+the inline engine (``news/inline.py``), or a pass of the pipeline engine that feeds the RabbitMQ
+stage queues (``news/pipeline.py``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from datetime import datetime
 
 from nightcrew import runs
 from nightcrew.clock import Clock
-from nightcrew.news.pipeline import PassReport, enqueue_shard
-from nightcrew.news.run import NewsReport, Trigger, run_shard
+from nightcrew.news.inline import run_shard
+from nightcrew.news.pipeline import enqueue_shard
+from nightcrew.news.report import NewsReport, PassReport, Trigger
 from nightcrew.runtime import Runtime
 from nightcrew.scheduler import Schedule
 

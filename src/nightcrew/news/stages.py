@@ -7,42 +7,48 @@ channel, a relay that republished) finds the work done and is acknowledged as ``
 a second consumer of the same candidate while the first still works on it is kept out by the
 stage lease (the review lease is the inline run's review lock), and an older holder's result is
 refused by the fence. Writes are idempotent on the normalised URL.
+
+This is the pipeline engine's half that consumes messages: each stage calls spec 001's steps —
+the same modules the inline run (``inline.py``) calls: ``fetch``, ``items``, ``admission``,
+``hydrate``, ``review``, ``write``, ``snapshot``, ``leases`` — and keeps only the candidate's
+state machine (take, hand on, park, dead) and its messages.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, TypeVar
 
 from nightcrew.adapters.broker import PipelineBroker
-from nightcrew.adapters.locks import Lease, LeaseBackendDown, Leases, with_fallback
+from nightcrew.adapters.locks import Lease, Leases
 from nightcrew.clock import Clock
 from nightcrew.db.database import QueryError, json_param
 from nightcrew.db.queries import load_queries
-from nightcrew.errors import DatabaseUnavailableError, NightcrewError
+from nightcrew.errors import DatabaseUnavailableError
 from nightcrew.log import describe_error, warning
-from nightcrew.news import pipeline
-from nightcrew.news import run as inline
+from nightcrew.news import admission, hydrate, items, leases, pipeline, snapshot
 from nightcrew.news import sources as news_sources
-from nightcrew.news.candidates import Candidate, verdict_to_json
-from nightcrew.news.fetch import FeedItem, FetchResult, fetch_feed, next_check
-from nightcrew.news.images import hydrate_image
+from nightcrew.news.candidates import Candidate, refused_for_its_data, verdict_to_json
+from nightcrew.news.fetch import FetchResult, feed_rules, fetch_source, next_check
+from nightcrew.news.leases import Superseded
+
+# (by name: the stages ``review`` and ``write`` below are this module's own)
+from nightcrew.news.review import (
+    MAX_REVIEW_ATTEMPTS,
+    Reviewed,
+    is_written,
+    review_item,
+    review_lock_name,
+)
+from nightcrew.news.write import write_candidate
 from nightcrew.runtime import Runtime
 
 SQL = load_queries(__file__)
 
-# A date this far ahead of now is not believed for the watermark (a hostile or broken feed
-# dated 2099 must not hide every later entry); such an item is de-duplicated by its URL.
-FUTURE_TOLERANCE = timedelta(days=1)
 RETRY_BASE_SECONDS = 30  # a review the model failed goes again after 30 s, 60 s, 120 s, …
-
-
-class Superseded(NightcrewError):
-    """A newer holder took the candidate (its fence moved on): this result is not saved."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,24 +94,13 @@ async def patiently(ctx: StageContext, step: Callable[[], Awaitable[T]], *, what
 # --- leases ---------------------------------------------------------------------------------------
 async def _acquire(ctx: StageContext, name: str, ttl: float) -> tuple[Leases, Lease | None]:
     """The stage lease from the configured backend; PostgreSQL's when Redis fails (spec 001)."""
-    return await with_fallback(
+    return await leases.acquire(
         ctx.leases,
         ctx.runtime.news_adapters().fallback_leases,
-        lambda backend: backend.acquire(name, ttl),
+        name,
+        ttl,
         lambda exc: warning("worker.redis.unavailable", error=str(exc)),
     )
-
-
-async def _release(leases: Leases, lease: Lease) -> None:
-    """A lease that cannot be released now (its backend is down) simply runs out its TTL."""
-    try:
-        await leases.release(lease)
-    except (NightcrewError, LeaseBackendDown) as exc:
-        warning("news.lease_release_failed", lease=lease.name, error=describe_error(exc))
-
-
-def _hashed(stage: str, key: str) -> str:
-    return f"news:{stage}:" + hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 # --- fetch ----------------------------------------------------------------------------------------
@@ -119,7 +114,7 @@ async def fetch(ctx: StageContext, body: dict[str, Any]) -> Outcome:
         await db.execute(SQL["unqueue_source"], {"id": source_id})
         return Outcome("skipped", {"source_id": source_id, "why": "disabled or parked"})
     ttl = settings.news_stage_lease_seconds
-    leases, lease = await _acquire(ctx, f"news:fetch:{source_id}", ttl)
+    held_by, lease = await _acquire(ctx, f"news:fetch:{source_id}", ttl)
     if lease is None:
         await db.execute(
             SQL["refetch_later"],
@@ -134,34 +129,24 @@ async def fetch(ctx: StageContext, body: dict[str, Any]) -> Outcome:
     try:
         return await _fetch_source(ctx, source, now)
     finally:
-        await _release(leases, lease)
+        await leases.release_quietly(held_by, lease)
 
 
 async def _fetch_source(ctx: StageContext, source: dict[str, Any], now: datetime) -> Outcome:
     db, settings = ctx.runtime.db, ctx.runtime.settings
     adapters = ctx.runtime.news_adapters()
-    try:
-        result = await fetch_feed(
-            adapters.http,
-            source["feed_url"],
-            now,
-            inline.feed_rules(settings, adapters.policy),
-            etag=source["etag"],
-            last_modified=source["last_modified"],
-            body_hash=source["body_hash"],
-        )
-    except Exception as exc:  # a feed never kills its worker: it is that source's failure
-        result = FetchResult(outcome="failed", error=describe_error(exc))
+    # a feed never kills its worker: whatever goes wrong is that source's failed fetch
+    result = await fetch_source(adapters.http, feed_rules(settings, adapters.policy), source, now)
     ids = {"source_id": source["id"]}
     if result.outcome in ("failed", "retry_later"):
         await news_sources.record_fetch(db, source, result, now)
         await db.execute(SQL["unqueue_source"], {"id": source["id"]})
         return Outcome("fetch_failed", {**ids, "error": result.error, "status": result.status})
-    items = past_watermark(result.items, source["watermark_at"], source["watermark_urls"], now)
-    mark_at, mark_urls = new_watermark(
+    new = items.past_watermark(result.items, source["watermark_at"], source["watermark_urls"], now)
+    mark_at, mark_urls = items.new_watermark(
         result.items, source["watermark_at"], source["watermark_urls"], now
     )
-    firsts = ["review" if i.image_url else "enrich" for i in items]
+    firsts = ["review" if i.image_url else "enrich" for i in new]
     async with db.transaction() as tx:
         claimed = await tx.fetch_one(
             SQL["fetched"],
@@ -180,22 +165,16 @@ async def _fetch_source(ctx: StageContext, source: dict[str, Any], now: datetime
                 "next_check_at": [next_check(now, result, news_sources.CHECK_INTERVAL)],
             },
         )
-        states, reasons = await _admit_each(ctx, tx, firsts)
-        owed = await tx.fetch(
-            pipeline.SQL["hold_staged"],
-            {
-                "shard": source["shard"],
-                "now": now,
-                "urls": [i.url for i in items],
-                "source_ids": [source["id"]] * len(items),
-                "titles": [i.title for i in items],
-                "summaries": [i.summary for i in items],
-                "images": [i.image_url for i in items],
-                "published": [i.published for i in items],
-                "stages": firsts,
-                "states": states,
-                "reasons": reasons,
-            },
+        admitted = await admission.admit_each(tx, ctx.runtime.settings, firsts)
+        owed = await items.hold_staged(
+            tx,
+            shard=source["shard"],
+            source_id=source["id"],
+            items=new,
+            stages=firsts,
+            states=admitted.states,
+            reasons=admitted.reasons,
+            now=now,
         )
     await pipeline.send_owed(ctx.broker, db, owed)
     return Outcome(
@@ -203,66 +182,11 @@ async def _fetch_source(ctx: StageContext, source: dict[str, Any], now: datetime
         {
             **ids,
             "items": len(result.items),
-            "new": len(items),
+            "new": len(new),
             "queued": len(owed),
-            "held": states.count("held"),
+            "held": admitted.states.count("held"),
         },
     )
-
-
-async def _admit_each(ctx: StageContext, tx: Any, stages: list[str]) -> tuple[list[str], list[str]]:
-    """Per item, in feed order: ``queued`` while its stage has room, else ``held`` + why."""
-    room: dict[str, pipeline.Admission] = {}
-    for stage in sorted(set(stages)):
-        room[stage] = await pipeline.admit(tx, ctx.runtime.settings, stage, stages.count(stage))
-    taken: dict[str, int] = {}
-    states, reasons = [], []
-    for stage in stages:
-        taken[stage] = taken.get(stage, 0) + 1
-        admission = room[stage]
-        if taken[stage] <= admission.room:
-            states.append("queued")
-            reasons.append("fetched")
-        else:
-            states.append("held")
-            reasons.append(admission.reason or "held")
-    return states, reasons
-
-
-def _believed(published: datetime | None, now: datetime) -> datetime | None:
-    return published if published is not None and published <= now + FUTURE_TOLERANCE else None
-
-
-def past_watermark(
-    items: list[FeedItem], mark_at: datetime | None, mark_urls: list[str], now: datetime
-) -> list[FeedItem]:
-    """The items newer than what this source already handed on. An undated item (or one dated
-    in the future) always passes: the database de-duplicates it by URL."""
-    if mark_at is None:
-        return items
-    seen = set(mark_urls)
-    kept = []
-    for item in items:
-        at = _believed(item.published, now)
-        if at is None or at > mark_at or (at == mark_at and item.url not in seen):
-            kept.append(item)
-    return kept
-
-
-def new_watermark(
-    items: list[FeedItem], mark_at: datetime | None, mark_urls: list[str], now: datetime
-) -> tuple[datetime | None, list[str]]:
-    """The newest believable date among the items, and the URLs dated exactly then."""
-    dated = [(at, i.url) for i in items if (at := _believed(i.published, now)) is not None]
-    if not dated:
-        return mark_at, mark_urls
-    newest = max(at for at, _ in dated)
-    if mark_at is not None and newest < mark_at:
-        return mark_at, mark_urls
-    urls = {url for at, url in dated if at == newest}
-    if mark_at == newest:
-        urls |= set(mark_urls)
-    return newest, sorted(urls)
 
 
 # --- the candidate stages ----------------------------------------------------------------------
@@ -299,8 +223,8 @@ async def _hand_on(
     (queued with its message, or held with the reason). Returns the new state."""
     db, now = ctx.runtime.db, ctx.clock.now()
     async with db.transaction() as tx:
-        admission = await pipeline.admit(tx, ctx.runtime.settings, next_stage, 1)
-        state = "queued" if admission.room else "held"
+        admitted = await admission.admit(tx, ctx.runtime.settings, next_stage, 1)
+        state = "queued" if admitted.room else "held"
         saved = await tx.fetch_one(
             SQL["advance"],
             {
@@ -309,7 +233,7 @@ async def _hand_on(
                 "fence": taken.fence,
                 "next": next_stage,
                 "state": state,
-                "reason": admission.reason or f"{stage}ed",
+                "reason": admitted.reason or f"{stage}ed",
                 "image_url": image_url,
                 "verdict": json_param(verdict) if verdict is not None else None,
                 "translation": translation,
@@ -341,7 +265,7 @@ async def _under_lease(
     ttl: float,
     work: Callable[[_Fenced], Awaitable[Outcome]],
 ) -> Outcome:
-    leases, lease = await _acquire(ctx, lease_name, ttl)
+    held_by, lease = await _acquire(ctx, lease_name, ttl)
     if lease is None:
         await ctx.runtime.db.execute(
             SQL["park"],
@@ -363,7 +287,7 @@ async def _under_lease(
         except Superseded:
             return Outcome("skipped", {"url": url, "why": "taken over meanwhile"})
     finally:
-        await _release(leases, lease)
+        await leases.release_quietly(held_by, lease)
 
 
 async def enrich(ctx: StageContext, body: dict[str, Any]) -> Outcome:
@@ -372,8 +296,7 @@ async def enrich(ctx: StageContext, body: dict[str, Any]) -> Outcome:
     async def work(taken: _Fenced) -> Outcome:
         image = taken.candidate.item.image_url
         if image is None:
-            adapters = ctx.runtime.news_adapters()
-            image, _ = await hydrate_image(adapters.http, url, adapters.policy)
+            image = await hydrate.hydrate_one(ctx.runtime.news_adapters(), url)
         state = await patiently(
             ctx,
             lambda: _hand_on(ctx, taken, "enrich", "review", image_url=image),
@@ -385,7 +308,7 @@ async def enrich(ctx: StageContext, body: dict[str, Any]) -> Outcome:
         ctx,
         "enrich",
         url,
-        _hashed("enrich", url),
+        leases.stage_lease_name("enrich", url),
         ctx.runtime.settings.news_stage_lease_seconds,
         work,
     )
@@ -396,12 +319,12 @@ async def review(ctx: StageContext, body: dict[str, Any]) -> Outcome:
     db = ctx.runtime.db
 
     async def work(taken: _Fenced) -> Outcome:
-        if await db.fetch_one(SQL["is_written"], {"url": url}) is not None:
+        if await is_written(db, url):
             await db.execute(SQL["drop"], {"url": url})
             return Outcome("skipped", {"url": url, "why": "written already"})
         reviewer = ctx.runtime.news_adapters().reviewer
-        verdict, translation, transient = await inline.review_item(reviewer, taken.candidate.item)
-        if transient and taken.candidate.attempts + 1 < inline.MAX_REVIEW_ATTEMPTS:
+        verdict, translation, transient = await review_item(reviewer, taken.candidate.item)
+        if transient and taken.candidate.attempts + 1 < MAX_REVIEW_ATTEMPTS:
             retry_later = {
                 "url": url,
                 "stage": "review",
@@ -440,7 +363,7 @@ async def review(ctx: StageContext, body: dict[str, Any]) -> Outcome:
         ctx,
         "review",
         url,
-        inline.review_lock_name(url),
+        review_lock_name(url),
         ctx.runtime.settings.ai_review_lock_ttl_seconds,
         work,
     )
@@ -455,17 +378,13 @@ async def write(ctx: StageContext, body: dict[str, Any]) -> Outcome:
     if taken is None:
         return Outcome("skipped", {"url": url, "why": "not waiting for write"})
     candidate = taken.candidate
-    reviewed = inline.Reviewed(candidate, candidate.verdict, candidate.translation)
+    reviewed = Reviewed(candidate, candidate.verdict, candidate.translation)
     try:
-        async with db.transaction() as tx:
-            ids = await inline.insert_articles(tx, taken.shard, taken.fence, [reviewed], {}, now)
-            if await tx.fetch_one(SQL["written"], {"url": url, "fence": taken.fence}) is None:
-                raise Superseded(f"{url}: taken over while being written")
-            await tx.execute(SQL["stale_snapshot"], {"shard": taken.shard, "now": now})
+        ids = await write_candidate(db, taken.shard, taken.fence, reviewed, now)
     except Superseded:
         return Outcome("skipped", {"url": url, "why": "taken over meanwhile"})
     except QueryError as exc:
-        if not inline.refused_for_its_data(exc):
+        if not refused_for_its_data(exc):
             raise  # not this article's fault: the message is retried
         await db.execute(SQL["reject"], {"url": url, "reason": describe_error(exc), "now": now})
         return Outcome("rejected", {"url": url, "error": describe_error(exc)})
@@ -496,13 +415,7 @@ async def refresh_snapshots(ctx: StageContext, *, force: bool = False) -> int:
     """Publish every stale shard snapshot not published within NEWS_SNAPSHOT_DEBOUNCE_SECONDS
     (the write stage marks them stale): many writes, one snapshot per interval. ``force``: a
     stopping worker publishes what it made stale without waiting out the interval."""
-    db, now = ctx.runtime.db, ctx.clock.now()
     debounce = 0.0 if force else ctx.runtime.settings.news_snapshot_debounce_seconds
-    shards = await db.fetch(SQL["claim_snapshots"], {"now": now, "debounce": debounce})
-    for row in shards:
-        try:
-            await inline.publish_snapshot(db, ctx.runtime.store, row["shard"], now)
-        except Exception:
-            await db.execute(SQL["restale_snapshot"], {"shard": row["shard"], "now": now})
-            raise
-    return len(shards)
+    return await snapshot.refresh_stale(
+        ctx.runtime.db, ctx.runtime.store, ctx.clock.now(), debounce_seconds=debounce
+    )

@@ -55,13 +55,6 @@ UPDATE news.candidates
  WHERE url = %(url)s AND stage = %(stage)s AND fence = %(fence)s AND state IN ('queued', 'held')
 RETURNING url;
 
--- name: written
--- The write stage's candidate, gone with the article's write (under its fence).
-DELETE FROM news.candidates WHERE url = %(url)s AND fence = %(fence)s RETURNING url;
-
--- name: is_written
-SELECT 1 AS written FROM news.articles WHERE url = %(url)s;
-
 -- name: drop
 DELETE FROM news.candidates WHERE url = %(url)s;
 
@@ -74,20 +67,3 @@ UPDATE news.candidates SET state = 'dead', last_error = %(error)s, updated_at = 
 -- name: reject
 UPDATE news.candidates SET state = 'rejected', reason = %(reason)s, updated_at = %(now)s
  WHERE url = %(url)s;
-
--- name: stale_snapshot
-INSERT INTO news.snapshots AS s (shard, stale_since) VALUES (%(shard)s, %(now)s)
-ON CONFLICT (shard) DO UPDATE SET stale_since = coalesce(s.stale_since, excluded.stale_since);
-
--- name: claim_snapshots
--- Shards whose snapshot is stale and was not published within the debounce interval.
-UPDATE news.snapshots SET stale_since = NULL, published_at = %(now)s
- WHERE shard IN (SELECT shard FROM news.snapshots
-                  WHERE stale_since IS NOT NULL
-                    AND (published_at IS NULL
-                         OR published_at <= %(now)s - make_interval(secs => %(debounce)s))
-                    FOR UPDATE SKIP LOCKED)
-RETURNING shard;
-
--- name: restale_snapshot
-UPDATE news.snapshots SET stale_since = coalesce(stale_since, %(now)s) WHERE shard = %(shard)s;

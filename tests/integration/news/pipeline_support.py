@@ -22,12 +22,12 @@ from nightcrew.adapters.broker import STAGES, PipelineBroker
 from nightcrew.clock import Clock, SystemClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
-from nightcrew.news.standins import FeedFarm, ModelStandIn
 from nightcrew.news.worker import Worker, WorkerSummary
 from nightcrew.runtime import Runtime, open_runtime
 from tests.integration.news.conftest import LOOPBACK
 from tests.support.network import LoopbackOnlyBackend
 from tests.support.services import AMQP_URL
+from tests.support.standins import FeedFarm, ModelStandIn
 
 
 async def delete_namespace(prefix: str, url: str = AMQP_URL) -> None:

@@ -25,7 +25,7 @@ from nightcrew.clock import FrozenClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.news.fetch import FeedRules, fetch_feed
-from nightcrew.news.run import run_shard
+from nightcrew.news.inline import run_shard
 from nightcrew.news.sources import add_source
 from tests.conftest import NOW
 from tests.integration.news.conftest import LOOPBACK

@@ -14,7 +14,8 @@ from nightcrew.adapters.locks import PostgresLeases
 from nightcrew.adapters.reviewer import OfflineReviewer, ReviewError
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.news.run import run_shard, shard_lock_name
+from nightcrew.news.inline import run_shard
+from nightcrew.news.leases import shard_lock_name
 from nightcrew.news.sources import add_source
 from tests.conftest import NOW
 from tests.integration.news.test_run import deps_for, rss, runtime_for, site

@@ -29,7 +29,7 @@ from nightcrew.news.fetch import (
     MAX_TITLE_CHARS,
     MAX_URL_BYTES,
 )
-from nightcrew.news.run import run_shard
+from nightcrew.news.inline import run_shard
 from nightcrew.news.sources import add_source
 from tests.conftest import NOW
 from tests.integration.news.test_run import deps_for, rss, runtime_for, site

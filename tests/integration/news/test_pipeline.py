@@ -13,9 +13,8 @@ from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
 from nightcrew.errors import QueueError
 from nightcrew.news import dlq, pipeline
+from nightcrew.news.inline import run_shard
 from nightcrew.news.pipeline import enqueue_shard
-from nightcrew.news.run import run_shard
-from nightcrew.news.standins import FeedFarm, ModelStandIn
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
@@ -25,6 +24,7 @@ from tests.integration.news.pipeline_support import (
     worker_running,
 )
 from tests.support.services import needs_rabbitmq
+from tests.support.standins import FeedFarm, ModelStandIn
 
 pytestmark = needs_rabbitmq
 

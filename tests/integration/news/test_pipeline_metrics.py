@@ -15,9 +15,9 @@ from nightcrew.db.database import Database
 from nightcrew.http import create_app
 from nightcrew.news.pipeline import broker_of, collect_metrics
 from nightcrew.news.sources import add_source
-from nightcrew.news.standins import ModelStandIn
 from tests.integration.news.pipeline_support import pipeline_env, pipeline_runtime
 from tests.support.services import needs_rabbitmq
+from tests.support.standins import ModelStandIn
 
 pytestmark = needs_rabbitmq
 

@@ -11,7 +11,6 @@ from nightcrew.adapters.broker import Delivery, Outgoing
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
 from nightcrew.news import pipeline
-from nightcrew.news.standins import ModelStandIn
 from nightcrew.news.worker import Worker
 from tests.integration.news.pipeline_support import (
     pipeline_env,
@@ -19,6 +18,7 @@ from tests.integration.news.pipeline_support import (
     wait_for,
 )
 from tests.support.services import needs_rabbitmq
+from tests.support.standins import ModelStandIn
 
 pytestmark = needs_rabbitmq
 

@@ -10,7 +10,6 @@ from pathlib import Path
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
 from nightcrew.news.pipeline import enqueue_shard
-from nightcrew.news.standins import FeedFarm, ModelStandIn
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
@@ -20,6 +19,7 @@ from tests.integration.news.pipeline_support import (
     worker_running,
 )
 from tests.support.services import needs_rabbitmq
+from tests.support.standins import FeedFarm, ModelStandIn
 
 pytestmark = needs_rabbitmq
 

@@ -9,10 +9,9 @@ from pathlib import Path
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
+from nightcrew.news.leases import shard_lock_name
 from nightcrew.news.pipeline import broker_of
-from nightcrew.news.run import shard_lock_name
 from nightcrew.news.schedule import news_schedules
-from nightcrew.news.standins import FeedFarm, ModelStandIn
 from nightcrew.scheduler import Scheduler
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
@@ -21,6 +20,7 @@ from tests.integration.news.pipeline_support import (
     pipeline_runtime,
 )
 from tests.support.services import needs_rabbitmq
+from tests.support.standins import FeedFarm, ModelStandIn
 
 pytestmark = needs_rabbitmq
 

@@ -20,7 +20,8 @@ from nightcrew.adapters.reviewer import OfflineReviewer
 from nightcrew.adapters.storage import open_store
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.news.run import StaleLease, run_shard, shard_lock_name
+from nightcrew.news.inline import run_shard
+from nightcrew.news.leases import StaleLease, shard_lock_name
 from nightcrew.news.sources import add_source
 from nightcrew.runtime import Runtime
 from tests.conftest import NOW, make_runtime
@@ -461,7 +462,7 @@ async def test_scheduled_shard_slots_run_once_across_replicas_and_reports_are_se
 ) -> None:
     from nightcrew.http import create_app
     from nightcrew.metrics import Metrics
-    from nightcrew.news.run import latest_reports
+    from nightcrew.news.report import latest_reports
     from nightcrew.news.schedule import news_schedules
     from nightcrew.scheduler import Scheduler
 

@@ -1,7 +1,8 @@
-"""Loopback stand-ins for the news pipeline's tests and benchmark: a farm of RSS feeds with
-their article pages, and an OpenAI-compatible model that answers after a set delay. Both are
-threaded HTTP servers on 127.0.0.1 that record what they were asked; neither is used by the
-worker itself.
+"""Loopback stand-ins for the news tests and benchmarks: a farm of RSS feeds with their
+article pages, and an OpenAI-compatible model that answers after a set delay. Both are threaded
+HTTP servers on 127.0.0.1 that record what they were asked. They live with the tests, not in
+``nightcrew.news``: the worker never uses them, and the installed package does not ship them
+(the benchmarks, run from a checkout, import them from here).
 """
 
 from __future__ import annotations

@@ -1,0 +1,72 @@
+"""Hydrate: an article without an image in its feed gets its page's og:image (``images.py``
+reads the page, under the address policy), and accepted articles still without one are tried
+again later — spec 001's no-thumbnail retry (``retriedCount``).
+
+Both engines hydrate through ``hydrate_one``: the inline run a batch at a time
+(``hydrate_images``), the pipeline's enrich stage one candidate per message. The no-thumbnail
+retry exists in the inline run only today (issue 23 gives it to the pipeline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Any
+
+from nightcrew.adapters.news import NewsAdapters
+from nightcrew.db.database import Database
+from nightcrew.db.queries import load_queries
+from nightcrew.news.images import hydrate_image
+
+SQL = load_queries(__file__)
+
+HYDRATE_CONCURRENCY = 8
+NO_THUMBNAIL_RETRY_AGE_SECONDS = 6 * 3600
+NO_THUMBNAIL_RETRY_MAX = 20
+
+
+async def hydrate_one(adapters: NewsAdapters, url: str) -> str | None:
+    """The image of the article page at ``url``; None when there is none (or the page could
+    not be read: hydration never fails the article)."""
+    image, _ = await hydrate_image(adapters.http, url, adapters.policy)
+    return image
+
+
+async def hydrate_images(adapters: NewsAdapters, urls: list[str]) -> dict[str, str]:
+    """{url: image} of those of ``urls`` whose page has one, HYDRATE_CONCURRENCY at a time."""
+    gate = asyncio.Semaphore(HYDRATE_CONCURRENCY)
+
+    async def one(url: str) -> tuple[str, str | None]:
+        async with gate:
+            return url, await hydrate_one(adapters, url)
+
+    return {u: i for u, i in await asyncio.gather(*(one(u) for u in urls)) if i}
+
+
+async def thumbnail_retries(db: Database, shard: str, now: datetime) -> list[dict[str, Any]]:
+    """Accepted articles of ``shard`` still without a thumbnail, due another try (their last
+    try, or their creation, older than NO_THUMBNAIL_RETRY_AGE_SECONDS), least recently tried
+    first, at most NO_THUMBNAIL_RETRY_MAX."""
+    return await db.fetch(
+        SQL["retry_candidates"],
+        {
+            "shard": shard,
+            "now": now,
+            "retry_age_seconds": NO_THUMBNAIL_RETRY_AGE_SECONDS,
+            "limit": NO_THUMBNAIL_RETRY_MAX,
+        },
+    )
+
+
+async def retry_thumbnails(
+    db: Database, adapters: NewsAdapters, rows: list[dict[str, Any]], now: datetime
+) -> None:
+    """Try ``rows`` (from ``thumbnail_retries``) again: each marked tried first, so a page that
+    never answers waits out the retry age like any other."""
+    if not rows:
+        return
+    await db.execute(SQL["mark_thumbnail_attempts"], {"now": now, "ids": [r["id"] for r in rows]})
+    found = await hydrate_images(adapters, [r["url"] for r in rows])
+    for row in rows:
+        if row["url"] in found:
+            await db.execute(SQL["set_image"], {"id": row["id"], "image_url": found[row["url"]]})

@@ -1,0 +1,343 @@
+"""The inline engine: one news run of one shard, in one process, under the shard lease, calling
+spec 001's steps in the spec's order.
+
+lock → fetch RSS candidates → processed-URL lookup (Redis set + database, in bulk) → hold
+the new candidates (with each source's fetch state, in one transaction) → queued counts by
+source and shard → article count → backpressure check → extend the lease → image hydration →
+per-article AI review locks → review + translation → writes (fenced) → snapshot → report.
+When the queue or the database is over its limit the run stops before the first expensive
+step and saves a lightweight report that says why. Whatever a run does not write stays held in
+``news.candidates`` (``news/candidates.py``) and goes first next time: deferred means later.
+
+The steps are their own modules (``fetch``, ``items``, ``admission``, ``hydrate``, ``review``,
+``write``, ``snapshot``, ``leases``, ``report``), shared with the pipeline engine
+(``pipeline.py``, ``stages.py``); this module holds only the order, the shard lease, and the
+report it fills as it goes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from nightcrew.adapters.locks import Lease, LeaseBackendDown, Leases
+from nightcrew.adapters.news import NewsAdapters
+from nightcrew.adapters.processed import ProcessedUrls, ProcessedUrlsDown
+from nightcrew.adapters.reviewer import OfflineReviewer, Verdict
+from nightcrew.clock import Clock
+from nightcrew.log import event, warning
+from nightcrew.news import admission, hydrate, items, leases, review, snapshot, write
+from nightcrew.news import candidates as held_candidates
+from nightcrew.news import sources as news_sources
+from nightcrew.news.candidates import Candidate
+from nightcrew.news.fetch import feed_rules, fetch_sources
+from nightcrew.news.report import NewsReport, Trigger, save_report
+from nightcrew.news.review import MAX_REVIEW_ATTEMPTS, Reviewed, Verdicts, review_lock_name
+from nightcrew.runtime import Runtime
+
+
+async def run_shard(
+    runtime: Runtime, clock: Clock, shard: str, *, trigger: Trigger = "manual"
+) -> NewsReport:
+    started = time.perf_counter()
+    settings = runtime.settings
+    deps = runtime.news_adapters()
+    report = NewsReport(
+        shard=shard,
+        trigger=trigger,
+        redis_enabled=deps.redis_configured,
+        reviewer="offline rules" if isinstance(deps.reviewer, OfflineReviewer) else "model",
+        backpressure_queue_limit=settings.ingestion_backpressure_queue_limit,
+        backpressure_db_article_limit=settings.ingestion_backpressure_db_article_limit,
+    )
+    lease_backend, lease = await leases.acquire(
+        deps.leases,
+        deps.fallback_leases,
+        leases.shard_lock_name(shard),
+        settings.worker_lock_ttl_seconds,
+        lambda exc: _redis_failed(report, exc),
+    )
+    if lease is None:
+        report.skipped, report.locked_count = True, 1
+        report.deferred_count = await held_candidates.count_held(runtime.db, shard)
+        report.deferred_reasons.append("another run holds this shard's lock")
+        (event if trigger == "manual" else warning)(
+            "worker.shard_locked", shard=shard, trigger=trigger
+        )
+        report = _finish(report, started)
+        await _save(runtime, report, clock)
+        return report
+    # The fence comes from the shard's own counter, whichever backend granted the lease: every
+    # new holder draws a higher one, so an older holder (of either backend) is fenced out.
+    lease = replace(lease, fence=await leases.draw_fence(runtime.db, shard))
+    work = _Run(
+        runtime=runtime,
+        clock=clock,
+        deps=deps,
+        leases=lease_backend,
+        lease=lease,
+        report=report,
+        processed=deps.processed if report.redis_enabled else deps.fallback_processed,
+    )
+    try:
+        await work.run()
+    finally:
+        await lease_backend.release(lease)
+    report = _finish(report, started)
+    await _save(runtime, report, clock)
+    event(
+        "worker.run_completed",
+        **{k: v for k, v in report.to_json().items() if isinstance(v, int | bool | str)},
+    )
+    return report
+
+
+def _redis_failed(report: NewsReport, exc: LeaseBackendDown | ProcessedUrlsDown) -> None:
+    """Redis failed a call: this run says so (``redisEnabled: false``) and goes on with the
+    PostgreSQL leases and processed set its adapters provide (spec 001)."""
+    warning("worker.redis.unavailable", error=str(exc))
+    report.redis_enabled = False
+
+
+async def _save(runtime: Runtime, report: NewsReport, clock: Clock) -> None:
+    await save_report(
+        runtime.db,
+        shard=report.shard,
+        trigger=report.trigger,
+        started_at=clock.now(),
+        report=report.to_json(),
+    )
+
+
+def _finish(report: NewsReport, started: float) -> NewsReport:
+    report.duration_ms = round((time.perf_counter() - started) * 1000, 1)
+    return report
+
+
+def _tally(report: NewsReport, verdict: Verdict | None) -> None:
+    """A verdict counted in the report (a failed review is not)."""
+    if verdict is not None:
+        report.ai_reviewed_count += 1
+        if verdict.accepted:
+            report.accepted_count += 1
+        else:
+            report.rejected_count += 1
+
+
+@dataclass(kw_only=True)
+class _Run:
+    """One run of one shard, holding ``lease`` (from ``leases``: Redis, or PostgreSQL when
+    Redis failed)."""
+
+    runtime: Runtime
+    clock: Clock
+    deps: NewsAdapters
+    leases: Leases
+    lease: Lease
+    report: NewsReport
+    processed: ProcessedUrls  # Redis's set while it answers this run, then PostgreSQL's
+
+    async def run(self) -> None:
+        """Spec 001's order, one named step each."""
+        now = self.clock.now()
+        await held_candidates.adopt_queued(self.runtime.db, self.report.shard, now)
+        await self._fetch_and_hold(now)
+        await self._count_articles()
+        retries = await self._thumbnail_retries(now)
+        if await self._stopped_before_expensive_work():
+            return
+        await self._process(retries, now)
+        if self.deps.reviewer.translation_enabled:
+            await self._translate_backlog()
+        await self._publish_snapshot(now)
+
+    def _redis_failed(self, exc: LeaseBackendDown | ProcessedUrlsDown) -> None:
+        _redis_failed(self.report, exc)
+
+    async def _extend(self) -> bool:
+        """The shard lease extended (holder-only, the TTL replaced); False when it is lost —
+        and when Redis cannot be reached to say, which this run then reports."""
+        try:
+            return await self.leases.renew(
+                self.lease, self.runtime.settings.worker_lock_ttl_seconds
+            )
+        except LeaseBackendDown as exc:
+            self._redis_failed(exc)
+            return False
+
+    async def _translate_backlog(self) -> None:
+        """Summaries whose translation failed, under the same lease, extended first."""
+        db, report = self.runtime.db, self.report
+        backlog = await review.translation_backlog(
+            db, report.shard, self.runtime.settings.max_ai_reviews
+        )
+        if not backlog:
+            return
+        if not await self._extend():
+            warning("worker.redis.translation_lock_extend_failed", shard=report.shard)
+            return
+        report.translated_count += await review.translate_backlog(db, self.deps.reviewer, backlog)
+
+    async def _fetch_and_hold(self, now: datetime) -> None:
+        """Fetch every due source; look the URLs up in the Redis processed set (the database
+        looks as they are held); hold what is new with each source's fetch state; count the
+        shard's queue by source."""
+        db, deps, report = self.runtime.db, self.deps, self.report
+        due = await db.fetch(news_sources.SQL["due_sources"], {"shard": report.shard, "now": now})
+        rules = feed_rules(self.runtime.settings, deps.policy)
+        fetched = await fetch_sources(deps.http, rules, due, now)
+        self.processed, seen = await items.seen(
+            self.processed,
+            deps.fallback_processed,
+            [i.url for _, r in fetched for i in r.items],
+            self._redis_failed,
+        )
+        held = await items.hold_fetched(
+            db,
+            report.shard,
+            [(src, r, [i for i in r.items if i.url not in seen]) for src, r in fetched],
+            now,
+        )
+        report.fetch_errors.extend(held.fetch_errors)
+        report.dropped_items.extend(held.dropped_items)
+        report.write_errors.extend(held.write_errors)
+        report.queued_by_source = await held_candidates.held_by_source(db, report.shard)
+        report.queued_count = sum(report.queued_by_source.values())
+
+    async def _count_articles(self) -> None:
+        count = await admission.count_articles_inline(self.runtime.db)
+        self.report.backpressure_db_article_count = count.n
+        self.report.backpressure_db_article_count_error = count.error
+
+    async def _thumbnail_retries(self, now: datetime) -> list[dict[str, Any]]:
+        """Accepted articles still without a thumbnail, due another try — counted before the
+        backpressure stop (``retriedCount``), tried only if the run goes on."""
+        retries = await hydrate.thumbnail_retries(self.runtime.db, self.report.shard, now)
+        self.report.retried_count = len(retries)
+        return retries
+
+    async def _stopped_before_expensive_work(self) -> bool:
+        """Backpressure, then the lease extended (holder-only; the TTL replaced): either
+        failing stops the run here, every candidate held with the reason."""
+        report = self.report
+        report.deferred_reasons += admission.over_limits_inline(
+            self.runtime.settings, report.queued_count, report.backpressure_db_article_count
+        )
+        if report.deferred_reasons:
+            report.deferred_count = report.queued_count
+            await self._defer_all_but([], "; ".join(report.deferred_reasons))
+            warning(
+                "worker.backpressure.deferred", shard=report.shard, reasons=report.deferred_reasons
+            )
+            return True
+        if not await self._extend():
+            warning("worker.redis.worker_lock_extend_failed", shard=report.shard)
+            report.deferred_count = report.queued_count
+            report.deferred_reasons.append("the shard lease was lost before the expensive steps")
+            await self._defer_all_but([], report.deferred_reasons[-1])
+            return True
+        return False
+
+    async def _process(self, retries: list[dict[str, Any]], now: datetime) -> list[str]:
+        """The held candidates, oldest first up to MAX_AI_REVIEWS (what earlier runs deferred
+        goes before the new): image hydration, the no-thumbnail retries, review locks, review
+        and translation, fenced writes. The URLs written."""
+        db, report, settings = self.runtime.db, self.report, self.runtime.settings
+        to_process = await held_candidates.held(db, report.shard, settings.max_ai_reviews)
+        if report.queued_count > len(to_process):
+            report.deferred_reasons.append(f"MAX_AI_REVIEWS {settings.max_ai_reviews} reached")
+            await self._defer_all_but([c.url for c in to_process], report.deferred_reasons[-1])
+        images = await hydrate.hydrate_images(
+            self.deps, [c.url for c in to_process if not c.item.image_url]
+        )
+        await hydrate.retry_thumbnails(db, self.deps, retries, now)
+        written = await self._review_and_write(to_process, images)
+        report.deferred_count = await held_candidates.count_held(db, report.shard)
+        self.processed = await items.mark_processed(
+            self.processed, self.deps.fallback_processed, written, self._redis_failed
+        )
+        return written
+
+    async def _publish_snapshot(self, now: datetime) -> None:
+        """The public snapshot — only while this holder's fence is still the newest."""
+        db, report = self.runtime.db, self.report
+        if not await leases.holds_fence(db, report.shard, self.lease.fence):
+            raise leases.StaleLease(f"shard {report.shard}: a newer lease holder has written")
+        await snapshot.publish_snapshot(db, self.runtime.store, report.shard, now)
+
+    async def _defer_all_but(self, taken: list[str], reason: str) -> None:
+        await held_candidates.defer_all_but(
+            self.runtime.db, self.report.shard, taken, reason, self.clock.now()
+        )
+
+    async def _defer(self, queue: list[Candidate], reason: str, *, attempted: bool = False) -> None:
+        await held_candidates.defer(
+            self.runtime.db, [c.url for c in queue], reason, self.clock.now(), attempted=attempted
+        )
+
+    async def _review_and_write(
+        self, to_process: list[Candidate], images: dict[str, str]
+    ) -> list[str]:
+        db, deps, report, settings = self.runtime.db, self.deps, self.report, self.runtime.settings
+        names = {c.url: review_lock_name(c.url) for c in to_process}
+        lock_leases, locks = await leases.acquire_many(
+            self.leases,
+            deps.fallback_leases,
+            list(names.values()),
+            settings.ai_review_lock_ttl_seconds,
+            self._redis_failed,
+        )
+        try:
+            held = [c for c in to_process if names[c.url] in locks]
+            report.redis_ai_review_lock_skipped_count += len(to_process) - len(held)
+            await self._defer(
+                [c for c in to_process if names[c.url] not in locks],
+                "another run is reviewing it",
+            )
+            # Processed since our look-up (another shard, a run whose lease ran out)? Drop it:
+            # the review lock only says nobody is reviewing it *now*.
+            done = await review.written_among(db, [c.url for c in held])
+            await held_candidates.drop(db, sorted(done))
+            verdicts: Verdicts = []
+            transient: list[Candidate] = []
+            last_extend = time.monotonic()
+            pending = [c for c in held if c.url not in done]
+            for index, candidate in enumerate(pending):
+                if candidate.reviewed:  # the pipeline's review stage judged it already
+                    verdicts.append(Reviewed(candidate, candidate.verdict, candidate.translation))
+                    continue
+                if time.monotonic() - last_extend > settings.worker_lock_ttl_seconds / 3:
+                    # a long review batch keeps its shard lease alive
+                    if not await self._extend():
+                        warning("worker.redis.worker_lock_extend_failed", shard=report.shard)
+                        report.deferred_reasons.append("the shard lease was lost during review")
+                        await self._defer(pending[index:], report.deferred_reasons[-1])
+                        break
+                    last_extend = time.monotonic()
+                verdict, translation, failed_for_now = await review.review_item(
+                    deps.reviewer, candidate.item
+                )
+                _tally(report, verdict)
+                if failed_for_now and candidate.attempts + 1 < MAX_REVIEW_ATTEMPTS:
+                    transient.append(candidate)  # held: the next run reviews it again
+                    continue
+                # (a model that failed for it MAX_REVIEW_ATTEMPTS runs in a row: written as
+                # unreviewed, so one article cannot take a review slot of every run forever)
+                verdicts.append(Reviewed(candidate, verdict, translation))
+            if transient:
+                report.deferred_reasons.append(
+                    f"{len(transient)} reviews failed for now; retried next run"
+                )
+                await self._defer(transient, "the model failed for now", attempted=True)
+
+            # 10. writes, fenced
+            written = await write.write_reviewed(
+                db, report.shard, self.lease.fence, verdicts, images, self.clock.now()
+            )
+            report.write_errors.extend(written.write_errors)
+        finally:
+            await lock_leases.release_many(list(locks.values()))
+        report.processed_count = len(written.urls)
+        return written.urls

@@ -1,0 +1,216 @@
+"""Items: what a fetch found that is new, and holding it until it is written.
+
+New means not seen before. Each engine decides it its own way today, side by side here (issue
+23 unifies them):
+
+* the inline run looks every fetched URL up in the processed-URL set (Redis's, PostgreSQL's
+  once Redis fails: ``seen``), records the URLs it wrote there (``mark_processed``), and holds
+  the new items in ``news.candidates`` with each source's fetch state in one transaction
+  (``hold_fetched``);
+* the pipeline keeps a per-source watermark — the newest believable date handed on and the
+  URLs dated exactly then (``past_watermark``, ``new_watermark``) — and holds the items at
+  their first stage, queued with their messages or held with the reason (``hold_staged``).
+
+Either way the database de-duplicates by URL as items are held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from nightcrew.adapters.processed import ProcessedUrls, ProcessedUrlsDown
+from nightcrew.db.database import Database, QueryError, Tx
+from nightcrew.db.queries import load_queries
+from nightcrew.log import describe_error, warning
+from nightcrew.news import candidates as held_candidates
+from nightcrew.news import sources as news_sources
+from nightcrew.news.candidates import Fetched, refused_for_its_data
+from nightcrew.news.fetch import FeedItem, FetchResult
+
+SQL = load_queries(__file__)
+
+# A date this far ahead of now is not believed for the watermark (a hostile or broken feed
+# dated 2099 must not hide every later entry); such an item is de-duplicated by its URL.
+FUTURE_TOLERANCE = timedelta(days=1)
+
+ProcessedDown = Callable[[ProcessedUrlsDown], None]
+
+
+# --- the inline run's ----------------------------------------------------------------------------
+async def seen(
+    processed: ProcessedUrls, fallback: ProcessedUrls, urls: list[str], on_down: ProcessedDown
+) -> tuple[ProcessedUrls, set[str]]:
+    """Which of ``urls`` were processed before, from ``processed`` — or, when Redis fails
+    (``on_down`` is told first), from ``fallback``: the database still knows. Returns the set
+    that answered, for the rest of the run."""
+    try:
+        return processed, await processed.seen(urls)
+    except ProcessedUrlsDown as exc:  # Redis went away mid-run: the database still knows
+        on_down(exc)
+        return fallback, await fallback.seen(urls)
+
+
+async def mark_processed(
+    processed: ProcessedUrls, fallback: ProcessedUrls, urls: list[str], on_down: ProcessedDown
+) -> ProcessedUrls:
+    """``urls`` (just written) added to ``processed``. When Redis fails the written articles
+    are the record PostgreSQL's set reads, so nothing is added elsewhere; returns the set for
+    the rest of the run."""
+    if not urls:
+        return processed
+    try:
+        await processed.add(urls)
+    except ProcessedUrlsDown as exc:  # the articles are written: that is the record
+        on_down(exc)
+        return fallback
+    return processed
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Held:
+    """What holding a run's fetches left to report (spec 001's ``fetchErrors``,
+    ``droppedItems`` and the items refused for their own data, ``writeErrors``)."""
+
+    fetch_errors: list[dict[str, Any]]
+    dropped_items: list[dict[str, Any]]
+    write_errors: list[dict[str, Any]]
+
+
+def _hold_error(exc: QueryError) -> str:
+    return f"could not hold its items: {describe_error(exc)}"
+
+
+async def hold_fetched(
+    db: Database,
+    shard: str,
+    fetched: list[Fetched],
+    now: datetime,
+) -> Held:
+    """Failures recorded one by one (each may park its source); successes and their new items
+    in one transaction — or, if the database refuses that, source by source and then item by
+    item, so only an item the database cannot store is lost (reported in ``writeErrors``)."""
+    fetch_errors: list[dict[str, Any]] = []
+    dropped: list[dict[str, Any]] = []
+    write_errors: list[dict[str, Any]] = []
+    for source, result, _ in fetched:
+        if result.outcome in ("failed", "retry_later"):
+            fetch_errors.append({"source": source["name"], "error": result.error})
+            await news_sources.record_fetch(db, source, result, now)
+        for reason, count in result.dropped.items():
+            dropped.append({"source": source["name"], "reason": reason, "count": count})
+    try:
+        await held_candidates.record_and_hold(db, shard, fetched, now)
+        return Held(fetch_errors=fetch_errors, dropped_items=dropped, write_errors=[])
+    except QueryError as exc:
+        warning("worker.hold_batch_failed", shard=shard, error=describe_error(exc))
+    for source, result, items in fetched:
+        try:
+            await held_candidates.record_and_hold(db, shard, [(source, result, items)], now)
+        except QueryError as exc:
+            warning("worker.hold_source_failed", source=source["name"], error=str(exc))
+            await _hold_one_by_one(
+                db, shard, (source, result, items), now, fetch_errors, write_errors
+            )
+    return Held(fetch_errors=fetch_errors, dropped_items=dropped, write_errors=write_errors)
+
+
+async def _hold_one_by_one(
+    db: Database,
+    shard: str,
+    fetch: Fetched,
+    now: datetime,
+    fetch_errors: list[dict[str, Any]],
+    write_errors: list[dict[str, Any]],
+) -> None:
+    """Each item in its own statement; the fetch state last, and only when every item is held
+    or refused for its own data — a failure that is nobody's item (a timeout, a full disk)
+    leaves the state unsaved, so the next run fetches the items again."""
+    source, result, items = fetch
+    for item in items:
+        try:
+            await held_candidates.hold(db, shard, [(source["id"], item)], now)
+        except QueryError as exc:
+            if not refused_for_its_data(exc):
+                fetch_errors.append({"source": source["name"], "error": _hold_error(exc)})
+                await news_sources.record_fetch(
+                    db, source, FetchResult(outcome="failed", error=_hold_error(exc)), now
+                )
+                return
+            write_errors.append({"url": item.url, "error": describe_error(exc)})
+            warning("worker.hold_rejected", url=item.url, error=describe_error(exc))
+    try:
+        await held_candidates.record(db, [(source, result, items)], now)
+    except QueryError as exc:  # its items are held; only the 304 is lost: fetched again
+        fetch_errors.append({"source": source["name"], "error": _hold_error(exc)})
+
+
+# --- the pipeline's ------------------------------------------------------------------------------
+def _believed(published: datetime | None, now: datetime) -> datetime | None:
+    return published if published is not None and published <= now + FUTURE_TOLERANCE else None
+
+
+def past_watermark(
+    items: list[FeedItem], mark_at: datetime | None, mark_urls: list[str], now: datetime
+) -> list[FeedItem]:
+    """The items newer than what this source already handed on. An undated item (or one dated
+    in the future) always passes: the database de-duplicates it by URL."""
+    if mark_at is None:
+        return items
+    seen = set(mark_urls)
+    kept = []
+    for item in items:
+        at = _believed(item.published, now)
+        if at is None or at > mark_at or (at == mark_at and item.url not in seen):
+            kept.append(item)
+    return kept
+
+
+def new_watermark(
+    items: list[FeedItem], mark_at: datetime | None, mark_urls: list[str], now: datetime
+) -> tuple[datetime | None, list[str]]:
+    """The newest believable date among the items, and the URLs dated exactly then."""
+    dated = [(at, i.url) for i in items if (at := _believed(i.published, now)) is not None]
+    if not dated:
+        return mark_at, mark_urls
+    newest = max(at for at, _ in dated)
+    if mark_at is not None and newest < mark_at:
+        return mark_at, mark_urls
+    urls = {url for at, url in dated if at == newest}
+    if mark_at == newest:
+        urls |= set(mark_urls)
+    return newest, sorted(urls)
+
+
+async def hold_staged(
+    tx: Tx,
+    *,
+    shard: str,
+    source_id: int,
+    items: list[FeedItem],
+    stages: list[str],
+    states: list[str],
+    reasons: list[str],
+    now: datetime,
+) -> list[dict[str, Any]]:
+    """A fetch's new items, each at its first stage (``stages``), ``queued`` (with its message
+    in the outbox) or ``held`` with the reason, minus what is written or already a candidate.
+    The outbox rows to send once ``tx`` commits."""
+    return await tx.fetch(
+        SQL["hold_staged"],
+        {
+            "shard": shard,
+            "now": now,
+            "urls": [i.url for i in items],
+            "source_ids": [source_id] * len(items),
+            "titles": [i.title for i in items],
+            "summaries": [i.summary for i in items],
+            "images": [i.image_url for i in items],
+            "published": [i.published for i in items],
+            "stages": stages,
+            "states": states,
+            "reasons": reasons,
+        },
+    )

@@ -1,0 +1,84 @@
+"""Leases and fences, for both engines.
+
+A lease keeps a second worker off work that is under way: the inline run's shard lease (and its
+per-article review locks, ``review.review_lock_name``), the pipeline's stage leases. Each is
+taken from the configured backend (Redis) and from PostgreSQL's when Redis fails (spec 001).
+A fence keeps out the *results* of a holder whose lease ran out: every new holder of a shard
+draws a higher fence, and a write goes in only under a fence at least as new as any used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+from nightcrew.adapters.locks import Lease, LeaseBackendDown, Leases, with_fallback
+from nightcrew.db.database import Database, Tx
+from nightcrew.db.queries import load_queries
+from nightcrew.errors import NightcrewError
+from nightcrew.log import describe_error, warning
+
+SQL = load_queries(__file__)
+
+RedisFailed = Callable[[LeaseBackendDown], None]
+
+
+class StaleLease(NightcrewError):
+    """A newer holder of the shard has written: this run's writes are refused (inline)."""
+
+
+class Superseded(NightcrewError):
+    """A newer holder took the candidate (its fence moved on): this result is not saved
+    (pipeline)."""
+
+
+def shard_lock_name(shard: str) -> str:
+    return f"news:shard:{shard}"
+
+
+def stage_lease_name(stage: str, key: str) -> str:
+    """A pipeline stage's lease on one candidate (or source): hashed, so a URL of any length
+    makes a short key."""
+    return f"news:{stage}:" + hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+async def acquire(
+    leases: Leases, fallback: Leases, name: str, ttl: float, on_redis_failed: RedisFailed
+) -> tuple[Leases, Lease | None]:
+    """One lease from ``leases``, or from ``fallback`` (PostgreSQL's) when Redis fails —
+    ``on_redis_failed`` is told. Returns the leases that answered: renew and release go there."""
+    return await with_fallback(
+        leases, fallback, lambda backend: backend.acquire(name, ttl), on_redis_failed
+    )
+
+
+async def acquire_many(
+    leases: Leases, fallback: Leases, names: list[str], ttl: float, on_redis_failed: RedisFailed
+) -> tuple[Leases, dict[str, Lease]]:
+    """As ``acquire``, for many names at once: {name: lease} of those granted."""
+    return await with_fallback(
+        leases, fallback, lambda backend: backend.acquire_many(names, ttl), on_redis_failed
+    )
+
+
+async def release_quietly(leases: Leases, lease: Lease) -> None:
+    """A lease that cannot be released now (its backend is down) simply runs out its TTL.
+    (The pipeline's stages release this way; the inline run lets a failed release raise.)"""
+    try:
+        await leases.release(lease)
+    except (NightcrewError, LeaseBackendDown) as exc:
+        warning("news.lease_release_failed", lease=lease.name, error=describe_error(exc))
+
+
+async def draw_fence(db: Database, shard: str) -> int:
+    """A new holder's fence for ``shard``: higher than any drawn before, whichever backend
+    granted its lease, so an older holder (of either backend) is fenced out."""
+    row = await db.fetch_one(SQL["draw_fence"], {"shard": shard})
+    assert row is not None  # INSERT … ON CONFLICT DO UPDATE … RETURNING always yields the row
+    return int(row["fence"])
+
+
+async def holds_fence(db: Database | Tx, shard: str, fence: int) -> bool:
+    """Whether ``fence`` is still at least the newest any writer of ``shard`` has used (and
+    records it as used): False means a newer holder has written."""
+    return await db.fetch_one(SQL["claim_fence"], {"shard": shard, "fence": fence}) is not None

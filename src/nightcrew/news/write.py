@@ -1,0 +1,152 @@
+"""Write: reviewed candidates become articles (and their reviews), only under a fence at
+least as new as any writer's (``leases.py``), so a holder whose lease ran out writes nothing.
+A URL already written is left as it is: writes are idempotent on the normalised URL.
+
+Both engines write through ``insert_articles``; around it each has its own transaction today
+(to be unified, issue 23): the inline run a batch under the shard's fence, falling back to one
+article per transaction so only the article the database refuses is lost
+(``write_reviewed``); the pipeline's write stage one candidate under the fence its worker drew
+(``write_candidate``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from nightcrew.db.database import Database, QueryError, Tx, json_param
+from nightcrew.db.queries import load_queries
+from nightcrew.log import describe_error, warning
+from nightcrew.news import candidates as held_candidates
+from nightcrew.news import snapshot
+from nightcrew.news.candidates import refused_for_its_data
+from nightcrew.news.leases import StaleLease, Superseded, holds_fence
+from nightcrew.news.review import Reviewed, Verdicts
+
+SQL = load_queries(__file__)
+
+
+async def insert_articles(
+    tx: Tx, shard: str, fence: int, verdicts: Verdicts, images: dict[str, str], now: datetime
+) -> dict[str, int]:
+    """The articles (a URL already written is left as it is) and, for those written now, their
+    reviews; {url: article id} of the articles written now."""
+    items = [r.candidate.item for r in verdicts]
+    rows = await tx.fetch(
+        SQL["insert_articles"],
+        {
+            "shard": shard,
+            "fence": fence,
+            "now": now,
+            "urls": [i.url for i in items],
+            "source_ids": [r.candidate.source_id for r in verdicts],
+            "titles": [i.title or i.url for i in items],
+            "summaries": [i.summary for i in items],
+            "images": [i.image_url or images.get(i.url) for i in items],
+            "published": [i.published for i in items],
+            "statuses": [r.status for r in verdicts],
+        },
+    )
+    ids = {r["url"]: int(r["id"]) for r in rows}
+    reviewed = [
+        (ids[r.url], r.verdict, r.translation)
+        for r in verdicts
+        if r.verdict is not None and r.url in ids
+    ]
+    if reviewed:
+        await tx.execute(
+            SQL["insert_reviews"],
+            {
+                "now": now,
+                "article_ids": [a for a, _, _ in reviewed],
+                "reviewers": [v.reviewer for _, v, _ in reviewed],
+                "accepted": [v.accepted for _, v, _ in reviewed],
+                "reasons": json_param([v.reasons for _, v, _ in reviewed]),
+                "summaries": [v.summary for _, v, _ in reviewed],
+                "translations": [t for _, _, t in reviewed],
+            },
+        )
+    return ids
+
+
+# --- the inline run's ----------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Written:
+    urls: list[str]  # the articles written now (processedCount)
+    write_errors: list[dict[str, Any]]  # {"url", "error"}: refused for their own data
+
+
+async def write_reviewed(
+    db: Database,
+    shard: str,
+    fence: int,
+    verdicts: Verdicts,
+    images: dict[str, str],
+    now: datetime,
+) -> Written:
+    """Fenced writes, in one transaction when they all go in; when the batch is refused, one
+    transaction per article, so only the article the database cannot store is rejected (and
+    reported with the reason); one that failed for another reason (a timeout, a deadlock) is
+    held for the next run. A holder whose lease expired (and whose shard a newer holder has
+    since written) gets StaleLease and writes nothing."""
+    if not verdicts:
+        return Written(urls=[], write_errors=[])
+    try:
+        urls = await _write_batch(db, shard, fence, verdicts, images, now)
+        return Written(urls=urls, write_errors=[])
+    except QueryError as exc:
+        warning("worker.write_batch_failed", shard=shard, error=describe_error(exc))
+    written: list[str] = []
+    errors: list[dict[str, Any]] = []
+    for verdict in verdicts:
+        try:
+            written += await _write_batch(db, shard, fence, [verdict], images, now)
+        except QueryError as exc:
+            url = verdict.url
+            if not refused_for_its_data(exc):
+                # a timeout, a deadlock, a full disk: not this article's fault — held, retried
+                warning("worker.write_deferred", url=url, error=describe_error(exc))
+                await held_candidates.defer(
+                    db, [url], f"write failed for now: {describe_error(exc)}", now, attempted=True
+                )
+                continue
+            errors.append({"url": url, "error": describe_error(exc)})
+            warning("worker.write_rejected", url=url, error=describe_error(exc))
+            await held_candidates.reject(db, url, describe_error(exc), now)
+    return Written(urls=written, write_errors=errors)
+
+
+async def _write_batch(
+    db: Database,
+    shard: str,
+    fence: int,
+    verdicts: Verdicts,
+    images: dict[str, str],
+    now: datetime,
+) -> list[str]:
+    async with db.transaction() as tx:
+        if not await holds_fence(tx, shard, fence):
+            raise StaleLease(f"shard {shard}: a newer lease holder has written")
+        ids = await insert_articles(tx, shard, fence, verdicts, images, now)
+        # written now, or already (ON CONFLICT): either way no longer a candidate
+        await held_candidates.drop(tx, [r.url for r in verdicts])
+    return [r.url for r in verdicts if r.url in ids]
+
+
+# --- the pipeline's ------------------------------------------------------------------------------
+async def write_candidate(
+    db: Database, shard: str, fence: int, reviewed: Reviewed, now: datetime
+) -> dict[str, int]:
+    """One candidate's article and review, its candidate row gone and its shard's snapshot
+    marked stale, in one transaction — only under ``fence`` (else Superseded: a newer worker
+    took it). {url: article id} when written now; empty when it was written already."""
+    async with db.transaction() as tx:
+        ids = await insert_articles(tx, shard, fence, [reviewed], {}, now)
+        gone = await tx.fetch_one(
+            SQL["drop_written_candidate"], {"url": reviewed.url, "fence": fence}
+        )
+        if gone is None:
+            raise Superseded(f"{reviewed.url}: taken over while being written")
+        await snapshot.mark_stale(tx, shard, now)
+    return ids

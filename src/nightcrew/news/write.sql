@@ -1,0 +1,27 @@
+-- Writing articles and their reviews (write.py).
+
+-- name: insert_articles
+INSERT INTO news.articles (url, source_id, shard, title, summary, image_url, published_at,
+                           status, fence, created_at)
+SELECT a.url, a.source_id, %(shard)s, a.title, a.summary, a.image_url, a.published_at,
+       a.status, %(fence)s, %(now)s
+  FROM unnest(%(urls)b::text[], %(source_ids)b::bigint[], %(titles)b::text[],
+              %(summaries)b::text[], %(images)b::text[], %(published)b::timestamptz[],
+              %(statuses)b::text[])
+       AS a (url, source_id, title, summary, image_url, published_at, status)
+ON CONFLICT (url) DO NOTHING
+RETURNING id, url;
+
+-- name: insert_reviews
+-- The reasons come as one JSON array (one document, not one parameter per review).
+INSERT INTO news.reviews (article_id, reviewer, accepted, reasons, summary, translation,
+                          created_at)
+SELECT r.article_id, r.reviewer, r.accepted, x.reasons, r.summary, r.translation, %(now)s
+  FROM unnest(%(article_ids)b::bigint[], %(reviewers)b::text[], %(accepted)b::boolean[],
+              %(summaries)b::text[], %(translations)b::text[])
+       WITH ORDINALITY AS r (article_id, reviewer, accepted, summary, translation, n)
+  JOIN jsonb_array_elements(%(reasons)s::jsonb) WITH ORDINALITY AS x (reasons, n) USING (n);
+
+-- name: drop_written_candidate
+-- The pipeline's write stage: its candidate, gone with the article's write (under its fence).
+DELETE FROM news.candidates WHERE url = %(url)s AND fence = %(fence)s RETURNING url;
