@@ -14,16 +14,23 @@ import httpx
 
 from nightcrew.adapters.addresses import AddressPolicy, UntrustedHttp, new_client
 from nightcrew.adapters.broker import PipelineBroker
-from nightcrew.adapters.locks import Leases, PostgresLeases, RedisLeases
+from nightcrew.adapters.locks import Leases, PairedLeases, PostgresLeases
 from nightcrew.adapters.processed import (
     PostgresProcessedUrls,
     ProcessedUrls,
     RedisProcessedUrls,
 )
+from nightcrew.adapters.redis_breaker import RedisBreaker
 from nightcrew.adapters.reviewer import Reviewer, make_reviewer
 from nightcrew.clock import Clock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
+
+# Redis answers in well under a millisecond on a LAN and in tens over the internet (Upstash):
+# a second is a Redis in trouble. Short, because every call of a run may pay it once before
+# the circuit breaker opens.
+REDIS_CONNECT_TIMEOUT_SECONDS = 1.0
+REDIS_TIMEOUT_SECONDS = 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +45,9 @@ class NewsAdapters:
     reviewer: Reviewer
     policy: AddressPolicy
     pipeline: PipelineBroker | None = None  # NEWS_PIPELINE=rabbitmq: the stage queues
+    # the process's Redis circuit breaker (None without Redis): a run that saw it fail since
+    # its start reports redisEnabled: false
+    redis_breaker: RedisBreaker | None = None
 
     @property
     def redis_configured(self) -> bool:
@@ -54,18 +64,37 @@ def news_adapters(
     redis: Any = None,
     pipeline: PipelineBroker | None = None,
 ) -> NewsAdapters:
-    """The adapters over ``redis`` (a client) when given, else PostgreSQL alone."""
+    """The adapters over ``redis`` (a client) when given, else PostgreSQL alone.
+
+    Leases have one authority, PostgreSQL: with Redis they are PairedLeases (decided in
+    ``nightcrew.leases``, copied to Redis), so a lease is never held in two places that cannot
+    see each other, whatever Redis does mid-run. Redis stays the processed-URL set's fast path.
+    One circuit breaker per process serves both: after a Redis failure neither calls Redis for
+    a while, and no call waits out a timeout against a Redis that is gone."""
     fallback_leases = PostgresLeases(db, clock)
     fallback_processed = PostgresProcessedUrls(db)
+    if redis is None:
+        return NewsAdapters(
+            leases=fallback_leases,
+            processed=fallback_processed,
+            fallback_leases=fallback_leases,
+            fallback_processed=fallback_processed,
+            http=http,
+            reviewer=reviewer,
+            policy=policy,
+            pipeline=pipeline,
+        )
+    breaker = RedisBreaker()
     return NewsAdapters(
-        leases=RedisLeases(redis) if redis is not None else fallback_leases,
-        processed=RedisProcessedUrls(redis) if redis is not None else fallback_processed,
+        leases=PairedLeases(fallback_leases, redis, breaker),
+        processed=RedisProcessedUrls(redis, breaker=breaker),
         fallback_leases=fallback_leases,
         fallback_processed=fallback_processed,
         http=http,
         reviewer=reviewer,
         policy=policy,
         pipeline=pipeline,
+        redis_breaker=breaker,
     )
 
 
@@ -88,7 +117,9 @@ async def open_news_adapters(
         import redis.asyncio as aioredis
 
         redis = aioredis.from_url(  # type: ignore[no-untyped-call]
-            settings.redis_url, socket_connect_timeout=2, socket_timeout=5
+            settings.redis_url,
+            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_SECONDS,
+            socket_timeout=REDIS_TIMEOUT_SECONDS,
         )
     if policy is None:
         policy = AddressPolicy.parse(settings.news_allowed_private_hosts)

@@ -380,7 +380,14 @@ async def write(ctx: StageContext, body: dict[str, Any]) -> Outcome:
     candidate = taken.candidate
     reviewed = Reviewed(candidate, candidate.verdict, candidate.translation)
     try:
-        ids = await write_candidate(db, taken.shard, taken.fence, reviewed, now)
+        ids = await write_candidate(
+            db,
+            taken.shard,
+            taken.fence,
+            reviewed,
+            now,
+            processed=ctx.runtime.news_adapters().processed,
+        )
     except Superseded:
         return Outcome("skipped", {"url": url, "why": "taken over meanwhile"})
     except QueryError as exc:

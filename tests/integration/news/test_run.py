@@ -85,8 +85,8 @@ def site(
 def deps_for(db: Database, clock: FrozenClock, http: UntrustedHttp, **kw: Any) -> NewsAdapters:
     """The news adapters a test runtime gets (``replace(runtime, news=...)``): PostgreSQL
     leases, the offline reviewer and the loopback policy unless a test says otherwise;
-    ``redis=`` a client makes it the processed-URL set (the leases stay PostgreSQL's unless
-    ``leases=`` says otherwise)."""
+    ``redis=`` a client assembles them as production does with Redis (PostgreSQL's leases
+    copied to Redis, Redis's processed-URL set); ``leases=`` replaces the leases."""
     leases = kw.pop("leases", None)
     deps = news_adapters(
         db,
@@ -97,7 +97,7 @@ def deps_for(db: Database, clock: FrozenClock, http: UntrustedHttp, **kw: Any) -
         redis=kw.pop("redis", None),
         **kw,
     )
-    return replace(deps, leases=leases or deps.fallback_leases)
+    return replace(deps, leases=leases) if leases is not None else deps
 
 
 def runtime_for(db: Database, clock: FrozenClock, url: str, **env: str) -> Runtime:
@@ -330,7 +330,6 @@ async def test_with_real_redis_the_processed_set_and_locks_are_used(
 
     import redis.asyncio as aioredis
 
-    from nightcrew.adapters.locks import RedisLeases
     from nightcrew.adapters.processed import PROCESSED_SET
 
     client = aioredis.from_url(REDIS_URL)
@@ -338,22 +337,23 @@ async def test_with_real_redis_the_processed_set_and_locks_are_used(
     site(feed_server, {"/feeds/r": rss(feed_server.url, 2, prefix=shard)})
     await add_source(db, url=feed_server.url + "/feeds/r", name="R", shard=shard, now=NOW)
     try:
-        held = await RedisLeases(client).acquire(shard_lock_name(shard), 30)
+        other = deps_for(db, clock, http, redis=client).leases  # another process's
+        held = await other.acquire(shard_lock_name(shard), 30)
         assert held is not None
+        assert await client.get(shard_lock_name(shard)) == held.token.encode()  # the copy
         locked = await run_shard(
             replace(
-                runtime_for(db, clock, fresh_db_url),
-                news=deps_for(db, clock, http, leases=RedisLeases(client), redis=client),
+                runtime_for(db, clock, fresh_db_url), news=deps_for(db, clock, http, redis=client)
             ),
             clock,
             shard,
         )
         assert locked.skipped and locked.locked_count == 1 and locked.redis_enabled
-        await RedisLeases(client).release(held)
+        await other.release(held)
         done = await run_shard(
             replace(
                 runtime_for(db, clock, fresh_db_url),
-                news=deps_for(db, clock, http, leases=RedisLeases(client), redis=client),
+                news=deps_for(db, clock, http, redis=client),
             ),
             clock,
             shard,
@@ -560,8 +560,6 @@ async def test_two_runs_started_together_on_redis_one_processes_one_is_locked(
 
     import redis.asyncio as aioredis
 
-    from nightcrew.adapters.locks import RedisLeases
-
     client = aioredis.from_url(REDIS_URL)
     shard = f"t-{uuid.uuid4().hex[:6]}"
     site(feed_server, {"/feeds/t": rss(feed_server.url, 3, prefix=shard)}, slow=0.5)
@@ -572,7 +570,7 @@ async def test_two_runs_started_together_on_redis_one_processes_one_is_locked(
                 run_shard(
                     replace(
                         runtime_for(db, clock, fresh_db_url),
-                        news=deps_for(db, clock, http, leases=RedisLeases(client), redis=client),
+                        news=deps_for(db, clock, http, redis=client),
                     ),
                     clock,
                     shard,
