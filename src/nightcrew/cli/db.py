@@ -12,7 +12,7 @@ from nightcrew.cli.common import (
     _settings,
     db_app,
 )
-from nightcrew.db.contract import check_schema
+from nightcrew.db.check import check_schema
 from nightcrew.db.migrate import migrate
 from nightcrew.runtime import open_database
 

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from nightcrew.db.contract import TABLES, check_schema
+from nightcrew.db.check import check_schema
+from nightcrew.db.contract import TABLES
 from nightcrew.db.database import Database
 from nightcrew.db.migrate import Migration, discover_migrations, migrate
 from nightcrew.errors import MigrationError
