@@ -86,9 +86,11 @@ class Settings(BaseSettings):
     news_queue_prefix: Annotated[
         str, Field(alias="NEWS_QUEUE_PREFIX", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}$")
     ] = "news"
+    # the pipeline's stage leases (fetch, enrich, review), renewed every third of it while the
+    # work runs: a dead worker's candidates are taken over within this long (issue 23)
     news_stage_lease_seconds: Annotated[
         int, Field(alias="NEWS_STAGE_LEASE_SECONDS", ge=5, le=86400)
-    ] = 300
+    ] = 30
     news_snapshot_debounce_seconds: Annotated[
         float, Field(alias="NEWS_SNAPSHOT_DEBOUNCE_SECONDS", gt=0, le=3600)
     ] = 5.0

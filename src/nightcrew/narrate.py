@@ -145,20 +145,36 @@ def daily_sentences(report: dict[str, Any], name: Name = short_name) -> list[str
 
 
 def news_sentences(stored: Any) -> list[str]:
-    """A news shard run (inline) or pass (pipeline)."""
+    """A news shard run (inline) or pass (pipeline): one report, the same fields either way
+    (a pass's counts are the workers' results since the shard's previous report)."""
     report = _d(stored)
-    if report.get("skipped") is True:
+    status = report.get("status")
+    if report.get("skipped") is True or status == "skipped":
         return [f"skipped: {report.get('reason') or 'another worker held the shard'}."]
-    lines = [
-        f"{_n(report.get('queuedCount'))} new story(ies) found, "
-        f"{_n(report.get('processedCount'))} written, {_n(report.get('acceptedCount'))} accepted, "
-        f"{_n(report.get('rejectedCount'))} rejected.",
-    ]
+    lines: list[str] = []
+    if status == "superseded":
+        lines.append(
+            "superseded: a newer holder of the shard's lease wrote first, so this run stopped"
+            " (not a failure); what it did not write waits for the newer one."
+        )
+    window = " by the workers since the last report" if report.get("pipeline") == "rabbitmq" else ""
+    lines.append(
+        f"{_n(report.get('queuedCount'))} story(ies) waiting, "
+        f"{_n(report.get('processedCount'))} written{window}, "
+        f"{_n(report.get('acceptedCount'))} accepted, "
+        f"{_n(report.get('rejectedCount'))} rejected."
+    )
+    if translated := _n(report.get("translatedCount")):
+        lines.append(f"{translated} summary(ies) translated.")
     if deferred := _n(report.get("deferredCount")):
         reasons = ", ".join(str(r) for r in _l(report.get("deferredReasons"))) or "no reason given"
         lines.append(f"{deferred} deferred to a later run ({reasons}); nothing is dropped.")
     if errors := _l(report.get("fetchErrors")):
         lines.append(f"{len(errors)} feed(s) could not be fetched.")
+    if dropped := sum(_n(_d(d).get("count")) for d in _l(report.get("droppedItems"))):
+        lines.append(f"{dropped} feed item(s) dropped: their link cannot be kept.")
+    if refused := _l(report.get("writeErrors")):
+        lines.append(f"{len(refused)} article(s) refused by the database (kept as rejected).")
     return lines
 
 

@@ -95,7 +95,7 @@ def test_a_pass_a_worker_and_sigterm_from_the_command_line(
                 assert added.returncode == 0, added.stderr
             passed = run("news", "run", "--shard", "s", env=env)
             assert passed.returncode == 0, passed.stderr
-            assert "pass done" in passed.stdout and "enqueuedSources" in passed.stdout
+            assert "pass done" in passed.stdout and "sources enqueued" in passed.stdout
             worker = subprocess.Popen(
                 [_nightcrew(), "news", "worker", "--concurrency", "2"],
                 env=env,

@@ -1,6 +1,9 @@
-"""A message that kills its worker every time: no worker lives to fail it, so RabbitMQ's own
-delivery limit (x-delivery-limit = NEWS_MAX_DELIVERIES) dead-letters it; `news dlq list` shows
-it, and `news dlq replay` re-drives it once the cause is gone. Meanwhile the queue flows."""
+"""A message that kills its worker every time before its stage takes anything (no lease, no
+attempt counted in PostgreSQL): no worker lives to fail it, so RabbitMQ's own delivery limit
+(x-delivery-limit = NEWS_MAX_DELIVERIES) — the backstop — dead-letters it; `news dlq list` shows
+it, and `news dlq replay` re-drives it once the cause is gone. Meanwhile the queue flows. (One
+that kills its worker mid-stage, lease held and attempt counted, is
+test_news_pipeline_attempts.py's.)"""
 
 from __future__ import annotations
 

@@ -138,13 +138,21 @@ class FeedFarm(_Server):
 class ModelStandIn(_Server):
     """An OpenAI-compatible chat-completions endpoint that accepts every article after
     ``delay`` seconds, and counts the reviews it was asked for, per article URL (``fail``
-    answers 500 to the URLs in it)."""
+    answers 500 to the URLs in it). With a ``summary``, each verdict carries it, so the worker
+    asks for its translation too: those answered are counted in ``translations``, not
+    ``reviews`` (``fail_first_translation``: the first request for each text answers 500)."""
 
-    def __init__(self, delay: float = 0.1) -> None:
+    def __init__(
+        self, delay: float = 0.1, *, summary: str = "", fail_first_translation: bool = False
+    ) -> None:
         super().__init__()
         self.delay = delay
+        self.summary = summary
+        self.fail_first_translation = fail_first_translation
         self.reviews: Counter[str] = Counter()
         self.answered: Counter[str] = Counter()
+        self.translation_requests: Counter[str] = Counter()
+        self.translations = 0
         self.fail: set[str] = set()
 
     @property
@@ -156,6 +164,13 @@ class ModelStandIn(_Server):
             return 404, "text/plain", b"not found"
         request = json.loads(body)
         user = request["messages"][-1]["content"]
+        if request["messages"][0]["content"].startswith("Translate"):
+            with self.lock:
+                self.translation_requests[user] += 1
+                if self.fail_first_translation and self.translation_requests[user] == 1:
+                    return 500, "application/json", b'{"error": "down"}'
+                self.translations += 1
+            return self._completion(f"(translated) {user}")
         url = next((line[5:].strip() for line in user.splitlines() if line.startswith("URL: ")), "")
         with self.lock:
             self.reviews[url] += 1
@@ -164,12 +179,15 @@ class ModelStandIn(_Server):
             return 500, "application/json", b'{"error": "down"}'
         with self.lock:
             self.answered[url] += 1
-        verdict = {"accept": True, "reason": "news", "summary": ""}
+        # the article's own summary (so each translation request is its own text)
+        summary = f"{self.summary} [{url}]" if self.summary else ""
+        verdict = {"accept": True, "reason": "news", "summary": summary}
+        return self._completion(json.dumps(verdict))
+
+    def _completion(self, content: str) -> tuple[int, str, bytes]:
         answer = {
             "id": "c",
             "object": "chat.completion",
-            "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": json.dumps(verdict)}}
-            ],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}],
         }
         return 200, "application/json", json.dumps(answer).encode()

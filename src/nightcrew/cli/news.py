@@ -45,7 +45,8 @@ def news_run(
     """Run one shard of the news worker once and print its report.
 
     With NEWS_PIPELINE=rabbitmq this is a pass: the shard's due sources go to the fetch queue,
-    held candidates are released into stages with room, and the stage workers do the rest."""
+    held candidates are released into stages with room, and the stage workers do the rest.
+    A run fenced out by a newer holder of the shard's lease ends as superseded (exit 0)."""
     from nightcrew.news.schedule import run_or_enqueue
 
     settings = _settings()
@@ -62,41 +63,63 @@ def news_run(
     if as_json:
         _print_json(report)
         return
-    if report.get("pipeline") == "rabbitmq":
-        _print_pass(report)
-        return
-    _print_run(report)
+    _print_report(report)
 
 
-def _print_run(report: dict[str, Any]) -> None:
-    """The inline run's report in words (--json keeps spec 001's field names)."""
-    state = (
-        "skipped (locked)"
-        if report["skipped"]
-        else ("deferred" if report["deferredReasons"] else "done")
-    )
-    typer.echo(f"news shard {report['shard']}: {state}, {report['durationMs']:.0f} ms")
+def _print_report(report: dict[str, Any]) -> None:
+    """Either engine's report in words: an inline run's, or a pipeline pass's with its own
+    figures after spec 001's (--json keeps the spec's field names)."""
+    pipeline = report.get("pipeline") == "rabbitmq"
+    status = report.get("status") or ("skipped" if report.get("skipped") else "completed")
+    if status == "skipped":
+        state = "skipped (locked)"
+    elif status == "superseded":
+        state = "superseded (a newer holder of the shard's lease wrote first)"
+    else:
+        state = "deferred" if report["deferredReasons"] else "done"
+    what = "pass " if pipeline else ""
+    typer.echo(f"news shard {report['shard']}: {what}{state}, {report['durationMs']:.0f} ms")
     # aiReviewedCount counts every verdict, the offline rules' too: the label says whose
     reviewer = report.get("reviewer") or "model"
-    rows: list[tuple[str, object]] = [
+    rows: list[tuple[str, object]] = []
+    if pipeline:
+        since = report.get("resultsSince")
+        rows.append(("workers' results", f"since {since}" if since else "since the start"))
+    rows += [
         ("queued", report["queuedCount"]),
-        ("processed", report["processedCount"]),
+        ("processed (written)", report["processedCount"]),
         (f"reviewed ({reviewer})", report["aiReviewedCount"]),
         ("accepted", report["acceptedCount"]),
         ("rejected", report["rejectedCount"]),
+        ("translated", report.get("translatedCount", 0)),
         ("deferred", report["deferredCount"]),
-        ("retried", report["retriedCount"]),
+        ("retried (no thumbnail)", report["retriedCount"]),
         ("locked", report["lockedCount"]),
         ("review locks held elsewhere", report["redisAiReviewLockSkippedCount"]),
         ("Redis", "yes" if report["redisEnabled"] else "no (PostgreSQL leases)"),
     ]
+    if pipeline:
+        rows += [
+            ("sources enqueued", report["enqueuedSources"]),
+            ("released into stages", report["releasedCount"]),
+            ("sent again (presumed lost)", report["resentCount"]),
+            ("relayed from the outbox", report["relayedCount"]),
+            ("waiting for a review retry", report.get("reviewRetryCount", 0)),
+        ]
+        for stage, states in report["stages"].items():
+            counts = ", ".join(f"{n} {s}" for s, n in sorted(states.items())) or "empty"
+            rows.append((f"stage {stage}", counts))
     for label, value in rows:
         typer.echo(f"  {label:<32} {value}")
+    if report.get("backpressureDbArticleCountError"):
+        typer.echo(f"  ! article count failed: {report['backpressureDbArticleCountError']}")
     for reason in report["deferredReasons"]:
         typer.echo(f"  deferred: {reason}")
     for failure in report["fetchErrors"]:
         typer.echo(f"  ! {failure['source']}: {failure['error']}")
-    for dropped in report.get("droppedItems", []):  # a pipeline pass has none
+    for failure in report.get("writeErrors", []):
+        typer.echo(f"  ! {failure['url']}: {failure['error']}")
+    for dropped in report.get("droppedItems", []):
         typer.echo(f"  - {dropped['source']}: {dropped['count']} dropped ({dropped['reason']})")
 
 
@@ -283,37 +306,6 @@ def news_sources_export(
     typer.echo(document, nl=False)
 
 
-def _print_pass(report: dict[str, Any]) -> None:
-    state = "deferred" if report["deferredReasons"] else "done"
-    typer.echo(f"news shard {report['shard']}: pass {state}, {report['durationMs']:.0f} ms")
-    for key in (
-        "enqueuedSources",
-        "releasedCount",
-        "resentCount",
-        "processedCount",
-        "relayedCount",
-        "queuedCount",
-        "deferredCount",
-        "retriedCount",
-        "redisAiReviewLockSkippedCount",
-    ):
-        typer.echo(f"  {key:<32} {report[key]}")
-    # the workers' results since the shard's previous report
-    window = f"since {report['resultsSince']}" if report.get("resultsSince") else "so far"
-    typer.echo(
-        f"  {'workers ' + window:<32} {report['writtenCount']} written,"
-        f" {report['aiReviewedCount']} reviewed ({report['acceptedCount']} accepted,"
-        f" {report['rejectedCount']} rejected)"
-    )
-    if report.get("backpressureDbArticleCountError"):
-        typer.echo(f"  ! article count failed: {report['backpressureDbArticleCountError']}")
-    for stage, states in report["stages"].items():
-        counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items())) or "empty"
-        typer.echo(f"  stage {stage:<26} {counts}")
-    for reason in report["deferredReasons"]:
-        typer.echo(f"  deferred: {reason}")
-
-
 # --- the pipeline's workers and dead letters ------------------------------------------------------
 class Stage(StrEnum):
     fetch = "fetch"
@@ -339,16 +331,17 @@ def news_worker(
         ),
     ] = 4,
     grace: Annotated[
-        float,
+        float | None,
         typer.Option(
             "--grace",
             min=0,
             max=3600,
             metavar="SECONDS",
             help="On SIGTERM: how long the messages in hand may take to finish before they are"
-            " handed back to their queue.",
+            " handed back to their queue. Default: long enough for a review in hand to end"
+            " (the model's timeout, for the verdict and the translation: 140 s).",
         ),
-    ] = 30.0,
+    ] = None,
 ) -> None:
     """Consume the news pipeline's stage queues (NEWS_PIPELINE=rabbitmq) until SIGTERM."""
     import signal
@@ -367,7 +360,8 @@ def news_worker(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         async with open_runtime(settings, clock) as runtime:
-            summary = await Worker(runtime, clock, stages, concurrency).run(stop, grace=grace)
+            worker = Worker(runtime, clock, stages, concurrency)
+            summary = await (worker.run(stop) if grace is None else worker.run(stop, grace=grace))
             return summary.to_json()
 
     _run(work, settings)
@@ -422,17 +416,25 @@ def news_dlq_replay(
     settings = _settings()
     clock = SystemClock()
 
-    async def work() -> int:
+    async def work() -> tuple[int, int, int]:
         async with open_runtime(settings, clock) as runtime:
-            replayed = await replay(
-                runtime, clock, stage=_stage_option(stage), message_id=message_id
-            )
-            return len(replayed)
+            done = await replay(runtime, clock, stage=_stage_option(stage), message_id=message_id)
+            return len(done.replayed), len(done.dropped), len(done.kept)
 
-    count = _run(work, settings)
-    if message_id is not None and count == 0:
+    count, dropped, kept = _run(work, settings)
+    if message_id is not None and count + dropped + kept == 0:
         _fail(f"no dead letter with id {message_id}", 1)
     typer.echo(f"replayed {count} dead letter{'s' if count != 1 else ''}")
+    if dropped:  # counted apart: nothing of theirs went back to work
+        typer.echo(
+            f"dropped {dropped} dead letter{'s' if dropped != 1 else ''} whose candidate no"
+            " longer waits (written or rejected meanwhile)"
+        )
+    if kept:
+        typer.echo(
+            f"kept {kept} dead letter{'s' if kept != 1 else ''} naming nothing to replay"
+            " (unreadable): `news dlq purge` removes them"
+        )
 
 
 @dlq_app.command("purge")

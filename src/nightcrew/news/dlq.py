@@ -1,13 +1,17 @@
 """The dead letters: list, replay (once the cause is fixed), purge.
 
-A dead letter is a message some stage gave up on after NEWS_MAX_DELIVERIES deliveries; its
-candidate waits as ``dead`` (a fetch: its source counted one failure). Replaying queues the
-candidate again — at the stage it waits for — with a fresh message through the outbox, then
-removes the letter; purging rejects the candidate with the letter's error and removes it.
+A dead letter is a message some stage gave up on — at once for a failure that would only
+happen again, or after NEWS_MAX_DELIVERIES attempts — and its candidate waits as ``dead`` (a
+fetch: its source counted one failure). Replaying queues the candidate again — at the stage it
+waits for, its attempts counted from none — with a fresh message through the outbox, then
+removes the letter; a letter whose candidate no longer waits (written or rejected meanwhile, a
+source deleted) is removed and reported as dropped, not replayed. Purging rejects the
+candidate with the letter's error and removes it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from nightcrew.adapters.broker import STAGES, DeadLetter
@@ -32,18 +36,32 @@ async def list_dead(runtime: Runtime, stage: str | None = None) -> list[DeadLett
     return letters
 
 
+@dataclass
+class Replayed:
+    """What a replay did: the letters whose candidate (or source) went back to work, and those
+    removed because theirs no longer waits for anything."""
+
+    replayed: list[DeadLetter] = field(default_factory=list)
+    dropped: list[DeadLetter] = field(default_factory=list)
+    kept: list[DeadLetter] = field(default_factory=list)  # nothing to replay: left for purge
+
+
 async def replay(
     runtime: Runtime, clock: Clock, *, stage: str | None = None, message_id: str | None = None
-) -> list[DeadLetter]:
+) -> Replayed:
     """Replay the letter ``message_id`` (None: every letter) of ``stage`` (None: every stage)."""
     broker, db = pipeline.broker_of(runtime), runtime.db
-    replayed: list[DeadLetter] = []
+    done = Replayed()
 
     async def take(letter: DeadLetter) -> bool:
         if message_id is not None and letter.message_id != message_id:
             return False
+        if "source_id" not in letter.body and "url" not in letter.body:
+            done.kept.append(letter)  # an unreadable body names nothing to replay
+            return False
         now = clock.now()
         owed: list[dict[str, Any]] = []
+        row: dict[str, Any] | None = None
         async with db.transaction() as tx:
             if "source_id" in letter.body:
                 row = await tx.fetch_one(
@@ -69,13 +87,17 @@ async def replay(
                         },
                     )
         await pipeline.send_owed(broker, db, owed)
-        replayed.append(letter)
-        event("news.dlq_replayed", stage=letter.stage, message_id=letter.message_id)
+        if row is None:
+            done.dropped.append(letter)
+            event("news.dlq_dropped", stage=letter.stage, message_id=letter.message_id)
+        else:
+            done.replayed.append(letter)
+            event("news.dlq_replayed", stage=letter.stage, message_id=letter.message_id)
         return True
 
     for name in _stages(stage):
         await broker.dead_letters(name, take)
-    return replayed
+    return done
 
 
 async def purge(runtime: Runtime, clock: Clock, stage: str) -> list[DeadLetter]:

@@ -3,9 +3,10 @@
 -- name: requeue_candidate
 -- Replayed: queued again at the stage it waits for (which may be past the dead letter's own,
 -- if the letter was a stale duplicate).
+-- Its attempts start again from none: the cause is fixed, so the operator says.
 UPDATE news.candidates
    SET state = 'queued', last_error = NULL, reason = 'replayed from the dead letters',
-       updated_at = %(now)s
+       stage_attempts = 0, stage_taken_at = NULL, not_before = NULL, updated_at = %(now)s
  WHERE url = %(url)s AND state IN ('dead', 'queued', 'held')
 RETURNING url, shard, stage;
 

@@ -3,8 +3,10 @@ reads the page, under the address policy), and accepted articles still without o
 again later — spec 001's no-thumbnail retry (``retriedCount``).
 
 Both engines hydrate through ``hydrate_one``: the inline run a batch at a time
-(``hydrate_images``), the pipeline's enrich stage one candidate per message. The no-thumbnail
-retry exists in the inline run only today (issue 23 gives it to the pipeline).
+(``hydrate_images``), the pipeline's enrich stage one candidate per message. Both retry the
+accepted articles still without a thumbnail (``thumbnail_retries``, ``retry_thumbnails``): the
+inline run under its shard lease once its batch is admitted, the pipeline's pass under a short
+lease of its own (``pipeline.upkeep``).
 """
 
 from __future__ import annotations

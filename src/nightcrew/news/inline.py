@@ -5,9 +5,12 @@ lock → fetch RSS candidates → processed-URL lookup (Redis set + database, in
 the new candidates (with each source's fetch state, in one transaction) → queued counts by
 source and shard → article count → backpressure check → extend the lease → image hydration →
 per-article AI review locks → review + translation → writes (fenced) → snapshot → report.
-When the queue or the database is over its limit the run stops before the first expensive
-step and saves a lightweight report that says why. Whatever a run does not write stays held in
-``news.candidates`` (``news/candidates.py``) and goes first next time: deferred means later.
+When the database is over its article limit the run stops before the first expensive step and
+saves a lightweight report that says why; over the queue limit it works through a bounded batch
+of the backlog — at most the limit, oldest first (``admission.decide``) — and, with a model, at
+most MAX_AI_REVIEWS model reviews of it (``review.within_budget``). Whatever a run does not
+write stays held in ``news.candidates`` (``news/candidates.py``) and goes first next time:
+deferred means later.
 
 The steps are their own modules (``fetch``, ``items``, ``admission``, ``hydrate``, ``review``,
 ``write``, ``snapshot``, ``leases``, ``report``), shared with the pipeline engine
@@ -25,15 +28,26 @@ from typing import Any
 from nightcrew.adapters.locks import Lease, LeaseBackendDown, Leases
 from nightcrew.adapters.news import NewsAdapters
 from nightcrew.adapters.processed import ProcessedUrls, ProcessedUrlsDown
-from nightcrew.adapters.reviewer import OfflineReviewer, Verdict
+from nightcrew.adapters.reviewer import Verdict
 from nightcrew.clock import Clock
 from nightcrew.log import event, warning
 from nightcrew.news import admission, hydrate, items, leases, review, snapshot, write
 from nightcrew.news import candidates as held_candidates
 from nightcrew.news import sources as news_sources
+from nightcrew.news.admission import Admission, ArticleCount
 from nightcrew.news.candidates import Candidate
 from nightcrew.news.fetch import feed_rules, fetch_sources
-from nightcrew.news.report import NewsReport, Trigger, save_report
+from nightcrew.news.report import (
+    SUPERSEDED_REASON,
+    NewsReport,
+    RedisUse,
+    RunTally,
+    Status,
+    Trigger,
+    locked_report,
+    reviewer_label,
+    save_report,
+)
 from nightcrew.news.review import MAX_REVIEW_ATTEMPTS, Reviewed, Verdicts, review_lock_name
 from nightcrew.runtime import Runtime
 
@@ -44,11 +58,12 @@ async def run_shard(
     started = time.perf_counter()
     settings = runtime.settings
     deps = runtime.news_adapters()
-    report = NewsReport(
+    redis = RedisUse(deps)  # the process's Redis breaker, watched from now on
+    tally = RunTally(
         shard=shard,
         trigger=trigger,
         redis_enabled=deps.redis_configured,
-        reviewer="offline rules" if isinstance(deps.reviewer, OfflineReviewer) else "model",
+        reviewer=reviewer_label(deps),
         backpressure_queue_limit=settings.ingestion_backpressure_queue_limit,
         backpressure_db_article_limit=settings.ingestion_backpressure_db_article_limit,
     )
@@ -57,16 +72,21 @@ async def run_shard(
         deps.fallback_leases,
         leases.shard_lock_name(shard),
         settings.worker_lock_ttl_seconds,
-        lambda exc: _redis_failed(report, exc),
+        lambda exc: _redis_failed(tally, exc),
     )
     if lease is None:
-        report.skipped, report.locked_count = True, 1
-        report.deferred_count = await held_candidates.count_held(runtime.db, shard)
-        report.deferred_reasons.append("another run holds this shard's lock")
         (event if trigger == "manual" else warning)(
             "worker.shard_locked", shard=shard, trigger=trigger
         )
-        report = _finish(report, started)
+        report = await locked_report(
+            runtime.db,
+            settings,
+            deps,
+            shard=shard,
+            trigger=trigger,
+            redis_enabled=tally.redis_enabled and redis.enabled(),
+            duration_ms=_ms_since(started),
+        )
         await _save(runtime, report, clock)
         return report
     # The fence comes from the shard's own counter, whichever backend granted the lease: every
@@ -78,14 +98,24 @@ async def run_shard(
         deps=deps,
         leases=lease_backend,
         lease=lease,
-        report=report,
-        processed=deps.processed if report.redis_enabled else deps.fallback_processed,
+        report=tally,
+        processed=deps.processed if tally.redis_enabled else deps.fallback_processed,
     )
+    status: Status = "completed"
     try:
         await work.run()
+    except leases.StaleLease as exc:
+        # fenced out: a newer holder of the shard's lease has written, and now owns the rest
+        # of the shard's work. Not a failure: reported (and saved) as superseded.
+        status = "superseded"
+        warning("worker.run_superseded", shard=shard, error=str(exc))
+        tally.deferred_reasons.append(SUPERSEDED_REASON)
+        tally.deferred_count = await held_candidates.count_held(runtime.db, shard)
     finally:
         await lease_backend.release(lease)
-    report = _finish(report, started)
+    report = tally.report(
+        status=status, duration_ms=_ms_since(started), redis_enabled=redis.enabled()
+    )
     await _save(runtime, report, clock)
     event(
         "worker.run_completed",
@@ -94,7 +124,7 @@ async def run_shard(
     return report
 
 
-def _redis_failed(report: NewsReport, exc: LeaseBackendDown | ProcessedUrlsDown) -> None:
+def _redis_failed(report: RunTally, exc: LeaseBackendDown | ProcessedUrlsDown) -> None:
     """Redis failed a call: this run says so (``redisEnabled: false``) and goes on with the
     PostgreSQL leases and processed set its adapters provide (spec 001)."""
     warning("worker.redis.unavailable", error=str(exc))
@@ -107,16 +137,15 @@ async def _save(runtime: Runtime, report: NewsReport, clock: Clock) -> None:
         shard=report.shard,
         trigger=report.trigger,
         started_at=clock.now(),
-        report=report.to_json(),
+        report=report,
     )
 
 
-def _finish(report: NewsReport, started: float) -> NewsReport:
-    report.duration_ms = round((time.perf_counter() - started) * 1000, 1)
-    return report
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 1)
 
 
-def _tally(report: NewsReport, verdict: Verdict | None) -> None:
+def _tally(report: RunTally, verdict: Verdict | None) -> None:
     """A verdict counted in the report (a failed review is not)."""
     if verdict is not None:
         report.ai_reviewed_count += 1
@@ -136,7 +165,7 @@ class _Run:
     deps: NewsAdapters
     leases: Leases
     lease: Lease
-    report: NewsReport
+    report: RunTally  # what the run gathers as it goes; the NewsReport is built from it at the end
     processed: ProcessedUrls  # Redis's set while it answers this run, then PostgreSQL's
 
     async def run(self) -> None:
@@ -144,11 +173,12 @@ class _Run:
         now = self.clock.now()
         await held_candidates.adopt_queued(self.runtime.db, self.report.shard, now)
         await self._fetch_and_hold(now)
-        await self._count_articles()
+        articles = await self._count_articles()
         retries = await self._thumbnail_retries(now)
-        if await self._stopped_before_expensive_work():
+        admitted = await self._admit(articles)
+        if admitted is None:
             return
-        await self._process(retries, now)
+        await self._process(admitted, retries, now)
         if self.deps.reviewer.translation_enabled:
             await self._translate_backlog()
         await self._publish_snapshot(now)
@@ -206,10 +236,11 @@ class _Run:
         report.queued_by_source = await held_candidates.held_by_source(db, report.shard)
         report.queued_count = sum(report.queued_by_source.values())
 
-    async def _count_articles(self) -> None:
-        count = await admission.count_articles_inline(self.runtime.db)
+    async def _count_articles(self) -> ArticleCount:
+        count = await admission.count_articles(self.runtime.db)
         self.report.backpressure_db_article_count = count.n
         self.report.backpressure_db_article_count_error = count.error
+        return count
 
     async def _thumbnail_retries(self, now: datetime) -> list[dict[str, Any]]:
         """Accepted articles still without a thumbnail, due another try — counted before the
@@ -218,37 +249,56 @@ class _Run:
         self.report.retried_count = len(retries)
         return retries
 
-    async def _stopped_before_expensive_work(self) -> bool:
-        """Backpressure, then the lease extended (holder-only; the TTL replaced): either
-        failing stops the run here, every candidate held with the reason."""
+    async def _admit(self, articles: ArticleCount) -> Admission | None:
+        """Backpressure (``admission.decide``, the pipeline's rule with nothing in flight),
+        then the lease extended (holder-only; the TTL replaced). The database over its limit,
+        or the lease lost, stops the run here, every candidate held with the reason (None).
+        The queue over its limit does not: the run takes a bounded batch of the backlog, the
+        limit's worth, oldest first, and the rest wait behind it."""
         report = self.report
-        report.deferred_reasons += admission.over_limits_inline(
-            self.runtime.settings, report.queued_count, report.backpressure_db_article_count
+        admitted = admission.decide(
+            self.runtime.settings, waiting=report.queued_count, load=0, articles=articles
         )
-        if report.deferred_reasons:
-            report.deferred_count = report.queued_count
-            await self._defer_all_but([], "; ".join(report.deferred_reasons))
+        if admitted.reason is not None:
+            report.deferred_reasons.append(admitted.reason)
             warning(
-                "worker.backpressure.deferred", shard=report.shard, reasons=report.deferred_reasons
+                "worker.backpressure.deferred",
+                shard=report.shard,
+                reasons=report.deferred_reasons,
+                processing=admitted.room,
+                queued=report.queued_count,
             )
-            return True
+            if admitted.room == 0:
+                report.deferred_count = report.queued_count
+                await self._defer_all_but([], admitted.reason)
+                return None
         if not await self._extend():
             warning("worker.redis.worker_lock_extend_failed", shard=report.shard)
             report.deferred_count = report.queued_count
             report.deferred_reasons.append("the shard lease was lost before the expensive steps")
             await self._defer_all_but([], report.deferred_reasons[-1])
-            return True
-        return False
+            return None
+        return admitted
 
-    async def _process(self, retries: list[dict[str, Any]], now: datetime) -> list[str]:
-        """The held candidates, oldest first up to MAX_AI_REVIEWS (what earlier runs deferred
-        goes before the new): image hydration, the no-thumbnail retries, review locks, review
-        and translation, fenced writes. The URLs written."""
+    async def _process(
+        self, admitted: Admission, retries: list[dict[str, Any]], now: datetime
+    ) -> list[str]:
+        """The admitted batch of held candidates, oldest first (what earlier runs deferred goes
+        before the new), within MAX_AI_REVIEWS model reviews: image hydration, the
+        no-thumbnail retries, review locks, review and translation, fenced writes. The URLs
+        written."""
         db, report, settings = self.runtime.db, self.report, self.runtime.settings
-        to_process = await held_candidates.held(db, report.shard, settings.max_ai_reviews)
-        if report.queued_count > len(to_process):
+        batch = await held_candidates.held(db, report.shard, admitted.room)
+        if admitted.reason is not None:  # the backlog beyond the batch waits, with why
+            await self._defer_all_but([c.url for c in batch], admitted.reason)
+        # MAX_AI_REVIEWS counts model reviews only: the offline rules' verdicts cost nothing
+        # and spend none (review.py says why), so without a model the batch is the bound.
+        to_process, over_budget = review.within_budget(
+            batch, self.deps.reviewer, settings.max_ai_reviews
+        )
+        if over_budget:
             report.deferred_reasons.append(f"MAX_AI_REVIEWS {settings.max_ai_reviews} reached")
-            await self._defer_all_but([c.url for c in to_process], report.deferred_reasons[-1])
+            await self._defer(over_budget, report.deferred_reasons[-1])
         images = await hydrate.hydrate_images(
             self.deps, [c.url for c in to_process if not c.item.image_url]
         )
@@ -340,4 +390,11 @@ class _Run:
         finally:
             await lock_leases.release_many(list(locks.values()))
         report.processed_count = len(written.urls)
+        # translated by this run's model calls (not a verdict the pipeline's review stage gave)
+        written_now = set(written.urls)
+        report.translated_count += sum(
+            1
+            for r in verdicts
+            if r.translation and r.url in written_now and not r.candidate.reviewed
+        )
         return written.urls

@@ -9,12 +9,21 @@ transaction as the state change that owes it; after the commit it is published (
 deleted, and the relay publishes what a crash or an absent broker left behind — so nothing is
 lost between the database and the broker, and a message sent twice finds its work done.
 
-**Admission** (spec 001's backpressure, owned by the backend; ``admission.py``): before a
-candidate enters an expensive stage (enrich, review, write), the stage's load — candidates
-queued for it, whether still in the outbox, waiting in the queue or being worked on — is
-compared with INGESTION_BACKPRESSURE_QUEUE_LIMIT, and the article table with
-INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT. Over a limit, the candidate is ``held`` with the
-reason; nothing expensive runs for it until a later **pass** releases it into a stage with room.
+**Admission** (spec 001's backpressure, owned by the backend; ``admission.py``, the inline
+run's rule): before a candidate enters an expensive stage (enrich, review, write), the load of
+that stage *for its shard* — the shard's candidates queued for it, whether still in the outbox,
+waiting in the queue or being worked on — is compared with INGESTION_BACKPRESSURE_QUEUE_LIMIT,
+and the article table with INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT. Over a limit, the candidate
+is ``held`` with the reason; nothing expensive runs for it until a pass or a worker's
+housekeeping releases it, oldest first, into room its shard's stage has again — so a backlog
+drains in batches of at most the limit, and a busy shard never holds another's work.
+
+**The cost bound** (MAX_AI_REVIEWS, ``review.py``): per shard per pass, as per run inline. Each
+pass opens its shard's budget window; the review stage spends one unit per model review it
+starts (``spend_review``) and holds the candidate for a later pass once it is spent — kept,
+never dropped or dead-lettered, and out of housekeeping's reach until the next pass lets it go.
+The pass also works the translation backlog and the no-thumbnail retries (``upkeep``) under a
+short PostgreSQL lease of its own, so two passes of a shard never both do it.
 
 **The pass** (``news run`` in pipeline mode, and serve's news schedule) holds no lock while the
 pipeline works: it enqueues the shard's due sources to ``fetch``, releases held candidates into
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -35,9 +45,9 @@ from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import ConfigError, NightcrewError, QueueError
 from nightcrew.log import describe_error, event, warning
-from nightcrew.news import candidates as held_candidates
-from nightcrew.news.admission import admit, count_articles
-from nightcrew.news.report import PassReport, save_report
+from nightcrew.news import hydrate, review
+from nightcrew.news.admission import admit, count_articles, over_article_limit
+from nightcrew.news.report import NewsReport, PassWork, RedisUse, pass_report, save_report
 from nightcrew.runtime import Runtime
 
 SQL = load_queries(__file__)
@@ -100,28 +110,27 @@ async def relay(broker: PipelineBroker, db: Database, now: datetime) -> int:
 async def release_held(
     db: Database, settings: Settings, now: datetime, *, shard: str | None = None
 ) -> tuple[int, list[str], list[dict[str, Any]]]:
-    """Held candidates (of ``shard``, or of every shard) into the stages that have room now:
-    (how many, why the rest stay held, the outbox rows to send). A pass does it for its shard;
-    every worker's housekeeping for all, so a drained stage refills within seconds."""
+    """Held candidates (of ``shard``, or of every shard) into the stages that have room now,
+    each shard's stage by its own room (``admission.admit``), oldest first: (how many, why the
+    rest stay held, the outbox rows to send). A pass does it for its shard; every worker's
+    housekeeping for all, so a drained stage refills within seconds. What the review budget
+    held back is not released here until a pass of its shard lets it go."""
     released, reasons, owed = 0, [], []
-    for stage in EXPENSIVE:
+    groups = await db.fetch(SQL["held_groups"], {"shard": shard, "now": now})
+    order = {stage: n for n, stage in enumerate(EXPENSIVE)}
+    for group in sorted(groups, key=lambda g: (g["shard"], order.get(g["stage"], len(order)))):
         async with db.transaction() as tx:
-            waiting = await tx.fetch_one(
-                SQL["held_in_stage"],
-                {"shard": shard, "stage": stage, "now": now},
+            admission = await admit(
+                tx, settings, group["stage"], int(group["n"]), shard=group["shard"]
             )
-            n = int(waiting["n"]) if waiting else 0
-            if n == 0:
-                continue
-            admission = await admit(tx, settings, stage, n)
-            if admission.reason is not None:
+            if admission.reason is not None and admission.reason not in reasons:
                 reasons.append(admission.reason)
             if admission.room:
                 rows = await tx.fetch(
                     SQL["release_held"],
                     {
-                        "shard": shard,
-                        "stage": stage,
+                        "shard": group["shard"],
+                        "stage": group["stage"],
                         "room": admission.room,
                         "now": now,
                     },
@@ -131,17 +140,120 @@ async def release_held(
     return released, reasons, owed
 
 
+# --- the cost bound: MAX_AI_REVIEWS per shard per pass -------------------------------------------
+def over_budget_reason(budget: int) -> str:
+    return f"MAX_AI_REVIEWS {budget} reached for this pass; reviewed in a later pass"
+
+
+async def open_review_budget(runtime: Runtime, shard: str, now: datetime) -> list[str]:
+    """A pass opens its shard's budget window (nothing spent) and lets go of the oldest
+    candidates the last window held back — at most the new budget (all when no model spends
+    it) — for this pass to release. Why candidates still wait for a later pass, if any."""
+    db, budget = runtime.db, runtime.settings.max_ai_reviews
+    model = review.calls_a_model(runtime.news_adapters().reviewer)
+    await db.execute(SQL["open_review_budget"], {"shard": shard, "now": now})
+    await db.fetch(
+        SQL["unhold_over_budget"],
+        {"shard": shard, "budget": budget if model else None, "now": now},
+    )
+    row = await db.fetch_one(SQL["over_budget_waiting"], {"shard": shard})
+    waiting = int(row["n"]) if row else 0
+    if not waiting:
+        return []
+    return [f"MAX_AI_REVIEWS {budget} per pass: {waiting} waiting for a later pass"]
+
+
+async def spend_review(runtime: Runtime, shard: str, url: str, fence: int, now: datetime) -> bool:
+    """The review stage, at take, before its model call: may this review start? True when
+    the reviewer is not a model (the offline rules cost nothing and spend no budget: see
+    ``review.py``) or a unit of the shard's budget for this pass was left and is now spent.
+    False: the budget is spent, and the candidate (under the fence its worker drew) is held
+    for a later pass — kept, not dropped or dead-lettered, and out of reach of housekeeping's
+    ``release_held`` until that pass. The bound counts model reviews started, a retry of one
+    the model failed included."""
+    if not review.calls_a_model(runtime.news_adapters().reviewer):
+        return True
+    budget = runtime.settings.max_ai_reviews
+    spent = await runtime.db.fetch_one(
+        SQL["spend_review"], {"shard": shard, "budget": budget, "now": now}
+    )
+    if spent is not None:
+        return True
+    await runtime.db.execute(
+        SQL["hold_over_budget"],
+        {"url": url, "fence": fence, "reason": over_budget_reason(budget), "now": now},
+    )
+    return False
+
+
+# --- upkeep: the translation backlog and the no-thumbnail retry ----------------------------------
+UPKEEP_LEASE_SECONDS = 120.0  # renewed before each translation: short, yet enough for a step
+
+
+def upkeep_lease_name(shard: str) -> str:
+    return f"news:upkeep:{shard}"
+
+
+@dataclass(frozen=True, slots=True)
+class Upkeep:
+    """What a pass's upkeep did: ``ran`` False when another pass of the shard held its lease
+    (or the article limit stopped it); the no-thumbnail retries tried; the backlog's
+    translations saved."""
+
+    ran: bool
+    thumbnails_retried: int = 0
+    translated: int = 0
+
+
+async def upkeep(runtime: Runtime, clock: Clock, shard: str, *, stopped: bool = False) -> Upkeep:
+    """What the inline run does after its batch, for the pipeline's shard: accepted articles
+    still without a thumbnail tried again (``hydrate``), then — with a model — summaries whose
+    translation failed translated (``review``, at most MAX_AI_REVIEWS), under a short
+    PostgreSQL lease so two passes of one shard never both do it; a translation the model
+    fails stays in the backlog for a later pass. ``stopped``: the article limit is reached,
+    and nothing expensive runs (as inline)."""
+    if stopped:
+        return Upkeep(ran=False)
+    db, settings, deps = runtime.db, runtime.settings, runtime.news_adapters()
+    pg = deps.fallback_leases  # PostgreSQL's: the one authority every pass can see
+    lease = await pg.acquire(upkeep_lease_name(shard), UPKEEP_LEASE_SECONDS)
+    if lease is None:
+        event("news.upkeep_skipped", shard=shard, why="another pass of the shard holds it")
+        return Upkeep(ran=False)
+    try:
+        now = clock.now()
+        retries = await hydrate.thumbnail_retries(db, shard, now)
+        await hydrate.retry_thumbnails(db, deps, retries, now)
+        translated = 0
+        if deps.reviewer.translation_enabled:
+            backlog = await review.translation_backlog(db, shard, settings.max_ai_reviews)
+            translated = await review.translate_backlog(
+                db,
+                deps.reviewer,
+                backlog,
+                still_held=lambda: pg.extend(lease, UPKEEP_LEASE_SECONDS),
+            )
+    finally:
+        await pg.release(lease)
+    event("news.upkeep", shard=shard, thumbnails_retried=len(retries), translated=translated)
+    return Upkeep(ran=True, thumbnails_retried=len(retries), translated=translated)
+
+
 # --- the pass ---------------------------------------------------------------------------------
 async def enqueue_shard(
     runtime: Runtime, clock: Clock, shard: str, *, trigger: str = "manual"
-) -> PassReport:
+) -> NewsReport:
     """One pass over ``shard``: release held candidates into stages with room, enqueue the due
-    sources, resend what must have been lost, relay the outbox; report."""
+    sources, resend what must have been lost, relay the outbox; report (``report.pass_report``:
+    spec 001's fields, with the workers' results since the shard's previous report)."""
     started = time.perf_counter()
+    redis = RedisUse(runtime.news_adapters())  # this process's Redis breaker, watched from now
     db, settings, broker = runtime.db, runtime.settings, broker_of(runtime)
     now = clock.now()
     articles = await count_articles(db)
+    over_budget = await open_review_budget(runtime, shard, now)
     released, reasons, owed = await release_held(db, settings, now, shard=shard)
+    reasons += over_budget
     resent = await db.fetch(
         SQL["resend_stale"],
         {"shard": shard, "now": now, "resend_after": settings.news_resend_after_seconds},
@@ -156,45 +268,31 @@ async def enqueue_shard(
     except QueueError as exc:
         relayed = 0
         warning("news.outbox.relay_failed", error=describe_error(exc))
-    by_source = await held_candidates.held_by_source(db, shard, states=("held", "queued"))
-    stages: dict[str, dict[str, int]] = {s: {} for s in STAGES if s != "fetch"}
-    for row in await db.fetch(SQL["shard_stages"], {"shard": shard}):
-        stages[row["stage"]][row["state"]] = int(row["n"])
-    previous = await db.fetch_one(SQL["previous_report"], {"shard": shard, "now": now})
-    since = previous["at"] if previous is not None else None
-    results = await db.fetch_one(
-        SQL["shard_results_since"],
-        {"shard": shard, "since": since or datetime.min.replace(tzinfo=now.tzinfo), "now": now},
+    kept = await upkeep(
+        runtime, clock, shard, stopped=over_article_limit(settings, articles) is not None
     )
-    waits = await db.fetch_one(SQL["shard_review_waits"], {"shard": shard})
-    assert results is not None and waits is not None  # aggregates: always one row
-    report = PassReport(
+    report = await pass_report(
+        db,
+        settings,
+        runtime.news_adapters(),
         shard=shard,
         trigger=trigger,
-        queued_count=sum(by_source.values()),
-        queued_by_source=by_source,
-        deferred_count=sum(s.get("held", 0) for s in stages.values()),
-        deferred_reasons=reasons,
-        retried_count=int(waits["retried"]),
-        enqueued_sources=len(sources),
-        released_count=released,
-        resent_count=len(resent),
-        relayed_count=relayed,
-        stages=stages,
-        results_since=since,
-        written_count=int(results["written"]),
-        ai_reviewed_count=int(results["reviewed"]),
-        accepted_count=int(results["accepted"]),
-        rejected_count=int(results["rejected"]),
-        redis_ai_review_lock_skipped_count=int(waits["lock_skipped"]),
-        redis_enabled=runtime.news_adapters().redis_configured,
-        backpressure_queue_limit=settings.ingestion_backpressure_queue_limit,
-        backpressure_db_article_limit=settings.ingestion_backpressure_db_article_limit,
-        backpressure_db_article_count=articles.n,
-        backpressure_db_article_count_error=articles.error,
+        now=now,
+        work=PassWork(
+            enqueued_sources=len(sources),
+            released_count=released,
+            resent_count=len(resent),
+            relayed_count=relayed,
+            deferred_reasons=reasons,
+            article_count=articles.n,
+            article_count_error=articles.error,
+            translated_count=kept.translated,
+            thumbnail_retries=kept.thumbnails_retried if kept.ran else None,
+        ),
+        redis=redis,
         duration_ms=round((time.perf_counter() - started) * 1000, 1),
     )
-    await save_report(db, shard=shard, trigger=trigger, started_at=now, report=report.to_json())
+    await save_report(db, shard=shard, trigger=trigger, started_at=now, report=report)
     event(
         "news.pass_completed",
         shard=shard,

@@ -1,19 +1,23 @@
 -- The pipeline's state in PostgreSQL: the outbox, the pass, releasing held candidates
 -- (issue 13). Admission is admission.sql's; holding a fetch's items, items.sql's.
 
--- name: held_in_stage
--- Held candidates of a stage (of one shard, or of all) that may go again now.
-SELECT count(*) AS n FROM news.candidates
- WHERE (%(shard)s::text IS NULL OR shard = %(shard)s) AND stage = %(stage)s AND state = 'held'
-   AND (not_before IS NULL OR not_before <= %(now)s);
+-- name: held_groups
+-- Held candidates that may go again now (of one shard, or of all), by shard and stage: each
+-- shard's stage has its own room. A candidate the review budget held back (budget_held_at)
+-- is not among them until a pass of its shard lets it go (unhold_over_budget).
+SELECT shard, stage, count(*) AS n FROM news.candidates
+ WHERE (%(shard)s::text IS NULL OR shard = %(shard)s) AND state = 'held'
+   AND (not_before IS NULL OR not_before <= %(now)s) AND budget_held_at IS NULL
+ GROUP BY shard, stage;
 
 -- name: release_held
--- The pass (one shard) or a worker's housekeeping (every shard): held candidates of one stage,
--- oldest first, as many as the stage has room for.
+-- The pass or a worker's housekeeping: one shard's held candidates of one stage, oldest first,
+-- as many as the shard's stage has room for.
 WITH picked AS (
     SELECT url FROM news.candidates
-     WHERE (%(shard)s::text IS NULL OR shard = %(shard)s) AND stage = %(stage)s
+     WHERE shard = %(shard)s AND stage = %(stage)s
        AND state = 'held' AND (not_before IS NULL OR not_before <= %(now)s)
+       AND budget_held_at IS NULL
      ORDER BY created_at, id
      LIMIT %(room)s
        FOR UPDATE SKIP LOCKED
@@ -79,12 +83,6 @@ SELECT id, message_id, stage, body FROM news.outbox
  LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED;
 
--- name: shard_stages
--- The pass's report: the shard's candidates by stage and state.
-SELECT stage, state, count(*) AS n FROM news.candidates
- WHERE shard = %(shard)s AND state IN ('held', 'queued', 'dead')
- GROUP BY stage, state;
-
 -- name: stage_metrics
 -- /metrics: every stage's queued (depth + in flight), held, dead, and its oldest queued age.
 SELECT stage,
@@ -111,29 +109,45 @@ ON CONFLICT (stage) DO UPDATE
        failed = s.failed + excluded.failed,
        dead_lettered = s.dead_lettered + excluded.dead_lettered;
 
--- name: previous_report
--- Where this pass's window of the workers' results starts: the shard's previous report (a
--- pass's or an inline run's).
-SELECT max(started_at) AS at FROM news.worker_reports
- WHERE shard = %(shard)s AND started_at < %(now)s;
+-- name: open_review_budget
+-- A pass opens its shard's review budget window: MAX_AI_REVIEWS model reviews from now until
+-- the shard's next pass.
+INSERT INTO news.review_budgets (shard, pass_at, spent) VALUES (%(shard)s, %(now)s, 0)
+ON CONFLICT (shard) DO UPDATE SET pass_at = excluded.pass_at, spent = 0;
 
--- name: shard_results_since
--- The workers' results for the shard since the previous report: articles written, and their
--- reviews (every verdict counts, the offline rules' too, as in the inline run's report).
-SELECT (SELECT count(*) FROM news.articles a
-         WHERE a.shard = %(shard)s AND a.created_at > %(since)s
-           AND a.created_at <= %(now)s) AS written,
-       count(r.article_id) AS reviewed,
-       count(r.article_id) FILTER (WHERE r.accepted) AS accepted,
-       count(r.article_id) FILTER (WHERE NOT r.accepted) AS rejected
-  FROM news.reviews r JOIN news.articles a ON a.id = r.article_id
- WHERE a.shard = %(shard)s AND r.created_at > %(since)s AND r.created_at <= %(now)s;
+-- name: unhold_over_budget
+-- The pass: the oldest candidates the review budget held back, at most this pass's budget
+-- (NULL: all of them — no model spends it now), may be released again.
+WITH picked AS (
+    SELECT url FROM news.candidates
+     WHERE shard = %(shard)s AND stage = 'review' AND state = 'held'
+       AND budget_held_at IS NOT NULL
+     ORDER BY created_at, id
+     LIMIT %(budget)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE news.candidates c SET budget_held_at = NULL, updated_at = %(now)s
+  FROM picked
+ WHERE c.url = picked.url
+RETURNING c.url;
 
--- name: shard_review_waits
--- The shard's candidates waiting for another review attempt (the model failed for now), and
--- those parked because another worker holds their review lease (stages.py's park reason).
-SELECT count(*) FILTER (WHERE attempts > 0) AS retried,
-       count(*) FILTER (WHERE state = 'held'
-                          AND reason LIKE 'its review lease is held elsewhere%%') AS lock_skipped
-  FROM news.candidates
- WHERE shard = %(shard)s AND stage = 'review' AND state IN ('held', 'queued');
+-- name: over_budget_waiting
+SELECT count(*) AS n FROM news.candidates
+ WHERE shard = %(shard)s AND stage = 'review' AND state = 'held' AND budget_held_at IS NOT NULL;
+
+-- name: spend_review
+-- The review stage, before a model review: one unit of the shard's budget for this pass, if
+-- any is left (no row: spent). A shard no pass has opened a window for gets one now.
+INSERT INTO news.review_budgets AS b (shard, pass_at, spent)
+SELECT %(shard)s, %(now)s, 1 WHERE %(budget)s > 0
+ON CONFLICT (shard) DO UPDATE SET spent = b.spent + 1 WHERE b.spent < %(budget)s
+RETURNING spent;
+
+-- name: hold_over_budget
+-- The budget is spent: the candidate the review stage took waits, held, for a later pass
+-- (budget_held_at: no worker's housekeeping releases it before that pass lets it go).
+UPDATE news.candidates
+   SET state = 'held', reason = %(reason)s, not_before = NULL, budget_held_at = %(now)s,
+       updated_at = %(now)s
+ WHERE url = %(url)s AND stage = 'review' AND fence = %(fence)s AND state = 'queued'
+RETURNING url;

@@ -6,17 +6,25 @@ in batches under its shard lease, the pipeline's review stage one candidate per 
 the two never review the same article at once while an operator switches modes. A transient
 failure (429, 5xx, network) is tried again later, up to MAX_REVIEW_ATTEMPTS; after that, or on
 a permanent failure, the article is written unreviewed. The translation backlog (summaries
-whose translation failed) is worked through by the inline run only today (issue 23 gives it
-to the pipeline, with the cost bound MAX_AI_REVIEWS).
+whose translation failed) is worked through by both engines: the inline run under its shard
+lease, the pipeline's pass under a short lease of its own (``pipeline.upkeep``).
+
+**The cost bound, MAX_AI_REVIEWS, counts model reviews only** (``calls_a_model``): spec 001
+names it among the controls on "AI calls" ("reduce MAX_AI_REVIEWS … during incidents") and
+protects "cost owners … before AI calls"; the offline rules cost nothing, so their verdicts do
+not spend it — with no model configured, the queue limit alone bounds a run. (Spending it on
+rule verdicts would hold a new shard of 300 articles for twelve runs.) The inline run applies
+it per run (``within_budget``), the pipeline per shard per pass (``pipeline.spend_review``).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nightcrew.adapters.reviewer import Article, Reviewer, ReviewError, Verdict
+from nightcrew.adapters.reviewer import Article, OfflineReviewer, Reviewer, ReviewError, Verdict
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
 from nightcrew.log import warning
@@ -80,11 +88,40 @@ async def review_item(
     return verdict, translation, False
 
 
-# --- written meanwhile? Each engine asks its own way (to be unified, issue 23) ------------------
+# --- the cost bound ---------------------------------------------------------------------------
+def calls_a_model(reviewer: Reviewer) -> bool:
+    """Whether a review by ``reviewer`` spends MAX_AI_REVIEWS: a model's does, the offline
+    rules' does not (they cost nothing; see the module's docstring)."""
+    return not isinstance(reviewer, OfflineReviewer)
+
+
+def within_budget(
+    batch: list[Candidate], reviewer: Reviewer, budget: int
+) -> tuple[list[Candidate], list[Candidate]]:
+    """``batch`` (oldest first) split into what one inline run may review now and what waits
+    for MAX_AI_REVIEWS (``budget``): each candidate a model must review spends one; one the
+    pipeline's review stage judged already, and every one the offline rules judge, spends
+    none."""
+    if not calls_a_model(reviewer):
+        return batch, []
+    taken: list[Candidate] = []
+    over: list[Candidate] = []
+    for candidate in batch:
+        if candidate.reviewed:
+            taken.append(candidate)
+        elif budget > 0:
+            budget -= 1
+            taken.append(candidate)
+        else:
+            over.append(candidate)
+    return taken, over
+
+
+# --- written meanwhile? -----------------------------------------------------------------------
 async def written_among(db: Database, urls: list[str]) -> set[str]:
-    """Those of ``urls`` written already (inline run: a batch about to be reviewed — another
-    shard, or a run whose lease ran out, may have written one since the look-up; the review
-    lock only says nobody is reviewing it *now*)."""
+    """Those of ``urls`` written already — another shard, or a holder whose lease ran out, may
+    have written one since it was looked up: the review lock only says nobody is reviewing it
+    *now*. The inline run asks for its batch, the pipeline's review stage for its candidate."""
     if not urls:
         return set()
     return {r["url"] for r in await db.fetch(SQL["written_among"], {"urls": urls})}
@@ -92,20 +129,31 @@ async def written_among(db: Database, urls: list[str]) -> set[str]:
 
 async def is_written(db: Database, url: str) -> bool:
     """Whether ``url`` is written already (the pipeline's review stage, per candidate)."""
-    return await db.fetch_one(SQL["is_written"], {"url": url}) is not None
+    return url in await written_among(db, [url])
 
 
-# --- the translation backlog (inline run) -------------------------------------------------------
+# --- the translation backlog (both engines) -----------------------------------------------------
 async def translation_backlog(db: Database, shard: str, limit: int) -> list[dict[str, Any]]:
     """Accepted reviews of ``shard`` whose summary still has no translation, oldest first."""
     return await db.fetch(SQL["translation_backlog"], {"shard": shard, "limit": limit})
 
 
-async def translate_backlog(db: Database, reviewer: Reviewer, backlog: list[dict[str, Any]]) -> int:
+async def translate_backlog(
+    db: Database,
+    reviewer: Reviewer,
+    backlog: list[dict[str, Any]],
+    *,
+    still_held: Callable[[], Awaitable[bool]] | None = None,
+) -> int:
     """Each summary of ``backlog`` translated and saved; one the model fails stays in the
-    backlog for the next run. How many were translated."""
+    backlog for the next run (or pass). ``still_held``, asked before each translation, keeps a
+    short lease alive and stops the work when it answers False (the lease was lost: someone
+    else may be translating now). How many were translated."""
     translated = 0
     for row in backlog:
+        if still_held is not None and not await still_held():
+            warning("worker.translation_lease_lost", article_id=row["article_id"])
+            break
         try:
             text = await reviewer.translate(row["summary"], TRANSLATION_LANGUAGE)
         except ReviewError as exc:

@@ -1,12 +1,9 @@
 -- Review (review.py).
 
 -- name: written_among
--- The inline run: which of a batch were written since its look-up.
+-- Which of a batch (the inline run's) or of one candidate (the review stage's) were written
+-- since they were looked up.
 SELECT url FROM news.articles WHERE url = ANY(%(urls)b::text[]);
-
--- name: is_written
--- The pipeline's review stage: whether its candidate was written meanwhile.
-SELECT 1 AS written FROM news.articles WHERE url = %(url)s;
 
 -- name: translation_backlog
 SELECT r.article_id, r.summary

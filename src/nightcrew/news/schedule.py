@@ -11,14 +11,14 @@ from nightcrew import runs
 from nightcrew.clock import Clock
 from nightcrew.news.inline import run_shard
 from nightcrew.news.pipeline import enqueue_shard
-from nightcrew.news.report import NewsReport, PassReport, Trigger
+from nightcrew.news.report import NewsReport, Trigger
 from nightcrew.runtime import Runtime
 from nightcrew.scheduler import Schedule
 
 
 async def run_or_enqueue(
     runtime: Runtime, clock: Clock, shard: str, *, trigger: Trigger
-) -> NewsReport | PassReport:
+) -> NewsReport:
     """``inline``: the whole run, here. ``rabbitmq``: a pass; the stage workers do the rest."""
     if runtime.settings.news_pipeline == "rabbitmq":
         return await enqueue_shard(runtime, clock, shard, trigger=trigger)
@@ -35,7 +35,7 @@ def news_schedules(runtime: Runtime, clock: Clock) -> tuple[Schedule, ...]:
         lane = f"news:{shard}"
 
         async def run(slot: datetime) -> bool:
-            async def work(handle: runs.RunHandle) -> NewsReport | PassReport:
+            async def work(handle: runs.RunHandle) -> NewsReport:
                 return await run_or_enqueue(runtime, clock, shard, trigger="scheduled")
 
             report = await runs.recorded(

@@ -1,11 +1,16 @@
 """``nightcrew news worker``: consume the pipeline's stage queues until told to stop.
 
 Each message is handled by its stage (``news/stages.py``) and acknowledged only after the
-stage's effect is committed; one JSON event per message says what it came to. A failure is
-retried by the broker (the message requeued) until its NEWS_MAX_DELIVERIES-th delivery, which
-dead-letters it to ``{prefix}.{stage}.dlq`` with the error in ``x-last-error``. A database that
-goes away is waited for, as long as it takes (the message held, not failed: an outage must not
-spend deliveries and dead-letter the whole queue); a stopping worker gives its message back.
+stage's effect is committed; one JSON event per message says what it came to. A candidate's
+attempts are counted in PostgreSQL when its stage takes it (a worker that dies mid-stage counts
+too, see ``stages``). A failure worth trying again (``stages.is_transient``) holds the candidate
+for a backoff — exponential, with jitter — and acknowledges the message; the housekeeping sends
+it again once the backoff has passed (a message with no candidate taken — a fetch — waits out
+its backoff here and is requeued). Any other failure, and the NEWS_MAX_DELIVERIES-th, is
+dead-lettered at once to ``{prefix}.{stage}.dlq`` with the error in ``x-last-error``. A
+database that goes away is waited for, as long as it takes (the message held, not failed: an
+outage must not spend deliveries and dead-letter the whole queue); a stopping worker gives its
+message back.
 Alongside, every few seconds, the worker releases held candidates into stages that have room
 again, relays the outbox, refreshes stale snapshots (write stage) and adds its counts to
 ``news.stage_counters`` for /metrics.
@@ -19,7 +24,11 @@ acknowledged. What is still unfinished then is cancelled (its lease released) an
 as a fresh copy published before the original is acknowledged: a quorum queue counts every
 return toward its delivery limit — a reject and a closed channel's unacknowledged messages
 alike (measured on RabbitMQ 3.10) — so plain returns at each restart would dead-letter healthy
-messages. The copy carries the deliveries its original had spent. Exit 0.
+messages. The copy carries the deliveries its original had spent, and its attempt's token (a
+take that could not be given back uncounted is resumed by the next worker, not counted twice).
+The default grace covers a review in hand to its end — the model's timeout, for the verdict and
+for the translation after it — so a stop never throws away a model call already paid for; a
+review not yet begun is not begun (its message goes back at once). Exit 0.
 """
 
 from __future__ import annotations
@@ -32,14 +41,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nightcrew.adapters.broker import STAGES, Delivery, Outgoing, parse_stage_prefetch
+from nightcrew.adapters.reviewer import TIMEOUT as MODEL_TIMEOUT
 from nightcrew.clock import Clock
 from nightcrew.errors import DatabaseUnavailableError, NightcrewError, QueueError
 from nightcrew.log import describe_error, event, warning
 from nightcrew.news import pipeline, stages
+from nightcrew.news import report as news_report
 from nightcrew.runtime import Runtime
 
 HOUSEKEEPING_SECONDS = 5.0
-STOP_GRACE_SECONDS = 30.0
+# One model call at most: its connect and read timeouts (reviewer.TIMEOUT). A review in hand
+# makes two (the verdict, then the translation of an accepted one's summary); the default grace
+# lets both end, so a SIGTERM never pays for a call twice.
+MODEL_CALL_SECONDS = (MODEL_TIMEOUT.connect or 5.0) + (MODEL_TIMEOUT.read or 60.0)
+STOP_GRACE_SECONDS = 2 * MODEL_CALL_SECONDS + 10.0
+# a handed-back copy's header: its original's attempt token (an open take is resumed with it)
+ATTEMPT_TOKEN_HEADER = "x-attempt-token"
 CANCEL_WAIT_SECONDS = 10.0  # past the grace: for cancelled stage work to release its leases
 
 
@@ -81,6 +98,7 @@ class Worker:
         )
         self.stage_names = stage_names
         self.concurrency = concurrency
+        self._redis_since: float | None = None  # the breaker's clock at the last look
         named = parse_stage_prefetch(runtime.settings.news_stage_prefetch)
         self.prefetch = {stage: named.get(stage, concurrency) for stage in stage_names}
         self.summary = WorkerSummary(stages=stage_names)
@@ -93,6 +111,7 @@ class Worker:
         self._inflight: dict[asyncio.Task[Any], Delivery] = {}
         # messages to hand back at the stop rather than return (see the module's docstring)
         self._give_back: list[Delivery] = []
+        self._attempts: dict[Delivery, stages.Attempt] = {}  # each message's take, while held
 
     async def run(self, stop: asyncio.Event, *, grace: float = STOP_GRACE_SECONDS) -> WorkerSummary:
         await self.ctx.broker.connect()  # a broker that is not there at all: exit 2, one line
@@ -154,7 +173,7 @@ class Worker:
         if not held:
             return
         try:
-            await self.ctx.broker.publish([d.handed_back() for d in held])
+            await self.ctx.broker.publish([self._copy(d) for d in held])
         except QueueError as exc:
             warning("news.hand_back_failed", messages=len(held), error=describe_error(exc))
             return
@@ -169,20 +188,54 @@ class Worker:
                 acked=acked,
             )
 
+    def _copy(self, delivery: Delivery) -> Outgoing:
+        """The fresh copy of a message handed back, with its attempt's token."""
+        copy = delivery.handed_back()
+        attempt = self._attempts.get(delivery)
+        if attempt is None:
+            return copy
+        headers = {**copy.headers, ATTEMPT_TOKEN_HEADER: attempt.token}
+        return Outgoing(
+            message_id=copy.message_id, stage=copy.stage, body=copy.body, headers=headers
+        )
+
     async def _handle(self, stage: str, delivery: Delivery) -> None:
         if self._stopping.is_set():
             # arrived after the stop (a consumer's cancel raced it): someone else's now
             self._give_back.append(delivery)
             return
+        token = delivery.headers.get(ATTEMPT_TOKEN_HEADER)
+        # this task's own: the stage counts its take there
+        attempt = stages.begin_attempt(str(token) if token else None)
+        self._attempts[delivery] = attempt
+        try:
+            await self._settle(stage, delivery, attempt)
+        finally:
+            if delivery not in self._give_back:
+                self._attempts.pop(delivery, None)
+
+    async def _settle(self, stage: str, delivery: Delivery, attempt: stages.Attempt) -> None:
         started = time.perf_counter()
         try:
             outcome = await self._patiently(stage, delivery.body)
+        except stages.Exhausted as exc:  # its attempts were spent before: nothing runs
+            await self._dead_letter(
+                stage,
+                delivery,
+                exc.error,
+                started,
+                deliveries=exc.attempts,
+                reason="delivery_limit",
+            )
+            return
         except Exception as exc:
-            if isinstance(exc, DatabaseUnavailableError) and self._stopping.is_set():
-                # ``patiently`` waits an outage out until the stop: not the message's failure
+            stopped = isinstance(exc, DatabaseUnavailableError | stages.Stopping)
+            if stopped and self._stopping.is_set():
+                # ``patiently`` waits an outage out until the stop, and a stopping worker starts
+                # no expensive step: not the message's failure
                 self._give_back.append(delivery)
                 return
-            await self._failed(stage, delivery, exc, started)
+            await self._failed(stage, delivery, exc, started, attempt)
             return
         acked = await delivery.ack()
         self.summary.processed[stage] += 1
@@ -206,30 +259,95 @@ class Worker:
             self.ctx, lambda: stages.STAGES[stage](self.ctx, body), what=stage
         )
 
-    async def _failed(self, stage: str, delivery: Delivery, exc: Exception, started: float) -> None:
+    async def _failed(
+        self,
+        stage: str,
+        delivery: Delivery,
+        exc: Exception,
+        started: float,
+        attempt: stages.Attempt,
+    ) -> None:
+        """A failure worth trying again is tried again after a backoff, until the delivery
+        limit; any other is dead-lettered at once. A candidate's attempts are PostgreSQL's
+        count (its take counted them); a message that took none (a fetch, a failure before the
+        take) goes by the broker's."""
         error = describe_error(exc)
+        transient = stages.is_transient(exc)
         self.summary.failed[stage] += 1
         self._unflushed["failed"][stage] += 1
+        counted = attempt.open and attempt.fence is not None
+        spent = attempt.attempts if counted else delivery.deliveries
         fields = {
             "stage": stage,
             "message_id": delivery.message_id,
             "delivery": delivery.deliveries,
+            "attempt": spent,
+            "transient": transient,
             "error": error,
             "ms": round((time.perf_counter() - started) * 1000, 1),
         }
-        limit = self.ctx.broker.max_deliveries
-        if delivery.deliveries < limit:
-            await delivery.requeue()
-            warning("news.message", outcome="failed", retried=True, **fields)
+        if not transient or spent >= self.ctx.runtime.settings.news_max_deliveries:
+            reason = "delivery_limit" if transient else "failed"
+            await self._dead_letter(
+                stage, delivery, error, started, deliveries=spent, reason=reason
+            )
             return
+        if counted:
+            try:
+                delay = await stages.retry_later(self.ctx, attempt, error)
+            except NightcrewError as hold_error:  # not held: the broker retries it instead
+                await delivery.requeue()
+                warning("news.message", outcome="failed", retried=True, **fields)
+                warning("news.retry_unrecorded", error=describe_error(hold_error), **fields)
+                return
+            acked = await delivery.ack()
+            warning(
+                "news.message",
+                outcome="retrying" if delay is not None else "skipped",
+                retry_in=round(delay, 1) if delay is not None else None,
+                acked=acked,
+                **fields,
+            )
+            return
+        delay = stages.backoff_seconds(spent)
+        warning("news.message", outcome="retrying", retry_in=round(delay, 1), **fields)
+        try:
+            async with asyncio.timeout(delay):
+                await self._stopping.wait()
+            self._give_back.append(delivery)  # stopping: handed back, nothing spent
+            return
+        except TimeoutError:
+            pass
+        await delivery.requeue()
+
+    async def _dead_letter(
+        self,
+        stage: str,
+        delivery: Delivery,
+        error: str,
+        started: float,
+        *,
+        deliveries: int,
+        reason: str,
+    ) -> None:
+        """To ``{prefix}.{stage}.dlq`` with the error, the candidate marked ``dead``; should the
+        broker refuse the letter, the message is requeued instead."""
+        fields = {
+            "stage": stage,
+            "message_id": delivery.message_id,
+            "delivery": delivery.deliveries,
+            "attempts": deliveries,
+            "error": error,
+            "ms": round((time.perf_counter() - started) * 1000, 1),
+        }
         letter = Outgoing(
             message_id=delivery.message_id,
             stage=stage,
             body=delivery.body,
             headers={
                 "x-last-error": error[:2000],
-                "x-deliveries": delivery.deliveries,
-                "x-dead-reason": "failed",
+                "x-deliveries": deliveries,
+                "x-dead-reason": reason,
             },
         )
         try:
@@ -251,7 +369,7 @@ class Worker:
         await delivery.ack()
         self.summary.dead_lettered[stage] += 1
         self._unflushed["dead"][stage] += 1
-        warning("news.message", outcome="dead_lettered", **fields)
+        warning("news.message", outcome="dead_lettered", reason=reason, **fields)
 
     async def _housekeeping(self) -> None:
         while True:
@@ -261,7 +379,10 @@ class Worker:
     async def _housekeep_once(self, *, final: bool = False) -> None:
         """Relay the outbox, refresh stale snapshots, flush the counters: each on its own,
         so one failing does not stop the others (nor the worker)."""
-        jobs: list[tuple[str, Callable[[], Awaitable[Any]]]] = [("counters", self._flush)]
+        jobs: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+            ("counters", self._flush),
+            ("redis", self._note_redis),
+        ]
         if not final:
             jobs.insert(0, ("release and relay", self._relay))
         if "write" in self.stage_names:
@@ -271,6 +392,16 @@ class Worker:
                 await job()
             except (NightcrewError, QueueError) as exc:
                 warning("news.housekeeping_failed", job=name, error=describe_error(exc))
+
+    async def _note_redis(self) -> None:
+        """A Redis failure this process saw since the last look, noted for the passes'
+        redisEnabled (a pass runs in another process, which cannot see this one's breaker)."""
+        self._redis_since = await news_report.note_redis_trouble(
+            self.ctx.runtime.db,
+            self.ctx.runtime.news_adapters(),
+            since=self._redis_since,
+            now=self.ctx.clock.now(),
+        )
 
     async def _relay(self) -> None:
         """Release held candidates into stages with room, then relay the outbox."""

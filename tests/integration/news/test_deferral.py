@@ -18,7 +18,8 @@ from nightcrew.news.inline import run_shard
 from nightcrew.news.leases import shard_lock_name
 from nightcrew.news.sources import add_source
 from tests.conftest import NOW
-from tests.integration.news.test_run import deps_for, rss, runtime_for, site
+from tests.integration.news.model_reviewer import RulesModel
+from tests.integration.news.test_run import deps_for, page_requests, rss, runtime_for, site
 from tests.support.servers import RecordingServer
 
 
@@ -30,21 +31,26 @@ async def _articles(db: Database) -> set[str]:
     return {r["url"] for r in await db.fetch("SELECT url FROM news.articles")}
 
 
-async def test_a_100_item_feed_with_max_ai_reviews_25_is_written_in_four_runs_over_304s(
+async def test_a_100_item_feed_with_a_model_and_max_ai_reviews_25_is_written_in_four_runs(
     db: Database,
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
     http: UntrustedHttp,
 ) -> None:
+    """MAX_AI_REVIEWS bounds model reviews (the offline rules spend none: see
+    test_backpressure_drains.py), over feeds that answer 304 from the second run on."""
     statuses = etag_site(feed_server, {"/feeds/big": rss(feed_server.url, 100)})
     await add_source(db, url=feed_server.url + "/feeds/big", name="Big", shard="s", now=NOW)
     runtime = runtime_for(db, clock, fresh_db_url, MAX_AI_REVIEWS="25")
+    model = RulesModel()
     reports = []
     for _ in range(4):
         reports.append(
             (
-                await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+                await run_shard(
+                    replace(runtime, news=deps_for(db, clock, http, reviewer=model)), clock, "s"
+                )
             ).to_json()
         )
         clock.advance(timedelta(hours=1))
@@ -55,6 +61,7 @@ async def test_a_100_item_feed_with_max_ai_reviews_25_is_written_in_four_runs_ov
     assert [r["deferredCount"] for r in reports] == [75, 50, 25, 0]
     assert reports[0]["deferredReasons"] == ["MAX_AI_REVIEWS 25 reached"]
     assert len(await _articles(db)) == 100
+    assert len(model.reviews) == 100 and max(model.reviews.values()) == 1
     assert await db.fetch("SELECT 1 FROM news.candidates") == []
     # oldest first: the first run's 25 are stories 0-24, in feed order
     first = await db.fetch("SELECT url FROM news.articles ORDER BY id LIMIT 25")
@@ -74,16 +81,23 @@ async def test_a_backpressure_deferred_batch_is_written_once_pressure_drops(
     first = (
         await run_shard(replace(pressured, news=deps_for(db, clock, http)), clock, "s")
     ).to_json()
-    assert first["deferredCount"] == 8 and first["processedCount"] == 0
-    assert await _articles(db) == set()
+    # over the queue limit: a batch of the limit's worth, oldest first; the rest wait
+    assert first["deferredCount"] == 3 and first["processedCount"] == 5
+    assert first["deferredReasons"] == [
+        "backlog over the queue limit: processing 5 of 8 (INGESTION_BACKPRESSURE_QUEUE_LIMIT 5)"
+    ]
+    assert len(await _articles(db)) == 5
     held = await db.fetch("SELECT reason FROM news.candidates WHERE state = 'held'")
-    assert len(held) == 8 and all(r["reason"].startswith("queue limit: 8 queued") for r in held)
+    assert len(held) == 3
+    assert all(
+        r["reason"].startswith("backlog over the queue limit: processing 5 of 8") for r in held
+    )
 
     clock.advance(timedelta(hours=1))
     calm = runtime_for(db, clock, fresh_db_url)
     second = (await run_shard(replace(calm, news=deps_for(db, clock, http)), clock, "s")).to_json()
     assert statuses == [200, 304]
-    assert second["queuedCount"] == 8 and second["processedCount"] == 8
+    assert second["queuedCount"] == 3 and second["processedCount"] == 3
     assert second["deferredCount"] == 0 and len(await _articles(db)) == 8
 
 
@@ -97,16 +111,16 @@ async def test_a_lock_skip_report_is_saved_with_what_waits(
     etag_site(feed_server, {"/feeds/a": rss(feed_server.url, 4)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
     runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="1")
-    await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")  # defers all 4
+    await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")  # 1; 3 wait
     holder = await PostgresLeases(db, clock).acquire(shard_lock_name("s"), 600)
     assert holder is not None
     skipped = (
         await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
     ).to_json()
     assert skipped["skipped"] is True and skipped["lockedCount"] == 1
-    assert skipped["deferredCount"] == 4
+    assert skipped["deferredCount"] == 3
     saved = await db.fetch("SELECT report FROM news.worker_reports ORDER BY id")
-    assert len(saved) == 2 and saved[1]["report"]["deferredCount"] == 4
+    assert len(saved) == 2 and saved[1]["report"]["deferredCount"] == 3
 
 
 async def test_retried_count_is_known_before_the_backpressure_stop(
@@ -124,11 +138,13 @@ async def test_retried_count_is_known_before_the_backpressure_stop(
         " %(t)s)",
         {"s": source["id"], "t": NOW - timedelta(hours=7)},
     )
-    runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="1")
+    # the article limit stops the run (the queue limit no longer does: it bounds the batch)
+    runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT="1")
     report = (
         await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
     ).to_json()
     assert report["deferredCount"] == 3 and report["retriedCount"] == 1
+    assert report["processedCount"] == 0
     assert [r.path for r in feed_server.requests] == ["/feeds/a"]  # no page fetched
 
 
@@ -219,7 +235,8 @@ async def test_the_queue_limit_defers_only_above_it(
     queued: int,
     deferred: bool,
 ) -> None:
-    """INGESTION_BACKPRESSURE_QUEUE_LIMIT=5: 4 and 5 queued run, 6 defers (spec: "more than")."""
+    """INGESTION_BACKPRESSURE_QUEUE_LIMIT=5: 4 and 5 queued run whole; 6 is over it (spec:
+    "more than"), and the run works a batch of 5, oldest first, the sixth deferred."""
     etag_site(feed_server, {"/feeds/a": rss(feed_server.url, queued)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
     runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="5")
@@ -228,4 +245,6 @@ async def test_the_queue_limit_defers_only_above_it(
     ).to_json()
     assert report["queuedCount"] == queued
     assert bool(report["deferredReasons"]) is deferred
-    assert report["processedCount"] == (0 if deferred else queued)
+    assert report["processedCount"] == min(queued, 5)
+    assert report["deferredCount"] == queued - min(queued, 5)
+    assert len(page_requests(feed_server)) == min(queued, 5)

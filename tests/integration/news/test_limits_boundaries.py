@@ -15,6 +15,7 @@ from nightcrew.db.database import Database
 from nightcrew.news.inline import run_shard
 from nightcrew.news.sources import add_source
 from tests.conftest import NOW
+from tests.integration.news.model_reviewer import RulesModel
 from tests.integration.news.test_run import deps_for, page_requests, rss, runtime_for, site
 from tests.support.servers import RecordingServer
 
@@ -27,10 +28,12 @@ async def _run(
     clock: FrozenClock,
     url: str,
     http: UntrustedHttp,
+    reviewer: Any = None,
     **env: str,
 ) -> dict[str, Any]:
     runtime = runtime_for(db, clock, url, **env)
-    return (await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")).to_json()
+    deps = deps_for(db, clock, http, **({"reviewer": reviewer} if reviewer else {}))
+    return (await run_shard(replace(runtime, news=deps), clock, "s")).to_json()
 
 
 @pytest.mark.parametrize("queued", [MAX_AI_REVIEWS - 1, MAX_AI_REVIEWS, MAX_AI_REVIEWS + 1])
@@ -42,10 +45,15 @@ async def test_max_ai_reviews_defers_only_what_is_above_it(
     http: UntrustedHttp,
     queued: int,
 ) -> None:
-    """MAX_AI_REVIEWS=3: 2 and 3 queued are all reviewed; of 4, 3 are and 1 waits."""
+    """MAX_AI_REVIEWS=3 with a model (the offline rules spend none of it): 2 and 3 queued are
+    all reviewed; of 4, 3 are and 1 waits."""
     site(feed_server, {"/feeds/a": rss(feed_server.url, queued)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
-    report = await _run(db, clock, fresh_db_url, http, MAX_AI_REVIEWS=str(MAX_AI_REVIEWS))
+    model = RulesModel()
+    report = await _run(
+        db, clock, fresh_db_url, http, reviewer=model, MAX_AI_REVIEWS=str(MAX_AI_REVIEWS)
+    )
+    assert sum(model.reviews.values()) == min(queued, MAX_AI_REVIEWS)
     over = queued > MAX_AI_REVIEWS
     assert report["queuedCount"] == queued
     assert report["processedCount"] == min(queued, MAX_AI_REVIEWS)

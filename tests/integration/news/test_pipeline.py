@@ -83,13 +83,15 @@ async def test_with_review_over_its_limit_fetch_holds_candidates_and_no_model_is
     )
     with FeedFarm(feeds=2, items=6, thumbnails=True) as farm:
         await add_farm_sources(db, farm)
-        # five articles already queued for review (another shard's backlog) fill the stage
+        # five articles of the shard already queued for review (its backlog) fill its stage
+        # (another shard's would not: admission counts a stage's load per shard — see
+        # test_backpressure_per_shard.py)
         source = await db.fetch_one("SELECT id FROM news.sources ORDER BY id LIMIT 1")
         assert source is not None
         for n in range(5):
             await db.execute(
                 "INSERT INTO news.candidates (url, source_id, shard, title, summary, stage,"
-                " state, reason, created_at, updated_at) VALUES (%(u)s, %(s)s, 'other', 't',"
+                " state, reason, created_at, updated_at) VALUES (%(u)s, %(s)s, 's', 't',"
                 " 's', 'review', 'queued', 'backlog', now(), now())",
                 {"u": f"http://127.0.0.1:1/backlog-{n}", "s": source["id"]},
             )
@@ -103,13 +105,20 @@ async def test_with_review_over_its_limit_fetch_holds_candidates_and_no_model_is
                 "SELECT stage, reason FROM news.candidates WHERE shard = 's' AND state = 'held'"
             )
             assert {h["stage"] for h in held} == {"review"}
-            assert all(h["reason"].startswith("review queue limit: 5 queued") for h in held)
+            assert all(
+                h["reason"].startswith("review backlog over the queue limit: processing 0 of 6")
+                and "(5 queued or in flight in shard s," in h["reason"]
+                for h in held
+            )
             report = (await enqueue_shard(runtime, SystemClock(), "s")).to_json()
             assert report["deferredCount"] == 12 and report["releasedCount"] == 0
-            assert any(r.startswith("review queue limit") for r in report["deferredReasons"])
+            assert report["deferredReasons"] == [
+                "review backlog over the queue limit: processing 0 of 12 (5 queued or in flight"
+                " in shard s, INGESTION_BACKPRESSURE_QUEUE_LIMIT 5)"
+            ]
             assert model.reviews == {} and farm.page_requests == 0  # nothing expensive ran
 
-            await db.execute("DELETE FROM news.candidates WHERE shard = 'other'")  # drained
+            await db.execute("DELETE FROM news.candidates WHERE url LIKE '%%/backlog-%%'")
             async with worker_running(runtime) as summary:
                 for _ in range(3):  # each pass releases what fits (5), the workers take them
                     await enqueue_shard(runtime, SystemClock(), "s")
@@ -141,7 +150,10 @@ async def test_a_poison_article_is_dead_lettered_then_replayed_once_fixed(
     with FeedFarm(feeds=1, items=3) as farm:
         poison = f"{farm.url}/articles/0-1"
         # the database refuses this one article for a reason that is not its data (a trigger
-        # raising P0001 stands for a bug the team will fix): every write of it fails
+        # raising P0001 stands for a bug the team will fix): every write of it fails, and no
+        # retry would help — not a deadlock, a timeout or resources short — so it is
+        # dead-lettered on its first failure, with the reason (issue 23: permanent failures go
+        # to the DLQ at once; it used to spend all NEWS_MAX_DELIVERIES first)
         await db.execute(
             "CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
             f" IF NEW.url = '{poison}' THEN RAISE EXCEPTION 'refused for the test'; END IF;"
@@ -158,16 +170,17 @@ async def test_a_poison_article_is_dead_lettered_then_replayed_once_fixed(
                 await wait_for(lambda: _dead(db, 1), within=30, what="the poison dead-lettered")
                 await wait_for(lambda: _done_but(db, 2), within=30, what="the others written")
             letters = await dlq.list_dead(runtime)
-            assert [(x.stage, x.body["url"], x.deliveries) for x in letters] == [
-                ("write", poison, 3)
+            assert [(x.stage, x.body["url"], x.deliveries, x.reason) for x in letters] == [
+                ("write", poison, 1, "failed")
             ]
             assert "refused for the test" in letters[0].error
-            assert summary.failed["write"] == 3 and summary.dead_lettered["write"] == 1
+            assert summary.failed["write"] == 1 and summary.dead_lettered["write"] == 1
             assert await _articles(db) == sorted(farm.article_urls() - {poison})
 
             await db.execute("DROP TRIGGER refuse ON news.articles")  # fixed
-            replayed = await dlq.replay(runtime, SystemClock(), message_id=letters[0].message_id)
-            assert [x.message_id for x in replayed] == [letters[0].message_id]
+            done = await dlq.replay(runtime, SystemClock(), message_id=letters[0].message_id)
+            assert [x.message_id for x in done.replayed] == [letters[0].message_id]
+            assert done.dropped == []
             async with worker_running(runtime):
                 await wait_for(lambda: _done(db, 3), within=30, what="the replayed article")
             assert await dlq.list_dead(runtime) == []

@@ -1,6 +1,7 @@
 """The pass's report (spec 001's fields) in pipeline mode: what the pass admitted, the workers'
-results since the shard's previous report, the review waits, and an article count that fails
-reported — with the pass and the workers going on."""
+results since the shard's previous report, the review waits, what the workers noted (dropped
+items, backlog translations, Redis failures), a pass that finds the shard's lock held, and an
+article count that fails reported — with the pass and the workers going on."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
+from nightcrew.news import report
+from nightcrew.news.fetch import LINK_TOO_LONG, NO_LINK
 from nightcrew.news.pipeline import enqueue_shard
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
@@ -18,7 +21,7 @@ from tests.integration.news.pipeline_support import (
     wait_for,
     worker_running,
 )
-from tests.support.services import needs_rabbitmq
+from tests.support.services import REDIS_URL, needs_rabbitmq, needs_redis
 from tests.support.standins import FeedFarm, ModelStandIn
 
 pytestmark = needs_rabbitmq
@@ -86,7 +89,9 @@ async def test_a_pass_reports_what_it_admitted_and_the_workers_results_since_the
 
         accepted = await count(db, "SELECT count(*) FROM news.reviews WHERE accepted")
         assert second["releasedCount"] == 2 and second["resentCount"] == 0
-        assert second["processedCount"] == 2  # what the pass admitted into a stage
+        # spec 001's processedCount means articles written, in both engines: here the workers'
+        # since the previous report (the pass's own admissions are releasedCount)
+        assert second["processedCount"] == second["writtenCount"] == 6
         assert second["enqueuedSources"] == 0  # nothing is due yet
         first_saved = await db.fetch_one(
             "SELECT started_at FROM news.worker_reports WHERE shard = 's' ORDER BY id LIMIT 1"
@@ -96,8 +101,12 @@ async def test_a_pass_reports_what_it_admitted_and_the_workers_results_since_the
         assert second["writtenCount"] == 6 and second["aiReviewedCount"] == 6
         assert second["acceptedCount"] == accepted
         assert second["acceptedCount"] + second["rejectedCount"] == 6
-        assert second["retriedCount"] == 1
+        # retriedCount is the no-thumbnail retry's (none due); the model's retries are the
+        # pipeline's own figure
+        assert second["retriedCount"] == 0 and second["reviewRetryCount"] == 1
         assert second["redisAiReviewLockSkippedCount"] == 1
+        assert second["fetchErrors"] == second["writeErrors"] == second["droppedItems"] == []
+        assert second["reviewer"] == "model" and second["translatedCount"] == 0
         assert second["backpressureDbArticleCount"] == 6
         assert second["deferredCount"] == 2  # the two that may not go yet
 
@@ -138,3 +147,78 @@ async def test_an_article_count_that_fails_is_reported_and_the_pass_and_workers_
 
 async def _count_at_least(db: Database, n: int) -> bool:
     return await count(db, "SELECT count(*) FROM news.articles") >= n
+
+
+@needs_redis
+async def test_what_the_workers_note_reaches_the_next_pass_once(
+    db: Database, fresh_db_url: str, prefix: str, model: ModelStandIn, tmp_path: Path
+) -> None:
+    """Dropped items, backlog translations and Redis failures leave no row of their own: the
+    worker that saw them notes them, the next pass reports them, the one after does not."""
+    env = {**pipeline_env(fresh_db_url, prefix, model, tmp_path), "REDIS_URL": REDIS_URL}
+    clock = SystemClock()
+    async with pipeline_runtime(env, db) as runtime:
+        first = (await enqueue_shard(runtime, clock, "s")).to_json()
+        assert first["redisEnabled"] is True  # configured, and answering the pass
+
+        now = clock.now()
+        dropped = {LINK_TOO_LONG: 2, NO_LINK: 1}
+        await report.note_dropped(db, shard="s", source="long", dropped=dropped, now=now)
+        await report.note_translated(db, shard="s", count=3, now=now)
+        await report.note_translated(db, shard="another", count=5, now=now)  # not this shard's
+        # a worker's housekeeping: nothing failed yet, then its breaker sees Redis fail
+        adapters = runtime.news_adapters()
+        breaker = adapters.redis_breaker
+        assert breaker is not None
+        since = await report.note_redis_trouble(db, adapters, since=None, now=now)
+        assert await count(db, "SELECT count(*) FROM news.report_notes") == 4  # no Redis note
+        breaker.failure("connection refused (test)")
+        await report.note_redis_trouble(db, adapters, since=since, now=now)
+        breaker.success()  # back: only the note can tell the pass about it
+
+        second = (await enqueue_shard(runtime, clock, "s")).to_json()
+        third = (await enqueue_shard(runtime, clock, "s")).to_json()
+
+    assert second["droppedItems"] == [
+        {"source": "long", "reason": LINK_TOO_LONG, "count": 2},
+        {"source": "long", "reason": NO_LINK, "count": 1},
+    ]
+    assert second["translatedCount"] == 3 and second["redisEnabled"] is False
+    # reported once: the next window starts after them
+    assert third["droppedItems"] == [] and third["translatedCount"] == 0
+    assert third["redisEnabled"] is True
+    # the shard's notes are forgotten once reported; the other shard's and Redis's stay
+    left = await db.fetch("SELECT shard, kind FROM news.report_notes ORDER BY kind")
+    assert [(r["shard"], r["kind"]) for r in left] == [
+        (None, "redis_failed"),
+        ("another", "translated"),
+    ]
+
+
+async def test_work_put_off_behind_another_workers_lease_is_the_pipelines_locked_count(
+    db: Database, fresh_db_url: str, prefix: str, model: ModelStandIn, tmp_path: Path
+) -> None:
+    """A pass takes no shard lock (it never stands in an inline run's way, nor one in its
+    own): the pipeline's lock skips are the fetches and enrichments put off because another
+    worker held their lease, since the previous report — reported once."""
+    env = pipeline_env(fresh_db_url, prefix, model, tmp_path)
+    clock = SystemClock()
+    with FeedFarm(feeds=1, items=1) as farm:
+        await add_farm_sources(db, farm)
+        async with pipeline_runtime(env, db) as runtime:
+            first = (await enqueue_shard(runtime, clock, "s")).to_json()
+            await report.note_fetch_locked(db, shard="s", now=clock.now())
+            await _candidate(
+                db,
+                f"{farm.url}/extra/1",
+                stage="enrich",
+                reason="its enrich lease is held elsewhere; sent again once it is free",
+                not_before=datetime(2999, 1, 1, tzinfo=clock.now().tzinfo),
+            )
+            second = (await enqueue_shard(runtime, clock, "s")).to_json()
+            third = (await enqueue_shard(runtime, clock, "s")).to_json()
+
+    assert first["lockedCount"] == 0 and first["status"] == "completed"
+    assert second["lockedCount"] == 2 and second["status"] == "completed"
+    assert second["skipped"] is False and second["redisAiReviewLockSkippedCount"] == 0
+    assert third["lockedCount"] == 0

@@ -21,7 +21,8 @@ from nightcrew.adapters.storage import open_store
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
 from nightcrew.news.inline import run_shard
-from nightcrew.news.leases import StaleLease, shard_lock_name
+from nightcrew.news.leases import shard_lock_name
+from nightcrew.news.report import SUPERSEDED_REASON
 from nightcrew.news.sources import add_source
 from nightcrew.runtime import Runtime
 from tests.conftest import NOW, make_runtime
@@ -143,13 +144,15 @@ async def test_a_run_processes_once_and_the_next_run_does_nothing_per_item(
     assert page_requests(feed_server) == []  # no per-item work beyond the bulk de-dupe
 
 
-async def test_251_queued_defers_every_expensive_step(
+async def test_251_queued_works_the_limits_worth_oldest_first_and_defers_the_rest(
     db: Database,
     clock: FrozenClock,
     fresh_db_url: str,
     feed_server: RecordingServer,
     http: UntrustedHttp,
 ) -> None:
+    """Over the queue limit (250) the run no longer defers everything (issue 23: that never
+    drains): it works a batch of the limit's worth, oldest first, and defers the rest."""
     site(feed_server, {"/feeds/big": rss(feed_server.url, 251)})
     await add_source(db, url=feed_server.url + "/feeds/big", name="Big", shard="s1", now=NOW)
     report = (
@@ -159,13 +162,15 @@ async def test_251_queued_defers_every_expensive_step(
             "s1",
         )
     ).to_json()
-    assert report["queuedCount"] == 251 and report["deferredCount"] == 251
+    assert report["queuedCount"] == 251 and report["deferredCount"] == 1
     assert report["deferredReasons"] == [
-        "queue limit: 251 queued > INGESTION_BACKPRESSURE_QUEUE_LIMIT 250"
+        "backlog over the queue limit: processing 250 of 251 "
+        "(INGESTION_BACKPRESSURE_QUEUE_LIMIT 250)"
     ]
-    assert report["processedCount"] == 0 and report["aiReviewedCount"] == 0
-    assert page_requests(feed_server) == []  # no image fetch
-    assert await db.fetch("SELECT 1 FROM news.articles") == []  # no write
+    assert report["processedCount"] == 250 and report["aiReviewedCount"] == 250
+    assert len(page_requests(feed_server)) == 250  # one image fetch per article of the batch
+    held = await db.fetch("SELECT url FROM news.candidates WHERE state = 'held'")
+    assert [r["url"] for r in held] == [f"{feed_server.url}/articles/story-250"]  # the newest
     assert (await db.fetch("SELECT report FROM news.worker_reports"))[0]["report"][
         "deferredReasons"
     ]
@@ -249,20 +254,28 @@ async def test_a_late_holder_is_refused_by_the_fence(
     # an earlier holder's fence (7) is below this run's: its lease draws a fence above it
     await db.execute("INSERT INTO news.shard_fences VALUES ('s1', 7)")
     reviewer = FenceBumpingReviewer(db)
-    with pytest.raises(StaleLease):
-        await run_shard(
-            replace(
-                runtime_for(db, clock, fresh_db_url),
-                news=deps_for(db, clock, http, reviewer=reviewer),
-            ),
-            clock,
-            "s1",
-        )
+    report = await run_shard(
+        replace(
+            runtime_for(db, clock, fresh_db_url),
+            news=deps_for(db, clock, http, reviewer=reviewer),
+        ),
+        clock,
+        "s1",
+    )
+    # fenced out: superseded (reported and saved), not a failure
+    assert report.status == "superseded" and report.processed_count == 0
+    assert report.deferred_count == 2 and report.deferred_reasons[-1] == SUPERSEDED_REASON
+    saved = await db.fetch("SELECT report FROM news.worker_reports")
+    assert [r["report"]["status"] for r in saved] == ["superseded"]
     assert await db.fetch("SELECT 1 FROM news.articles") == []
     # nothing lost: both candidates still wait for the holder that may write
     held = await db.fetch("SELECT url FROM news.candidates WHERE state = 'held'")
     assert len(held) == 2
     # and the late holder's lease was released on the way out
+    released = await db.fetch_one(
+        "SELECT token FROM nightcrew.leases WHERE name = %(n)s", {"n": shard_lock_name("s1")}
+    )
+    assert released is not None and released["token"] == ""
     assert await PostgresLeases(db, clock).acquire(shard_lock_name("s1"), 60) is not None
 
 
@@ -444,10 +457,10 @@ async def test_a_lease_that_expires_mid_run_is_extended_first_and_then_fenced_ou
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
     runtime = runtime_for(db, clock, fresh_db_url, UPSTASH_REDIS_WORKER_LOCK_TTL_SECONDS="30")
     reviewer = ClockJumpingReviewer(db, clock, 30)
-    with pytest.raises(StaleLease):
-        await run_shard(
-            replace(runtime, news=deps_for(db, clock, http, reviewer=reviewer)), clock, "s1"
-        )
+    report = await run_shard(
+        replace(runtime, news=deps_for(db, clock, http, reviewer=reviewer)), clock, "s1"
+    )
+    assert report.status == "superseded" and report.processed_count == 0
     # the lease had been extended (TTL replaced from "now") before the expensive steps
     assert reviewer.seen_expiry == NOW + __import__("datetime").timedelta(seconds=30)
     assert await db.fetch("SELECT 1 FROM news.articles") == []  # the late holder wrote nothing
