@@ -25,7 +25,8 @@ DELETE FROM news.candidates c
 -- operator switched NEWS_PIPELINE back to inline): held again, under a new fence, so a stage
 -- worker still busy with one of them cannot save its result over the run's.
 UPDATE news.candidates
-   SET state = 'held', fence = fence + 1, not_before = NULL, updated_at = %(now)s
+   SET state = 'held', fence = fence + 1, not_before = NULL, budget_held_at = NULL,
+       updated_at = %(now)s
  WHERE shard = %(shard)s AND state IN ('queued', 'dead');
 
 -- name: held

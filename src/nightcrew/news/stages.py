@@ -161,6 +161,10 @@ class StageContext:
     broker: PipelineBroker
     stopping: asyncio.Event = field(default_factory=asyncio.Event)  # the worker is stopping
     isolation: Isolation = field(default_factory=Isolation)  # suspects run alone
+    # leases this worker could not release (the database was gone): released before it takes
+    # one of those names again, so its own retry after the outage is not parked behind its own
+    # lease (and later counted as a worker that died)
+    unreleased: dict[str, tuple[Leases, Lease]] = field(default_factory=dict)
 
     @property
     def leases(self) -> Leases:
@@ -392,7 +396,8 @@ async def fetch(ctx: StageContext, body: dict[str, Any]) -> Outcome:
         await db.execute(SQL["unqueue_source"], {"id": source_id})
         return Outcome("skipped", {"source_id": source_id, "why": "disabled or parked"})
     ttl = float(settings.news_stage_lease_seconds)
-    held_by, lease = await _acquire(ctx, f"news:fetch:{source_id}", ttl)
+    name = f"news:fetch:{source_id}"
+    held_by, lease = await _acquire_own(ctx, name, ttl)
     if lease is None:
         await db.execute(
             SQL["refetch_later"],
@@ -410,7 +415,7 @@ async def fetch(ctx: StageContext, body: dict[str, Any]) -> Outcome:
             beat.check()
             return await _fetch_source(ctx, source, now)
     finally:
-        await leases.release_quietly(held_by, lease)
+        await _release(ctx, name, held_by, lease)
 
 
 async def _fetch_source(ctx: StageContext, source: dict[str, Any], now: datetime) -> Outcome:
@@ -636,7 +641,7 @@ async def _leased(
     isolate: Callable[[], Awaitable[None]],
 ) -> Outcome:
     ttl = float(ctx.runtime.settings.news_stage_lease_seconds)
-    held_by, lease = await _acquire(ctx, lease_name, ttl)
+    held_by, lease = await _acquire_own(ctx, lease_name, ttl)
     if lease is None:
         await ctx.runtime.db.execute(
             SQL["park"],
@@ -670,7 +675,26 @@ async def _leased(
             await _finished(ctx, taken, stage)
             return outcome
     finally:
-        await leases.release_quietly(held_by, lease)
+        await _release(ctx, lease_name, held_by, lease)
+
+
+async def _acquire_own(ctx: StageContext, name: str, ttl: float) -> tuple[Leases, Lease | None]:
+    """The lease ``name``, after releasing this worker's own of that name that a database
+    outage kept it from releasing (the outage is over if this gets that far)."""
+    stale = ctx.unreleased.pop(name, None)
+    if stale is not None:
+        await _release(ctx, name, *stale)
+    return await _acquire(ctx, name, ttl)
+
+
+async def _release(ctx: StageContext, name: str, held_by: Leases, lease: Lease) -> None:
+    """Released, or remembered for ``_acquire_own`` when the backend cannot answer now (it runs
+    out its TTL meanwhile)."""
+    try:
+        await held_by.release(lease)
+    except (NightcrewError, LeaseBackendDown) as exc:
+        ctx.unreleased[name] = (held_by, lease)
+        warning("news.lease_release_failed", lease=name, error=describe_error(exc))
 
 
 async def enrich(ctx: StageContext, body: dict[str, Any]) -> Outcome:

@@ -88,6 +88,7 @@ UPDATE news.candidates
        verdict = %(verdict)s, translation = %(translation)s,
        attempts = attempts + %(attempted)s, last_error = %(error)s, updated_at = %(now)s,
        stage_attempts = 0, stage_taken_at = NULL,  -- this attempt finished
+       budget_held_at = NULL,  -- whatever held it before, this result moves it on
        not_before = CASE WHEN %(state)s = 'held' AND %(attempted)s > 0
                          THEN %(now)s + make_interval(secs => least(
                                   %(retry_base)s * 2 ^ (attempts + %(attempted)s - 1), 3600)

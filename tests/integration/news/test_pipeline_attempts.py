@@ -13,6 +13,7 @@ import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from nightcrew.adapters.broker import Outgoing
 from nightcrew.adapters.locks import Lease, Leases
@@ -318,3 +319,74 @@ def _run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
         timeout=60,
         check=False,
     )
+
+
+class _ReleaseFailsOnce:
+    """Leases whose first release of a review lock fails as if the database were gone."""
+
+    def __init__(self, inner: Leases) -> None:
+        self._inner = inner
+        self.backend = inner.backend
+        self.failed = 0
+
+    async def acquire(self, name: str, ttl_seconds: float) -> Lease | None:
+        return await self._inner.acquire(name, ttl_seconds)
+
+    async def acquire_many(self, names: list[str], ttl_seconds: float) -> dict[str, Lease]:
+        return await self._inner.acquire_many(names, ttl_seconds)
+
+    async def release_many(self, leases: list[Lease]) -> None:
+        await self._inner.release_many(leases)
+
+    async def extend(self, lease: Lease, ttl_seconds: float | None = None) -> bool:
+        return await self._inner.extend(lease, ttl_seconds)
+
+    async def renew(self, lease: Lease, ttl_seconds: float | None = None) -> bool:
+        return await self._inner.renew(lease, ttl_seconds)
+
+    async def release(self, lease: Lease) -> bool:
+        if lease.name.startswith("news:review:") and not self.failed:
+            self.failed += 1
+            raise DatabaseUnavailableError("lost PostgreSQL (the test's)")
+        return await self._inner.release(lease)
+
+
+class _OutageBeforeTheModel:
+    """A reviewer that first finds the database gone (after the take, before the model)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.outages = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def review(self, article: Any) -> Any:
+        if not self.outages:
+            self.outages += 1
+            raise DatabaseUnavailableError("lost PostgreSQL (the test's)")
+        return await self._inner.review(article)
+
+
+async def test_an_outage_between_the_take_and_the_model_spends_no_attempt(
+    db: Database, fresh_db_url: str, prefix: str, model: ModelStandIn, tmp_path: Path
+) -> None:
+    """The database goes away after the review stage took its candidate and before the model is
+    asked, and the worker cannot release its lease meanwhile: once it is back, the same message
+    resumes its own take — it is not parked behind the worker's own lease, and no "worker
+    died" attempt is counted later."""
+    env = pipeline_env(fresh_db_url, prefix, model, tmp_path, NEWS_MAX_DELIVERIES="1")
+    with FeedFarm(feeds=1, items=1, thumbnails=True) as farm:
+        await add_farm_sources(db, farm)
+        async with pipeline_runtime(env, db) as runtime:
+            await _fetched_to_review(runtime, db, 1)
+            news = runtime.news_adapters()
+            leases = _ReleaseFailsOnce(news.leases)
+            reviewer = _OutageBeforeTheModel(news.reviewer)
+            flaky = replace(runtime, news=replace(news, leases=leases, reviewer=reviewer))
+            async with worker_running(flaky, ["review", "write"]) as summary:
+                await wait_for(lambda: _done(db, 1), within=60, what="the article written")
+    assert (leases.failed, reviewer.outages) == (1, 1)  # both faults happened
+    [url] = farm.article_urls()
+    assert model.reviews == {url: 1}
+    assert summary.outcomes["parked"] == 0 and summary.dead_lettered == {}, summary.to_json()
