@@ -69,11 +69,22 @@ SELECT url, reason AS error FROM news.candidates
  ORDER BY updated_at, id;
 
 -- name: pass_notes
--- What the stage workers noted in the window: items dropped (by source and reason), backlog
--- translations, fetches put off behind another worker's lease, Redis failures (shard NULL:
--- seen by a worker that serves every shard).
-SELECT kind, source, reason, sum(n) AS n FROM news.report_notes
- WHERE (shard = %(shard)s OR shard IS NULL) AND at > %(since)s AND at <= %(now)s
+-- What the stage workers noted: items dropped (by source and reason), backlog translations,
+-- fetches put off behind another worker's lease — the shard's own notes TAKEN (deleted as they
+-- are read, whenever a worker stamped them: a fetch stamps its start, and may commit after a
+-- pass has read; two passes at once each take different ones, never the same twice) — and the
+-- Redis failures in the window (shard NULL: seen by a worker that serves every shard, read by
+-- every shard's pass, forgotten after a day). A pass that dies after this and before saving
+-- its report loses those counts, never doubles them.
+WITH taken AS (
+    DELETE FROM news.report_notes WHERE shard = %(shard)s
+    RETURNING kind, source, reason, n
+), shared AS (
+    SELECT kind, source, reason, n FROM news.report_notes
+     WHERE shard IS NULL AND at > %(since)s AND at <= %(now)s
+)
+SELECT kind, source, reason, sum(n) AS n
+  FROM (SELECT * FROM taken UNION ALL SELECT * FROM shared) AS notes
  GROUP BY kind, source, reason
  ORDER BY kind, source, reason;
 
@@ -87,7 +98,6 @@ SELECT %(shard)s, %(kind)s, %(source)s, u.reason, u.n, %(now)s
   FROM unnest(%(reasons)b::text[], %(counts)b::int[]) AS u (reason, n);
 
 -- name: forget_notes
--- A pass reported them: the shard's notes up to its `now`, and Redis failures after a day.
+-- The shard's own notes were taken by pass_notes; Redis failures go after a day.
 DELETE FROM news.report_notes
- WHERE (shard = %(shard)s AND at <= %(now)s)
-    OR (shard IS NULL AND at < %(now)s::timestamptz - interval '1 day');
+ WHERE shard IS NULL AND at < %(now)s::timestamptz - interval '1 day';
