@@ -79,3 +79,44 @@ async def test_redis_and_rabbitmq_cut_together_under_the_pipeline_review_nothing
     finally:
         await broker_proxy.cut()
         await redis_proxy.cut()
+
+
+async def test_a_silent_redis_under_the_pipeline_costs_seconds_not_a_stall(
+    db: Database, fresh_db_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """Redis accepting connections and never answering, from before the pass: the stage
+    workers carry on on PostgreSQL's leases (each process pays one 1 s timeout, then its
+    circuit breaker keeps Redis off), every article written and reviewed once, and the pass
+    says Redis was not used."""
+    import time
+
+    redis = urlsplit(REDIS_URL)
+    redis_proxy = TcpProxy(redis.port or 6379, redis.hostname or "127.0.0.1")
+    await redis_proxy.start()
+    try:
+        with ModelStandIn(delay=0.0) as model, FeedFarm(feeds=3, items=10) as farm:
+            await add_farm_sources(db, farm)
+            env = pipeline_env(
+                fresh_db_url,
+                prefix,
+                model,
+                tmp_path / "store",
+                REDIS_URL=_via(REDIS_URL, redis_proxy.port),
+            )
+            async with pipeline_runtime(env, db) as runtime, worker_running(runtime):
+                redis_proxy.blackhole()
+                started = time.perf_counter()
+                await enqueue_shard(runtime, SystemClock(), "s")
+
+                async def all_written() -> bool:
+                    return await count(db, "SELECT count(*) FROM news.articles") >= 30
+
+                await wait_for(all_written, within=60, what="30 articles")
+                took = time.perf_counter() - started
+                report = await enqueue_shard(runtime, SystemClock(), "s")
+        assert took < 20, took
+        assert max(model.reviews.values()) == 1 and len(model.reviews) == 30
+        assert report.to_json()["redisEnabled"] is False
+    finally:
+        await redis_proxy.restore()
+        await redis_proxy.cut()
