@@ -138,9 +138,11 @@ class FeedFarm(_Server):
 class ModelStandIn(_Server):
     """An OpenAI-compatible chat-completions endpoint that accepts every article after
     ``delay`` seconds, and counts the reviews it was asked for, per article URL (``fail``
-    answers 500 to the URLs in it). With a ``summary``, each verdict carries it, so the worker
-    asks for its translation too: those answered are counted in ``translations``, not
-    ``reviews`` (``fail_first_translation``: the first request for each text answers 500)."""
+    answers 500 to the URLs in it; ``fail_once`` to the first review request of each URL in
+    it). With a ``summary``, each verdict carries it, so the worker asks for its translation
+    too: those answered are counted in ``translations``, not ``reviews``
+    (``fail_first_translation``: the first request for each text answers 500;
+    ``translations_down``: every translation request answers 500 while it is set)."""
 
     def __init__(
         self, delay: float = 0.1, *, summary: str = "", fail_first_translation: bool = False
@@ -154,6 +156,8 @@ class ModelStandIn(_Server):
         self.translation_requests: Counter[str] = Counter()
         self.translations = 0
         self.fail: set[str] = set()
+        self.fail_once: set[str] = set()
+        self.translations_down = False
 
     @property
     def base_url(self) -> str:
@@ -167,15 +171,17 @@ class ModelStandIn(_Server):
         if request["messages"][0]["content"].startswith("Translate"):
             with self.lock:
                 self.translation_requests[user] += 1
-                if self.fail_first_translation and self.translation_requests[user] == 1:
+                first = self.translation_requests[user] == 1
+                if self.translations_down or (self.fail_first_translation and first):
                     return 500, "application/json", b'{"error": "down"}'
                 self.translations += 1
             return self._completion(f"(translated) {user}")
         url = next((line[5:].strip() for line in user.splitlines() if line.startswith("URL: ")), "")
         with self.lock:
             self.reviews[url] += 1
+            first = self.reviews[url] == 1
         time.sleep(self.delay)
-        if url in self.fail:
+        if url in self.fail or (first and url in self.fail_once):
             return 500, "application/json", b'{"error": "down"}'
         with self.lock:
             self.answered[url] += 1

@@ -109,11 +109,15 @@ async def wait_for(
 
 @asynccontextmanager
 async def worker_running(
-    runtime: Runtime, stages: list[str] | None = None, concurrency: int = 4
+    runtime: Runtime,
+    stages: list[str] | None = None,
+    concurrency: int = 4,
+    clock: Clock | None = None,
 ) -> AsyncIterator[WorkerSummary]:
-    """An in-process worker, stopped (gracefully) when the block ends."""
+    """An in-process worker (on ``clock``, the system's by default), stopped (gracefully)
+    when the block ends."""
     stop = asyncio.Event()
-    worker = Worker(runtime, SystemClock(), stages or list(STAGES), concurrency)
+    worker = Worker(runtime, clock or SystemClock(), stages or list(STAGES), concurrency)
     task = asyncio.create_task(worker.run(stop, grace=10))
     try:
         yield worker.summary
