@@ -731,13 +731,16 @@ async def review(ctx: StageContext, body: dict[str, Any]) -> Outcome:
             await db.execute(SQL["drop"], {"url": url})
             return Outcome("skipped", {"url": url, "why": "written already"})
         reviewer = ctx.runtime.news_adapters().reviewer
+        # no model call without the lease (nor once the worker is stopping): checked before
+        # the budget is spent, so a lost lease or a stop costs the pass none of its reviews
+        beat.check()
         # MAX_AI_REVIEWS per shard per pass, spent here at take, before the model call: over
         # it, the candidate is held for a later pass (pipeline.spend_review)
         if not await pipeline.spend_review(
             ctx.runtime, taken.shard, url, taken.fence, ctx.clock.now()
         ):
             return Outcome("deferred", {"url": url, "why": "MAX_AI_REVIEWS reached for this pass"})
-        beat.check()  # no model call without the lease (nor once the worker is stopping)
+        beat.check()  # and again: the budget's statement may have outlasted the lease
         verdict, translation, transient = await review_item(
             _guarded(reviewer, beat), taken.candidate.item
         )
