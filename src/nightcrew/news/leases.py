@@ -61,13 +61,16 @@ async def acquire_many(
     )
 
 
-async def release_quietly(leases: Leases, lease: Lease) -> None:
-    """A lease that cannot be released now (its backend is down) simply runs out its TTL.
-    (The pipeline's stages release this way; the inline run lets a failed release raise.)"""
+async def release_quietly(leases: Leases, lease: Lease) -> bool:
+    """A lease that cannot be released now (its backend is down) runs out its TTL meanwhile:
+    False, logged, never raised. (The pipeline's stages release this way, and remember what
+    they could not release; the inline run lets a failed release raise.)"""
     try:
         await leases.release(lease)
     except (NightcrewError, LeaseBackendDown) as exc:
         warning("news.lease_release_failed", lease=lease.name, error=describe_error(exc))
+        return False
+    return True
 
 
 async def draw_fence(db: Database, shard: str) -> int:

@@ -690,11 +690,8 @@ async def _acquire_own(ctx: StageContext, name: str, ttl: float) -> tuple[Leases
 async def _release(ctx: StageContext, name: str, held_by: Leases, lease: Lease) -> None:
     """Released, or remembered for ``_acquire_own`` when the backend cannot answer now (it runs
     out its TTL meanwhile)."""
-    try:
-        await held_by.release(lease)
-    except (NightcrewError, LeaseBackendDown) as exc:
+    if not await leases.release_quietly(held_by, lease):
         ctx.unreleased[name] = (held_by, lease)
-        warning("news.lease_release_failed", lease=name, error=describe_error(exc))
 
 
 async def enrich(ctx: StageContext, body: dict[str, Any]) -> Outcome:
@@ -824,14 +821,7 @@ async def _write(
     candidate = taken.candidate
     reviewed = Reviewed(candidate, candidate.verdict, candidate.translation)
     try:
-        ids = await write_candidate(
-            db,
-            taken.shard,
-            taken.fence,
-            reviewed,
-            now,
-            processed=ctx.runtime.news_adapters().processed,
-        )
+        ids = await write_candidate(db, taken.shard, taken.fence, reviewed, now)
     except Superseded:
         return Outcome("skipped", {"url": url, "why": "taken over meanwhile"})
     except QueryError as exc:
@@ -840,6 +830,15 @@ async def _write(
         await db.execute(SQL["reject"], {"url": url, "reason": describe_error(exc), "now": now})
         current_attempt().open = False
         return Outcome("rejected", {"url": url, "error": describe_error(exc)})
+    # the processed-URL set, as the inline run records its writes (a Redis that fails there
+    # costs nothing: the written article is the record)
+    adapters = ctx.runtime.news_adapters()
+    await items.mark_processed(
+        adapters.processed,
+        adapters.fallback_processed,
+        list(ids),
+        lambda exc: warning("worker.redis.unavailable", error=str(exc)),
+    )
     return Outcome("written" if ids else "skipped", {"url": url, "status": reviewed.status})
 
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from nightcrew.adapters.processed import ProcessedUrls, ProcessedUrlsDown
 from nightcrew.db.database import Database, QueryError, Tx, json_param
 from nightcrew.db.queries import load_queries
 from nightcrew.log import describe_error, warning
@@ -142,14 +141,10 @@ async def write_candidate(
     fence: int,
     reviewed: Reviewed,
     now: datetime,
-    *,
-    processed: ProcessedUrls | None = None,
 ) -> dict[str, int]:
     """One candidate's article and review, its candidate row gone and its shard's snapshot
     marked stale, in one transaction — only under ``fence`` (else Superseded: a newer worker
-    took it). {url: article id} when written now; empty when it was written already. After
-    the commit the URL joins ``processed`` (Redis's set, as the inline run's writes do); a
-    Redis that fails there costs nothing: the written article is the record."""
+    took it). {url: article id} when written now; empty when it was written already."""
     async with db.transaction() as tx:
         ids = await insert_articles(tx, shard, fence, [reviewed], {}, now)
         gone = await tx.fetch_one(
@@ -158,9 +153,4 @@ async def write_candidate(
         if gone is None:
             raise Superseded(f"{reviewed.url}: taken over while being written")
         await snapshot.mark_stale(tx, shard, now)
-    if ids and processed is not None:
-        try:
-            await processed.add(list(ids))
-        except ProcessedUrlsDown as exc:
-            warning("worker.redis.unavailable", error=str(exc))
     return ids
