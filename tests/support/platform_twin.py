@@ -14,40 +14,24 @@ developer's nightcrew settings (only what the caller passes, plus NIGHTCREW_DATA
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from nightcrew.config import Settings
 from nightcrew.db.database import with_dbname
+from tests.acceptance.test_cli import _env, _nightcrew
 
 TWIN_SQL = Path(__file__).with_name("platform_twin.sql")
 
 # The platform's schemas: nightcrew must create nothing in them.
 PLATFORM_SCHEMAS = ("public", "auth")
 
-# What a command inherits from the test process: nothing of nightcrew's configuration but the
-# session's data directory (tests/conftest.py keeps it out of the checkout).
-_INHERITED = {"NIGHTCREW_DATA_DIR"}
-_SETTINGS = {str(f.alias) for f in Settings.model_fields.values()} - _INHERITED
-
-
-def nightcrew_command() -> str:
-    beside = Path(sys.executable).parent / "nightcrew"
-    found = str(beside) if beside.exists() else shutil.which("nightcrew")
-    assert found, "the nightcrew console script is not installed"
-    return found
-
-
-def command_env(**overrides: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _SETTINGS}
-    env.update({k: v for k, v in overrides.items() if v is not None})
-    return env
+# A command inherits none of the caller's nightcrew settings but the session's data directory:
+# the acceptance tests' rule and helpers, one copy of them.
+nightcrew_command = _nightcrew
+command_env = _env
 
 
 def run_nightcrew(
