@@ -21,7 +21,6 @@ import asyncio
 import itertools
 import json
 import os
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -34,7 +33,8 @@ from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
 from nightcrew.news import stages
 from nightcrew.news.pipeline import broker_of, enqueue_shard
-from tests.faults.test_news_pipeline_faults import _nightcrew, workers
+from tests.faults.test_news_pipeline_faults import workers
+from tests.faults.test_news_pipeline_poison import _cli
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
@@ -50,18 +50,6 @@ from tests.support.standins import FeedFarm, ModelStandIn
 pytestmark = needs_rabbitmq
 
 MAX_DELIVERIES = 3
-
-
-async def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    proc = await asyncio.create_subprocess_exec(
-        _nightcrew(),
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    return subprocess.CompletedProcess(args, proc.returncode or 0, out.decode(), err.decode())
 
 
 async def _written(db: Database) -> int:
