@@ -2,7 +2,9 @@
 
 A lease keeps a second worker off work that is under way: the inline run's shard lease (and its
 per-article review locks, ``review.review_lock_name``), the pipeline's stage leases. Each is
-taken from the configured backend (Redis) and from PostgreSQL's when Redis fails (spec 001).
+decided by PostgreSQL (the adapters' leases: ``PairedLeases`` with a Redis copy when Redis is
+configured); ``acquire`` keeps a fallback for a Leases whose backend can raise
+LeaseBackendDown (``RedisLeases``), which the runtime no longer assembles.
 A fence keeps out the *results* of a holder whose lease ran out: every new holder of a shard
 draws a higher fence, and a write goes in only under a fence at least as new as any used.
 """
