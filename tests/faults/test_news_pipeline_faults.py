@@ -73,6 +73,11 @@ class Workers:
             codes.append(await asyncio.wait_for(proc.wait(), 60))
         return codes
 
+    def tail(self, index: int, lines: int = 40) -> str:
+        """The end of a worker's log, for an assertion that names why it stopped as it did."""
+        text = (self.logs / f"worker-{index}.log").read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
     def events(self, index: int) -> list[dict[str, object]]:
         lines = (self.logs / f"worker-{index}.log").read_text().splitlines()
         return [json.loads(line) for line in lines if line.startswith("{")]
@@ -130,7 +135,7 @@ async def test_three_worker_processes_write_every_article_once_and_the_snapshot(
             first = (await enqueue_shard(runtime, SystemClock(), "s")).to_json()
             await wait_for(lambda: _all_written(db, 300), within=120, what="300 articles")
             codes = await crew.stop_all()
-        assert codes == [0, 0, 0]
+        assert codes == [0, 0, 0], [crew.tail(i) for i, c in enumerate(codes) if c]
         assert first["enqueuedSources"] == 50
         assert await _articles(db) == sorted(farm.article_urls())
         assert set(model.reviews) == farm.article_urls() and max(model.reviews.values()) == 1
@@ -182,7 +187,7 @@ async def test_a_worker_killed_mid_review_loses_nothing_and_no_article_is_review
 
             await wait_for(passes_until_done, within=120, what="20 articles", poll=1.0)
             codes = await crew.stop_all()
-        assert codes[1] == 0
+        assert codes[1] == 0, crew.tail(1)
         assert await _articles(db) == sorted(farm.article_urls())
         await _one_review_each(db)
         assert 1 <= len(in_flight) <= 4  # what the victim was asking the model when killed
@@ -223,7 +228,7 @@ async def test_workers_reconnect_after_the_broker_connection_is_cut_and_nothing_
             await wait_for(lambda: _all_written(db, 100), within=120, what="100 articles")
             codes = await crew.stop_all()
             await proxy.cut()
-        assert codes == [0, 0]
+        assert codes == [0, 0], [crew.tail(i) for i, c in enumerate(codes) if c]
         assert await _articles(db) == sorted(farm.article_urls())
         assert max(model.reviews.values()) == 1  # no review ran twice
         await _one_review_each(db)

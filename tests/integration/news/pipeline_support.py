@@ -61,6 +61,9 @@ def pipeline_env(
         "STORAGE_URL": f"file://{store}",
         "NEWS_SNAPSHOT_DEBOUNCE_SECONDS": "0.5",
         "MAX_AI_REVIEWS": "1000",
+        # a worker that dies of a signal (one CI run saw -6 at a SIGTERM stop) leaves every
+        # thread's Python stack in its log, for the assertion that shows the log's tail
+        "PYTHONFAULTHANDLER": "1",
         **extra,
     }
 
