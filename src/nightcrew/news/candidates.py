@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from nightcrew.adapters.reviewer import Verdict
-from nightcrew.db.database import Database, QueryError, Tx
+from nightcrew.db.database import Database, QueryError, Tx, json_param
 from nightcrew.db.queries import load_queries
 from nightcrew.news import sources as news_sources
 from nightcrew.news.fetch import FeedItem, FetchResult, next_check
@@ -189,6 +189,24 @@ async def defer(
 async def drop(tx: Database | Tx, urls: list[str]) -> None:
     if urls:
         await tx.execute(SQL["drop"], {"urls": urls})
+
+
+async def keep_verdicts(
+    db: Database, verdicts: list[tuple[str, Verdict, str | None]], now: datetime
+) -> int:
+    """(url, verdict, translation) saved on the held candidates, ready to write: a run fenced
+    out after paying for these reviews hands them to the next writer. How many were kept."""
+    if not verdicts:
+        return 0
+    return await db.execute(
+        SQL["keep_verdicts"],
+        {
+            "urls": [u for u, _, _ in verdicts],
+            "translations": [t for _, _, t in verdicts],
+            "verdicts": json_param([verdict_to_json(v) for _, v, _ in verdicts]),
+            "now": now,
+        },
+    )
 
 
 async def reject(db: Database, url: str, reason: str, now: datetime) -> None:

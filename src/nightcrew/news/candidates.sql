@@ -66,3 +66,16 @@ DELETE FROM news.candidates WHERE url = ANY(%(urls)b::text[]);
 -- name: reject
 UPDATE news.candidates SET state = 'rejected', reason = %(reason)s, updated_at = %(now)s
  WHERE url = %(url)s;
+
+-- name: keep_verdicts
+-- A fenced-out run's paid reviews, kept on the candidates it could not write: ready to write
+-- (stage 'write'), so whoever writes them next asks the model nothing again. Only candidates
+-- still held and not judged already; the reasons come as one JSON array, in the urls' order.
+UPDATE news.candidates c
+   SET stage = 'write', verdict = v.verdict, translation = v.translation, updated_at = %(now)s
+  FROM (SELECT u.url, u.translation, x.verdict
+          FROM unnest(%(urls)b::text[], %(translations)b::text[])
+               WITH ORDINALITY AS u (url, translation, n)
+          JOIN jsonb_array_elements(%(verdicts)s::jsonb) WITH ORDINALITY AS x (verdict, n)
+               USING (n)) v
+ WHERE c.url = v.url AND c.state = 'held' AND c.stage <> 'write';

@@ -2,11 +2,11 @@
 least as new as any writer's (``leases.py``), so a holder whose lease ran out writes nothing.
 A URL already written is left as it is: writes are idempotent on the normalised URL.
 
-Both engines write through ``insert_articles``; around it each has its own transaction today
-(to be unified, issue 23): the inline run a batch under the shard's fence, falling back to one
-article per transaction so only the article the database refuses is lost
-(``write_reviewed``); the pipeline's write stage one candidate under the fence its worker drew
-(``write_candidate``).
+Both engines write through ``insert_articles``, in a transaction of their own around it: the
+inline run a batch under the shard's fence, falling back to one article per transaction so
+only the article the database refuses is lost (``write_reviewed``); the pipeline's write stage
+one candidate under the fence its worker drew (``write_candidate``). An inline run fenced out
+at its write keeps the reviews it paid for on the held candidates, for the next writer.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any
 
 from nightcrew.db.database import Database, QueryError, Tx, json_param
 from nightcrew.db.queries import load_queries
-from nightcrew.log import describe_error, warning
+from nightcrew.errors import NightcrewError
+from nightcrew.log import describe_error, event, warning
 from nightcrew.news import candidates as held_candidates
 from nightcrew.news import snapshot
 from nightcrew.news.candidates import refused_for_its_data
@@ -89,9 +90,43 @@ async def write_reviewed(
     transaction per article, so only the article the database cannot store is rejected (and
     reported with the reason); one that failed for another reason (a timeout, a deadlock) is
     held for the next run. A holder whose lease expired (and whose shard a newer holder has
-    since written) gets StaleLease and writes nothing."""
+    since written) gets StaleLease and writes nothing; its model reviews stay on the held
+    candidates (``_keep_paid_reviews``)."""
     if not verdicts:
         return Written(urls=[], write_errors=[])
+    try:
+        return await _write_all(db, shard, fence, verdicts, images, now)
+    except StaleLease:
+        await _keep_paid_reviews(db, shard, verdicts, now)
+        raise
+
+
+async def _keep_paid_reviews(db: Database, shard: str, verdicts: Verdicts, now: datetime) -> None:
+    """A run fenced out at its write has paid for its model reviews: they stay on the held
+    candidates (the run still holds their review locks), and the shard's new holder writes
+    them without asking the model again. Best effort: a database that fails here costs a
+    second review, never the superseded outcome."""
+    paid = [
+        (r.url, r.verdict, r.translation)
+        for r in verdicts
+        if r.verdict is not None and not r.candidate.reviewed
+    ]
+    try:
+        kept = await held_candidates.keep_verdicts(db, paid, now)
+    except NightcrewError as exc:
+        warning("worker.verdicts_not_kept", shard=shard, error=describe_error(exc))
+        return
+    event("worker.verdicts_kept", shard=shard, kept=kept)
+
+
+async def _write_all(
+    db: Database,
+    shard: str,
+    fence: int,
+    verdicts: Verdicts,
+    images: dict[str, str],
+    now: datetime,
+) -> Written:
     try:
         urls = await _write_batch(db, shard, fence, verdicts, images, now)
         return Written(urls=urls, write_errors=[])
