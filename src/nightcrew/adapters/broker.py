@@ -198,6 +198,9 @@ class PipelineBroker:
             "x-dead-letter-exchange": f"{self.prefix}.dlx",
             "x-dead-letter-routing-key": stage,
             "x-dead-letter-strategy": "at-least-once",
+            # not a length bound (the queue has none: admission bounds the work in PostgreSQL);
+            # RabbitMQ keeps at-least-once dead-lettering only with reject-publish overflow,
+            # and quietly falls back to at-most-once under the default drop-head
             "x-overflow": "reject-publish",
         }
 

@@ -35,11 +35,10 @@ REDIS_TIMEOUT_SECONDS = 1.0
 
 @dataclass(frozen=True, kw_only=True)
 class NewsAdapters:
-    leases: Leases
+    leases: Leases  # decided by PostgreSQL; copied to Redis when it is configured
     processed: ProcessedUrls
-    # PostgreSQL's leases and set: what a run goes on with once Redis fails (spec 001); the
-    # same objects as ``leases``/``processed`` when no Redis is configured
-    fallback_leases: Leases
+    # PostgreSQL's processed set: what a run goes on with once Redis fails (spec 001); the
+    # same object as ``processed`` when no Redis is configured
     fallback_processed: ProcessedUrls
     http: UntrustedHttp  # new_client(policy): every connection through the policy
     reviewer: Reviewer
@@ -71,13 +70,12 @@ def news_adapters(
     see each other, whatever Redis does mid-run. Redis stays the processed-URL set's fast path.
     One circuit breaker per process serves both: after a Redis failure neither calls Redis for
     a while, and no call waits out a timeout against a Redis that is gone."""
-    fallback_leases = PostgresLeases(db, clock)
+    authority = PostgresLeases(db, clock)
     fallback_processed = PostgresProcessedUrls(db)
     if redis is None:
         return NewsAdapters(
-            leases=fallback_leases,
+            leases=authority,
             processed=fallback_processed,
-            fallback_leases=fallback_leases,
             fallback_processed=fallback_processed,
             http=http,
             reviewer=reviewer,
@@ -86,9 +84,8 @@ def news_adapters(
         )
     breaker = RedisBreaker()
     return NewsAdapters(
-        leases=PairedLeases(fallback_leases, redis, breaker),
+        leases=PairedLeases(authority, redis, breaker),
         processed=RedisProcessedUrls(redis, breaker=breaker),
-        fallback_leases=fallback_leases,
         fallback_processed=fallback_processed,
         http=http,
         reviewer=reviewer,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from nightcrew.adapters.locks import Lease, LeaseBackendDown, Leases
+from nightcrew.adapters.locks import Lease, Leases
 from nightcrew.adapters.news import NewsAdapters
 from nightcrew.adapters.processed import ProcessedUrls, ProcessedUrlsDown
 from nightcrew.adapters.reviewer import Verdict
@@ -67,12 +67,8 @@ async def run_shard(
         backpressure_queue_limit=settings.ingestion_backpressure_queue_limit,
         backpressure_db_article_limit=settings.ingestion_backpressure_db_article_limit,
     )
-    lease_backend, lease = await leases.acquire(
-        deps.leases,
-        deps.fallback_leases,
-        leases.shard_lock_name(shard),
-        settings.worker_lock_ttl_seconds,
-        lambda exc: _redis_failed(tally, exc),
+    lease = await deps.leases.acquire(
+        leases.shard_lock_name(shard), settings.worker_lock_ttl_seconds
     )
     if lease is None:
         (event if trigger == "manual" else warning)(
@@ -89,14 +85,14 @@ async def run_shard(
         )
         await _save(runtime, report, clock)
         return report
-    # The fence comes from the shard's own counter, whichever backend granted the lease: every
-    # new holder draws a higher one, so an older holder (of either backend) is fenced out.
+    # The fence comes from the shard's own counter (nightcrew's lease table keeps one per lease
+    # name; the shard's counts every holder that ever wrote): a newer holder fences this out.
     lease = replace(lease, fence=await leases.draw_fence(runtime.db, shard))
     work = _Run(
         runtime=runtime,
         clock=clock,
         deps=deps,
-        leases=lease_backend,
+        leases=deps.leases,
         lease=lease,
         report=tally,
         processed=deps.processed if tally.redis_enabled else deps.fallback_processed,
@@ -112,7 +108,7 @@ async def run_shard(
         tally.deferred_reasons.append(SUPERSEDED_REASON)
         tally.deferred_count = await held_candidates.count_held(runtime.db, shard)
     finally:
-        await lease_backend.release(lease)
+        await deps.leases.release(lease)
     report = tally.report(
         status=status, duration_ms=_ms_since(started), redis_enabled=redis.enabled()
     )
@@ -124,7 +120,7 @@ async def run_shard(
     return report
 
 
-def _redis_failed(report: RunTally, exc: LeaseBackendDown | ProcessedUrlsDown) -> None:
+def _redis_failed(report: RunTally, exc: ProcessedUrlsDown) -> None:
     """Redis failed a call: this run says so (``redisEnabled: false``) and goes on with the
     PostgreSQL leases and processed set its adapters provide (spec 001)."""
     warning("worker.redis.unavailable", error=str(exc))
@@ -157,8 +153,7 @@ def _tally(report: RunTally, verdict: Verdict | None) -> None:
 
 @dataclass(kw_only=True)
 class _Run:
-    """One run of one shard, holding ``lease`` (from ``leases``: Redis, or PostgreSQL when
-    Redis failed)."""
+    """One run of one shard, holding ``lease`` (decided by PostgreSQL, ``leases``)."""
 
     runtime: Runtime
     clock: Clock
@@ -183,19 +178,12 @@ class _Run:
             await self._translate_backlog()
         await self._publish_snapshot(now)
 
-    def _redis_failed(self, exc: LeaseBackendDown | ProcessedUrlsDown) -> None:
+    def _redis_failed(self, exc: ProcessedUrlsDown) -> None:
         _redis_failed(self.report, exc)
 
     async def _extend(self) -> bool:
-        """The shard lease extended (holder-only, the TTL replaced); False when it is lost —
-        and when Redis cannot be reached to say, which this run then reports."""
-        try:
-            return await self.leases.renew(
-                self.lease, self.runtime.settings.worker_lock_ttl_seconds
-            )
-        except LeaseBackendDown as exc:
-            self._redis_failed(exc)
-            return False
+        """The shard lease extended (holder-only, the TTL replaced); False when it is lost."""
+        return await self.leases.extend(self.lease, self.runtime.settings.worker_lock_ttl_seconds)
 
     async def _translate_backlog(self) -> None:
         """Summaries whose translation failed, under the same lease, extended first."""
@@ -332,12 +320,8 @@ class _Run:
     ) -> list[str]:
         db, deps, report, settings = self.runtime.db, self.deps, self.report, self.runtime.settings
         names = {c.url: review_lock_name(c.url) for c in to_process}
-        lock_leases, locks = await leases.acquire_many(
-            self.leases,
-            deps.fallback_leases,
-            list(names.values()),
-            settings.ai_review_lock_ttl_seconds,
-            self._redis_failed,
+        locks = await self.leases.acquire_many(
+            list(names.values()), settings.ai_review_lock_ttl_seconds
         )
         try:
             held = [c for c in to_process if names[c.url] in locks]
@@ -388,7 +372,7 @@ class _Run:
             )
             report.write_errors.extend(written.write_errors)
         finally:
-            await lock_leases.release_many(list(locks.values()))
+            await self.leases.release_many(list(locks.values()))
         report.processed_count = len(written.urls)
         # translated by this run's model calls (not a verdict the pipeline's review stage gave)
         written_now = set(written.urls)

@@ -3,8 +3,7 @@
 A lease keeps a second worker off work that is under way: the inline run's shard lease (and its
 per-article review locks, ``review.review_lock_name``), the pipeline's stage leases. Each is
 decided by PostgreSQL (the adapters' leases: ``PairedLeases`` with a Redis copy when Redis is
-configured); ``acquire`` keeps a fallback for a Leases whose backend can raise
-LeaseBackendDown (``RedisLeases``), which the runtime no longer assembles.
+configured).
 A fence keeps out the *results* of a holder whose lease ran out: every new holder of a shard
 draws a higher fence, and a write goes in only under a fence at least as new as any used.
 """
@@ -12,17 +11,14 @@ draws a higher fence, and a write goes in only under a fence at least as new as 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 
-from nightcrew.adapters.locks import Lease, LeaseBackendDown, Leases, with_fallback
+from nightcrew.adapters.locks import Lease, Leases
 from nightcrew.db.database import Database, Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import NightcrewError
 from nightcrew.log import describe_error, warning
 
 SQL = load_queries(__file__)
-
-RedisFailed = Callable[[LeaseBackendDown], None]
 
 
 class StaleLease(NightcrewError):
@@ -44,32 +40,13 @@ def stage_lease_name(stage: str, key: str) -> str:
     return f"news:{stage}:" + hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
-async def acquire(
-    leases: Leases, fallback: Leases, name: str, ttl: float, on_redis_failed: RedisFailed
-) -> tuple[Leases, Lease | None]:
-    """One lease from ``leases``, or from ``fallback`` (PostgreSQL's) when Redis fails —
-    ``on_redis_failed`` is told. Returns the leases that answered: renew and release go there."""
-    return await with_fallback(
-        leases, fallback, lambda backend: backend.acquire(name, ttl), on_redis_failed
-    )
-
-
-async def acquire_many(
-    leases: Leases, fallback: Leases, names: list[str], ttl: float, on_redis_failed: RedisFailed
-) -> tuple[Leases, dict[str, Lease]]:
-    """As ``acquire``, for many names at once: {name: lease} of those granted."""
-    return await with_fallback(
-        leases, fallback, lambda backend: backend.acquire_many(names, ttl), on_redis_failed
-    )
-
-
 async def release_quietly(leases: Leases, lease: Lease) -> bool:
     """A lease that cannot be released now (its backend is down) runs out its TTL meanwhile:
     False, logged, never raised. (The pipeline's stages release this way, and remember what
     they could not release; the inline run lets a failed release raise.)"""
     try:
         await leases.release(lease)
-    except (NightcrewError, LeaseBackendDown) as exc:
+    except NightcrewError as exc:
         warning("news.lease_release_failed", lease=lease.name, error=describe_error(exc))
         return False
     return True

@@ -215,8 +215,7 @@ async def upkeep(runtime: Runtime, clock: Clock, shard: str, *, stopped: bool = 
     if stopped:
         return Upkeep(ran=False)
     db, settings, deps = runtime.db, runtime.settings, runtime.news_adapters()
-    pg = deps.fallback_leases  # PostgreSQL's: the one authority every pass can see
-    lease = await pg.acquire(upkeep_lease_name(shard), UPKEEP_LEASE_SECONDS)
+    lease = await deps.leases.acquire(upkeep_lease_name(shard), UPKEEP_LEASE_SECONDS)
     if lease is None:
         event("news.upkeep_skipped", shard=shard, why="another pass of the shard holds it")
         return Upkeep(ran=False)
@@ -231,10 +230,10 @@ async def upkeep(runtime: Runtime, clock: Clock, shard: str, *, stopped: bool = 
                 db,
                 deps.reviewer,
                 backlog,
-                still_held=lambda: pg.extend(lease, UPKEEP_LEASE_SECONDS),
+                still_held=lambda: deps.leases.extend(lease, UPKEEP_LEASE_SECONDS),
             )
     finally:
-        await pg.release(lease)
+        await deps.leases.release(lease)
     event("news.upkeep", shard=shard, thumbnails_retried=len(retries), translated=translated)
     return Upkeep(ran=True, thumbnails_retried=len(retries), translated=translated)
 

@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 import httpx
 
 from nightcrew.adapters.broker import PipelineBroker
-from nightcrew.adapters.locks import Lease, LeaseBackendDown, Leases
+from nightcrew.adapters.locks import Lease, Leases
 from nightcrew.adapters.reviewer import Article, OfflineReviewer, Reviewer, ReviewError, Verdict
 from nightcrew.clock import Clock
 from nightcrew.db.database import QueryError, json_param
@@ -164,7 +164,7 @@ class StageContext:
     # leases this worker could not release (the database was gone): released before it takes
     # one of those names again, so its own retry after the outage is not parked behind its own
     # lease (and later counted as a worker that died)
-    unreleased: dict[str, tuple[Leases, Lease]] = field(default_factory=dict)
+    unreleased: dict[str, Lease] = field(default_factory=dict)
 
     @property
     def leases(self) -> Leases:
@@ -252,7 +252,6 @@ def is_transient(exc: BaseException) -> bool:
         | QueueError
         | StoreError
         | FetchError
-        | LeaseBackendDown
         | TimeoutError
         | OSError
         | httpx.TransportError,
@@ -291,17 +290,6 @@ async def patiently(
 
 
 # --- leases ---------------------------------------------------------------------------------------
-async def _acquire(ctx: StageContext, name: str, ttl: float) -> tuple[Leases, Lease | None]:
-    """The stage lease from the configured backend; PostgreSQL's when Redis fails (spec 001)."""
-    return await leases.acquire(
-        ctx.leases,
-        ctx.runtime.news_adapters().fallback_leases,
-        name,
-        ttl,
-        lambda exc: warning("worker.redis.unavailable", error=str(exc)),
-    )
-
-
 class Heartbeat:
     """A stage lease kept while its work runs (``async with``): renewed every third of its TTL,
     so a worker that dies leaves it behind for one TTL at most. A renewal refused — or none
@@ -397,7 +385,7 @@ async def fetch(ctx: StageContext, body: dict[str, Any]) -> Outcome:
         return Outcome("skipped", {"source_id": source_id, "why": "disabled or parked"})
     ttl = float(settings.news_stage_lease_seconds)
     name = f"news:fetch:{source_id}"
-    held_by, lease = await _acquire_own(ctx, name, ttl)
+    lease = await _acquire_own(ctx, name, ttl)
     if lease is None:
         await db.execute(
             SQL["refetch_later"],
@@ -411,11 +399,11 @@ async def fetch(ctx: StageContext, body: dict[str, Any]) -> Outcome:
         await news_report.note_fetch_locked(db, shard=source["shard"], now=now)
         return Outcome("skipped", {"source_id": source_id, "why": "another worker fetches it"})
     try:
-        async with Heartbeat(held_by, lease, ttl, ctx.stopping) as beat:
+        async with Heartbeat(ctx.leases, lease, ttl, ctx.stopping) as beat:
             beat.check()
             return await _fetch_source(ctx, source, now)
     finally:
-        await _release(ctx, name, held_by, lease)
+        await _release(ctx, name, lease)
 
 
 async def _fetch_source(ctx: StageContext, source: dict[str, Any], now: datetime) -> Outcome:
@@ -641,7 +629,7 @@ async def _leased(
     isolate: Callable[[], Awaitable[None]],
 ) -> Outcome:
     ttl = float(ctx.runtime.settings.news_stage_lease_seconds)
-    held_by, lease = await _acquire_own(ctx, lease_name, ttl)
+    lease = await _acquire_own(ctx, lease_name, ttl)
     if lease is None:
         await ctx.runtime.db.execute(
             SQL["park"],
@@ -655,7 +643,7 @@ async def _leased(
         )
         return Outcome("parked", {"url": url, "why": "lease held elsewhere"})
     try:
-        async with Heartbeat(held_by, lease, ttl, ctx.stopping) as beat:
+        async with Heartbeat(ctx.leases, lease, ttl, ctx.stopping) as beat:
             taken = await _taken(ctx, url, stage)
             if taken is None:
                 return Outcome("skipped", {"url": url, "why": f"not waiting for {stage}"})
@@ -675,23 +663,23 @@ async def _leased(
             await _finished(ctx, taken, stage)
             return outcome
     finally:
-        await _release(ctx, lease_name, held_by, lease)
+        await _release(ctx, lease_name, lease)
 
 
-async def _acquire_own(ctx: StageContext, name: str, ttl: float) -> tuple[Leases, Lease | None]:
+async def _acquire_own(ctx: StageContext, name: str, ttl: float) -> Lease | None:
     """The lease ``name``, after releasing this worker's own of that name that a database
     outage kept it from releasing (the outage is over if this gets that far)."""
     stale = ctx.unreleased.pop(name, None)
     if stale is not None:
-        await _release(ctx, name, *stale)
-    return await _acquire(ctx, name, ttl)
+        await _release(ctx, name, stale)
+    return await ctx.leases.acquire(name, ttl)
 
 
-async def _release(ctx: StageContext, name: str, held_by: Leases, lease: Lease) -> None:
-    """Released, or remembered for ``_acquire_own`` when the backend cannot answer now (it runs
-    out its TTL meanwhile)."""
-    if not await leases.release_quietly(held_by, lease):
-        ctx.unreleased[name] = (held_by, lease)
+async def _release(ctx: StageContext, name: str, lease: Lease) -> None:
+    """Released, or remembered for ``_acquire_own`` when the database cannot answer now (the
+    lease runs out its TTL meanwhile)."""
+    if not await leases.release_quietly(ctx.leases, lease):
+        ctx.unreleased[name] = lease
 
 
 async def enrich(ctx: StageContext, body: dict[str, Any]) -> Outcome:

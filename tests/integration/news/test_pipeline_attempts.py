@@ -341,9 +341,6 @@ class _ReleaseFailsOnce:
     async def extend(self, lease: Lease, ttl_seconds: float | None = None) -> bool:
         return await self._inner.extend(lease, ttl_seconds)
 
-    async def renew(self, lease: Lease, ttl_seconds: float | None = None) -> bool:
-        return await self._inner.renew(lease, ttl_seconds)
-
     async def release(self, lease: Lease) -> bool:
         if lease.name.startswith("news:review:") and not self.failed:
             self.failed += 1

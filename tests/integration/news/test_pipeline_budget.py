@@ -249,7 +249,7 @@ async def test_a_failed_translation_in_pipeline_mode_is_retried_by_a_later_pass(
             assert model.translation_requests == 6 and await _untranslated(db) == 3
 
             model.translation_down = False
-            leases = runtime.news_adapters().fallback_leases
+            leases = runtime.news_adapters().leases
             other = await leases.acquire(upkeep_lease_name("s"), 60)  # another pass's upkeep
             assert other is not None
             await _pass(runtime)
