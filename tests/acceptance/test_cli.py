@@ -365,17 +365,42 @@ def test_news_sources_from_the_command_line(fresh_db_url: str) -> None:
     assert again.returncode == 1 and "already exists" in again.stderr
     bad = run("news", "sources", "add", "ftp://feeds.example", "--name", "X", env=env)
     assert bad.returncode == 2 and "not an http(s) feed URL" in bad.stderr  # a bad argument
-    listed = run("news", "sources", "list", env=env)
-    assert "enabled   Example  https://feeds.example/rss" in listed.stdout
+    local = run("news", "sources", "add", "http://127.0.0.1:8080/rss", "--name", "Lo", env=env)
+    assert local.returncode == 0, local.stderr  # added, but told what the runs will do with it
+    assert "note: 127.0.0.1 is not a public address" in local.stderr
+    assert "NEWS_ALLOWED_PRIVATE_HOSTS=127.0.0.1" in local.stderr
+    allowed = {**env, "NEWS_ALLOWED_PRIVATE_HOSTS": "127.0.0.1"}
+    quiet = run("news", "sources", "add", "http://127.0.0.1:8081/rss", "--name", "L2", env=allowed)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    listed = run("news", "sources", "list", "--shard", "s1", env=env).stdout.splitlines()
+    assert listed[0].split() == ["ID", "SHARD", "STATE", "FAILURES", "NAME", "FEED", "URL"]
+    assert listed[1].split()[1:] == ["s1", "enabled", "0", "Example", "https://feeds.example/rss"]
+    # columns aligned: each row's URL starts under the header's
+    assert listed[1].index("https://") == listed[0].index("FEED URL")
     import psycopg
 
     with psycopg.connect(fresh_db_url, autocommit=True) as conn:  # as a fetch leaves it
         conn.execute("UPDATE news.sources SET next_check_at = '2026-11-29T04:15:00Z'")
-    [source] = json.loads(run("news", "sources", "list", "--json", env=env).stdout)
+    listing = run("news", "sources", "list", "--json", "--shard", "s1", env=env).stdout
+    [source] = json.loads(listing)
     due = source["next_check_at"]  # ISO 8601: a T, not a space, and the offset
     assert due[10] == "T" and datetime.fromisoformat(due) == datetime(
         2026, 11, 29, 4, 15, tzinfo=UTC
     )
     disabled = run("news", "sources", "disable", str(source_id), env=env)
     assert disabled.returncode == 0 and "disabled source" in disabled.stdout
-    assert "disabled  Example" in run("news", "sources", "list", env=env).stdout
+    row = run("news", "sources", "list", "--shard", "s1", env=env).stdout.splitlines()[1]
+    assert row.split()[2] == "disabled"
+
+
+def test_news_run_without_a_shard_says_which_it_runs_or_asks(fresh_db_url: str) -> None:
+    env = _env(DATABASE_URL=fresh_db_url)
+    plain = run("news", "run", "--json", env=env)
+    assert plain.returncode == 0, plain.stderr
+    assert json.loads(plain.stdout)["shard"] == "default"
+    assert "no --shard given: running shard 'default' (NEWS_SHARDS is not set)" in plain.stderr
+    one = run("news", "run", "--json", env={**env, "NEWS_SHARDS": "eu"})
+    assert one.returncode == 0 and json.loads(one.stdout)["shard"] == "eu"
+    several = run("news", "run", env={**env, "NEWS_SHARDS": "eu,us"})
+    assert several.returncode == 2
+    assert "give --shard (NEWS_SHARDS names eu, us)" in several.stderr

@@ -75,6 +75,7 @@ def test_a_url_list_skips_comments_and_blank_lines_and_may_name_a_feed() -> None
         "javascript:alert(1)\n"
         "https://d.example/\x00feed\n"
         "https://e.example/\ttabbed\n"
+        "not a url at all\n"
     )
     parsed = parse_feed_list(text.encode())
     assert parsed.format == "urls"
@@ -83,10 +84,14 @@ def test_a_url_list_skips_comments_and_blank_lines_and_may_name_a_feed() -> None
         (5, "https://b.example/atom.xml", "The B blog"),
         (6, "https://a.example/rss", None),
         (7, "ftp://c.example/feed", None),
-        (8, "javascript:alert(1)", None),
         (10, "https://e.example/", "tabbed"),
     ]
-    assert [(s.line, s.reason) for s in parsed.skipped] == [(9, SkipReason.invalid_url)]
+    # a line that is no "URL [NAME]" is reported whole, not its first word as the URL
+    assert [(s.line, s.reason, s.url) for s in parsed.skipped] == [
+        (8, SkipReason.invalid_url, "javascript:alert(1)"),
+        (9, SkipReason.invalid_url, "https://d.example/?feed"),
+        (11, SkipReason.invalid_url, "not a url at all"),
+    ]
 
     candidates, skipped = check_import(parsed)
     assert [(c.line, c.name) for c in candidates] == [
@@ -99,6 +104,7 @@ def test_a_url_list_skips_comments_and_blank_lines_and_may_name_a_feed() -> None
         (7, SkipReason.invalid_url),
         (8, SkipReason.invalid_url),
         (9, SkipReason.invalid_url),
+        (11, SkipReason.invalid_url),
     ]
     duplicate = next(s for s in skipped if s.reason is SkipReason.duplicate)
     assert duplicate.detail == "the same feed URL as line 2"

@@ -32,7 +32,13 @@ if TYPE_CHECKING:
 # --- news ----------------------------------------------------------------------------------------
 @news_app.command("run")
 def news_run(
-    shard: Annotated[str, typer.Option("--shard", help="Which shard to run.")] = "default",
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            "--shard",
+            help="Which shard to run (default: the one NEWS_SHARDS names, else 'default').",
+        ),
+    ] = None,
     manual: Annotated[
         bool,
         typer.Option(
@@ -51,8 +57,11 @@ def news_run(
 
     settings = _settings()
     clock = _clock(now)
+    if shard is None:
+        shard = _default_shard(settings.news_shard_list)
 
     async def work() -> dict[str, Any]:
+        assert shard is not None  # chosen above; mypy cannot see into the closure
         async with open_runtime(settings, clock) as runtime:
             report = await run_or_enqueue(
                 runtime, clock, shard, trigger="manual" if manual else "scheduled"
@@ -64,6 +73,19 @@ def news_run(
         _print_json(report)
         return
     _print_report(report)
+
+
+def _default_shard(configured: list[str]) -> str:
+    """The shard a `news run` without --shard runs, said on stderr (never a silent guess); with
+    several in NEWS_SHARDS there is no right guess, and the command asks."""
+    if len(configured) > 1:
+        _fail(f"news run: give --shard (NEWS_SHARDS names {', '.join(configured)})", 2)
+    shard = configured[0] if configured else "default"
+    source = "the one NEWS_SHARDS names" if configured else "NEWS_SHARDS is not set"
+    typer.echo(
+        f"nightcrew: news run: no --shard given: running shard {shard!r} ({source})", err=True
+    )
+    return shard
 
 
 def _print_report(report: dict[str, Any]) -> None:
@@ -149,6 +171,16 @@ def news_sources_add(
         _print_json(row)
     else:
         typer.echo(f"added source {row['id']} ({row['name']}) on shard {row['shard']}")
+    _warn_refused([row["feed_url"]], settings.news_allowed_private_hosts)
+
+
+def _warn_refused(urls: list[str], allowed_private_hosts: str) -> None:
+    """On stderr (a --json answer stays one document): a source added for a host the runs
+    will refuse, with the setting that allows it."""
+    from nightcrew.news.sources import refusal_hint
+
+    for hint in refusal_hint(urls, allowed_private_hosts):
+        typer.echo(f"note: {hint}", err=True)
 
 
 @sources_app.command("list")
@@ -169,17 +201,28 @@ def news_sources_list(
     if as_json:
         _print_json(rows)
         return
-    for row in rows:
-        state = "parked" if row["parked_at"] else "enabled" if row["enabled"] else "disabled"
-        failures = (
-            f", {row['consecutive_failures']} failures" if row["consecutive_failures"] else ""
-        )
-        typer.echo(
-            f"{row['id']:>5}  {row['shard']:<10} {state:<9} {row['name']}  "
-            f"{row['feed_url']}{failures}"
-        )
     if not rows:
         typer.echo("no sources yet: nightcrew news sources add URL --name NAME")
+        return
+    table = [("ID", "SHARD", "STATE", "FAILURES", "NAME", "FEED URL")] + [
+        (
+            str(row["id"]),
+            row["shard"],
+            "parked" if row["parked_at"] else "enabled" if row["enabled"] else "disabled",
+            str(row["consecutive_failures"] or 0),
+            row["name"],
+            row["feed_url"],
+        )
+        for row in rows
+    ]
+    widths = [max(len(cells[i]) for cells in table) for i in range(len(table[0]) - 1)]
+    for cells in table:
+        # the id and the failures right-aligned, as numbers; the URL last, never padded
+        padded = [
+            cell.rjust(width) if i in (0, 3) else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths, strict=False))
+        ]
+        typer.echo("  ".join([*padded, cells[-1]]))
 
 
 def _set_source(ref: str, enabled: bool) -> None:
@@ -250,6 +293,7 @@ def news_sources_import(
 
     report = _run(work, settings)
     elapsed_ms = (time.monotonic() - started) * 1000
+    _warn_refused([a.feed_url for a in report.added], settings.news_allowed_private_hosts)
     if as_json:
         _print_json({"file": label, **report.to_json(), "durationMs": round(elapsed_ms, 1)})
         return

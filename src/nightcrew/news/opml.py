@@ -132,6 +132,19 @@ def parse_url_list(data: bytes) -> FeedList:
             skipped.append(_control_character(number, line.split()[0], None))
             continue
         url, _, rest = line.replace("\t", " ").partition(" ")
+        if "://" not in url:
+            # not "URL NAME" at all ("not a url at all"): the line is reported whole, not its
+            # first word as if it were the URL
+            skipped.append(
+                Skipped(
+                    line=number,
+                    reason=SkipReason.invalid_url,
+                    url=line[:200],
+                    name=None,
+                    detail="the line does not start with an http(s) URL",
+                )
+            )
+            continue
         entries.append(FeedEntry(line=number, url=url, name=_clean_name(rest)))
     return FeedList(format="urls", entries=tuple(entries), skipped=tuple(skipped))
 

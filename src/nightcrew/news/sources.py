@@ -32,6 +32,30 @@ def validate_feed_url(url: str) -> str:
     return url.strip()
 
 
+def refusal_hint(urls: list[str], allowed_private_hosts: str) -> list[str]:
+    """What a run will refuse among ``urls`` for its address, one line per host, naming the
+    setting that allows it — told when the source is added, not found at the first run. Only
+    what can be said without DNS (a literal address, localhost, an internal name): adding a
+    source never touches the network."""
+    from nightcrew.adapters.addresses import AddressPolicy, UnsafeURL
+
+    policy = AddressPolicy.parse(allowed_private_hosts)
+    hints: dict[str, str] = {}
+    for url in urls:
+        host = urlsplit(url).hostname or ""
+        if not host or host in hints:
+            continue
+        try:
+            policy.check_host(host)
+        except UnsafeURL as exc:
+            hints[host] = (
+                f"{exc}: news runs refuse it unless NEWS_ALLOWED_PRIVATE_HOSTS names it"
+                f" (e.g. NEWS_ALLOWED_PRIVATE_HOSTS={host}); once it does, the next run"
+                " fetches it"
+            )
+    return list(hints.values())
+
+
 async def add_source(
     db: Database, *, url: str, name: str, shard: str, now: datetime
 ) -> dict[str, Any]:
