@@ -78,6 +78,10 @@ class Settings(BaseSettings):
     news_fetch_budget_seconds: Annotated[
         float, Field(alias="NEWS_FETCH_BUDGET_SECONDS", gt=0, le=600)
     ] = 30.0
+    # one feed's parse, in a worker process that is killed past it (news/parse.py: off_loop)
+    news_parse_budget_seconds: Annotated[
+        float, Field(alias="NEWS_PARSE_BUDGET_SECONDS", gt=0, le=600)
+    ] = 10.0
     news_max_title_chars: Annotated[int, Field(alias="NEWS_MAX_TITLE_CHARS", ge=16)] = 1024
     news_max_summary_chars: Annotated[int, Field(alias="NEWS_MAX_SUMMARY_CHARS", ge=16)] = 16384
     # the RabbitMQ pipeline (issue 13); `inline` is the one-process run of spec 001
@@ -224,14 +228,22 @@ class Settings(BaseSettings):
             self.news_ai_api_key,
         ]
         values = [s.get_secret_value() for s in secrets if s is not None and s.get_secret_value()]
-        if self.database_url:
-            try:
-                password = urlsplit(self.database_url).password
-            except ValueError:
-                password = None
-            if password:
-                values.append(unquote(password))
+        # the passwords inside the service URLs; a driver's error may quote one without its URL
+        for url in (self.database_url, self.redis_url, self.queue_url, self.news_ai_base_url):
+            values.extend(_url_passwords(url))
         return values
+
+
+def _url_passwords(url: str | None) -> list[str]:
+    """The password of ``scheme://[user]:password@host`` (``redis://:pw@host`` too), as
+    written and percent-decoded: an error message may quote either."""
+    if not url:
+        return []
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        return []
+    return sorted({password, unquote(password)}) if password else []
 
 
 def reveal(secret: SecretStr | None) -> str | None:

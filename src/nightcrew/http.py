@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
-from nightcrew.errors import NightcrewError
+from nightcrew.errors import DatabaseUnavailableError, NightcrewError
 from nightcrew.lifecycle.reconcile.core import (
     MAX_ORPHAN_AGE_HOURS,
     MIN_ORPHAN_AGE_HOURS,
@@ -29,8 +30,9 @@ from nightcrew.lifecycle.reconcile.core import (
 )
 from nightcrew.log import describe_error, event, warning
 from nightcrew.metrics import Metrics
-from nightcrew.web.access import COOKIE
 from nightcrew.web.app import DashboardContext, dashboard_routes
+from nightcrew.web.doors import Doors
+from nightcrew.web.throttle import BUSY_RETRY_AFTER_SECONDS, Verdict
 
 HEALTH_BODY = {"status": "ok", "service": "lifecycle-manager"}
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -84,19 +86,31 @@ def create_app(
     collect: Callable[[], Awaitable[None]] | None = None,
     dashboard: DashboardContext | None = None,
 ) -> Starlette:
+    last_cause: str | None = None
+
     async def database_up() -> str | None:
-        """None when PostgreSQL answered; else why not. Sets ``nightcrew_db_up``."""
+        """None when PostgreSQL answered; else why not, in words that name no address (the
+        answer is for a probe; the log line, once per new cause, has the details).
+        Sets ``nightcrew_db_up``."""
+        nonlocal last_cause
         if readiness is None:
             return None
+        cause = None
         try:
             async with asyncio.timeout(DB_CHECK_TIMEOUT_SECONDS):
                 await readiness.ping_database()
         except TimeoutError:
             problem: str | None = f"PostgreSQL did not answer within {DB_CHECK_TIMEOUT_SECONDS:g} s"
+        except DatabaseUnavailableError as exc:
+            problem, cause = "PostgreSQL is unreachable", describe_error(exc)
         except NightcrewError as exc:
-            problem = describe_error(exc)
+            problem = f"PostgreSQL refused the check ({type(exc).__name__})"
+            cause = describe_error(exc)
         else:
             problem = None
+        if cause is not None and cause != last_cause:
+            warning("ready_database_down", error=cause)
+        last_cause = cause
         metrics.set("nightcrew_db_up", 0.0 if problem else 1.0)
         return problem
 
@@ -148,14 +162,25 @@ def create_app(
     async def reports(request: Request) -> JSONResponse:
         # The same data as the dashboard's news page, under the same access: a loopback Host
         # when open; the dashboard's cookie or `Authorization: Bearer <token>` when it has one.
-        if dashboard is not None:
-            access = dashboard.access
-            if not access.host_allowed(request.headers.get("host")):
-                return JSONResponse({"error": "unknown Host"}, status_code=421)
-            if not (
-                access.cookie_valid(request.cookies.get(COOKIE))
-                or access.bearer_valid(request.headers.get("authorization"))
-            ):
+        # A bearer token is a guess like a sign-in's, under the same throttle; no token at all
+        # guesses nothing and is refused at once. (The Host was checked by Doors.)
+        if dashboard is not None and not dashboard.session_valid(request):
+            bearer = request.headers.get("authorization")
+            client = request.client.host if request.client else None
+            verdict = (
+                Verdict.REFUSED
+                if bearer is None
+                else await dashboard.throttle.attempt(
+                    client, lambda: dashboard.access.bearer_valid(bearer)
+                )
+            )
+            if verdict is Verdict.BUSY:
+                return JSONResponse(
+                    {"error": "a check from your address is in progress; retry"},
+                    status_code=429,
+                    headers={"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)},
+                )
+            if verdict is Verdict.REFUSED:
                 return JSONResponse(
                     {"error": "unauthorized"},
                     status_code=401,
@@ -175,7 +200,8 @@ def create_app(
             Route("/openapi.json", openapi, methods=["GET"]),
             Route("/news/reports", reports, methods=["GET"]),
             *(dashboard_routes(dashboard) if dashboard is not None else []),
-        ]
+        ],
+        middleware=[Middleware(Doors, access=dashboard.access if dashboard else None)],
     )
 
 
@@ -343,6 +369,11 @@ OPENAPI: dict[str, Any] = {
                     },
                     "421": {
                         "description": "a Host that is not this dashboard's",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    "429": {
+                        "description": "a token check from this address is still in progress "
+                        "(the sign-in throttle); retry after `Retry-After` seconds",
                         "content": {
                             "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
                         },

@@ -19,8 +19,16 @@ from typing import Any, TextIO
 import structlog
 
 _SECRET_FIELD = re.compile(r"(secret|token|password|passwd|authorization|api_key|apikey)", re.I)
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://[^:/@\s]+):[^@\s/]+@", re.I)
+# scheme://[user]:password@ — the user may be empty (`redis://:pw@host`, Redis before ACLs),
+# and the password runs to the last "@" of the authority (an unencoded "@" in it is common)
+_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://[^:/@\s]*):[^\s/]+@", re.I)
 REDACTED = "[redacted]"
+
+
+def redact_url_passwords(text: str) -> str:
+    """``scheme://user:[redacted]@host…`` for every URL with a password in ``text``."""
+    return _URL_PASSWORD.sub(r"\g<scheme>:" + REDACTED + "@", text)
+
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -58,7 +66,7 @@ class SecretScrubber:
             for secret in self._secrets:
                 if secret in value:
                     value = value.replace(secret, REDACTED)
-            return _URL_PASSWORD.sub(r"\g<scheme>:" + REDACTED + "@", value)
+            return redact_url_passwords(value)
         if isinstance(value, dict):
             return {k: self._scrub(v) for k, v in value.items()}
         if isinstance(value, list | tuple):

@@ -3,11 +3,19 @@ the page to the network without a token, nor a demo dashboard without a demo."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.acceptance.test_cli import _env, run
+from tests.acceptance.test_cli import _env, _nightcrew, run
 
 pytestmark = pytest.mark.acceptance
 
@@ -36,3 +44,100 @@ def test_a_database_never_migrated_says_to_migrate(empty_db_url: str) -> None:
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "run `nightcrew db migrate` first" in lines[0], result.stderr
+
+
+TOKEN = "0123456789abcdef0123456789abcdef-sign-in"
+
+
+@contextlib.contextmanager
+def _serving(db_url: str, **env: str) -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [_nightcrew(), "serve", "--port", str(port)],
+        env=_env(DATABASE_URL=db_url, **env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("serve did not answer /health within 30 s")
+        yield base
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+        assert proc.returncode == 0, stderr
+
+
+async def _guesses(
+    base: str, sources: list[str], *, per_source: int = 10**6, seconds: float = 600
+) -> tuple[list[tuple[int, float]], float]:
+    """Wrong sign-ins from each loopback source address, all sources at once, ``per_source``
+    each or for ``seconds``; each answer's status and when it came (seconds from the start),
+    and the whole attack's duration."""
+    started = time.monotonic()
+    answers: list[tuple[int, float]] = []
+
+    async def one_source(source: str) -> None:
+        transport = httpx.AsyncHTTPTransport(local_address=source)
+        async with httpx.AsyncClient(transport=transport, base_url=base, timeout=120) as c:
+            for _ in range(per_source):
+                if time.monotonic() - started > seconds:
+                    break
+                response = await c.post("/login", data={"token": "not it", "next": "/"})
+                answers.append((response.status_code, time.monotonic() - started))
+                if response.status_code == 429:
+                    await asyncio.sleep(0.2)  # told to wait: a patient guesser, not a busy loop
+
+    await asyncio.gather(*(one_source(s) for s in sources))
+    return answers, time.monotonic() - started
+
+
+async def _sign_in_took(base: str, source: str) -> tuple[int, float]:
+    started = time.monotonic()
+    transport = httpx.AsyncHTTPTransport(local_address=source)
+    async with httpx.AsyncClient(transport=transport, base_url=base, timeout=120) as c:
+        response = await c.post("/login", data={"token": TOKEN, "next": "/"})
+    return response.status_code, time.monotonic() - started
+
+
+async def test_sign_in_guesses_are_answered_at_most_twice_a_second(fresh_db_url: str) -> None:
+    """40 wrong sign-ins from 20 addresses, 20 at a time; then 20 at a time from one address.
+    No more than ~2 answered a second either way, and the right token still gets in: during
+    the attack from another address, and afterwards from the guessing address itself."""
+    with _serving(fresh_db_url, NIGHTCREW_DASHBOARD_TOKEN=TOKEN) as base:
+        sources = [f"127.0.0.{i}" for i in range(2, 22)]
+        attack = asyncio.create_task(_guesses(base, sources, per_source=2))
+        await asyncio.sleep(2)
+        during = await _sign_in_took(base, "127.0.0.99")
+        answers, took = await attack
+        wrong = [at for status, at in answers if status == 401]
+        assert len(wrong) == 40 and {s for s, _ in answers} == {401}
+        rate = len(wrong) / took
+        print(f"\n20 addresses, 20 at a time: {len(wrong)} answered in {took:.1f} s = {rate:.2f}/s")
+        assert rate <= 2.5
+        # the operator waited at most one turn per address guessing at that moment
+        print(f"the right token during it, another address: {during[0]} after {during[1]:.1f} s")
+        assert during[0] == 303 and during[1] < len(sources) * 0.5 + 2, during
+
+        one = ["127.0.0.1"] * 20
+        answers, took = await _guesses(base, one, seconds=10)
+        checked = [at for status, at in answers if status == 401]
+        busy = [at for status, at in answers if status == 429]
+        rate = len(checked) / took
+        print(f"one address, 20 at a time: {len(checked)} answered, {len(busy)} busy (429, not")
+        print(f"checked) in {took:.1f} s = {rate:.2f} answered/s")
+        assert rate <= 2.5 and len(checked) + len(busy) == len(answers)
+        status, waited = await _sign_in_took(base, "127.0.0.1")
+        print(f"the right token afterwards, same address: {status} after {waited:.1f} s")
+        assert status == 303 and waited <= 8 + 1  # at most the address's capped backoff

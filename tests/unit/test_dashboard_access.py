@@ -5,10 +5,18 @@ from __future__ import annotations
 import pytest
 
 from nightcrew.errors import ConfigError
-from nightcrew.web.access import Access, host_name
+from nightcrew.web.access import (
+    SESSION_CLOCK_SKEW_SECONDS,
+    SESSION_MAX_AGE_SECONDS,
+    Access,
+    host_name,
+    same_origin,
+    secure_cookie,
+)
 from nightcrew.web.charts import Bar, bar_chart
 
 TOKEN = "t" * 32
+NOW = 1_795_924_800.0  # 2026-11-29T04:00:00Z
 
 
 @pytest.mark.parametrize(
@@ -50,8 +58,8 @@ def test_tokens_are_long_and_compared_as_digests() -> None:
     access = Access.for_bind("0.0.0.0", TOKEN)
     assert access.token_matches(TOKEN) and not access.token_matches(TOKEN + "x")
     assert not access.token_matches("") and not access.token_matches(TOKEN[:-1])
-    assert access.cookie_valid(access.session_value())
-    assert TOKEN not in access.session_value()
+    assert access.cookie_valid(access.session_value(NOW), NOW)
+    assert TOKEN not in access.session_value(NOW)
     assert access.bearer_valid(f"Bearer {TOKEN}") and not access.bearer_valid(f"Basic {TOKEN}")
     assert not access.bearer_valid(None)
 
@@ -69,3 +77,85 @@ def test_chart_labels_and_tips_are_escaped() -> None:
 def test_an_all_zero_chart_draws_a_baseline_not_a_division_by_zero() -> None:
     svg = bar_chart([Bar("a", 0), Bar("b", 0)], title="nothing")
     assert 'height="0.0"' in svg and "max 0" in svg
+
+
+def test_a_session_ends_after_its_max_age_and_with_a_new_token() -> None:
+    access = Access.for_bind("0.0.0.0", TOKEN)
+    cookie = access.session_value(NOW)
+    assert access.cookie_valid(cookie, NOW + SESSION_MAX_AGE_SECONDS - 1)
+    assert not access.cookie_valid(cookie, NOW + SESSION_MAX_AGE_SECONDS)
+    # issued "in the future": beyond a replica's clock skew it was not issued by us
+    assert access.cookie_valid(cookie, NOW - SESSION_CLOCK_SKEW_SECONDS)
+    assert not access.cookie_valid(cookie, NOW - SESSION_CLOCK_SKEW_SECONDS - 1)
+    rotated = Access.for_bind("0.0.0.0", "u" * 32)
+    assert not rotated.cookie_valid(cookie, NOW)
+    assert rotated.cookie_valid(rotated.session_value(NOW), NOW)
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        None,
+        "",
+        "forged",
+        # the issue time moved forward: the signature no longer covers it
+        f"{int(NOW) + 3600}.{Access.for_bind('0.0.0.0', TOKEN).session_value(NOW)[11:]}",
+        f"{int(NOW)}." + "0" * 64,
+        f"{int(NOW)}.{'A' * 64}",
+        "٣" * 10 + "." + "0" * 64,  # digits, but not ASCII ones
+        f"{'9' * 40}.{'0' * 64}",
+    ],
+)
+def test_a_forged_or_altered_session_is_refused(forged: str | None) -> None:
+    access = Access.for_bind("0.0.0.0", TOKEN)
+    assert not access.cookie_valid(forged, NOW)
+
+
+def test_the_session_format_is_issue_time_dot_signature() -> None:
+    value = Access.for_bind("0.0.0.0", TOKEN).session_value(NOW)
+    issued, _, mac = value.partition(".")
+    assert issued == str(int(NOW)) and len(mac) == 64
+
+
+@pytest.mark.parametrize(
+    ("origin", "referer", "host", "same"),
+    [
+        ("http://127.0.0.1:8787", None, "127.0.0.1:8787", True),
+        ("https://dash.example", None, "dash.example", True),  # a TLS front end passing Host
+        ("https://dash.example", None, "dash.example:443", True),
+        ("HTTP://[::1]:8787", None, "[0:0::1]:8787", True),
+        (None, "http://127.0.0.1:8787/login?next=/", "127.0.0.1:8787", True),
+        (None, None, "127.0.0.1:8787", True),  # not a browser: no forged request to stop
+        ("https://attacker.example", None, "dash.example", False),
+        ("http://127.0.0.1:9999", None, "127.0.0.1:8787", False),
+        ("http://dash.example", None, "dash.example:8787", False),
+        ("null", None, "127.0.0.1:8787", False),
+        ("https://attacker.example", "https://dash.example/", "dash.example", False),
+        (None, "https://attacker.example/x", "dash.example", False),
+        ("file://", None, "dash.example", False),
+        ("http://dash.example:99999", None, "dash.example", False),
+        ("http://dash.example", None, None, False),
+    ],
+)
+def test_a_post_must_come_from_this_sites_pages(
+    origin: str | None, referer: str | None, host: str | None, same: bool
+) -> None:
+    assert same_origin(origin, referer, host) is same
+
+
+@pytest.mark.parametrize(
+    ("scheme", "client", "secure"),
+    [
+        ("http", "127.0.0.1", False),  # the developer on loopback
+        ("http", "::1", False),
+        ("https", "127.0.0.1", True),  # a TLS front end on this machine said so
+        ("http", "10.1.2.3", True),  # a TLS front end elsewhere talks plain HTTP to us
+        ("http", "192.0.2.7", True),
+        ("https", "192.0.2.7", True),
+        ("http", None, True),
+    ],
+)
+def test_the_cookie_is_secure_unless_plain_http_from_this_machine(
+    scheme: str, client: str | None, secure: bool
+) -> None:
+    assert secure_cookie(scheme, client) is secure

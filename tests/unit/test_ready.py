@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from nightcrew import http as nightcrew_http
 from nightcrew.db.database import QueryError
@@ -71,27 +72,38 @@ async def test_without_readiness_checks_ready_is_200() -> None:
 
 
 @pytest.mark.parametrize(
-    ("ping_error", "message"),
+    ("ping_error", "message", "logged"),
     [
         (
             DatabaseUnavailableError("lost PostgreSQL at 127.0.0.1:5432/app: connection refused"),
+            "PostgreSQL is unreachable",
             "DatabaseUnavailableError: lost PostgreSQL at 127.0.0.1:5432/app: connection refused",
         ),
-        (QueryError("permission denied", sqlstate="42501"), "QueryError: permission denied"),
+        (
+            QueryError("permission denied", sqlstate="42501"),
+            "PostgreSQL refused the check (QueryError)",
+            "QueryError: permission denied",
+        ),
     ],
 )
 async def test_a_failing_database_ping_is_503_naming_the_database_and_db_up_0(
-    ping_error: Exception, message: str
+    ping_error: Exception, message: str, logged: str
 ) -> None:
     async def ping() -> None:
         raise ping_error
 
     metrics = Metrics()
-    async with _app(metrics, ping) as client:
-        ready = await client.get("/ready")
-        scraped = await client.get("/metrics")
+    with capture_logs() as logs:
+        async with _app(metrics, ping) as client:
+            ready = await client.get("/ready")
+            await client.get("/ready")  # the same cause again: logged once
+            scraped = await client.get("/metrics")
     assert ready.status_code == 503
+    # a probe's answer names the problem, never where the database is (its host and port)
     assert ready.json() == {"status": "not ready", "problems": [f"database: {message}"]}
+    assert "127.0.0.1" not in ready.text and "5432" not in ready.text
+    # the operator's log has the details
+    assert [e["error"] for e in logs if e["event"] == "ready_database_down"] == [logged]
     assert scraped.status_code == 200  # /metrics still answers: db_up says what is wrong
     assert _gauge(scraped.text, "nightcrew_db_up") == "0"
 
@@ -188,5 +200,5 @@ async def test_both_problems_are_listed_database_first() -> None:
     assert response.status_code == 503
     problems = response.json()["problems"]
     assert [p.split(":", 1)[0] for p in problems] == ["database", "scheduler"]
-    assert "connection refused" in problems[0]
+    assert problems[0] == "database: PostgreSQL is unreachable"
     assert problems[1] == "scheduler: no slot fired for 600 s"

@@ -4,8 +4,10 @@ Bound to loopback (``serve``'s default) the dashboard is open to this machine �
 a loopback Host name, so a web page elsewhere cannot reach it by rebinding its own DNS name to
 127.0.0.1. Bound to any other address it needs ``NIGHTCREW_DASHBOARD_TOKEN`` (``serve`` refuses
 to start without it): the operator enters it once on /login and keeps, in an HttpOnly,
-SameSite=Strict cookie, a value derived from it (not the token itself). Every check is in
-constant time. The dashboard changes nothing, so there is nothing for a forged request to do.
+SameSite=Strict cookie, a session signed with a key derived from it (not the token itself): the
+session carries its issue time and ends after ``SESSION_MAX_AGE_SECONDS``, and a new token ends
+every session at once. Every check is in constant time. The dashboard changes nothing; its two
+POSTs (sign in, sign out) refuse a cross-site ``Origin`` all the same.
 """
 
 from __future__ import annotations
@@ -15,12 +17,19 @@ import hmac
 import ipaddress
 import re
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from nightcrew.errors import ConfigError
 
 COOKIE = "nightcrew_dashboard"
 MIN_TOKEN_LENGTH = 32
-_SESSION_CONTEXT = b"nightcrew dashboard session v1"
+_TOKEN_CONTEXT = b"nightcrew dashboard session v1"
+_SESSION_KEY_CONTEXT = b"nightcrew dashboard session key v2"
+# A night shift and its handover: a copied cookie is worth nothing after this long.
+SESSION_MAX_AGE_SECONDS = 8 * 3600
+# A session issued by a replica whose clock runs a little ahead is still good here.
+SESSION_CLOCK_SKEW_SECONDS = 60
+_SESSION = re.compile(r"^(?P<issued>[0-9]{1,12})\.(?P<mac>[0-9a-f]{64})$")
 # A Host header as browsers send it: a name or an IPv4 address, or an IPv6 address in
 # brackets, then an optional port — nothing else (no userinfo, no second colon).
 _HOST = re.compile(r"^(?P<name>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(?P<port>[0-9]{1,5}))?$")
@@ -79,10 +88,12 @@ class Access:
             )
         return cls(token=token, hosts=None)
 
-    def session_value(self) -> str:
-        """The cookie's value: derived from the token, so the cookie is not the token."""
+    def session_value(self, now: float) -> str:
+        """The cookie's value, issued at ``now`` (unix seconds): ``ISSUED.MAC``, signed with a
+        key derived from the token, so the cookie is not the token and a new token voids it."""
         assert self.token is not None
-        return self._derive(self.token)
+        issued = int(now)
+        return f"{issued}.{self._session_mac(self.token, issued)}"
 
     def host_allowed(self, host_header: str | None) -> bool:
         if self.hosts is None:
@@ -90,13 +101,17 @@ class Access:
         return host_name(host_header) in self.hosts
 
     def _derive(self, token: str) -> str:
-        return hmac.new(token.encode(), _SESSION_CONTEXT, hashlib.sha256).hexdigest()
+        return hmac.new(token.encode(), _TOKEN_CONTEXT, hashlib.sha256).hexdigest()
+
+    def _session_mac(self, token: str, issued: int) -> str:
+        key = hmac.new(token.encode(), _SESSION_KEY_CONTEXT, hashlib.sha256).digest()
+        return hmac.new(key, str(issued).encode(), hashlib.sha256).hexdigest()
 
     def token_matches(self, offered: str) -> bool:
         """Compared as fixed-length digests, so the time taken says nothing of the length."""
         if self.token is None:
             return True
-        return hmac.compare_digest(self._derive(offered), self.session_value())
+        return hmac.compare_digest(self._derive(offered), self._derive(self.token))
 
     def bearer_valid(self, header: str | None) -> bool:
         """``Authorization: Bearer <token>`` — for the JSON endpoints' scripts."""
@@ -105,9 +120,46 @@ class Access:
         scheme, _, offered = (header or "").partition(" ")
         return scheme.lower() == "bearer" and self.token_matches(offered.strip())
 
-    def cookie_valid(self, cookie: str | None) -> bool:
+    def cookie_valid(self, cookie: str | None, now: float) -> bool:
+        """A session this token signed, issued at most ``SESSION_MAX_AGE_SECONDS`` before
+        ``now`` (unix seconds) and not in the future."""
         if self.token is None:
             return True
-        if not cookie:
+        found = _SESSION.match(cookie or "")
+        if found is None:
             return False
-        return hmac.compare_digest(cookie.encode(), self.session_value().encode())
+        issued = int(found["issued"])
+        signed = hmac.compare_digest(found["mac"], self._session_mac(self.token, issued))
+        fresh = now - SESSION_MAX_AGE_SECONDS < issued <= now + SESSION_CLOCK_SKEW_SECONDS
+        return signed and fresh
+
+
+def same_origin(origin: str | None, referer: str | None, host_header: str | None) -> bool:
+    """Whether a POST came from a page of this site: its ``Origin`` (else its ``Referer``)
+    names the host and port the request was sent to. Browsers send ``Origin`` with every form
+    POST; a request with neither is not a browser's, and a forged cross-site request needs a
+    browser, so it passes. ``Origin: null`` (a sandboxed frame, a redirect) does not."""
+    claimed = origin if origin is not None else referer
+    if claimed is None:
+        return True
+    try:
+        parts = urlsplit(claimed.strip())
+        port = parts.port
+    except ValueError:
+        return False
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return False
+    host = _HOST.match(host_header or "")
+    if host is None:
+        return False
+    default = 443 if parts.scheme == "https" else 80
+    wanted_port = int(host["port"]) if host["port"] else default
+    return _normal(parts.hostname) == _normal(host["name"]) and (port or default) == wanted_port
+
+
+def secure_cookie(scheme: str, client_host: str | None) -> bool:
+    """Whether the session cookie is ``Secure``: always, except over plain HTTP from this
+    machine (a developer on http://127.0.0.1). A TLS front end on another machine talks plain
+    HTTP to us, and its cookie must still never travel unencrypted; one on this machine says
+    so with ``X-Forwarded-Proto: https``, which uvicorn honours from 127.0.0.1 only."""
+    return scheme == "https" or client_host is None or not is_loopback(client_host)

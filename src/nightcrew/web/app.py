@@ -3,22 +3,25 @@
 Read-only HTML from Jinja2 templates (autoescaped: podcast titles, feed names and error texts
 are attacker-controlled), one stylesheet served from the package, no JavaScript and nothing
 fetched from anywhere else, so it works air-gapped. ``dashboard_routes`` returns the routes;
-``http.create_app`` mounts them beside /health and /reconcile.
+``http.create_app`` mounts them beside /health and /reconcile, behind ``doors.Doors`` (the Host
+check and the headers every answer carries).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 import jinja2
+from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
@@ -29,29 +32,25 @@ from nightcrew.clock import Clock
 from nightcrew.db.database import Database, QueryError
 from nightcrew.errors import MIGRATE_HINT, SCHEMA_MISSING_SQLSTATES, NightcrewError
 from nightcrew.lifecycle import overage as overage_rules
-from nightcrew.log import describe_error, error, warning
+from nightcrew.log import describe_error, error, redact_url_passwords, warning
 from nightcrew.scheduler import ScheduleStatus
 from nightcrew.web import data
-from nightcrew.web.access import COOKIE, Access
+from nightcrew.web.access import (
+    COOKIE,
+    SESSION_MAX_AGE_SECONDS,
+    Access,
+    same_origin,
+    secure_cookie,
+)
 from nightcrew.web.charts import Bar, bar_chart
+from nightcrew.web.doors import SECURITY_HEADERS as HEADERS
+from nightcrew.web.throttle import BUSY_RETRY_AFTER_SECONDS, SignInThrottle, Verdict
 
 HERE = Path(__file__).parent
-HEADERS = {
-    # Nothing on these pages runs script or loads from elsewhere; say so to the browser.
-    "Content-Security-Policy": (
-        "default-src 'none'; style-src 'self'; img-src 'self' data:; "
-        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-    ),
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "X-Frame-Options": "DENY",
-    "Cache-Control": "no-store",
-}
 MAX_LOGIN_BODY = 4096
 # Pages share the service's connection pool with the lanes: at most this many at once, so a
 # burst of page loads cannot starve a 04:00 run of connections.
 CONCURRENT_PAGES = 2
-FAILED_LOGIN_DELAY_SECONDS = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +60,11 @@ class DashboardContext:
     access: Access
     schedules: Callable[[], list[ScheduleStatus]] | None = None  # None: no scheduler here
     label: str = ""  # what this dashboard shows, e.g. "the demo database"
+    # shared by every door that compares the token: /login and /news/reports' bearer
+    throttle: SignInThrottle = field(default_factory=SignInThrottle)
+
+    def session_valid(self, request: Request) -> bool:
+        return self.access.cookie_valid(request.cookies.get(COOKIE), self.clock.now().timestamp())
 
 
 def _environment() -> jinja2.Environment:
@@ -70,11 +74,20 @@ def _environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=_shown,
     )
     env.filters.update(
         ts=_ts, dur=_duration, size=_size, num=lambda n: f"{int(n or 0):,}", tojson=_pretty
     )
     return env
+
+
+def _shown(value: Any) -> Any:
+    """Every printed text loses the passwords of the URLs in it (a feed added as
+    ``https://user:pass@host/feed``, an error that quotes one). Markup is ours (the charts)."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return redact_url_passwords(value)
+    return value
 
 
 def _ts(value: datetime | str | None) -> str:
@@ -120,29 +133,28 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
             request=request,
             path=request.url.path,
             label=ctx.label,
-            signed_in=ctx.access.token is not None
-            and ctx.access.cookie_valid(request.cookies.get(COOKIE)),
+            signed_in=ctx.access.token is not None and ctx.session_valid(request),
             now=ctx.clock.now(),
             **values,
         )
         return HTMLResponse(body, status_code=status, headers=HEADERS)
 
-    def wrong_host(request: Request) -> Response | None:
-        """421 for a Host that is not this dashboard's (see access.py), else None."""
-        if ctx.access.host_allowed(request.headers.get("host")):
+    def cross_site(request: Request) -> Response | None:
+        """403 for a POST sent by another site's page (see access.same_origin), else None."""
+        headers = request.headers
+        if same_origin(headers.get("origin"), headers.get("referer"), headers.get("host")):
             return None
-        return Response("unknown Host for this dashboard\n", 421, media_type="text/plain")
+        warning("dashboard_cross_site_post", path=request.url.path)
+        return Response("cross-site request refused\n", 403, media_type="text/plain")
 
     def page(
         handler: Callable[[Request], Awaitable[Response]],
     ) -> Callable[[Request], Awaitable[Response]]:
-        """Access first (Host, then the cookie), then the page; a database that is gone or a
-        bad filter is a page that says so, not a traceback."""
+        """Access first (the Host was checked by doors.Doors; then the session), then the page;
+        a database that is gone or a bad filter is a page that says so, not a traceback."""
 
         async def guarded(request: Request) -> Response:
-            if (refused := wrong_host(request)) is not None:
-                return refused
-            if not ctx.access.cookie_valid(request.cookies.get(COOKIE)):
+            if not ctx.session_valid(request):
                 target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                 return RedirectResponse(
                     "/login?" + urlencode({"next": target}), 303, headers=HEADERS
@@ -300,8 +312,6 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         )
 
     async def login_form(request: Request) -> Response:
-        if (refused := wrong_host(request)) is not None:
-            return refused
         return render(
             request,
             "login.html",
@@ -311,7 +321,7 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         )
 
     async def login(request: Request) -> Response:
-        if (refused := wrong_host(request)) is not None:
+        if (refused := cross_site(request)) is not None:
             return refused
         body = b""
         async for chunk in request.stream():
@@ -326,10 +336,22 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         target = _safe_next((form.get("next") or ["/"])[0])
         if ctx.access.token is None:
             return RedirectResponse(target, 303)
-        if not ctx.access.token_matches(offered):
-            warning(
-                "dashboard_login_refused", client=request.client.host if request.client else None
+        client = request.client.host if request.client else None
+        verdict = await ctx.throttle.attempt(client, lambda: ctx.access.token_matches(offered))
+        if verdict is Verdict.BUSY:
+            busy = render(
+                request,
+                "login.html",
+                429,
+                title="Sign in",
+                next=target,
+                problem="A sign-in from your address is still being checked; try again in a "
+                "moment.",
             )
+            busy.headers["Retry-After"] = str(BUSY_RETRY_AFTER_SECONDS)
+            return busy
+        if verdict is Verdict.REFUSED:
+            warning("dashboard_login_refused", client=client)
             return render(
                 request,
                 "login.html",
@@ -341,19 +363,28 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         response = RedirectResponse(target, 303, headers=HEADERS)
         response.set_cookie(
             COOKIE,
-            ctx.access.session_value(),
+            ctx.access.session_value(ctx.clock.now().timestamp()),
+            max_age=SESSION_MAX_AGE_SECONDS,
             httponly=True,
             samesite="strict",
-            secure=request.url.scheme == "https",
+            secure=secure_cookie(request.url.scheme, client),
             path="/",
         )
         return response
 
     async def logout(request: Request) -> Response:
-        if (refused := wrong_host(request)) is not None:
+        if (refused := cross_site(request)) is not None:
             return refused
         response = RedirectResponse("/login", 303, headers=HEADERS)
-        response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+        response.delete_cookie(
+            COOKIE,
+            path="/",
+            httponly=True,
+            samesite="strict",
+            secure=secure_cookie(
+                request.url.scheme, request.client.host if request.client else None
+            ),
+        )
         return response
 
     return [
@@ -369,8 +400,16 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         Route("/login", login_form, methods=["GET"]),
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),
-        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        Mount("/static", _Static(directory=HERE / "static"), name="static"),
     ]
+
+
+class _Static(StaticFiles):
+    def lookup_path(self, path: str) -> tuple[str, os.stat_result | None]:
+        try:
+            return super().lookup_path(path)
+        except ValueError:  # a NUL byte in the path, which os.stat refuses: no such file
+            return "", None
 
 
 def _safe_next(target: str | None) -> str:

@@ -140,5 +140,20 @@ async def test_with_a_token_the_browser_signs_in_once_and_keeps_an_http_only_coo
             assert all(c["httpOnly"] and TOKEN not in c["value"] for c in cookies)
             await page.goto(served.url + "/runs")
             assert "/login" not in page.url
+            # another page (here: about:blank) posting to /logout is refused, and the session
+            # survives; the dashboard's own sign-out button works
+            await page.goto("about:blank")
+            await page.set_content(
+                f'<form method="post" action="{served.url}/logout"><button>go</button></form>'
+            )
+            async with page.expect_navigation():
+                await page.click("button")
+            assert "cross-site request refused" in await page.content()
+            await page.goto(served.url + "/runs")
+            assert "/login" not in page.url
+            async with page.expect_navigation(url="**/login"):
+                await page.click("form[action='/logout'] button")
+            await page.goto(served.url + "/runs")
+            assert "/login" in page.url
         finally:
             await context.close()

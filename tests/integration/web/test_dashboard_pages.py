@@ -25,9 +25,18 @@ PAGES = ["/", "/runs", "/deletions", "/overage", "/watchdogs", "/effects", "/new
 TOKEN = "correct horse battery staple 1234567890 and more"
 
 
-def client(db: Database, clock: FrozenClock, access: Access, host: str = "127.0.0.1:8787"):
+def client(
+    db: Database,
+    clock: FrozenClock,
+    access: Access,
+    host: str = "127.0.0.1:8787",
+    *,
+    peer: str = "127.0.0.1",
+    scheme: str = "http",
+) -> httpx.AsyncClient:
     app = create_app(Metrics(), dashboard=DashboardContext(db=db, clock=clock, access=access))
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=f"http://{host}")
+    transport = httpx.ASGITransport(app=app, client=(peer, 40000))
+    return httpx.AsyncClient(transport=transport, base_url=f"{scheme}://{host}")
 
 
 @pytest.fixture

@@ -1,0 +1,132 @@
+"""The sign-in throttle on its own, in real (shortened) time: wrong tokens are checked at most
+once per delay overall, one attempt per address at a time, with a per-address backoff that the
+right token clears; memory stays bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+import pytest
+
+from nightcrew.web.throttle import SignInThrottle, Verdict, address_key
+
+DELAY = 0.1
+
+
+def _wrong(checked: list[float]) -> bool:
+    checked.append(time.monotonic())
+    return False
+
+
+async def test_wrong_tokens_from_many_addresses_are_checked_one_delay_apart() -> None:
+    throttle = SignInThrottle(failure_delay=DELAY, max_in_flight=64)
+    checked: list[float] = []
+    started = time.monotonic()
+    verdicts = await asyncio.gather(
+        *(throttle.attempt(f"127.0.0.{i}", lambda: _wrong(checked)) for i in range(1, 21))
+    )
+    took = time.monotonic() - started
+    assert verdicts == [Verdict.REFUSED] * 20
+    gaps = [b - a for a, b in itertools.pairwise(checked)]
+    assert min(gaps) >= DELAY * 0.95, gaps
+    assert took >= 20 * DELAY * 0.95  # the last answer also waits its own delay
+
+
+async def test_one_attempt_per_address_at_a_time_and_the_rest_are_not_checked() -> None:
+    throttle = SignInThrottle(failure_delay=DELAY)
+    checked: list[float] = []
+    verdicts = await asyncio.gather(
+        *(throttle.attempt("192.0.2.7", lambda: _wrong(checked)) for _ in range(10))
+    )
+    assert verdicts.count(Verdict.REFUSED) == 1 and verdicts.count(Verdict.BUSY) == 9
+    assert len(checked) == 1
+
+
+async def test_an_address_backs_off_doubling_up_to_the_cap_and_the_right_token_clears_it() -> None:
+    throttle = SignInThrottle(failure_delay=DELAY, backoff_max=0.4)
+    checked: list[float] = []
+    for _ in range(5):
+        assert await throttle.attempt("192.0.2.7", lambda: _wrong(checked)) is Verdict.REFUSED
+    gaps = [b - a for a, b in itertools.pairwise(checked)]
+    # from one failure to the next check: the backoff (0.1, 0.2, 0.4, then capped at 0.4),
+    # which the wrong answer's own delay is part of
+    for gap, backoff in zip(gaps, [0.1, 0.2, 0.4, 0.4], strict=True):
+        assert backoff * 0.95 <= gap < backoff + 0.1, gaps
+    started = time.monotonic()
+    assert await throttle.attempt("192.0.2.7", lambda: True) is Verdict.ACCEPTED
+    assert time.monotonic() - started < 0.4 + 0.15  # at most the capped backoff
+    started = time.monotonic()
+    assert await throttle.attempt("192.0.2.7", lambda: _wrong(checked)) is Verdict.REFUSED
+    assert checked[-1] - started < 0.05  # the backoff started over
+    assert throttle.addresses_remembered == 1
+
+
+async def test_the_right_token_from_another_address_gets_in_during_an_attack() -> None:
+    throttle = SignInThrottle(failure_delay=DELAY, max_in_flight=64)
+    checked: list[float] = []
+    attack = [
+        asyncio.create_task(throttle.attempt(f"10.0.0.{i}", lambda: _wrong(checked)))
+        for i in range(1, 6)
+    ]
+    await asyncio.sleep(0.01)
+    started = time.monotonic()
+    assert await throttle.attempt("10.9.9.9", lambda: True) is Verdict.ACCEPTED
+    waited = time.monotonic() - started
+    await asyncio.gather(*attack)
+    assert waited < 6 * DELAY + 0.1  # its turn at the gate, behind the five queued before it
+
+
+async def test_a_guesser_that_hangs_up_does_not_shorten_the_gate() -> None:
+    throttle = SignInThrottle(failure_delay=DELAY)
+    checked: list[float] = []
+    was_checked = asyncio.Event()
+
+    def wrong_and_say_so() -> bool:
+        was_checked.set()
+        return _wrong(checked)
+
+    first = asyncio.create_task(throttle.attempt("10.0.0.1", wrong_and_say_so))
+    await was_checked.wait()
+    first.cancel()  # it knows "no answer yet" — but the next check still waits
+    await asyncio.gather(first, return_exceptions=True)
+    assert await throttle.attempt("10.0.0.2", lambda: _wrong(checked)) is Verdict.REFUSED
+    assert checked[1] - checked[0] >= DELAY * 0.95
+
+
+async def test_too_many_attempts_in_flight_are_busy() -> None:
+    throttle = SignInThrottle(failure_delay=DELAY, max_in_flight=3)
+    checked: list[float] = []
+    verdicts = await asyncio.gather(
+        *(throttle.attempt(f"10.0.0.{i}", lambda: _wrong(checked)) for i in range(1, 6))
+    )
+    assert verdicts.count(Verdict.BUSY) == 2 and len(checked) == 3
+
+
+async def test_memory_is_bounded_by_count_and_by_age() -> None:
+    now = [1000.0]
+    throttle = SignInThrottle(
+        failure_delay=0.0, max_addresses=3, forget_after=60.0, monotonic=lambda: now[0]
+    )
+    for i in range(1, 6):
+        await throttle.attempt(f"10.0.0.{i}", lambda: False)
+    assert throttle.addresses_remembered == 3
+    now[0] += 61.0
+    await throttle.attempt("10.0.0.9", lambda: True)
+    assert throttle.addresses_remembered == 0
+
+
+@pytest.mark.parametrize(
+    ("host", "key"),
+    [
+        ("192.0.2.7", "192.0.2.7"),
+        ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2:ffff::9", "2001:db8:1:2::/64"),  # one host holds the whole /64
+        ("::ffff:192.0.2.7", "192.0.2.7"),
+        (None, "?"),
+        ("testclient", "testclient"),
+    ],
+)
+def test_addresses_are_counted_per_host_and_per_ipv6_64(host: str | None, key: str) -> None:
+    assert address_key(host) == key
