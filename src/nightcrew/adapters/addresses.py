@@ -30,6 +30,7 @@ from urllib.parse import SplitResult, urlsplit, urlunsplit
 import httpcore
 import httpx
 
+from nightcrew.adapters.decoding import ACCEPT_ENCODING, BoundedDecoder
 from nightcrew.errors import FetchError, NightcrewError
 from nightcrew.log import describe_error
 
@@ -58,18 +59,30 @@ async def system_resolver(host: str, port: int) -> list[str]:
 
 
 def is_public(address: IPAddress) -> bool:
-    """Global, and so is any IPv4 address an IPv6 one carries (mapped, 6to4, NAT64, compat):
-    ``64:ff9b::a9fe:a9fe`` is the metadata service too."""
-    if not address.is_global:
+    """Global unicast, and so is any IPv4 address an IPv6 one carries (mapped, 6to4, NAT64,
+    compat): ``64:ff9b::a9fe:a9fe`` is the metadata service too. Python 3.11's ``is_global``
+    calls multicast global (224.0.0.0/4, ff0e::/16): a feed that names one would have us send
+    to a group on the local network, so multicast, and every reserved or unspecified address,
+    is refused here whatever ``is_global`` says."""
+    if (
+        not address.is_global
+        or address.is_multicast
+        or address.is_unspecified
+        or address.is_loopback
+        or address.is_link_local
+    ):
         return False
-    if isinstance(address, ipaddress.IPv6Address):
-        if any(address in network for network in NOT_PUBLIC_V6):
-            return False
-        embedded = [address.ipv4_mapped, address.sixtofour]
-        if address in NAT64 or int(address) >> 32 == 0:
-            embedded.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
-        return all(e is None or e.is_global for e in embedded)
-    return True
+    if isinstance(address, ipaddress.IPv4Address):
+        return not address.is_reserved
+    if any(address in network for network in NOT_PUBLIC_V6):
+        return False
+    # IPv6's reserved ranges hold NAT64's 64:ff9b::/96, which is public when what it carries is
+    if address.is_reserved and address not in NAT64:
+        return False
+    embedded = [address.ipv4_mapped, address.sixtofour]
+    if address in NAT64 or int(address) >> 32 == 0:
+        embedded.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    return all(e is None or is_public(e) for e in embedded)
 
 
 def address_literal(host: str) -> IPAddress | None:
@@ -298,9 +311,10 @@ MAX_REDIRECTS = 5
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FetchLimits:
     """What one GET may take: per-read and connect timeouts (the caller keeps the total
-    budget), how many body bytes, whether redirects are followed (each hop still checked by
+    budget), how many body bytes — decoded bytes, counted as they stream, so a compressed body
+    cannot inflate past the cap —, whether redirects are followed (each hop still checked by
     the policy). Past ``max_bytes``, "fail" marks the response ``too_large`` (a feed must be
-    whole) and "truncate" keeps the start (a page's <head> is at the top)."""
+    whole) and "truncate" keeps the first ``max_bytes`` (a page's <head> is at the top)."""
 
     max_bytes: int
     read_seconds: float
@@ -390,13 +404,24 @@ async def _read(answer: httpx.Response, limits: FetchLimits) -> Response:
     declared = head.headers.get("content-length")
     if not truncate and declared and declared.isdigit() and int(declared) > max_bytes:
         return Response(status=head.status, url=head.url, headers=head.headers, too_large=True)
+    # decoded here, not by httpx: its decoder inflates a whole chunk at once, past any cap
+    decoder = BoundedDecoder(head.headers.get("content-encoding"))
     body = bytearray()
-    async for chunk in answer.aiter_bytes():
-        body.extend(chunk)
-        if truncate and len(body) >= max_bytes:
+    async for raw in answer.aiter_raw():
+        # one byte past the cap tells "too large" from "exactly the cap"
+        body += decoder.feed(raw, max_bytes + 1 - len(body))
+        if len(body) > max_bytes:
             break
-        if not truncate and len(body) > max_bytes:
+    else:
+        while decoder.pending and len(body) <= max_bytes:
+            more = decoder.feed(b"", max_bytes + 1 - len(body))
+            if not more:
+                break
+            body += more
+    if len(body) > max_bytes:
+        if not truncate:
             return Response(status=head.status, url=head.url, headers=head.headers, too_large=True)
+        del body[max_bytes:]
     return Response(status=head.status, url=head.url, headers=head.headers, body=bytes(body))
 
 
@@ -410,7 +435,9 @@ def new_client(
         httpx.AsyncClient(
             transport=PolicyTransport(policy, inner=inner),
             max_redirects=MAX_REDIRECTS,
-            headers={"User-Agent": "nightcrew"},
+            # only what BoundedDecoder can undo under a cap (httpx would add br or zstd
+            # whenever their packages happen to be installed)
+            headers={"User-Agent": "nightcrew", "Accept-Encoding": ACCEPT_ENCODING},
             trust_env=False,
         )
     )

@@ -8,7 +8,10 @@ response-size cap (a hostile feed cannot exhaust memory), bounded redirects (a l
 error, not a hang), and conditional GET (ETag / Last-Modified → 304, nothing to parse); a body
 identical to the last one (its SHA-256 is kept) is not parsed again either. 429 and 503 honour
 ``Retry-After``. Parsing is ``news/parse.py``'s; a document that is no feed — an empty body, an
-HTML page, other XML — is a failure with a reason, counted toward parking.
+HTML page, other XML — is a failure with a reason, counted toward parking. Parsing and building
+the items (``read_feed_body``) run in a parser worker process under ``NEWS_PARSE_BUDGET_SECONDS``
+(``parse.off_loop``): a feed over it is that feed's failure, and the event loop never waits on
+it. Only a small body that the fast parser reads whole is read in place (INLINE_PARSE_MAX_BYTES).
 
 The bytes are untrusted, so nothing that comes out of them may fail a run: any exception while
 reading a feed is that feed's failure; every item is sanitised before it goes anywhere (NUL
@@ -28,7 +31,7 @@ import email.utils
 import hashlib
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 from urllib.parse import SplitResult, parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
@@ -40,11 +43,19 @@ from nightcrew.adapters.addresses import (
     UntrustedHttp,
     join_host,
     split_host,
+    system_resolver,
 )
 from nightcrew.config import Settings
 from nightcrew.errors import FetchError
 from nightcrew.log import describe_error
-from nightcrew.news.parse import RawEntry, parse_feed
+from nightcrew.news.parse import (
+    PARSE_BUDGET_SECONDS,
+    ParsedFeed,
+    RawEntry,
+    off_loop,
+    parse_fast_only,
+    parse_feed,
+)
 
 MAX_FEED_BYTES = 5 * 1024 * 1024
 READ_TIMEOUT_SECONDS = 15.0
@@ -59,6 +70,14 @@ MAX_SUMMARY_CHARS = 16 * 1024
 MAX_URL_BYTES = 2048
 FETCH_BUDGET_SECONDS = 30.0
 FETCH_CONCURRENCY = 16  # the inline run's feeds in flight at once
+# A body this small that feedparser-rs reads whole is read on the event loop: handing it to a
+# worker cost more than the parse (bench.news, 15 KB feeds: first run 2.5-2.7 s in place against
+# 3.0-3.9 s through the pool, on this loaded 2-core machine). Bounded whatever the bytes say: the
+# Rust parser is linear, and 32 KB holds at most ~800 items; the worst shapes measured (tiny
+# linked items, relative links, one huge HTML title) cost at most ~25 ms of CPU
+# (tests/unit/news/test_parse_budget.py). The slow parser never runs here: a body it must read
+# goes to a worker, however small.
+INLINE_PARSE_MAX_BYTES = 32 * 1024
 
 # Numeric character references: feedparser turns one naming a surrogate into a lone surrogate
 # that later fails to encode (inside feedparser itself), and one naming NUL into a NUL.
@@ -93,6 +112,8 @@ class FeedRules:
     budget_seconds: float = FETCH_BUDGET_SECONDS
     limits: ItemLimits = ItemLimits()
     max_bytes: int = MAX_FEED_BYTES
+    # one parse in a worker process, within budget_seconds (which also covers waiting for one)
+    parse_budget_seconds: float = PARSE_BUDGET_SECONDS
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -247,29 +268,69 @@ async def _fetch(
             body_hash=digest,
         )
     try:
-        parsed = parse_feed(_clean_char_refs(body), base)
-        if not parsed.is_feed or (parsed.problem and not parsed.entries):
-            # an empty body, an HTML page, XML that is no feed: a failure, counted toward parking
-            return FetchResult(
-                outcome="failed",
-                status=status,
-                error=f"not a readable RSS/Atom feed ({parsed.problem or 'no feed found'})",
-            )
-        items, dropped = _items(parsed.entries, base, rules)
-    except Exception as exc:  # untrusted bytes: whatever breaks is this feed's failure alone
-        return FetchResult(
-            outcome="failed", status=status, error=f"could not read the feed: {describe_error(exc)}"
-        )
+        read = await _read_feed(body, base, rules)
+    except FetchError as exc:  # over the parse budget, or the parser process died
+        return FetchResult(outcome="failed", status=status, error=str(exc))
+    if read.error is not None:
+        return FetchResult(outcome="failed", status=status, error=read.error)
     return FetchResult(
         outcome="ok",
         status=status,
-        items=items,
+        items=read.items,
         etag=new_etag,
         last_modified=new_last_modified,
         body_hash=digest,
-        parser=parsed.parser,
-        dropped=dropped,
+        parser=read.parser,
+        dropped=read.dropped,
     )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FeedRead:
+    """What a feed's bytes hold, as ``read_feed_body`` found it: the storable items and the
+    dropped ones by reason, or why the document cannot be read."""
+
+    items: list[FeedItem] = field(default_factory=list)
+    dropped: dict[str, int] = field(default_factory=dict)
+    parser: str | None = None
+    error: str | None = None
+
+
+async def _read_feed(body: bytes, base: str, rules: FeedRules) -> FeedRead:
+    if len(body) <= INLINE_PARSE_MAX_BYTES:
+        try:
+            fast = parse_fast_only(_clean_char_refs(body), base)
+        except Exception as exc:  # untrusted bytes: whatever breaks is this feed's failure
+            return FeedRead(error=f"could not read the feed: {describe_error(exc)}")
+        if fast is not None:
+            return _feed_read(fast, base, rules)
+    # a worker process gets the rules without a test's (or anyone's) resolver: it only needs
+    # the policy's allowed hosts, to check image URLs, and a closure does not pickle
+    portable = replace(rules, policy=replace(rules.policy, resolver=system_resolver))
+    return await off_loop(
+        read_feed_body, body, base, portable, budget_seconds=rules.parse_budget_seconds
+    )
+
+
+def read_feed_body(body: bytes, base: str, rules: FeedRules) -> FeedRead:
+    """A feed's bytes → its items. Runs in a parser worker process (``parse.off_loop``); never
+    raises: whatever breaks is this feed's failure alone."""
+    try:
+        return _feed_read(parse_feed(_clean_char_refs(body), base), base, rules)
+    except Exception as exc:  # untrusted bytes: whatever breaks is this feed's failure alone
+        return FeedRead(error=f"could not read the feed: {describe_error(exc)}")
+
+
+def _feed_read(parsed: ParsedFeed, base: str, rules: FeedRules) -> FeedRead:
+    if not parsed.is_feed or (parsed.problem and not parsed.entries):
+        # an empty body, an HTML page, XML that is no feed: a failure, counted toward parking
+        problem = parsed.problem or "no feed found"
+        return FeedRead(error=f"not a readable RSS/Atom feed ({problem})")
+    try:
+        items, dropped = _items(parsed.entries, base, rules)
+    except Exception as exc:  # untrusted bytes: whatever breaks is this feed's failure alone
+        return FeedRead(error=f"could not read the feed: {describe_error(exc)}")
+    return FeedRead(items=items, dropped=dropped, parser=parsed.parser)
 
 
 def _clean_char_refs(body: bytes) -> bytes:
@@ -397,10 +458,11 @@ def next_check(now: datetime, result: FetchResult, interval: timedelta) -> datet
 
 def feed_rules(settings: Settings, policy: AddressPolicy) -> FeedRules:
     """The rules every fetch of a run follows, from NEWS_FETCH_BUDGET_SECONDS,
-    NEWS_MAX_TITLE_CHARS and NEWS_MAX_SUMMARY_CHARS."""
+    NEWS_PARSE_BUDGET_SECONDS, NEWS_MAX_TITLE_CHARS and NEWS_MAX_SUMMARY_CHARS."""
     return FeedRules(
         policy=policy,
         budget_seconds=settings.news_fetch_budget_seconds,
+        parse_budget_seconds=settings.news_parse_budget_seconds,
         limits=ItemLimits(
             title_chars=settings.news_max_title_chars,
             summary_chars=settings.news_max_summary_chars,

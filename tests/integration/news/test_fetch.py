@@ -206,13 +206,13 @@ async def test_an_unchanged_body_without_validators_is_not_parsed_again(
     body = {"now": RSS}
     serve(feed_server, {"/rss": lambda _request: Response(body["now"])})
     parses: list[bytes] = []
-    real_parse = fetch_module.parse_feed
+    real_read = fetch_module._read_feed  # parsing, in place or in a worker process
 
-    def counting_parse(data: bytes, base_url: str) -> Any:
+    async def counting_read(data: bytes, base_url: str, rules: FeedRules) -> Any:
         parses.append(data)
-        return real_parse(data, base_url)
+        return await real_read(data, base_url, rules)
 
-    monkeypatch.setattr(fetch_module, "parse_feed", counting_parse)
+    monkeypatch.setattr(fetch_module, "_read_feed", counting_read)
     url = feed_server.url + "/rss"
 
     first = await fetch_feed(http, url, NOW, RULES)
