@@ -43,7 +43,7 @@ from tests.support.servers import (
 
 # The pipeline tests' fixtures (a RabbitMQ namespace, a model stand-in), shared by
 # tests/integration/news and tests/faults.
-pytest_plugins = ["tests.integration.news.pipeline_support"]
+pytest_plugins = ["tests.integration.news.pipeline_support", "tests.support.hygiene"]
 
 NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 _counter = itertools.count()
