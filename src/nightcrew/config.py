@@ -7,13 +7,16 @@ configuration table mirrors this class (a test keeps them in step).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from nightcrew.errors import ConfigError
+
+if TYPE_CHECKING:
+    from nightcrew.web.proxies import IPNetwork
 
 
 class Settings(BaseSettings):
@@ -117,6 +120,9 @@ class Settings(BaseSettings):
     ] = 2
 
     # --- nightcrew's own knobs ---------------------------------------------------------------
+    # reverse proxies whose X-Forwarded-For / X-Forwarded-Proto `serve` believes (addresses and
+    # CIDRs, web/proxies.py); empty: nobody's
+    trusted_proxies: Annotated[str, Field(alias="NIGHTCREW_TRUSTED_PROXIES")] = ""
     db_connect_timeout_seconds: Annotated[
         float, Field(alias="NIGHTCREW_DB_CONNECT_TIMEOUT_SECONDS", gt=0)
     ] = 5.0
@@ -175,6 +181,14 @@ class Settings(BaseSettings):
         AddressPolicy.parse(value)  # a ValueError names the entry it cannot read
         return value
 
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _trusted_proxies(cls, value: str) -> str:
+        from nightcrew.web.proxies import parse_trusted_proxies
+
+        parse_trusted_proxies(value)  # a ValueError names the entry it cannot read
+        return value
+
     @field_validator("news_stage_prefetch")
     @classmethod
     def _stage_prefetch(cls, value: str) -> str:
@@ -196,6 +210,12 @@ class Settings(BaseSettings):
     @property
     def news_shard_list(self) -> list[str]:
         return [s.strip() for s in self.news_shards.split(",") if s.strip()]
+
+    @property
+    def trusted_proxy_networks(self) -> tuple[IPNetwork, ...]:
+        from nightcrew.web.proxies import parse_trusted_proxies
+
+        return parse_trusted_proxies(self.trusted_proxies)
 
     @property
     def embedded_pgdata(self) -> Path:

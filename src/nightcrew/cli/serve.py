@@ -25,6 +25,7 @@ from nightcrew.errors import (
 from nightcrew.log import configure_logging, event
 from nightcrew.runtime import open_runtime
 from nightcrew.web.access import Access
+from nightcrew.web.proxies import uvicorn_proxy_options
 
 
 # --- demo ----------------------------------------------------------------------------------------
@@ -180,6 +181,9 @@ async def _serve_on(
                 ),
                 host=host,
                 port=port,
+                # X-Forwarded-For/-Proto believed from NIGHTCREW_TRUSTED_PROXIES only (none
+                # by default): they decide the throttle's client address and the cookie's Secure
+                **uvicorn_proxy_options(settings.trusted_proxy_networks),
                 log_level="warning",
                 log_config=None,  # uvicorn's loggers go through nightcrew's JSON pipeline
                 access_log=False,

@@ -160,6 +160,9 @@ def same_origin(origin: str | None, referer: str | None, host_header: str | None
 def secure_cookie(scheme: str, client_host: str | None) -> bool:
     """Whether the session cookie is ``Secure``: always, except over plain HTTP from this
     machine (a developer on http://127.0.0.1). A TLS front end on another machine talks plain
-    HTTP to us, and its cookie must still never travel unencrypted; one on this machine says
-    so with ``X-Forwarded-Proto: https``, which uvicorn honours from 127.0.0.1 only."""
+    HTTP to us, and its cookie must still never travel unencrypted. ``scheme`` and
+    ``client_host`` are what the request claims only when it came from one of
+    ``NIGHTCREW_TRUSTED_PROXIES`` (web/proxies.py): then ``X-Forwarded-Proto: https`` makes
+    the cookie Secure, and a forwarded client elsewhere does too. Without that setting a front
+    end on this machine looks like a developer, and its users' cookies are not Secure."""
     return scheme == "https" or client_host is None or not is_loopback(client_host)

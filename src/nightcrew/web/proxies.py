@@ -1,0 +1,61 @@
+"""Whose ``X-Forwarded-For`` and ``X-Forwarded-Proto`` ``serve`` believes.
+
+Anyone can send those headers, so believing them from everyone would let a guesser pick a new
+address for each wrong token (defeating the sign-in throttle) and call plain HTTP "https".
+``NIGHTCREW_TRUSTED_PROXIES`` names the reverse proxies that set them; from those peers only,
+uvicorn's proxy-headers middleware takes the client address (the right-most address in
+``X-Forwarded-For`` that is not itself a trusted proxy, so a client cannot prepend one of its
+choosing) and the scheme. Empty (the default) believes no one — not even 127.0.0.1, which
+uvicorn would otherwise trust by default (or whatever its ``FORWARDED_ALLOW_IPS`` says).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_trusted_proxies(value: str) -> tuple[IPNetwork, ...]:
+    """``NIGHTCREW_TRUSTED_PROXIES``: comma-separated IP addresses and CIDRs; a ValueError names
+    the first entry that is not one."""
+    networks: list[IPNetwork] = []
+    for raw in value.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        if entry == "*":
+            raise ValueError(
+                "'*' would believe every client's claim of its own address; name the proxies' "
+                "addresses or networks"
+            )
+        try:
+            network = ipaddress.ip_network(entry.strip("[]"), strict=True)
+        except ValueError as exc:
+            # The peer is always an address: a host name would silently never match.
+            hint = f" ({exc})" if "/" in entry else " (a host name is not accepted)"
+            raise ValueError(f"not an IP address or CIDR: {entry!r}{hint}") from None
+        if network.prefixlen == 0:
+            raise ValueError(
+                f"{entry!r} would believe every client's claim of its own address; name the "
+                "proxies' addresses or networks"
+            )
+        networks.append(network)
+    return tuple(networks)
+
+
+def uvicorn_proxy_options(networks: tuple[IPNetwork, ...]) -> dict[str, Any]:
+    """The ``uvicorn.Config`` arguments that believe forwarded headers from ``networks`` only.
+
+    Always explicit: left to itself uvicorn trusts 127.0.0.1 and ::1, or the
+    ``FORWARDED_ALLOW_IPS`` environment variable, which nightcrew does not document."""
+    allowed: list[str] = []
+    for network in networks:
+        allowed.append(str(network))
+        if isinstance(network, ipaddress.IPv4Network):
+            # Listening on "::" (dual stack), an IPv4 proxy's connection arrives as
+            # ::ffff:a.b.c.d; the same proxy must be believed either way.
+            mapped = f"::ffff:{network.network_address}/{96 + network.prefixlen}"
+            allowed.append(str(ipaddress.IPv6Network(mapped)))
+    return {"proxy_headers": bool(allowed), "forwarded_allow_ips": allowed}
