@@ -45,6 +45,22 @@ from tests.support.servers import (
 # tests/integration/news and tests/faults.
 pytest_plugins = ["tests.integration.news.pipeline_support", "tests.support.hygiene"]
 
+_TIERS = ("unit", "integration", "faults", "acceptance")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test marked with its tier, by the directory it lives in: `-m unit` runs the fast
+    tier, `-m "not faults"` leaves out the slowest."""
+    tests = Path(__file__).parent
+    for item in items:
+        try:
+            tier = item.path.relative_to(tests).parts[0]
+        except ValueError:  # a test file outside tests/ (given on the command line)
+            continue
+        if tier in _TIERS:
+            item.add_marker(tier)
+
+
 NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 _counter = itertools.count()
 
