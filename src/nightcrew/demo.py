@@ -328,7 +328,11 @@ def demo_database(settings: Settings) -> Iterator[Settings]:
             raise ConfigError(
                 f"no demo database in {settings.embedded_pgdata}: run `nightcrew demo` first"
             )
-        yield _demo_settings(settings, embedded.uri, _media(settings))
+        shown = _demo_settings(settings, embedded.uri, _media(settings))
+        if settings.news_pipeline == "rabbitmq":
+            # the page shows (and replays) the pipeline's dead letters when asked to
+            shown = shown.model_copy(update={"queue_url": settings.queue_url})
+        yield shown
     finally:
         embedded.stop()
 
@@ -405,14 +409,26 @@ async def _run(
 async def _news(runtime: Runtime, clock: Clock, now: datetime) -> list[str]:
     """Two sample feeds on a loopback server, two news runs: the second finds nothing new."""
     from nightcrew.demo_support import serve_sample_feeds
-    from nightcrew.news.inline import run_shard
-    from nightcrew.news.sources import add_source
+    from nightcrew.news.schedule import run_shard_now
+    from nightcrew.news.sources import PARK_AFTER_FAILURES, add_source
 
     with serve_sample_feeds() as base:
         for path, name in (("/city.xml", "City desk"), ("/science.xml", "Science desk")):
             await add_source(runtime.db, url=base + path, name=name, shard="demo", now=now)
-        first = await run_shard(runtime, clock, "demo", trigger="manual")
-        second = await run_shard(runtime, clock, "demo", trigger="manual")
+        # in the run history (lane news:demo), as `news run --manual` records them
+        first = await run_shard_now(runtime, clock, "demo", requested_by=None)
+        second = await run_shard_now(runtime, clock, "demo", requested_by=None)
+    assert first is not None and second is not None  # manual runs always run
+    # A feed on an office network that last week's runs refused until it was parked: what the
+    # dashboard's News page explains (the setting that allows it) and can enable again.
+    wire = await add_source(
+        runtime.db, url="http://10.20.0.7/wire.xml", name="Wire (office)", shard="demo", now=now
+    )
+    await runtime.db.execute(
+        "UPDATE news.sources SET parked_at = %(at)s, consecutive_failures = %(n)s,"
+        " last_error = '10.20.0.7 is not a public address' WHERE id = %(id)s",
+        {"at": now - DAY, "n": PARK_AFTER_FAILURES, "id": wire["id"]},
+    )
     rejected = await runtime.db.fetch(
         "SELECT a.title, r.reasons FROM news.articles a JOIN news.reviews r"
         " ON r.article_id = a.id WHERE NOT r.accepted ORDER BY a.id"
@@ -429,5 +445,10 @@ async def _news(runtime: Runtime, clock: Clock, now: datetime) -> list[str]:
     lines.append(
         f"  • second run: {second.queued_count} new stories — everything had been seen; "
         "nothing was reviewed or written twice."
+    )
+    lines.append(
+        "  • “Wire (office)” on 10.20.0.7 is parked: runs refuse private addresses unless "
+        "NEWS_ALLOWED_PRIVATE_HOSTS names them (the dashboard's News page says so, and can "
+        "enable it again)."
     )
     return lines

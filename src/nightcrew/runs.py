@@ -74,16 +74,47 @@ async def claim(
     """Claim a scheduled slot; its handle if this caller won it, None if another replica did.
     A stale running run of the lane is marked abandoned first (its slot can then be claimed)."""
     await abandon_stale(db, lane=lane, now=now, on_abandoned=on_abandoned)
-    row = await db.fetch_one(SQL["claim_scheduled_slot"], {"lane": lane, "slot": slot, "now": now})
+    async with db.transaction() as tx:
+        await tx.execute(SQL["lane_lock"], {"lane": lane})
+        row = await tx.fetch_one(
+            SQL["claim_scheduled_slot"], {"lane": lane, "slot": slot, "now": now}
+        )
     return None if row is None else RunHandle(int(row["id"]), int(row["attempts"]))
 
 
+class LaneBusy(NightcrewError):
+    """An operator's "run now" of a lane that is running already (one run, one report)."""
+
+    def __init__(self, lane: str, running: dict[str, Any] | None) -> None:
+        self.lane = lane
+        self.running_id = int(running["id"]) if running else None
+        if running is None:
+            what = "a run of it started at the same instant"
+        else:
+            who = running["requested_by"] or running["trigger"]
+            what = f"run {running['id']} ({who}, started {running['started_at']:%H:%M:%S} UTC)"
+        super().__init__(f"lane {lane} is running already: {what}; nothing was started")
+
+
 async def start_manual(
-    db: Database, *, lane: str, now: datetime, on_abandoned: OnAbandoned | None = None
+    db: Database,
+    *,
+    lane: str,
+    now: datetime,
+    on_abandoned: OnAbandoned | None = None,
+    requested_by: str | None = None,
 ) -> int:
+    """A manual run's row. ``requested_by`` (an operator's run: "cli", "dashboard ADDRESS")
+    makes it exclusive: LaneBusy while a run of the lane runs, and no scheduled slot of the
+    lane is claimed until it ends."""
     await abandon_stale(db, lane=lane, now=now, on_abandoned=on_abandoned)
-    row = await db.fetch_one(SQL["start_manual_run"], {"lane": lane, "now": now})
-    assert row is not None  # INSERT … RETURNING always yields the row
+    async with db.transaction() as tx:
+        await tx.execute(SQL["lane_lock"], {"lane": lane})
+        row = await tx.fetch_one(
+            SQL["start_manual_run"], {"lane": lane, "now": now, "requested_by": requested_by}
+        )
+        if row is None:
+            raise LaneBusy(lane, await tx.fetch_one(SQL["running_run"], {"lane": lane}))
     return int(row["id"])
 
 
@@ -184,19 +215,29 @@ async def recorded(
     on_failure: Callable[[RunHandle, BaseException], None] | None = None,
     on_abandoned: OnAbandoned | None = None,
     heartbeat_every: float = HEARTBEAT_SECONDS,
+    requested_by: str | None = None,
+    on_started: Callable[[RunHandle], None] | None = None,
 ) -> Report | None:
     """One recorded run: claim the scheduled ``slot`` (None: start a manual run) → heartbeat
     while ``work`` runs → finish ``completed`` with its report, or ``failed`` (with
     ``retry: true`` when the database went away, so the slot may be claimed again). A slot
     another replica won → None. Cancellation (Ctrl-C, SIGTERM) finishes the row too.
-    ``on_abandoned`` hears the ids of the lane's dead runs this run marked abandoned."""
+    ``on_abandoned`` hears the ids of the lane's dead runs this run marked abandoned.
+    ``requested_by`` names the operator of a manual run (see ``start_manual``); ``on_started``
+    hears the run's handle once its row exists (a page answers with it before the run ends)."""
     now = clock.now()
     if slot is not None:
         handle = await claim(db, lane=lane, slot=slot, now=now, on_abandoned=on_abandoned)
         if handle is None:
             return None
     else:
-        handle = RunHandle(await start_manual(db, lane=lane, now=now, on_abandoned=on_abandoned))
+        handle = RunHandle(
+            await start_manual(
+                db, lane=lane, now=now, on_abandoned=on_abandoned, requested_by=requested_by
+            )
+        )
+    if on_started is not None:
+        on_started(handle)
     try:
         async with heartbeat(db, handle, clock, every=heartbeat_every):
             result = await work(handle)

@@ -15,8 +15,14 @@ RETURNING id, slot;
 -- name: claim_scheduled_slot
 -- The cross-replica claim: exactly one INSERT per (lane, slot) succeeds — or one UPDATE, when
 -- the slot's run was abandoned or failed for want of a database (it is run again).
+-- Not while an operator's "run now" of the lane runs (requested_by set; the caller holds the
+-- lane's lock, so the two cannot start together): that run is the slot's run, and the slot is
+-- left unclaimed.
 INSERT INTO nightcrew.runs AS r (lane, trigger, slot, started_at, heartbeat_at, status)
-VALUES (%(lane)s, 'scheduled', %(slot)s, %(now)s, %(now)s, 'running')
+SELECT %(lane)s, 'scheduled', %(slot)s, %(now)s, %(now)s, 'running'
+ WHERE NOT EXISTS (SELECT 1 FROM nightcrew.runs m
+                    WHERE m.lane = %(lane)s AND m.status = 'running' AND m.trigger = 'manual'
+                      AND m.requested_by IS NOT NULL)
 ON CONFLICT ON CONSTRAINT runs_one_per_slot DO UPDATE
    SET started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,
        status = 'running', finished_at = NULL,
@@ -24,10 +30,27 @@ ON CONFLICT ON CONSTRAINT runs_one_per_slot DO UPDATE
  WHERE r.status = 'abandoned' OR (r.status = 'failed' AND r.report ->> 'retry' = 'true')
 RETURNING id, attempts;
 
+-- name: lane_lock
+-- Serialises the start of a lane's runs (scheduled claims and operators' manual runs) until
+-- the caller's transaction ends: each then sees what the other started.
+SELECT pg_advisory_xact_lock(hashtextextended('nightcrew.runs:' || %(lane)s, 0));
+
 -- name: start_manual_run
-INSERT INTO nightcrew.runs (lane, trigger, slot, started_at, heartbeat_at, status)
-VALUES (%(lane)s, 'manual', NULL, %(now)s, %(now)s, 'running')
+-- An operator's run (requested_by set) starts only when no run of its lane is running; an
+-- unattributed manual run (a test, a script) starts regardless, as it always has.
+INSERT INTO nightcrew.runs (lane, trigger, slot, started_at, heartbeat_at, status, requested_by)
+SELECT %(lane)s, 'manual', NULL, %(now)s, %(now)s, 'running', %(requested_by)s
+ WHERE %(requested_by)s::text IS NULL
+    OR NOT EXISTS (SELECT 1 FROM nightcrew.runs r
+                    WHERE r.lane = %(lane)s AND r.status = 'running')
 RETURNING id;
+
+-- name: running_run
+SELECT id, trigger, slot, started_at, requested_by
+  FROM nightcrew.runs
+ WHERE lane = %(lane)s AND status = 'running'
+ ORDER BY started_at DESC, id DESC
+ LIMIT 1;
 
 -- name: heartbeat
 UPDATE nightcrew.runs SET heartbeat_at = %(now)s

@@ -5,7 +5,8 @@ Chromium starts with its background networking off, so it opens no connection bu
 page asks for — and the pages ask only for 127.0.0.1 (the dashboard has no external asset).
 
 Also a command: ``python -m tests.support.browser docs/dashboard.png`` runs the demo in a
-temporary directory, serves it, and saves the README's screenshot.
+temporary directory, serves it, and saves the README's screenshots (the overview, a run, and
+the effects page with its actions: ``dashboard-actions.png``).
 """
 
 from __future__ import annotations
@@ -174,8 +175,12 @@ def main() -> None:
         with demo_served(Path(tmp)) as served:
             asyncio.run(screenshot(served.url + "/", target))
             asyncio.run(screenshot(served.url + "/runs/2", target.with_name("dashboard-run.png")))
-    assert_not_blank(target.read_bytes())
-    print(f"saved {target} and {target.with_name('dashboard-run.png')}")
+            # the actions: the dead effects' Retry / Drop buttons, "Retry all dead…" per kind
+            actions = target.with_name("dashboard-actions.png")
+            asyncio.run(screenshot(served.url + "/effects", actions, height=1000))
+    for saved in (target, target.with_name("dashboard-run.png"), actions):
+        assert_not_blank(saved.read_bytes())
+    print(f"saved {target}, {target.with_name('dashboard-run.png')} and {actions}")
 
 
 if __name__ == "__main__":

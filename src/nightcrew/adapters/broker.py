@@ -326,17 +326,24 @@ class PipelineBroker:
             raise QueueError(f"cannot read the depth of {name}: {exc}") from exc
 
     async def dead_letters(
-        self, stage: str, take: Callable[[DeadLetter], Awaitable[bool]] | None = None
+        self,
+        stage: str,
+        take: Callable[[DeadLetter], Awaitable[bool]] | None = None,
+        *,
+        limit: int | None = None,
     ) -> list[DeadLetter]:
-        """Every dead letter of ``stage``. With ``take``, each one for which it returns True
-        is removed from the queue (after ``take`` did its work); the others stay."""
+        """Every dead letter of ``stage`` (the first ``limit``: a page lists and acts on a
+        bounded number). With ``take``, each one for which it returns True is removed from the
+        queue (after ``take`` did its work); the others stay."""
         await self.connect()
         channel = await self._connection.channel()
         found: list[DeadLetter] = []
         try:
             queue = await channel.declare_queue(self.dlq_name(stage), passive=True)
             # every message is held (unacked) until the channel closes, so each is seen once
-            while (message := await queue.get(no_ack=False, fail=False, timeout=5)) is not None:
+            while (limit is None or len(found) < limit) and (
+                message := await queue.get(no_ack=False, fail=False, timeout=5)
+            ) is not None:
                 letter = _dead_letter(stage, Delivery(stage, message))
                 found.append(letter)
                 if take is not None and await take(letter):

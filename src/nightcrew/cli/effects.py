@@ -16,7 +16,6 @@ from nightcrew.cli.common import (
     effects_app,
 )
 from nightcrew.clock import SystemClock
-from nightcrew.log import event
 from nightcrew.runtime import open_database, open_runtime
 
 KindOption = Annotated[EffectKind | None, typer.Option("--kind", help="Only effects of this kind.")]
@@ -73,8 +72,7 @@ def effects_retry(
     A retry more than 24 hours after the first attempt is outside the providers' idempotency
     window: an email that did arrive (but was never confirmed) may arrive twice.
     """
-    from nightcrew.effects import outbox
-    from nightcrew.effects.deliver import deliver_now
+    from nightcrew.actions import CLI, retry_effects
 
     if (effect_id is None) == (not dead):
         _fail("effects retry: give an effect ID or --dead (not both)", 2)
@@ -85,28 +83,15 @@ def effects_retry(
 
     async def work() -> list[dict[str, Any]]:
         async with open_runtime(settings, clock) as runtime:
-            rows = await outbox.retry(
-                runtime.db,
-                clock.now(),
+            result = await retry_effects(
+                runtime,
+                clock,
+                CLI,
                 ids=[effect_id] if effect_id is not None else [],
                 all_dead=dead,
                 kind=kind.value if kind else None,
             )
-            effects = [e for r in rows if (e := await outbox.get(runtime.db, int(r["id"])))]
-            deliveries = await deliver_now(runtime, clock, effects)
-            for effect, delivery in zip(effects, deliveries, strict=True):
-                event(
-                    "effect_retried",
-                    effect_id=effect.id,
-                    kind=effect.kind,
-                    key=effect.key,
-                    outcome=delivery.status,
-                    error=delivery.error,
-                )
-            return [
-                {"id": e.id, "kind": e.kind, "key": e.key, "outcome": d.status, "error": d.error}
-                for e, d in zip(effects, deliveries, strict=True)
-            ]
+            return [r.to_json() for r in result.retried]
 
     outcomes = _run(work, settings)
     if effect_id is not None and not outcomes:
@@ -130,20 +115,13 @@ def effects_drop(
     effect_id: Annotated[int, typer.Argument(help="The undelivered effect to forget.")],
 ) -> None:
     """Forget an undelivered effect for good: it will never be delivered."""
-    from nightcrew.effects import outbox
+    from nightcrew.actions import CLI, drop_effect
 
     settings = _settings()
 
     async def work() -> dict[str, Any] | None:
         async with open_database(settings) as db:
-            dropped = await outbox.drop(db, effect_id, SystemClock().now())
-        if dropped is not None:  # the row is gone: the log keeps what it was
-            event(
-                "effect_dropped",
-                **{k: v for k, v in dropped.items() if k != "id"},
-                effect_id=effect_id,
-            )
-        return dropped
+            return await drop_effect(db, SystemClock(), CLI, effect_id)
 
     dropped = _run(work, settings)
     if dropped is None:

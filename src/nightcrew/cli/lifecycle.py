@@ -28,18 +28,19 @@ def lifecycle_run(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Run one lane once and print its report."""
+    from nightcrew.actions import CLI, run_lane_now
     from nightcrew.lifecycle.lanes import run_lane
 
     async def job(runtime: Runtime, clock: Clock) -> dict[str, Any]:
+        if dry_run:  # no run record, so nothing to be exclusive of
+            report = await run_lane(runtime, clock, lane.value, dry_run=True)
+            assert report is not None  # manual runs always run
+            return report.to_json()
+        # the dashboard's "run now" too: refused while the lane runs, never doubling a slot
         if as_json or not sys.stderr.isatty():
-            report = await run_lane(runtime, clock, lane.value, dry_run=dry_run)
-        else:
-            with _job_progress(f"{lane.value} lane") as progress:
-                report = await run_lane(
-                    runtime, clock, lane.value, dry_run=dry_run, progress=progress
-                )
-        assert report is not None  # manual runs always run
-        return report.to_json()
+            return await run_lane_now(runtime, clock, CLI, lane.value)
+        with _job_progress(f"{lane.value} lane") as progress:
+            return await run_lane_now(runtime, clock, CLI, lane.value, progress=progress)
 
     _run_and_print(job, now=now, as_json=as_json, summary=_print_lane_summary)
 

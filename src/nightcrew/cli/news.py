@@ -42,7 +42,9 @@ def news_run(
     manual: Annotated[
         bool,
         typer.Option(
-            "--manual", help="A manual run (a held lock is answered with a skipped report)."
+            "--manual",
+            help="A manual run, recorded in the run history as lane news:SHARD (refused while"
+            " a run of it is running; a held lock is answered with a skipped report).",
         ),
     ] = False,
     now: NowOption = None,
@@ -53,7 +55,8 @@ def news_run(
     With NEWS_PIPELINE=rabbitmq this is a pass: the shard's due sources go to the fetch queue,
     held candidates are released into stages with room, and the stage workers do the rest.
     A run fenced out by a newer holder of the shard's lease ends as superseded (exit 0)."""
-    from nightcrew.news.schedule import run_or_enqueue
+    from nightcrew.actions import CLI, run_lane_now
+    from nightcrew.news.schedule import run_or_enqueue, shard_lane
 
     settings = _settings()
     clock = _clock(now)
@@ -63,9 +66,9 @@ def news_run(
     async def work() -> dict[str, Any]:
         assert shard is not None  # chosen above; mypy cannot see into the closure
         async with open_runtime(settings, clock) as runtime:
-            report = await run_or_enqueue(
-                runtime, clock, shard, trigger="manual" if manual else "scheduled"
-            )
+            if manual:  # the dashboard's "run now": in the run history, one at a time
+                return await run_lane_now(runtime, clock, CLI, shard_lane(shard))
+            report = await run_or_enqueue(runtime, clock, shard, trigger="scheduled")
             return report.to_json()
 
     report = _run(work, settings)
@@ -226,13 +229,13 @@ def news_sources_list(
 
 
 def _set_source(ref: str, enabled: bool) -> None:
-    from nightcrew.news.sources import set_enabled
+    from nightcrew.actions import CLI, set_source_enabled
 
     settings = _settings()
 
     async def work() -> dict[str, Any]:
         async with open_database(settings) as db:
-            return await set_enabled(db, ref, enabled=enabled)
+            return await set_source_enabled(db, SystemClock(), CLI, ref, enabled=enabled)
 
     row = _run(work, settings)
     typer.echo(f"{'enabled' if enabled else 'disabled'} source {row['id']} ({row['name']})")
@@ -453,7 +456,7 @@ def news_dlq_replay(
     everything: Annotated[bool, typer.Option("--all", help="Replay every letter.")] = False,
 ) -> None:
     """Queue dead letters again (after fixing their cause): --id ID or --all."""
-    from nightcrew.news.dlq import replay
+    from nightcrew.actions import CLI, replay_letters
 
     if (message_id is None) == (not everything):
         _fail("news dlq replay: give exactly one of --id ID or --all", 2)
@@ -462,7 +465,9 @@ def news_dlq_replay(
 
     async def work() -> tuple[int, int, int]:
         async with open_runtime(settings, clock) as runtime:
-            done = await replay(runtime, clock, stage=_stage_option(stage), message_id=message_id)
+            done = await replay_letters(
+                runtime, clock, CLI, stage=_stage_option(stage), message_id=message_id
+            )
             return len(done.replayed), len(done.dropped), len(done.kept)
 
     count, dropped, kept = _run(work, settings)
@@ -484,12 +489,16 @@ def news_dlq_replay(
 @dlq_app.command("purge")
 def news_dlq_purge(
     stage: Annotated[Stage, typer.Option("--stage", help="The stage whose letters go.")],
+    message_id: Annotated[
+        str | None, typer.Option("--id", help="Only this letter (default: every one).")
+    ] = None,
     yes: Annotated[
         bool, typer.Option("--yes", help="Really: their candidates are rejected.")
     ] = False,
 ) -> None:
-    """Drop a stage's dead letters for good (their candidates are rejected with the error)."""
-    from nightcrew.news.dlq import purge
+    """Drop a stage's dead letters (or one, --id) for good (their candidates are rejected with
+    the error)."""
+    from nightcrew.actions import CLI, purge_letters
 
     if stage is Stage.all:
         _fail("news dlq purge: name one --stage", 2)
@@ -500,9 +509,14 @@ def news_dlq_purge(
 
     async def work() -> int:
         async with open_runtime(settings, clock) as runtime:
-            return len(await purge(runtime, clock, stage.value))
+            done = await purge_letters(
+                runtime, clock, CLI, stage=stage.value, message_id=message_id
+            )
+            return len(done.purged)
 
     count = _run(work, settings)
+    if message_id is not None and count == 0:
+        _fail(f"no dead letter with id {message_id} in {stage.value}", 1)
     typer.echo(f"purged {count} dead letter{'s' if count != 1 else ''} of {stage.value}")
 
 

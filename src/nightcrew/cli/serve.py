@@ -177,6 +177,7 @@ async def _serve_on(
                         access=access,
                         schedules=None if demo else scheduler.status,
                         label="the demo's night" if demo else "",
+                        runtime=runtime,  # the page's actions act with it
                     ),
                 ),
                 host=host,

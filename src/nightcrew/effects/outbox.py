@@ -222,8 +222,10 @@ async def retry(
     ids: Sequence[int] = (),
     all_dead: bool = False,
     kind: str | None = None,
+    limit: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Make undelivered effects due now, with a fresh maximum age; returns what was re-driven."""
+    """Make undelivered effects due now, with a fresh maximum age; returns what was re-driven
+    (at most ``limit``, the oldest first)."""
     return await db.fetch(
         SQL["retry"],
         {
@@ -231,8 +233,15 @@ async def retry(
             "all_dead": all_dead,
             "kind": kind,
             "now": now,
+            "limit": limit,
         },
     )
+
+
+async def count_retryable_dead(db: Database, kind: str | None = None) -> int:
+    """Dead effects a bulk retry (``--dead [--kind K]``) would re-drive."""
+    row = await db.fetch_one(SQL["count_retryable_dead"], {"kind": kind})
+    return int(row["n"]) if row else 0
 
 
 async def supersede(

@@ -86,15 +86,28 @@ SELECT * FROM nightcrew.effects WHERE id = %(id)s;
 -- Re-drive undelivered effects now, with a fresh maximum age. A delivered one is left alone,
 -- and so is one whose attempt is in flight (it would be a second delivery at once); --dead
 -- skips the superseded (an email about a state that no longer holds), an explicit ID does not.
-UPDATE nightcrew.effects
+-- At most %(limit)s of them (NULL: all), the oldest first: a page's bulk retry is bounded and
+-- pages through the rest with the next request.
+UPDATE nightcrew.effects e
    SET dead_at = NULL, dead_reason = NULL, next_attempt_at = %(now)s,
-       expires_at = %(now)s + (expires_at - created_at)
- WHERE delivered_at IS NULL
-   AND (claimed_until IS NULL OR claimed_until <= %(now)s)
-   AND (id = ANY(%(ids)s::bigint[])
-        OR (%(all_dead)s AND dead_at IS NOT NULL AND dead_reason <> 'superseded'
-            AND (%(kind)s::text IS NULL OR kind = %(kind)s)))
-RETURNING id, kind, key;
+       expires_at = %(now)s + (e.expires_at - e.created_at)
+  FROM (SELECT id FROM nightcrew.effects
+         WHERE delivered_at IS NULL
+           AND (claimed_until IS NULL OR claimed_until <= %(now)s)
+           AND (id = ANY(%(ids)s::bigint[])
+                OR (%(all_dead)s AND dead_at IS NOT NULL AND dead_reason <> 'superseded'
+                    AND (%(kind)s::text IS NULL OR kind = %(kind)s)))
+         ORDER BY id
+         LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED) picked
+ WHERE e.id = picked.id
+RETURNING e.id, e.kind, e.key;
+
+-- name: count_retryable_dead
+-- What a bulk retry of ``kind`` (NULL: every kind) would re-drive: its confirmation step.
+SELECT count(*) AS n FROM nightcrew.effects
+ WHERE delivered_at IS NULL AND dead_at IS NOT NULL AND dead_reason <> 'superseded'
+   AND (%(kind)s::text IS NULL OR kind = %(kind)s);
 
 -- name: supersede
 -- Undelivered effects that a later state change made wrong to deliver (a nag after a restore,

@@ -290,8 +290,11 @@ async def run_lane(
     slot: datetime | None = None,
     dry_run: bool = False,
     progress: JobProgress | None = None,
+    requested_by: str | None = None,
+    on_started: Callable[[runs.RunHandle], None] | None = None,
 ) -> LaneReport | None:
     """Run a lane inside a run record. A scheduled slot another replica already claimed → None.
+    An operator's manual run (``requested_by``) is exclusive: runs.LaneBusy while the lane runs.
 
     A dry run executes the same statements against a rollback-only view of the database, with
     a recording queue, a read-only store, and billing and feed-cache stand-ins that call
@@ -339,6 +342,8 @@ async def run_lane(
             report_json=LaneReport.to_json,
             on_failure=failed,
             on_abandoned=abandoned,
+            requested_by=requested_by,
+            on_started=on_started,
         )
     if report is not None:
         _record_metrics(runtime, clock, report)

@@ -28,11 +28,14 @@ def _stages(stage: str | None) -> tuple[str, ...]:
     return STAGES if stage is None else (stage,)
 
 
-async def list_dead(runtime: Runtime, stage: str | None = None) -> list[DeadLetter]:
+async def list_dead(
+    runtime: Runtime, stage: str | None = None, *, limit: int | None = None
+) -> list[DeadLetter]:
+    """The dead letters of ``stage`` (None: every stage), at most ``limit`` of each."""
     broker = pipeline.broker_of(runtime)
     letters: list[DeadLetter] = []
     for name in _stages(stage):
-        letters += await broker.dead_letters(name)
+        letters += await broker.dead_letters(name, limit=limit)
     return letters
 
 
@@ -47,9 +50,15 @@ class Replayed:
 
 
 async def replay(
-    runtime: Runtime, clock: Clock, *, stage: str | None = None, message_id: str | None = None
+    runtime: Runtime,
+    clock: Clock,
+    *,
+    stage: str | None = None,
+    message_id: str | None = None,
+    limit: int | None = None,
 ) -> Replayed:
-    """Replay the letter ``message_id`` (None: every letter) of ``stage`` (None: every stage)."""
+    """Replay the letter ``message_id`` (None: every letter) of ``stage`` (None: every stage);
+    of each stage, only the first ``limit`` letters are looked at (None: all)."""
     broker, db = pipeline.broker_of(runtime), runtime.db
     done = Replayed()
 
@@ -96,15 +105,20 @@ async def replay(
         return True
 
     for name in _stages(stage):
-        await broker.dead_letters(name, take)
+        await broker.dead_letters(name, take, limit=limit)
     return done
 
 
-async def purge(runtime: Runtime, clock: Clock, stage: str) -> list[DeadLetter]:
+async def purge(
+    runtime: Runtime, clock: Clock, stage: str, *, message_id: str | None = None
+) -> list[DeadLetter]:
+    """Purge the letter ``message_id`` of ``stage`` (None: every letter of it)."""
     broker, db = pipeline.broker_of(runtime), runtime.db
     purged: list[DeadLetter] = []
 
     async def take(letter: DeadLetter) -> bool:
+        if message_id is not None and letter.message_id != message_id:
+            return False
         if "source_id" in letter.body:
             await db.execute(SQL["purge_source"], {"id": int(letter.body["source_id"])})
         elif "url" in letter.body:

@@ -25,6 +25,38 @@ async def run_or_enqueue(
     return await run_shard(runtime, clock, shard, trigger=trigger)
 
 
+def shard_lane(shard: str) -> str:
+    """A shard's lane in the run history (the Runs page's ``news:<shard>``)."""
+    return f"news:{shard}"
+
+
+async def run_shard_now(
+    runtime: Runtime,
+    clock: Clock,
+    shard: str,
+    *,
+    requested_by: str | None,
+    on_started: Callable[[runs.RunHandle], None] | None = None,
+) -> NewsReport | None:
+    """A manual run of ``shard`` in the run history (lane ``news:<shard>``), as `news run
+    --manual` and the dashboard's "run now" start it: exclusive of the lane's other runs
+    (runs.LaneBusy), and the shard lease still guards the work itself."""
+
+    async def work(handle: runs.RunHandle) -> NewsReport:
+        return await run_or_enqueue(runtime, clock, shard, trigger="manual")
+
+    return await runs.recorded(
+        runtime.db,
+        clock,
+        lane=shard_lane(shard),
+        slot=None,
+        work=work,
+        report_json=lambda report: report.to_json(),
+        requested_by=requested_by,
+        on_started=on_started,
+    )
+
+
 def news_schedules(runtime: Runtime, clock: Clock) -> tuple[Schedule, ...]:
     """One schedule per NEWS_SHARDS entry, every NEWS_RUN_INTERVAL_MINUTES; each slot is
     claimed in the run history (one replica runs it) and the shard lease guards the rest."""
@@ -32,7 +64,7 @@ def news_schedules(runtime: Runtime, clock: Clock) -> tuple[Schedule, ...]:
     cron = "* * * * *" if minutes == 1 else f"*/{minutes} * * * *"
 
     def runner_for(shard: str) -> Callable[[datetime], Awaitable[bool]]:
-        lane = f"news:{shard}"
+        lane = shard_lane(shard)
 
         async def run(slot: datetime) -> bool:
             async def work(handle: runs.RunHandle) -> NewsReport:

@@ -16,13 +16,13 @@ SELECT id, name, feed_url, shard, enabled, consecutive_failures, last_error, las
 -- name: disable_source
 UPDATE news.sources SET enabled = false
  WHERE id::text = %(ref)s OR feed_url = %(ref)s
-RETURNING id, name, feed_url;
+RETURNING id, name, feed_url, shard;
 
 -- name: enable_source
 UPDATE news.sources
    SET enabled = true, parked_at = NULL, consecutive_failures = 0, next_check_at = NULL
  WHERE id::text = %(ref)s OR feed_url = %(ref)s
-RETURNING id, name, feed_url;
+RETURNING id, name, feed_url, shard;
 
 -- name: due_sources
 SELECT id, name, feed_url, shard, etag, last_modified, body_hash, consecutive_failures

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlencode
 
 import jinja2
@@ -27,6 +27,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from nightcrew import actions as operator_actions
 from nightcrew import narrate
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database, QueryError
@@ -34,6 +35,7 @@ from nightcrew.errors import MIGRATE_HINT, SCHEMA_MISSING_SQLSTATES, NightcrewEr
 from nightcrew.lifecycle import overage as overage_rules
 from nightcrew.log import describe_error, error, redact_url_passwords, warning
 from nightcrew.scheduler import ScheduleStatus
+from nightcrew.web import actions as action_doors
 from nightcrew.web import data
 from nightcrew.web.access import (
     COOKIE,
@@ -43,14 +45,28 @@ from nightcrew.web.access import (
     secure_cookie,
 )
 from nightcrew.web.charts import Bar, bar_chart
+from nightcrew.web.csrf import CSRF_COOKIE, Csrf
 from nightcrew.web.doors import SECURITY_HEADERS as HEADERS
 from nightcrew.web.throttle import BUSY_RETRY_AFTER_SECONDS, SignInThrottle, Verdict
+
+if TYPE_CHECKING:
+    from nightcrew.runtime import Runtime
 
 HERE = Path(__file__).parent
 MAX_LOGIN_BODY = 4096
 # Pages share the service's connection pool with the lanes: at most this many at once, so a
 # burst of page loads cannot starve a 04:00 run of connections.
 CONCURRENT_PAGES = 2
+LANE_NAMES = ("daily", "minute")
+EFFECT_ACTIONS = ("effects.retry", "effects.retry_dead", "effects.drop")
+NEWS_ACTIONS = (
+    "news.dlq_replay",
+    "news.dlq_purge",
+    "news.source_enable",
+    "news.source_disable",
+    "runs.run_now",
+)
+RUN_ACTIONS = ("runs.run_now",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +78,8 @@ class DashboardContext:
     label: str = ""  # what this dashboard shows, e.g. "the demo database"
     # shared by every door that compares the token: /login and /news/reports' bearer
     throttle: SignInThrottle = field(default_factory=SignInThrottle)
+    # what the actions act with (serve's runtime); None: a dashboard that only shows
+    runtime: Runtime | None = None
 
     def session_valid(self, request: Request) -> bool:
         return self.access.cookie_valid(request.cookies.get(COOKIE), self.clock.now().timestamp())
@@ -127,17 +145,39 @@ def _pretty(value: Any) -> str:
 def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
     env = _environment()
     pages_at_once = asyncio.Semaphore(CONCURRENT_PAGES)
+    csrf = Csrf(ctx.access.token)
 
     def render(request: Request, template: str, status: int = 200, **values: Any) -> Response:
+        # Every page hands the browser its CSRF value (once) and its forms the token of it.
+        value = request.cookies.get(CSRF_COOKIE)
+        fresh = not csrf.well_formed(value)
+        if value is None or fresh:
+            value = csrf.new_value()
+        session = request.cookies.get(COOKIE) if ctx.access.token is not None else None
         body = env.get_template(template).render(
             request=request,
             path=request.url.path,
             label=ctx.label,
             signed_in=ctx.access.token is not None and ctx.session_valid(request),
             now=ctx.clock.now(),
-            **values,
+            can_act=ctx.runtime is not None,
+            csrf_token=csrf.token(value, session),
+            utc=UTC,
+            **{"live": False, **values},
         )
-        return HTMLResponse(body, status_code=status, headers=HEADERS)
+        response = HTMLResponse(body, status_code=status, headers=HEADERS)
+        if fresh:
+            response.set_cookie(
+                CSRF_COOKIE,
+                value,
+                httponly=True,
+                samesite="strict",
+                secure=secure_cookie(
+                    request.url.scheme, request.client.host if request.client else None
+                ),
+                path="/",
+            )
+        return response
 
     def cross_site(request: Request) -> Response | None:
         """403 for a POST sent by another site's page (see access.same_origin), else None."""
@@ -197,10 +237,28 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
             lanes=await data.latest_per_lane(ctx.db),
             schedules=ctx.schedules() if ctx.schedules else None,
             counts=await data.counts(ctx.db),
+            live=True,
         )
+
+    async def live(request: Request) -> Response:
+        # What static/live.js writes into the pages' counts (their data-live keys).
+        read_at = ctx.clock.now().astimezone(UTC)
+        body = {
+            "read_at": read_at.isoformat(),
+            "read_at_text": read_at.strftime("%H:%M:%S"),
+            "values": await data.live_values(ctx.db),
+        }
+        return Response(json.dumps(body) + "\n", media_type="application/json", headers=HEADERS)
 
     async def runs(request: Request) -> Response:
         wanted = data.RunFilter.parse(dict(request.query_params))
+        # every lane with a run, and every one that can have one (a shard not run yet)
+        runnable = [*LANE_NAMES, *await action_doors.news_lanes(ctx)]
+        lanes = sorted({*runnable, *(lane.lane for lane in await data.latest_per_lane(ctx.db))})
+        if wanted.lane is not None and wanted.lane not in lanes:
+            raise data.BadRequest(
+                f"lane: no lane {wanted.lane!r} here; the lanes are {', '.join(lanes)}"
+            )
         result = await data.runs_page(ctx.db, wanted)
         return render(
             request,
@@ -208,7 +266,9 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
             title="Runs",
             wanted=wanted,
             page=result,
-            lanes=[lane.lane for lane in await data.latest_per_lane(ctx.db)],
+            lanes=lanes,
+            runnable=runnable,
+            recent_actions=await operator_actions.recent(ctx.db, actions=RUN_ACTIONS),
             statuses=data.RUN_STATUSES,
             older_query=urlencode(wanted.query(before=result.older)) if result.older else None,
             newest_query=urlencode(wanted.query(before=None)),
@@ -219,12 +279,18 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         detail = None if wanted is None else await data.run_detail(ctx.db, wanted)
         if detail is None:
             return render(request, "error.html", 404, title="Not found", problem="no such run")
+        names = await data.run_names(ctx.db, detail.report)
+
+        def name(row_id: str, item: Any) -> str:
+            # by title, as the CLI says them; a deleted podcast by its slug, else its id
+            return names.get(row_id) or narrate.short_name(row_id, item)
+
         return render(
             request,
             "run.html",
             title=f"Run {detail.id}",
             run=detail,
-            sentences=narrate.lane_sentences(detail.lane, detail.report),
+            sentences=narrate.lane_sentences(detail.lane, detail.report, name),
         )
 
     async def run_json(request: Request) -> Response:
@@ -282,7 +348,14 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         return render(request, "watchdogs.html", title="Watchdogs", view=view, chart=chart)
 
     async def effects(request: Request) -> Response:
-        return render(request, "effects.html", title="Effects", view=await data.effects(ctx.db))
+        return render(
+            request,
+            "effects.html",
+            title="Effects",
+            view=await data.effects(ctx.db),
+            recent_actions=await operator_actions.recent(ctx.db, actions=EFFECT_ACTIONS),
+            live=True,
+        )
 
     async def news(request: Request) -> Response:
         view = await data.news(ctx.db)
@@ -302,6 +375,7 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
             )
             for s in view.shards
         }
+        letters = await data.dead_letters(ctx.runtime)
         return render(
             request,
             "news.html",
@@ -309,6 +383,13 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
             view=view,
             charts=charts,
             sentences={s.shard: narrate.news_sentences(s.latest) for s in view.shards},
+            letters=letters,
+            refusal_hints=data.refusal_hints(
+                view.parked,
+                ctx.runtime.settings.news_allowed_private_hosts if ctx.runtime else "",
+            ),
+            recent_actions=await operator_actions.recent(ctx.db, actions=NEWS_ACTIONS),
+            live=True,
         )
 
     async def login_form(request: Request) -> Response:
@@ -388,7 +469,9 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         return response
 
     return [
+        *action_doors.action_routes(ctx, csrf, render, page),
         Route("/", page(overview), methods=["GET"]),
+        Route("/live.json", page(live), methods=["GET"]),
         Route("/runs", page(runs), methods=["GET"]),
         Route("/runs/{run_id}", page(run), methods=["GET"]),
         Route("/runs/{run_id}/report.json", page(run_json), methods=["GET"]),

@@ -12,12 +12,16 @@ import math
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects_outbox
 from nightcrew.errors import NightcrewError
+from nightcrew.log import describe_error
+
+if TYPE_CHECKING:
+    from nightcrew.runtime import Runtime
 
 SQL = load_queries(__file__)
 
@@ -159,6 +163,7 @@ class RunRow:
     failures: int
     headline: dict[str, Any]
     duration_ms: float | None
+    requested_by: str | None = None  # an operator's manual run: "dashboard ADDRESS", "cli"
 
     @property
     def duration(self) -> timedelta | None:
@@ -179,6 +184,7 @@ class RunRow:
             failures=row["failures"] or 0,
             headline=dict(row["headline"] or {}),
             duration_ms=_float(row["duration_ms"]),
+            requested_by=row.get("requested_by"),
         )
 
 
@@ -266,6 +272,7 @@ class RunDetail:
     attempts: int
     report: dict[str, Any]  # {} when what is stored is not an object
     raw: Any  # what is stored, for the JSON view
+    requested_by: str | None = None
 
     @property
     def duration(self) -> timedelta | None:
@@ -297,6 +304,7 @@ async def run_detail(db: Database, run_id: int) -> RunDetail | None:
         attempts=row["attempts"],
         report=report,
         raw=row["report"],
+        requested_by=row.get("requested_by"),
     )
 
 
@@ -554,6 +562,7 @@ class EffectsView:
     failing: list[dict[str, Any]]
     dead: list[dict[str, Any]]
     news_candidates: list[dict[str, Any]]
+    due: list[dict[str, Any]] = field(default_factory=list)
 
 
 async def effects(db: Database) -> EffectsView:
@@ -561,6 +570,7 @@ async def effects(db: Database) -> EffectsView:
         counts=await effects_outbox.counts(db),
         failing=await db.fetch(SQL["effects_failing"], {"limit": 50}),
         dead=await db.fetch(SQL["effects_dead"], {"limit": 50}),
+        due=await db.fetch(SQL["effects_due"], {"limit": 50}),
         news_candidates=await db.fetch(SQL["news_candidates"]),
     )
 
@@ -573,6 +583,7 @@ class ShardNews:
     latest_trigger: str | None
     latest: dict[str, Any]
     series: list[dict[str, Any]]  # oldest first: started_at, queued, deferred, processed
+    recent: list[dict[str, Any]] = field(default_factory=list)  # newest first, with counts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -582,6 +593,7 @@ class NewsView:
     parked_count: int
     sources: int
     active: int
+    refused: list[dict[str, Any]] = field(default_factory=list)  # for their address, not parked
 
 
 async def news(db: Database, *, points: int = 48) -> NewsView:
@@ -590,6 +602,9 @@ async def news(db: Database, *, points: int = 48) -> NewsView:
     series: dict[str, list[dict[str, Any]]] = {}
     for r in await db.fetch(SQL["news_series"], {"shards": shards, "points": points}):
         series.setdefault(r["shard"], []).append(r)
+    recent: dict[str, list[dict[str, Any]]] = {}
+    for r in await db.fetch(SQL["news_recent_runs"], {"shards": shards, "limit": RECENT_RUNS}):
+        recent.setdefault(r["shard"], []).append(_recent_run(r))
     counts = await db.fetch_one(SQL["news_source_counts"])
     return NewsView(
         shards=[
@@ -599,10 +614,12 @@ async def news(db: Database, *, points: int = 48) -> NewsView:
                 latest_trigger=latest[s]["trigger"] if s in latest else None,
                 latest=latest[s]["report"] if s in latest else {},
                 series=series.get(s, []),
+                recent=recent.get(s, []),
             )
             for s in shards
         ],
         parked=await db.fetch(SQL["news_parked"], {"limit": 100}),
+        refused=await db.fetch(SQL["news_address_refused"], {"limit": 100}),
         parked_count=_count(counts, "parked"),
         sources=_count(counts, "sources"),
         active=_count(counts, "active"),
@@ -631,3 +648,152 @@ async def counts(db: Database) -> Counts:
         on_clock=_count(on_clock, "n"),
         parked=_count(sources, "parked"),
     )
+
+
+RECENT_RUNS = 10
+_RUN_COUNTS = (
+    ("queuedCount", "queued"),
+    ("processedCount", "written"),
+    ("acceptedCount", "accepted"),
+    ("rejectedCount", "rejected"),
+    ("deferredCount", "deferred"),
+)
+
+
+def _recent_run(row: dict[str, Any]) -> dict[str, Any]:
+    """One of a shard's recent runs, read defensively (a report is stored JSON)."""
+    report = row["report"] if isinstance(row["report"], dict) else {}
+    errors = report.get("fetchErrors")
+    return {
+        "started_at": row["started_at"],
+        "trigger": row["trigger"],
+        "status": report.get("status") or ("skipped" if report.get("skipped") else "completed"),
+        "counts": {
+            label: int(v)
+            for key, label in _RUN_COUNTS
+            if isinstance(v := report.get(key), int) and not isinstance(v, bool)
+        },
+        "fetch_errors": len(errors) if isinstance(errors, list) else 0,
+        "duration_ms": _float(report.get("durationMs")),
+    }
+
+
+def refusal_hints(sources: list[dict[str, Any]], allowed_private_hosts: str) -> dict[int, str]:
+    """For each source a run refuses (or refused) for its feed's address: what lets it be
+    fetched, and that enabling it frees it now (else it waits for its next check)."""
+    from nightcrew.news.sources import refusal_hint
+
+    hints: dict[int, str] = {}
+    for source in sources:
+        found = refusal_hint([str(source["feed_url"])], allowed_private_hosts)
+        error = str(source.get("last_error") or "")
+        if found:
+            hints[int(source["id"])] = f"{found[0]}. Enable frees it at once after that."
+        elif _ADDRESS_REFUSED in error or "internal name" in error or "non-public" in error:
+            hints[int(source["id"])] = (
+                "Refused for its address by an earlier run; NEWS_ALLOWED_PRIVATE_HOSTS now "
+                "allows it (or its address changed): Enable fetches it on the next run."
+            )
+    return hints
+
+
+_ADDRESS_REFUSED = "is not a public address"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeadLetters:
+    """The RabbitMQ pipeline's dead letters, the first few of each stage."""
+
+    letters: dict[str, list[dict[str, Any]]]  # stage → letters
+    counts: dict[str, int]  # stage → letters waiting
+    problem: str | None = None  # RabbitMQ could not be read: said, not a failed page
+
+
+LETTERS_SHOWN = 50
+
+
+async def dead_letters(runtime: Runtime | None) -> DeadLetters | None:
+    """None when this process has no pipeline (NEWS_PIPELINE=inline): nothing to show."""
+    if runtime is None or runtime.settings.news_pipeline != "rabbitmq":
+        return None
+    from nightcrew.news import dlq, pipeline
+
+    letters: dict[str, list[dict[str, Any]]] = {}
+    counts: dict[str, int] = {}
+    try:
+        broker = pipeline.broker_of(runtime)
+        for stage in STAGES:
+            counts[stage] = await broker.ready(stage, dlq=True)
+            if counts[stage]:
+                letters[stage] = [
+                    {
+                        "id": x.message_id,
+                        "stage": x.stage,
+                        "deliveries": x.deliveries,
+                        "error": x.error,
+                        "what": str(x.body.get("url") or f"source {x.body.get('source_id', '?')}"),
+                    }
+                    for x in await dlq.list_dead(runtime, stage, limit=LETTERS_SHOWN)
+                ]
+    except NightcrewError as exc:
+        return DeadLetters(letters=letters, counts=counts, problem=describe_error(exc))
+    return DeadLetters(letters=letters, counts=counts)
+
+
+STAGES = ("fetch", "enrich", "review", "write")
+
+
+async def live_values(db: Database) -> dict[str, int]:
+    """The counts the pages refresh without a reload, by their ``data-live`` keys."""
+    owed = await effects_outbox.counts(db)
+    overview = await counts(db)
+    sources = await db.fetch_one(SQL["news_source_counts"])
+    values = {
+        "effects.pending": overview.effects_pending,
+        "effects.dead": overview.effects_dead,
+        "deletions.leftovers": overview.deletion_leftovers,
+        "overage.on_clock": overview.on_clock,
+        "news.parked": overview.parked,
+        "news.sources": _count(sources, "sources"),
+        "news.active": _count(sources, "active"),
+    }
+    for kind, c in owed.items():
+        values[f"effects.{kind}.pending"] = c["pending"]
+        values[f"effects.{kind}.dead"] = c["dead"]
+    return values
+
+
+_MAX_NAMED = 500
+
+
+def _ids_in(value: Any, found: set[str]) -> None:
+    """Every UUID a stored report names (podcast_id fields, import_ids, job_ids, …)."""
+    if isinstance(value, dict):
+        for item in value.values():
+            _ids_in(item, found)
+    elif isinstance(value, list):
+        for item in value:
+            _ids_in(item, found)
+    elif isinstance(value, str) and len(value) == 36 and len(found) < _MAX_NAMED:
+        try:
+            found.add(str(uuid.UUID(value)))
+        except ValueError:
+            pass
+
+
+async def run_names(db: Database, report: dict[str, Any]) -> dict[str, str]:
+    """Names for the ids a run's report carries: titles while the rows exist (a deleted
+    podcast is named by the slug its report kept)."""
+    ids: set[str] = set()
+    _ids_in(report, ids)
+    if not ids:
+        return {}
+    names: dict[str, str] = {}
+    for row in await db.fetch(SQL["run_names"], {"ids": sorted(ids)}):
+        title = f"“{row['title']}”" if row["title"] else str(row["id"])[:8]
+        names[row["id"]] = {
+            "podcast": title,
+            "import": f"the import preview of {title}",
+            "media_job": f"a media job on {title}",
+        }[row["kind"]]
+    return names

@@ -31,6 +31,7 @@ SELECT l.lane, last.id, last.status, last.started_at, last.finished_at,
 -- name: runs_page
 -- The filters marker below is replaced by fixed fragments only (web/data.py), never by request text.
 SELECT r.id, r.lane, r.trigger, r.slot, r.started_at, r.finished_at, r.status, r.attempts,
+       r.requested_by,
        (r.report ->> 'skipped') = 'true' AS skipped,
        r.report ->> 'error' AS error,
        coalesce(r.report ->> 'duration_ms', r.report ->> 'durationMs') AS duration_ms,
@@ -51,7 +52,8 @@ SELECT r.id, r.lane, r.trigger, r.slot, r.started_at, r.finished_at, r.status, r
  LIMIT %(limit)s;
 
 -- name: run
-SELECT id, lane, trigger, slot, started_at, finished_at, heartbeat_at, status, attempts, report
+SELECT id, lane, trigger, slot, started_at, finished_at, heartbeat_at, status, attempts, report,
+       requested_by
   FROM nightcrew.runs WHERE id = %(id)s;
 
 -- name: deletions_unfinished
@@ -210,3 +212,45 @@ SELECT s.shard, w.trigger, w.started_at, w.report
       WHERE w.shard = s.shard
       ORDER BY w.started_at DESC, w.id DESC LIMIT 1) w
  ORDER BY s.shard;
+
+-- name: news_address_refused
+-- Sources whose last fetch was refused for the feed's address (not parked yet): the page says
+-- which setting allows them.
+SELECT id, name, feed_url, shard, consecutive_failures, last_error, next_check_at
+  FROM news.sources
+ WHERE parked_at IS NULL AND enabled
+   AND last_error ~ '(is not a public address|is an internal name|resolves to a non-public address)'
+ ORDER BY id
+ LIMIT %(limit)s;
+
+-- name: news_recent_runs
+-- Each shard's recent reports, newest first: what the runs did, not only the last one.
+SELECT s.shard, w.trigger, w.started_at, w.report
+  FROM unnest(%(shards)s::text[]) AS s (shard)
+ CROSS JOIN LATERAL (
+     SELECT trigger, started_at, report FROM news.worker_reports w
+      WHERE w.shard = s.shard
+      ORDER BY w.started_at DESC, w.id DESC LIMIT %(limit)s) w
+ ORDER BY s.shard, w.started_at DESC;
+
+-- name: effects_due
+-- Owed and never failed yet: waiting for their first attempt (the partial due index).
+SELECT id, kind, key, attempts, next_attempt_at
+  FROM nightcrew.effects
+ WHERE delivered_at IS NULL AND dead_at IS NULL AND last_error IS NULL
+ ORDER BY next_attempt_at, id
+ LIMIT %(limit)s;
+
+-- name: run_names
+-- What a run's report calls by id, named as the CLI and the demo name it: a podcast by its
+-- title, an import preview and a media job by their podcast's / episode's title.
+SELECT p.id::text AS id, 'podcast' AS kind, p.title AS title
+  FROM public.podcasts p WHERE p.id = ANY(%(ids)s::uuid[])
+UNION ALL
+SELECT i.id::text, 'import', p.title
+  FROM public.podcast_imports i JOIN public.podcasts p ON p.id = i.podcast_id
+ WHERE i.id = ANY(%(ids)s::uuid[])
+UNION ALL
+SELECT j.id::text, 'media_job', e.title
+  FROM public.media_jobs j JOIN public.episodes e ON e.id = j.episode_id
+ WHERE j.id = ANY(%(ids)s::uuid[]);

@@ -90,14 +90,18 @@ async def test_every_page_renders_the_demos_night(
 
 async def test_runs_filters_narrow_the_list(served: Served, page: Any) -> None:
     await page.goto(served.url + "/runs")
+    assert await page.locator("tr.run").count() == 4  # minute, daily, two of news:demo
+    await page.select_option("form.filters select[name=lane]", "news:demo")
+    await page.click("form.filters button")
+    await page.wait_for_url("**/runs?lane=news%3Ademo*")
     assert await page.locator("tr.run").count() == 2
-    await page.select_option("select[name=lane]", "daily")
+    await page.select_option("form.filters select[name=lane]", "daily")
     await page.click("form.filters button")
     await page.wait_for_url("**/runs?lane=daily*")
     rows = page.locator("tr.run")
     assert await rows.count() == 1
     assert "daily" in await rows.first.inner_text()
-    await page.select_option("select[name=status]", "failed")
+    await page.select_option("form.filters select[name=status]", "failed")
     await page.click("form.filters button")
     await page.wait_for_url("**status=failed*")
     assert await page.locator("tr.run").count() == 0
@@ -111,6 +115,8 @@ async def test_a_runs_report_opens_in_words_then_as_json(served: Served, page: A
     story = await page.locator("ul.story").inner_text()
     assert "its deletion date passed" in story
     assert "its pause ended, so it is active again" in story
+    # named by its title, as the CLI and the demo name it (not its slug or an id prefix)
+    assert "“Night Owls”: its pause ended" in story
     await page.click("text=The full report as JSON")
     await page.wait_for_url("**/runs/2/report.json")
     assert '"hardDeleteExpiredPodcasts"' in await page.locator("body").inner_text()
@@ -136,7 +142,9 @@ async def test_with_a_token_the_browser_signs_in_once_and_keeps_an_http_only_coo
                 await page.click("form.login button")
             assert await page.evaluate("document.cookie") == ""  # HttpOnly: no script reads it
             cookies = await context.cookies()
-            assert [c["sameSite"] for c in cookies] == ["Strict"]
+            # the session, and the CSRF value its forms' tokens are made of
+            assert sorted(c["name"] for c in cookies) == ["nightcrew_csrf", "nightcrew_dashboard"]
+            assert [c["sameSite"] for c in cookies] == ["Strict", "Strict"]
             assert all(c["httpOnly"] and TOKEN not in c["value"] for c in cookies)
             await page.goto(served.url + "/runs")
             assert "/login" not in page.url

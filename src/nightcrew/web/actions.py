@@ -1,0 +1,317 @@
+"""The dashboard's actions: the operator fixes what a page shows, from the page.
+
+Every action is a ``POST`` (a ``GET`` never changes anything: the bulk retry's ``GET`` is its
+confirmation page), refused with 403 — before anything is read or changed — unless all of:
+the request comes from a page of this site (``access.same_origin``), the client may act (signed
+in with NIGHTCREW_DASHBOARD_TOKEN, or, with no token, a loopback client), and the form carries
+this browser session's CSRF token (``csrf.Csrf``). Each one calls the function the command line
+calls (``nightcrew.actions``), which records it (what, which ids, the client's address) for the
+pages' "recent actions" and logs ``dashboard_action``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from nightcrew import actions
+from nightcrew.effects import outbox
+from nightcrew.errors import ConfigError, NightcrewError, QueueError
+from nightcrew.lifecycle.lanes import LANES
+from nightcrew.log import describe_error, error, warning
+from nightcrew.runs import LaneBusy
+from nightcrew.web.access import COOKIE, is_loopback, same_origin
+from nightcrew.web.csrf import CSRF_COOKIE, CSRF_FIELD, Csrf
+from nightcrew.web.doors import SECURITY_HEADERS as HEADERS
+
+if TYPE_CHECKING:
+    from nightcrew.runtime import Runtime
+    from nightcrew.web.app import DashboardContext
+
+MAX_ACTION_BODY = 4096
+MAX_ACTION_FIELDS = 8
+STAGES = ("fetch", "enrich", "review", "write")
+# How long a "run now" waits for its run's row before answering; the run itself goes on in
+# the background (a daily run takes minutes), and the page links to it.
+RUN_START_WAIT_SECONDS = 30.0
+
+Render = Callable[..., Response]
+Form = dict[str, str]
+
+
+def client_of(request: Request) -> str | None:
+    return request.client.host if request.client else None
+
+
+def _refused(request: Request, reason: str) -> Response:
+    warning(
+        "dashboard_action_refused", path=request.url.path, client=client_of(request), reason=reason
+    )
+    return Response(f"action refused: {reason}\n", 403, media_type="text/plain", headers=HEADERS)
+
+
+async def news_lanes(ctx: DashboardContext) -> list[str]:
+    """``news:<shard>`` for every shard with a source or named by NEWS_SHARDS."""
+    shards = {
+        str(r["shard"]) for r in await ctx.db.fetch("SELECT DISTINCT shard FROM news.sources")
+    }
+    if ctx.runtime is not None:
+        shards |= set(ctx.runtime.settings.news_shard_list)
+    return [f"news:{s}" for s in sorted(shards)]
+
+
+Page = Callable[
+    [Callable[[Request], Awaitable[Response]]], Callable[[Request], Awaitable[Response]]
+]
+
+
+def action_routes(ctx: DashboardContext, csrf: Csrf, render: Render, page: Page) -> list[BaseRoute]:
+    """The action routes; ``page`` guards the GET among them like every page."""
+    background: set[asyncio.Task[Any]] = set()
+
+    def may_act(request: Request) -> str | None:
+        """Why this request may not act (None: it may)."""
+        headers = request.headers
+        if not same_origin(headers.get("origin"), headers.get("referer"), headers.get("host")):
+            return "cross-site request"
+        if ctx.access.token is not None:
+            if not ctx.session_valid(request):
+                return "not signed in"
+        elif not is_loopback(client_of(request) or ""):
+            # open (no token) means open to this machine only, whatever the Host says
+            return "not a loopback client and no NIGHTCREW_DASHBOARD_TOKEN sign-in"
+        if ctx.runtime is None:
+            return "this dashboard has no runtime to act with"
+        return None
+
+    def act(
+        handler: Callable[[Request, Form, Runtime, actions.Actor], Awaitable[Response]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def guarded(request: Request) -> Response:
+            if (reason := may_act(request)) is not None:
+                return _refused(request, reason)
+            body = b""
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_ACTION_BODY:
+                    return Response("request too large\n", 413, media_type="text/plain")
+            try:
+                parsed = parse_qs(body.decode("utf-8", "replace"), max_num_fields=MAX_ACTION_FIELDS)
+            except ValueError:
+                return Response("too many form fields\n", 400, media_type="text/plain")
+            form = {k: v[0] for k, v in parsed.items()}
+            session = request.cookies.get(COOKIE) if ctx.access.token is not None else None
+            if not csrf.valid(request.cookies.get(CSRF_COOKIE), session, form.get(CSRF_FIELD)):
+                return _refused(request, "missing or wrong CSRF token (reload the page)")
+            runtime = ctx.runtime
+            assert runtime is not None  # may_act checked
+            actor = actions.Actor(source="dashboard", client=client_of(request))
+            try:
+                return await handler(request, form, runtime, actor)
+            except LaneBusy as exc:
+                return render(request, "error.html", 409, title="Already running", problem=str(exc))
+            except (ConfigError, QueueError) as exc:
+                problem = describe_error(exc)
+                return render(
+                    request, "error.html", 503, title="Not possible here", problem=problem
+                )
+            except NightcrewError as exc:
+                problem = describe_error(exc)
+                return render(request, "error.html", 400, title="Not done", problem=problem)
+
+        return guarded
+
+    def bad(request: Request, problem: str) -> Response:
+        return render(request, "error.html", 400, title="Bad request", problem=problem)
+
+    def back(path: str) -> Response:
+        return RedirectResponse(path, 303, headers=HEADERS)
+
+    def effect_id(request: Request) -> int | None:
+        text = str(request.path_params["effect_id"])
+        return int(text) if text.isdigit() and len(text) <= 18 else None
+
+    # --- effects ---------------------------------------------------------------------------------
+    async def retry_effect(
+        request: Request, form: Form, runtime: Runtime, actor: actions.Actor
+    ) -> Response:
+        if (wanted := effect_id(request)) is None:
+            return bad(request, "no such effect")
+        result = await actions.retry_effects(runtime, ctx.clock, actor, ids=[wanted], deliver=False)
+        if not result.retried:
+            return render(
+                request,
+                "error.html",
+                409,
+                title="Not retried",
+                problem=f"effect {wanted} is not undelivered at rest (delivered, being "
+                "delivered right now, dropped, or no such effect)",
+            )
+        return back(f"/effects#effect-{wanted}")
+
+    async def drop(
+        request: Request, form: Form, runtime: Runtime, actor: actions.Actor
+    ) -> Response:
+        if (wanted := effect_id(request)) is None:
+            return bad(request, "no such effect")
+        if await actions.drop_effect(runtime.db, ctx.clock, actor, wanted) is None:
+            return render(
+                request,
+                "error.html",
+                409,
+                title="Not dropped",
+                problem=f"effect {wanted} is not undelivered at rest (delivered, being "
+                "delivered right now, dropped already, or no such effect)",
+            )
+        return back("/effects")
+
+    def kind_of(value: str | None) -> str | None:
+        return value if value in outbox.KINDS else None
+
+    async def confirm_retry_dead(request: Request) -> Response:
+        # A GET: it only counts, and shows the form that acts.
+        kind = kind_of(request.query_params.get("kind"))
+        if kind is None:
+            return bad(request, f"kind: one of {', '.join(outbox.KINDS)}")
+        return render(
+            request,
+            "confirm.html",
+            title=f"Retry the dead {kind} effects?",
+            kind=kind,
+            count=await outbox.count_retryable_dead(ctx.db, kind),
+            limit=actions.BULK_RETRY_LIMIT,
+        )
+
+    async def retry_dead(
+        request: Request, form: Form, runtime: Runtime, actor: actions.Actor
+    ) -> Response:
+        kind = kind_of(form.get("kind"))
+        if kind is None:
+            return bad(request, f"kind: one of {', '.join(outbox.KINDS)}")
+        await actions.retry_effects(
+            runtime,
+            ctx.clock,
+            actor,
+            all_dead=True,
+            kind=kind,
+            limit=actions.BULK_RETRY_LIMIT,
+            deliver=False,
+        )
+        return back("/effects#actions")
+
+    # --- news ------------------------------------------------------------------------------------
+    def stage_of(value: str | None) -> str | None:
+        return value if value in STAGES else None
+
+    def letter_id(value: str | None) -> str | None:
+        return value if value and len(value) <= 200 and value.isprintable() else None
+
+    async def replay(
+        request: Request, form: Form, runtime: Runtime, actor: actions.Actor
+    ) -> Response:
+        stage = stage_of(form.get("stage"))
+        if stage is None:
+            return bad(request, f"stage: one of {', '.join(STAGES)}")
+        wanted = letter_id(form.get("id")) if form.get("id") else None
+        if form.get("id") and wanted is None:
+            return bad(request, "id: not a dead letter's id")
+        done = await actions.replay_letters(
+            runtime,
+            ctx.clock,
+            actor,
+            stage=stage,
+            message_id=wanted,
+            limit=None if wanted else actions.BULK_REPLAY_LIMIT,
+        )
+        if wanted is not None and done.touched == 0:
+            return render(
+                request, "error.html", 409, title="Not replayed", problem=f"no dead letter {wanted}"
+            )
+        return back("/news#letters")
+
+    async def purge(
+        request: Request, form: Form, runtime: Runtime, actor: actions.Actor
+    ) -> Response:
+        stage, wanted = stage_of(form.get("stage")), letter_id(form.get("id"))
+        if stage is None or wanted is None:
+            return bad(request, "stage and id: the dead letter to purge")
+        done = await actions.purge_letters(
+            runtime, ctx.clock, actor, stage=stage, message_id=wanted
+        )
+        if not done.purged:
+            return render(
+                request, "error.html", 409, title="Not purged", problem=f"no dead letter {wanted}"
+            )
+        return back("/news#letters")
+
+    async def enable(
+        request: Request, form: Form, runtime: Runtime, actor: actions.Actor
+    ) -> Response:
+        text = str(request.path_params["source_id"])
+        if not text.isdigit() or len(text) > 18:
+            return bad(request, "no such source")
+        row = await actions.set_source_enabled(runtime.db, ctx.clock, actor, text, enabled=True)
+        return back(f"/news#source-{row['id']}")
+
+    # --- runs ------------------------------------------------------------------------------------
+    async def run_now(
+        request: Request, form: Form, runtime: Runtime, actor: actions.Actor
+    ) -> Response:
+        lane = form.get("lane") or ""
+        if lane not in LANES and lane not in await news_lanes(ctx):
+            return bad(request, f"lane: {lane!r} is not a lane here")
+        loop = asyncio.get_running_loop()
+        started: asyncio.Future[int] = loop.create_future()
+
+        def on_started(handle: Any) -> None:
+            if not started.done():
+                started.set_result(handle.id)
+
+        task = asyncio.create_task(
+            actions.run_lane_now(runtime, ctx.clock, actor, lane, on_started=on_started)
+        )
+        background.add(task)
+        task.add_done_callback(_settled)
+        waiting: set[asyncio.Future[Any]] = {task, started}
+        await asyncio.wait(waiting, timeout=RUN_START_WAIT_SECONDS, return_when="FIRST_COMPLETED")
+        if started.done():
+            run_id = started.result()
+            await actions.record(
+                runtime.db, ctx.clock.now(), actor, action="runs.run_now", target=lane, ids=[run_id]
+            )
+            return back(f"/runs/{run_id}")
+        if task.done() and (exc := task.exception()) is not None:
+            raise exc
+        return render(
+            request,
+            "error.html",
+            504,
+            title="Not started yet",
+            problem=f"the run of {lane} did not start within {RUN_START_WAIT_SECONDS:g} s; the "
+            "Runs page shows it once it does",
+        )
+
+    def _settled(task: asyncio.Task[Any]) -> None:
+        background.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()  # the run's failure is in its row; here it is only retrieved
+        if exc is not None and not isinstance(exc, LaneBusy):
+            error("dashboard_run_failed", error=describe_error(exc))
+
+    return [
+        Route("/effects/{effect_id}/retry", act(retry_effect), methods=["POST"]),
+        Route("/effects/{effect_id}/drop", act(drop), methods=["POST"]),
+        Route("/effects/retry-dead", act(retry_dead), methods=["POST"]),
+        Route("/effects/retry-dead", page(confirm_retry_dead), methods=["GET"]),
+        Route("/news/letters/replay", act(replay), methods=["POST"]),
+        Route("/news/letters/purge", act(purge), methods=["POST"]),
+        Route("/news/sources/{source_id}/enable", act(enable), methods=["POST"]),
+        Route("/runs/run-now", act(run_now), methods=["POST"]),
+    ]
