@@ -72,3 +72,13 @@ SELECT id, lane, trigger, slot, started_at, finished_at, heartbeat_at, status, a
  WHERE lane = %(lane)s
  ORDER BY started_at DESC, id DESC
  LIMIT %(limit)s;
+
+-- name: slot_owed
+-- Whether a scheduled slot still has to run: no run claimed it, or its run would be claimed
+-- again (abandoned, or failed for want of a database) — as claim_scheduled_slot decides.
+SELECT NOT EXISTS (
+         SELECT 1 FROM nightcrew.runs r
+          WHERE r.lane = %(lane)s AND r.slot = %(slot)s
+            AND NOT (r.status = 'abandoned'
+                     OR (r.status = 'failed' AND r.report ->> 'retry' = 'true'))
+       ) AS owed;

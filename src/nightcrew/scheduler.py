@@ -112,6 +112,22 @@ class Scheduler:
             for s in self._schedules
         ]
 
+    async def owed(self) -> list[tuple[Schedule, datetime]]:
+        """The missed slots this scheduler will run as soon as it starts (within their
+        catch-up window, and not run by any replica): what ``serve`` says before it does."""
+        from nightcrew.runs import slot_owed
+
+        now, owed = self._clock.now(), []
+        for schedule in self._schedules:
+            if schedule.catch_up <= timedelta(0):
+                continue
+            missed = previous_slot(schedule.cron, now)
+            if now - missed <= schedule.catch_up and await slot_owed(
+                self._runtime.db, schedule.name, missed
+            ):
+                owed.append((schedule, missed))
+        return owed
+
     async def catch_up(self, schedule: Schedule) -> bool:
         """A slot that no replica ran to the end (a deploy at 04:00, an outage, a run that
         died or lost the database)? Run it late, within the catch-up window, rather than skip a

@@ -267,3 +267,26 @@ async def test_a_superseded_run_stops_and_leaves_its_successors_row_alone(
         "SELECT status FROM nightcrew.runs WHERE id = %(id)s", {"id": successor.id}
     )
     assert done == {"status": "completed"}
+
+
+async def test_serve_knows_before_it_starts_which_missed_slot_it_will_run(
+    db: Database, fresh_db_url: str
+) -> None:
+    """A first start (no run history) inside the daily slot's catch-up window owes that slot
+    (serve says so before it runs it); a slot some replica ran, or one past the window, is not."""
+    slot = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
+    clock = FrozenClock(slot + timedelta(hours=2))
+    rt = make_runtime(db, clock, fresh_db_url)
+    daily, minute = lane_schedule(rt, clock, "daily"), lane_schedule(rt, clock, "minute")
+    scheduler = Scheduler(rt, clock, (daily, minute))
+    assert [(s.name, at) for s, at in await scheduler.owed()] == [("daily", slot)]
+    await db.execute(
+        "INSERT INTO nightcrew.runs (lane, trigger, slot, started_at, heartbeat_at, status)"
+        " VALUES ('daily', 'scheduled', %(slot)s, %(slot)s, %(slot)s, 'completed')",
+        {"slot": slot},
+    )
+    assert await scheduler.owed() == []
+    await db.execute("UPDATE nightcrew.runs SET status = 'abandoned'")
+    assert [at for _, at in await scheduler.owed()] == [slot]  # run again, so owed again
+    clock.set(slot + daily.catch_up + timedelta(minutes=1))
+    assert await scheduler.owed() == []

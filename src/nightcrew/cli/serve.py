@@ -7,6 +7,7 @@ import contextlib
 import signal
 import socket
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Annotated, Any
 
 import typer
@@ -196,6 +197,7 @@ async def _serve_on(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.request_exit)
+        owed = await scheduler.owed()  # before the scheduler starts, and so runs them
         ticking = asyncio.create_task(scheduler.run())
         event("serve_started", host=host, port=port, database=runtime.db.target)
         where = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
@@ -208,6 +210,16 @@ async def _serve_on(
         typer.echo(
             f"nightcrew serve: dashboard on {where} ({guard}); {what}; database {runtime.db.target}"
         )
+        for schedule, slot in owed:
+            # a first start (no run history) or a start after a missed night runs the slot at
+            # once: said before it happens, not discovered in the run history
+            late = clock.now() - slot
+            typer.echo(
+                f"nightcrew serve: the {schedule.name} lane's slot of {slot:%Y-%m-%d %H:%M} UTC"
+                f" has not run: running it now ({_hours(late)} late; a missed slot is run"
+                f" within {_hours(schedule.catch_up)}; `nightcrew lifecycle run"
+                f" {schedule.name} --dry-run` shows what it does)"
+            )
         if secret is None and not demo:
             warning(
                 "reconcile_endpoint_disabled",
@@ -219,6 +231,11 @@ async def _serve_on(
             ticking.cancel()
             await asyncio.gather(ticking, return_exceptions=True)
             event("serve_stopped")
+
+
+def _hours(span: timedelta) -> str:
+    hours = span.total_seconds() / 3600
+    return f"{hours:.1f} h" if hours < 10 else f"{hours:.0f} h"
 
 
 class _QuietServer(uvicorn.Server):
