@@ -31,6 +31,7 @@ from nightcrew.clock import Clock, FrozenClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database, with_dbname
 from nightcrew.db.migrate import migrate
+from nightcrew.news.parse import ParserPool
 from nightcrew.runtime import Runtime, open_runtime
 from tests.support.servers import (
     S3_CREDENTIALS,
@@ -182,16 +183,31 @@ async def open_test_runtime(
 
 # The runtimes make_runtime opened for the current test, closed when it ends.
 _OPENED: ContextVar[AsyncExitStack | None] = ContextVar("nightcrew_test_runtimes", default=None)
+# The parser pool of the current test's hand-built fetch rules and news adapters.
+_PARSERS: ContextVar[ParserPool | None] = ContextVar("nightcrew_test_parsers", default=None)
 
 
 @pytest.fixture(autouse=True)
 async def _close_test_runtimes() -> AsyncIterator[None]:
-    async with AsyncExitStack() as opened:
-        token = _OPENED.set(opened)
+    # a pool for every test costs nothing until one parses (its workers start on first use);
+    # closed after the runtimes, in case one of them was handed it
+    async with ParserPool() as parsers, AsyncExitStack() as opened:
+        tokens = _OPENED.set(opened), _PARSERS.set(parsers)
         try:
             yield
         finally:
-            _OPENED.reset(token)
+            _OPENED.reset(tokens[0])
+            _PARSERS.reset(tokens[1])
+
+
+def parsers_for_test() -> ParserPool:
+    """The current test's parser pool (its workers stopped when the test ends), for the news
+    adapters and fetch rules a test builds by hand (``deps_for``, ``FeedRules``); a runtime
+    from open_runtime has its own."""
+    parsers = _PARSERS.get()
+    if parsers is None:
+        raise RuntimeError("parsers_for_test() outside a test: open a ParserPool of your own")
+    return parsers
 
 
 def make_runtime(

@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     news_fetch_budget_seconds: Annotated[
         float, Field(alias="NEWS_FETCH_BUDGET_SECONDS", gt=0, le=600)
     ] = 30.0
-    # one feed's parse, in a worker process that is killed past it (news/parse.py: off_loop)
+    # one feed's parse, in a worker process that is killed past it (news/parse.py: ParserPool)
     news_parse_budget_seconds: Annotated[
         float, Field(alias="NEWS_PARSE_BUDGET_SECONDS", gt=0, le=600)
     ] = 10.0

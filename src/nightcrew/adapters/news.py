@@ -1,7 +1,8 @@
 """What the news worker needs from the outside, assembled once with the Runtime: the lease
 backend and the processed-URL set (Redis when configured, each with its PostgreSQL fallback for
 a run that finds Redis gone), the HTTP client for untrusted addresses (under the address
-policy), the reviewer the configuration names, and the stage queues' broker in pipeline mode."""
+policy), the parser worker processes that read what it fetches, the reviewer the configuration
+names, and the stage queues' broker in pipeline mode."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from nightcrew.adapters.reviewer import Reviewer, make_reviewer
 from nightcrew.clock import Clock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
+from nightcrew.news.parse import ParserPool
 
 # Redis answers in well under a millisecond on a LAN and in tens over the internet (Upstash):
 # a second is a Redis in trouble. Short, because every call of a run may pay it once before
@@ -41,6 +43,9 @@ class NewsAdapters:
     # same object as ``processed`` when no Redis is configured
     fallback_processed: ProcessedUrls
     http: UntrustedHttp  # new_client(policy): every connection through the policy
+    # where feeds are parsed (fetch.FeedRules): worker processes started on the first parse,
+    # stopped when open_news_adapters closes — one pool per runtime, none per process
+    parsers: ParserPool
     reviewer: Reviewer
     policy: AddressPolicy
     pipeline: PipelineBroker | None = None  # NEWS_PIPELINE=rabbitmq: the stage queues
@@ -58,12 +63,14 @@ def news_adapters(
     clock: Clock,
     *,
     http: UntrustedHttp,
+    parsers: ParserPool,
     reviewer: Reviewer,
     policy: AddressPolicy,
     redis: Any = None,
     pipeline: PipelineBroker | None = None,
 ) -> NewsAdapters:
-    """The adapters over ``redis`` (a client) when given, else PostgreSQL alone.
+    """The adapters over ``redis`` (a client) when given, else PostgreSQL alone; ``parsers``
+    stays the caller's to close.
 
     Leases have one authority, PostgreSQL: with Redis they are PairedLeases (decided in
     ``nightcrew.leases``, copied to Redis), so a lease is never held in two places that cannot
@@ -78,6 +85,7 @@ def news_adapters(
             processed=fallback_processed,
             fallback_processed=fallback_processed,
             http=http,
+            parsers=parsers,
             reviewer=reviewer,
             policy=policy,
             pipeline=pipeline,
@@ -88,6 +96,7 @@ def news_adapters(
         processed=RedisProcessedUrls(redis, breaker=breaker),
         fallback_processed=fallback_processed,
         http=http,
+        parsers=parsers,
         reviewer=reviewer,
         policy=policy,
         pipeline=pipeline,
@@ -108,7 +117,8 @@ async def open_news_adapters(
     PostgreSQL leases and the database de-dupe for that run when Redis fails (``redisEnabled:
     false``). The reviewer gets its own client: the model's address is the operator's, not a
     feed's, so the address policy does not apply to it. ``reviewer`` and ``policy`` replace
-    the configured ones (the demo's offline rules and its loopback sample feeds)."""
+    the configured ones (the demo's offline rules and its loopback sample feeds). The parser
+    pool is made here and closed on the way out, its workers (if any started) stopped."""
     redis: Any = None
     if settings.redis_url:
         import redis.asyncio as aioredis
@@ -130,11 +140,16 @@ async def open_news_adapters(
         else None
     )
     try:
-        async with new_client(policy) as http, httpx.AsyncClient() as model_http:
+        async with (
+            ParserPool() as parsers,
+            new_client(policy) as http,
+            httpx.AsyncClient() as model_http,
+        ):
             yield news_adapters(
                 db,
                 clock,
                 http=http,
+                parsers=parsers,
                 reviewer=reviewer or make_reviewer(settings, model_http),
                 policy=policy,
                 redis=redis,

@@ -10,8 +10,9 @@ identical to the last one (its SHA-256 is kept) is not parsed again either. 429 
 ``Retry-After``. Parsing is ``news/parse.py``'s; a document that is no feed — an empty body, an
 HTML page, other XML — is a failure with a reason, counted toward parking. Parsing and building
 the items (``read_feed_body``) run in a parser worker process under ``NEWS_PARSE_BUDGET_SECONDS``
-(``parse.off_loop``): a feed over it is that feed's failure, and the event loop never waits on
-it. Only a small body that the fast parser reads whole is read in place (INLINE_PARSE_MAX_BYTES).
+(``rules.parsers``, the runtime's ``parse.ParserPool``): a feed over it is that feed's failure,
+and the event loop never waits on it. Only a small body that the fast parser reads whole is read
+in place (INLINE_PARSE_MAX_BYTES).
 
 The bytes are untrusted, so nothing that comes out of them may fail a run: any exception while
 reading a feed is that feed's failure; every item is sanitised before it goes anywhere (NUL
@@ -51,8 +52,8 @@ from nightcrew.log import describe_error
 from nightcrew.news.parse import (
     PARSE_BUDGET_SECONDS,
     ParsedFeed,
+    ParserPool,
     RawEntry,
-    off_loop,
     parse_fast_only,
     parse_feed,
 )
@@ -106,9 +107,11 @@ class ItemLimits:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FeedRules:
-    """What one fetch must respect: whose addresses, how long in all, how much per item."""
+    """What one fetch must respect: whose addresses, how long in all, how much per item; and
+    where a feed is parsed (the runtime's parser worker processes)."""
 
     policy: AddressPolicy
+    parsers: ParserPool
     budget_seconds: float = FETCH_BUDGET_SECONDS
     limits: ItemLimits = ItemLimits()
     max_bytes: int = MAX_FEED_BYTES
@@ -303,31 +306,38 @@ async def _read_feed(body: bytes, base: str, rules: FeedRules) -> FeedRead:
         except Exception as exc:  # untrusted bytes: whatever breaks is this feed's failure
             return FeedRead(error=f"could not read the feed: {describe_error(exc)}")
         if fast is not None:
-            return _feed_read(fast, base, rules)
-    # a worker process gets the rules without a test's (or anyone's) resolver: it only needs
-    # the policy's allowed hosts, to check image URLs, and a closure does not pickle
-    portable = replace(rules, policy=replace(rules.policy, resolver=system_resolver))
-    return await off_loop(
-        read_feed_body, body, base, portable, budget_seconds=rules.parse_budget_seconds
+            return _feed_read(fast, base, rules.policy, rules.limits)
+    # a worker process gets the policy without a test's (or anyone's) resolver: it only needs
+    # the allowed hosts, to check image URLs, and a closure does not pickle (nor does the pool)
+    portable = replace(rules.policy, resolver=system_resolver)
+    return await rules.parsers.run(
+        read_feed_body,
+        body,
+        base,
+        portable,
+        rules.limits,
+        budget_seconds=rules.parse_budget_seconds,
     )
 
 
-def read_feed_body(body: bytes, base: str, rules: FeedRules) -> FeedRead:
-    """A feed's bytes → its items. Runs in a parser worker process (``parse.off_loop``); never
+def read_feed_body(body: bytes, base: str, policy: AddressPolicy, limits: ItemLimits) -> FeedRead:
+    """A feed's bytes → its items. Runs in a parser worker process (``ParserPool.run``); never
     raises: whatever breaks is this feed's failure alone."""
     try:
-        return _feed_read(parse_feed(_clean_char_refs(body), base), base, rules)
+        return _feed_read(parse_feed(_clean_char_refs(body), base), base, policy, limits)
     except Exception as exc:  # untrusted bytes: whatever breaks is this feed's failure alone
         return FeedRead(error=f"could not read the feed: {describe_error(exc)}")
 
 
-def _feed_read(parsed: ParsedFeed, base: str, rules: FeedRules) -> FeedRead:
+def _feed_read(
+    parsed: ParsedFeed, base: str, policy: AddressPolicy, limits: ItemLimits
+) -> FeedRead:
     if not parsed.is_feed or (parsed.problem and not parsed.entries):
         # an empty body, an HTML page, XML that is no feed: a failure, counted toward parking
         problem = parsed.problem or "no feed found"
         return FeedRead(error=f"not a readable RSS/Atom feed ({problem})")
     try:
-        items, dropped = _items(parsed.entries, base, rules)
+        items, dropped = _items(parsed.entries, base, policy, limits)
     except Exception as exc:  # untrusted bytes: whatever breaks is this feed's failure alone
         return FeedRead(error=f"could not read the feed: {describe_error(exc)}")
     return FeedRead(items=items, dropped=dropped, parser=parsed.parser)
@@ -422,13 +432,12 @@ def _image(candidates: Iterable[str], base: str, policy: AddressPolicy) -> str |
 
 
 def _items(
-    entries: list[RawEntry], base: str, rules: FeedRules
+    entries: list[RawEntry], base: str, policy: AddressPolicy, limits: ItemLimits
 ) -> tuple[list[FeedItem], dict[str, int]]:
     """The feed's storable items, and how many were dropped for each reason."""
     items: list[FeedItem] = []
     dropped: dict[str, int] = {}
     seen: set[str] = set()
-    limits = rules.limits
     for entry in entries:
         url, why = _article_url(entry.link, base) if entry.link else (None, NO_LINK)
         if url is None:
@@ -444,7 +453,7 @@ def _items(
                 title=_text(entry.title, limits.title_chars),
                 summary=_text(entry.summary, limits.summary_chars),
                 published=_published(entry.published),
-                image_url=_image(entry.images, base, rules.policy) if entry.images else None,
+                image_url=_image(entry.images, base, policy) if entry.images else None,
             )
         )
     return items, dropped
@@ -456,11 +465,13 @@ def next_check(now: datetime, result: FetchResult, interval: timedelta) -> datet
     return now + interval
 
 
-def feed_rules(settings: Settings, policy: AddressPolicy) -> FeedRules:
+def feed_rules(settings: Settings, policy: AddressPolicy, parsers: ParserPool) -> FeedRules:
     """The rules every fetch of a run follows, from NEWS_FETCH_BUDGET_SECONDS,
-    NEWS_PARSE_BUDGET_SECONDS, NEWS_MAX_TITLE_CHARS and NEWS_MAX_SUMMARY_CHARS."""
+    NEWS_PARSE_BUDGET_SECONDS, NEWS_MAX_TITLE_CHARS and NEWS_MAX_SUMMARY_CHARS; feeds are parsed
+    in ``parsers`` (the runtime's, ``NewsAdapters.parsers``)."""
     return FeedRules(
         policy=policy,
+        parsers=parsers,
         budget_seconds=settings.news_fetch_budget_seconds,
         parse_budget_seconds=settings.news_parse_budget_seconds,
         limits=ItemLimits(

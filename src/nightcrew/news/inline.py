@@ -204,7 +204,7 @@ class _Run:
         shard's queue by source."""
         db, deps, report = self.runtime.db, self.deps, self.report
         due = await db.fetch(news_sources.SQL["due_sources"], {"shard": report.shard, "now": now})
-        rules = feed_rules(self.runtime.settings, deps.policy)
+        rules = feed_rules(self.runtime.settings, deps.policy, deps.parsers)
         fetched = await fetch_sources(deps.http, rules, due, now)
         self.processed, seen = await items.seen(
             self.processed,

@@ -5,10 +5,11 @@ more). Both results are reduced to the few fields nightcrew uses, as plain value
 plain text whichever parser read it (both hand HTML titles on as markup).
 
 The bytes are untrusted and parsing is CPU work the event loop cannot interrupt (a 5 MB feed of
-50,000 linkless items held it 22 to 45 s), so fetches parse through ``off_loop``: in a pool of
+50,000 linkless items held it 22 to 45 s), so fetches parse through ``ParserPool.run``: in a pool of
 worker processes, each task under a hard time limit — a worker past it is killed and replaced
 (a thread could not be stopped). Workers are spawned, never forked, from a process that runs
-threads (the database pool's, the scheduler's), and the pool is shared by the whole process.
+threads (the database pool's, the scheduler's). The pool is an object the runtime owns
+(``ParserPool``, on ``NewsAdapters``), started on first use and stopped when the runtime closes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 import re
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -81,7 +83,7 @@ def parse_feed(body: bytes, base_url: str) -> ParsedFeed:
 
 def parse_fast_only(body: bytes, base_url: str) -> ParsedFeed | None:
     """What ``parse_feed`` returns when feedparser-rs alone reads the document whole; None when
-    feedparser would have to read it too (slow, and not bounded: see ``off_loop``)."""
+    feedparser would have to read it too (slow, and not bounded: see ``ParserPool``)."""
     fast = _parse_fast(body)
     return fast if fast is not None and _fast_is_enough(fast, body) else None
 
@@ -179,51 +181,120 @@ class ParserDied(FetchError):
     """The worker process parsing a document ended (a crash in native code, out of memory)."""
 
 
-_pool: pebble.ProcessPool | None = None
-_pool_pid = 0
-_pool_lock = threading.Lock()
+class ParserPool:
+    """The parser worker processes of one runtime (``NewsAdapters.parsers``, closed with it).
 
+    ``run`` puts a function in a worker, under a hard time limit. The workers are spawned on the
+    first ``run`` (a command that never parses a feed never starts one), ``PARSE_WORKERS`` of
+    them, and stopped by ``close``/``aclose``; a run after that is ParserDied."""
 
-def _parser_pool() -> pebble.ProcessPool:
-    global _pool, _pool_pid
-    with _pool_lock:
-        # a forked child inherits the object but not the threads that run it: a pool of its own
-        if _pool is None or _pool_pid != os.getpid() or not _pool.active:
-            _pool = pebble.ProcessPool(
-                max_workers=PARSE_WORKERS, context=multiprocessing.get_context("spawn")
+    def __init__(self, workers: int = PARSE_WORKERS) -> None:
+        self._workers = workers
+        self._pool: pebble.ProcessPool | None = None
+        self._pid = 0  # the process that started ``_pool``
+        self._retired: list[pebble.ProcessPool] = []  # broken pools whose workers await close
+        self._in_flight: set[Future[Any]] = set()
+        self._closed = False
+        # a runtime's jobs may run on more than one thread (the scheduler's): one pool for all
+        self._lock = threading.Lock()
+
+    async def __aenter__(self) -> ParserPool:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.aclose()
+
+    @property
+    def started(self) -> bool:
+        """Whether this process has worker processes of this pool (that ``close`` stops)."""
+        with self._lock:
+            return self._pool is not None and self._pid == os.getpid()
+
+    async def run(self, function: Callable[..., T], *args: Any, budget_seconds: float) -> T:
+        """``function(*args)`` in a parser worker process, at most ``budget_seconds`` once a
+        worker has taken it. ParseOverBudget past that (the worker is killed and replaced),
+        ParserDied if the worker ended or the pool broke; the function's own exception is
+        raised as it was. A caller that is cancelled (its fetch budget) cancels the task, which
+        kills its worker."""
+        try:
+            future = self._running().schedule(function, args=args, timeout=budget_seconds)
+        except RuntimeError:  # the pool stopped between the check and the call: once more
+            try:
+                future = self._running().schedule(function, args=args, timeout=budget_seconds)
+            except RuntimeError as exc:
+                raise ParserDied(f"the parser pool broke: {describe_error(exc)}") from exc
+        with self._lock:
+            self._in_flight.add(future)
+        future.add_done_callback(self._settled)
+        try:
+            return await asyncio.wrap_future(future)
+        except TimeoutError as exc:  # pebble's: the task's own limit, not an asyncio timeout
+            raise ParseOverBudget(
+                f"parsing took longer than the {budget_seconds:g} s parse budget"
+            ) from exc
+        except pebble.ProcessExpired as exc:
+            raise ParserDied(f"the parser process died (exit code {exc.exitcode})") from exc
+        except BrokenProcessPool as exc:
+            raise ParserDied(f"the parser pool broke: {describe_error(exc)}") from exc
+
+    def _settled(self, future: Future[Any]) -> None:
+        with self._lock:
+            self._in_flight.discard(future)
+
+    def _running(self) -> pebble.ProcessPool:
+        with self._lock:
+            if self._closed:
+                raise ParserDied("the parser pool is closed")
+            pool = self._pool
+            if pool is not None and self._pid != os.getpid():
+                # a forked child inherits the object but not the threads that run it, and the
+                # workers are its parent's to stop: a pool of its own, and the parent's left be
+                pool, self._retired, self._in_flight = None, [], set()
+            if pool is not None and pool.active:
+                return pool
+            if pool is not None:  # broken (pebble lost a thread or a worker's pipe)
+                pool.stop()  # type: ignore[no-untyped-call]  # pebble leaves stop() unannotated
+                self._retired.append(pool)  # joined at close: joining blocks, this is the loop
+            self._pool = pebble.ProcessPool(
+                max_workers=self._workers, context=multiprocessing.get_context("spawn")
             )
-            _pool_pid = os.getpid()
-        return _pool
+            self._pid = os.getpid()
+            # The safety net for an owner that never closes this (a script stopped mid-run, a
+            # test that forgets): pebble's workers are not daemons, and multiprocessing's exit
+            # handler joins every live non-daemon child — idle workers wait for work, so the
+            # process would wait at exit forever. Pebble 5 stops its workers in an exit hook of
+            # its own, but that is no documented promise, so the pool does not lean on it.
+            # Registered now, after the handlers both register at import, so it runs before
+            # them (atexit is last in, first out); ``close`` takes it off again.
+            atexit.register(self.close)
+            return self._pool
 
+    def close(self) -> None:
+        """Stop the workers now (a task in flight ends as ParserDied); blocks until they are
+        gone, a few tenths of a second. Idempotent."""
+        with self._lock:
+            self._closed = True
+            mine = self._pid == os.getpid()
+            pools = [*self._retired, *([self._pool] if self._pool is not None else [])]
+            in_flight = list(self._in_flight)
+            self._pool, self._retired, self._in_flight = None, [], set()
+        atexit.unregister(self.close)
+        if not mine:  # a forked child's copy: the workers are the parent's
+            return
+        for pool in pools:
+            pool.stop()  # type: ignore[no-untyped-call]  # pebble leaves stop() unannotated
+            pool.join(timeout=10)
+        # a stopped pebble pool leaves its tasks' futures pending for ever: a caller still
+        # awaiting one (a fetch racing the runtime's close) would never return
+        for future in in_flight:
+            try:
+                future.set_exception(ParserDied("the parser pool closed during the parse"))
+            except InvalidStateError:  # it settled while the pool stopped
+                pass
 
-@atexit.register
-def shutdown_parser_pool() -> None:
-    """Stop the workers now. Registered at exit: multiprocessing's own exit handler would wait
-    for them, and they wait for work (pebble's workers are not daemons)."""
-    global _pool
-    with _pool_lock:
-        pool, _pool = _pool, None
-    if pool is not None and _pool_pid == os.getpid():
-        pool.stop()  # type: ignore[no-untyped-call]  # pebble leaves stop() unannotated
-        pool.join(timeout=10)
-
-
-async def off_loop(function: Callable[..., T], *args: Any, budget_seconds: float) -> T:
-    """``function(*args)`` in a parser worker process, at most ``budget_seconds`` once a
-    worker has taken it. ParseOverBudget past that (the worker is killed and replaced),
-    ParserDied if the worker ended; the function's own exception is raised as it was. A
-    caller that is cancelled (its fetch budget) cancels the task, which kills its worker."""
-    try:
-        future = _parser_pool().schedule(function, args=args, timeout=budget_seconds)
-    except RuntimeError:  # the pool stopped between the check and the call: once more
-        future = _parser_pool().schedule(function, args=args, timeout=budget_seconds)
-    try:
-        return await asyncio.wrap_future(future)
-    except TimeoutError as exc:  # pebble's: the task's own limit, not an asyncio timeout
-        raise ParseOverBudget(
-            f"parsing took longer than the {budget_seconds:g} s parse budget"
-        ) from exc
-    except pebble.ProcessExpired as exc:
-        raise ParserDied(f"the parser process died (exit code {exc.exitcode})") from exc
-    except BrokenProcessPool as exc:
-        raise ParserDied(f"the parser pool broke: {describe_error(exc)}") from exc
+    async def aclose(self) -> None:
+        """``close`` without holding the event loop while the workers are joined."""
+        if self.started:
+            await asyncio.to_thread(self.close)
+        else:
+            self.close()

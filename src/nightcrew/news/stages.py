@@ -410,7 +410,9 @@ async def _fetch_source(ctx: StageContext, source: dict[str, Any], now: datetime
     db, settings = ctx.runtime.db, ctx.runtime.settings
     adapters = ctx.runtime.news_adapters()
     # a feed never kills its worker: whatever goes wrong is that source's failed fetch
-    result = await fetch_source(adapters.http, feed_rules(settings, adapters.policy), source, now)
+    result = await fetch_source(
+        adapters.http, feed_rules(settings, adapters.policy, adapters.parsers), source, now
+    )
     ids = {"source_id": source["id"]}
     if result.outcome in ("failed", "retry_later"):
         await news_sources.record_fetch(db, source, result, now)

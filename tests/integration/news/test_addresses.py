@@ -27,7 +27,7 @@ from nightcrew.db.database import Database
 from nightcrew.news.fetch import FeedRules, fetch_feed
 from nightcrew.news.inline import run_shard
 from nightcrew.news.sources import add_source
-from tests.conftest import NOW
+from tests.conftest import NOW, parsers_for_test
 from tests.integration.news.conftest import LOOPBACK
 from tests.integration.news.test_run import article_page, deps_for, rss, runtime_for
 from tests.support.network import LoopbackOnlyBackend
@@ -186,7 +186,10 @@ async def test_dns_rebinding_cannot_steer_the_connection(
     policy = AddressPolicy(resolver=rebinding)
     async with new_client(policy, inner=network) as client:
         result = await fetch_feed(
-            client, f"http://rebind.example:{port}/feed", NOW, FeedRules(policy=policy)
+            client,
+            f"http://rebind.example:{port}/feed",
+            NOW,
+            FeedRules(policy=policy, parsers=parsers_for_test()),
         )
     assert result.outcome == "failed"
     assert asked == ["rebind.example"]  # resolved once, for the connection itself
@@ -203,7 +206,10 @@ async def test_a_name_that_answers_a_private_address_among_public_ones_is_refuse
     policy = AddressPolicy(resolver=mixed)
     async with new_client(policy, inner=network) as client:
         result = await fetch_feed(
-            client, "http://mixed.example/feed", NOW, FeedRules(policy=policy)
+            client,
+            "http://mixed.example/feed",
+            NOW,
+            FeedRules(policy=policy, parsers=parsers_for_test()),
         )
     assert result.outcome == "failed" and result.error is not None
     assert "10.0.0.5" in result.error and result.error.startswith("refused")

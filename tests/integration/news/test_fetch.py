@@ -27,7 +27,7 @@ from nightcrew.news.sources import (
     record_fetch,
     set_enabled,
 )
-from tests.conftest import NOW
+from tests.conftest import NOW, parsers_for_test
 from tests.integration.news.conftest import LOOPBACK
 from tests.support.servers import RecordingServer
 
@@ -44,7 +44,9 @@ ATOM = b"""<?xml version="1.0" encoding="utf-8"?><feed xmlns="http://www.w3.org/
 <id>urn:x</id><updated>2026-11-28T10:00:00Z</updated><summary>S</summary></entry></feed>"""
 
 
-RULES = FeedRules(policy=LOOPBACK)
+def rules() -> FeedRules:
+    """The loopback policy's rules, parsing in the test's own parser pool."""
+    return FeedRules(policy=LOOPBACK, parsers=parsers_for_test())
 
 
 def serve(server: RecordingServer, routes: dict[str, Any]) -> None:
@@ -65,12 +67,12 @@ async def test_rss_and_atom_become_normalised_items(
             "/atom": Response(ATOM),
         },
     )
-    rss = await fetch_feed(http, feed_server.url + "/rss", NOW, RULES)
+    rss = await fetch_feed(http, feed_server.url + "/rss", NOW, rules())
     assert rss.outcome == "ok" and rss.etag == '"v1"'
     assert [i.url for i in rss.items] == ["https://news.example/a?id=1", "https://news.example/b"]
     assert rss.items[0].title == "First story"
     assert rss.items[0].published == datetime(2026, 11, 29, 3, 0, tzinfo=UTC)
-    atom = await fetch_feed(http, feed_server.url + "/atom", NOW, RULES)
+    atom = await fetch_feed(http, feed_server.url + "/atom", NOW, rules())
     assert [i.url for i in atom.items] == ["https://atom.example/x"]
 
 
@@ -86,8 +88,8 @@ async def test_conditional_get_yields_not_modified(
         return Response(RSS, headers={"ETag": '"v1"'})
 
     serve(feed_server, {"/rss": conditional})
-    first = await fetch_feed(http, feed_server.url + "/rss", NOW, RULES)
-    second = await fetch_feed(http, feed_server.url + "/rss", NOW, RULES, etag=first.etag)
+    first = await fetch_feed(http, feed_server.url + "/rss", NOW, rules())
+    second = await fetch_feed(http, feed_server.url + "/rss", NOW, rules(), etag=first.etag)
     assert second.outcome == "not_modified" and second.items == []
     assert seen[1]["If-None-Match"] == '"v1"'
 
@@ -113,13 +115,15 @@ async def test_hostile_feeds_are_failures_with_a_reason(
             "/gone": Response(status=404),
         },
     )
-    result = await fetch_feed(http, feed_server.url + route, NOW, replace(RULES, max_bytes=64_000))
+    result = await fetch_feed(
+        http, feed_server.url + route, NOW, replace(rules(), max_bytes=64_000)
+    )
     assert result.outcome == "failed" and error in (result.error or ""), result
 
 
 async def test_429_honours_retry_after(feed_server: RecordingServer, http: UntrustedHttp) -> None:
     serve(feed_server, {"/busy": Response(status=429, headers={"Retry-After": "120"})})
-    result = await fetch_feed(http, feed_server.url + "/busy", NOW, RULES)
+    result = await fetch_feed(http, feed_server.url + "/busy", NOW, rules())
     assert result.outcome == "retry_later" and result.retry_after_seconds == 120
 
 
@@ -190,9 +194,9 @@ async def test_relative_links_resolve_against_the_content_location(
         },
     )
     base = feed_server.url
-    moved = await fetch_feed(http, base + "/feeds/moved", NOW, RULES)
+    moved = await fetch_feed(http, base + "/feeds/moved", NOW, rules())
     assert [i.url for i in moved.items] == [f"{base}/archive/2026/story.html", f"{base}/top.html"]
-    plain = await fetch_feed(http, base + "/feeds/plain", NOW, RULES)
+    plain = await fetch_feed(http, base + "/feeds/plain", NOW, rules())
     assert [i.url for i in plain.items] == [f"{base}/feeds/story.html", f"{base}/top.html"]
 
 
@@ -215,15 +219,15 @@ async def test_an_unchanged_body_without_validators_is_not_parsed_again(
     monkeypatch.setattr(fetch_module, "_read_feed", counting_read)
     url = feed_server.url + "/rss"
 
-    first = await fetch_feed(http, url, NOW, RULES)
+    first = await fetch_feed(http, url, NOW, rules())
     assert first.outcome == "ok" and first.etag is None and first.last_modified is None
     assert first.body_hash is not None and len(parses) == 1
-    same = await fetch_feed(http, url, NOW, RULES, body_hash=first.body_hash)
+    same = await fetch_feed(http, url, NOW, rules(), body_hash=first.body_hash)
     assert same.outcome == "not_modified" and same.items == [] and len(parses) == 1
     assert same.body_hash == first.body_hash
 
     body["now"] = ATOM
-    changed = await fetch_feed(http, url, NOW, RULES, body_hash=first.body_hash)
+    changed = await fetch_feed(http, url, NOW, rules(), body_hash=first.body_hash)
     assert changed.outcome == "ok" and len(parses) == 2
     assert [i.url for i in changed.items] == ["https://atom.example/x"]
     assert changed.body_hash not in (None, first.body_hash)

@@ -25,7 +25,7 @@ from nightcrew.news.leases import shard_lock_name
 from nightcrew.news.report import SUPERSEDED_REASON
 from nightcrew.news.sources import add_source
 from nightcrew.runtime import Runtime
-from tests.conftest import NOW, make_runtime
+from tests.conftest import NOW, make_runtime, parsers_for_test
 from tests.integration.news.conftest import LOOPBACK
 from tests.support.servers import RecordingServer
 from tests.support.services import REDIS_URL, needs_redis
@@ -87,12 +87,14 @@ def deps_for(db: Database, clock: FrozenClock, http: UntrustedHttp, **kw: Any) -
     """The news adapters a test runtime gets (``replace(runtime, news=...)``): PostgreSQL
     leases, the offline reviewer and the loopback policy unless a test says otherwise;
     ``redis=`` a client assembles them as production does with Redis (PostgreSQL's leases
-    copied to Redis, Redis's processed-URL set); ``leases=`` replaces the leases."""
+    copied to Redis, Redis's processed-URL set); ``leases=`` replaces the leases. Feeds are
+    parsed in the test's parser pool, stopped when the test ends."""
     leases = kw.pop("leases", None)
     deps = news_adapters(
         db,
         clock,
         http=http,
+        parsers=kw.pop("parsers", None) or parsers_for_test(),
         reviewer=kw.pop("reviewer", OfflineReviewer()),
         policy=kw.pop("policy", LOOPBACK),
         redis=kw.pop("redis", None),

@@ -203,12 +203,13 @@ _MEMORY_PROBE = textwrap.dedent(
     from nightcrew.adapters.addresses import AddressPolicy, new_client
     from nightcrew.news.fetch import FeedRules, fetch_feed
     from nightcrew.news.images import hydrate_image
+    from nightcrew.news.parse import ParserPool
 
     async def main(base, copies):
         policy = AddressPolicy.parse("127.0.0.1")
-        rules = FeedRules(policy=policy)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        async with new_client(policy) as http:
+        async with ParserPool() as parsers, new_client(policy) as http:
+            rules = FeedRules(policy=policy, parsers=parsers)
             now = datetime.now(UTC)
             feeds = [fetch_feed(http, f"{base}/feeds/bomb?{n}", now, rules)
                      for n in range(copies)]

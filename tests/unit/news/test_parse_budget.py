@@ -1,23 +1,47 @@
-"""Parsing off the event loop, under a budget (issue 24): ``parse.off_loop`` runs work in a worker
-process that is killed past its budget, or when its caller gives up; what is still parsed in
-place is small and cheap whatever the bytes say."""
+"""Parsing off the event loop, under a budget (issue 24): ``ParserPool.run`` runs work in a
+worker process that is killed past its budget, or when its caller gives up; what is still parsed
+in place is small and cheap whatever the bytes say. The pool is the runtime's: its workers start
+on the first parse and stop when the runtime closes, or at the process's exit if nobody closed
+it."""
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
+import subprocess
+import sys
+import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import feedparser
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
 from nightcrew.adapters.addresses import AddressPolicy
+from nightcrew.adapters.billing import NoBilling
+from nightcrew.adapters.feedcache import RecordingFeedCache
+from nightcrew.adapters.queues import MemoryQueueProducer
+from nightcrew.adapters.storage import open_store
+from nightcrew.clock import FrozenClock
+from nightcrew.config import Settings
+from nightcrew.db.database import Database
 from nightcrew.news import fetch
-from nightcrew.news.fetch import INLINE_PARSE_MAX_BYTES, FeedRules, read_feed_body
-from nightcrew.news.parse import ParseOverBudget, ParserDied, off_loop, parse_fast_only
+from nightcrew.news.fetch import INLINE_PARSE_MAX_BYTES, FeedRules, ItemLimits, read_feed_body
+from nightcrew.news.parse import (
+    PARSE_WORKERS,
+    ParseOverBudget,
+    ParserDied,
+    ParserPool,
+    parse_fast_only,
+)
+from nightcrew.runtime import open_runtime
+from tests.conftest import NOW
 
-RULES = FeedRules(policy=AddressPolicy())
+POLICY = AddressPolicy()
+LIMITS = ItemLimits()
 BASE = "https://news.example.com/feed.xml"
 WELL_FORMED = (
     b'<?xml version="1.0"?><rss version="2.0"><channel><title>T</title>'
@@ -51,29 +75,46 @@ def _alive(pid: int) -> bool:
     return True
 
 
-async def _still_parses() -> None:
-    read = await off_loop(read_feed_body, WELL_FORMED, BASE, RULES, budget_seconds=30)
+def _workers() -> set[int]:
+    """This process's live parser workers (pebble's multiprocessing children)."""
+    return {
+        p.pid
+        for p in multiprocessing.active_children()
+        if p.name.startswith("pebble_pool_worker") and p.pid is not None
+    }
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[ParserPool]:
+    """One pool for this module's tests (spawning workers is most of a small test's time)."""
+    parsers = ParserPool()
+    yield parsers
+    parsers.close()
+
+
+async def _still_parses(pool: ParserPool) -> None:
+    read = await pool.run(read_feed_body, WELL_FORMED, BASE, POLICY, LIMITS, budget_seconds=30)
     assert [i.url for i in read.items] == ["https://news.example.com/1"]
 
 
-async def test_work_over_its_budget_is_stopped_and_the_pool_goes_on() -> None:
+async def test_work_over_its_budget_is_stopped_and_the_pool_goes_on(pool: ParserPool) -> None:
     started = time.monotonic()
     with pytest.raises(ParseOverBudget, match=r"longer than the 0\.5 s parse budget"):
-        await off_loop(spin, 60.0, budget_seconds=0.5)
+        await pool.run(spin, 60.0, budget_seconds=0.5)
     # killed near its budget (pebble checks every 0.1 s), not left to spin its 60 s
     assert time.monotonic() - started < 10
-    await _still_parses()
+    await _still_parses(pool)
 
 
-async def test_a_worker_that_dies_is_that_task_failure_only() -> None:
+async def test_a_worker_that_dies_is_that_task_failure_only(pool: ParserPool) -> None:
     with pytest.raises(ParserDied, match="exit code 3"):
-        await off_loop(die, 3, budget_seconds=30)
-    await _still_parses()
+        await pool.run(die, 3, budget_seconds=30)
+    await _still_parses(pool)
 
 
-async def test_a_caller_that_gives_up_kills_the_worker(tmp_path: Path) -> None:
+async def test_a_caller_that_gives_up_kills_the_worker(pool: ParserPool, tmp_path: Path) -> None:
     marker = tmp_path / "pid"
-    task = asyncio.create_task(off_loop(note_pid_then_spin, str(marker), budget_seconds=120))
+    task = asyncio.create_task(pool.run(note_pid_then_spin, str(marker), budget_seconds=120))
     for _ in range(300):
         if marker.exists() and marker.read_text():
             break
@@ -88,10 +129,10 @@ async def test_a_caller_that_gives_up_kills_the_worker(tmp_path: Path) -> None:
             break
         await asyncio.sleep(0.05)
     assert not _alive(pid), "the worker still spins for a caller that is gone"
-    await _still_parses()
+    await _still_parses(pool)
 
 
-async def test_the_event_loop_runs_while_a_worker_parses() -> None:
+async def test_the_event_loop_runs_while_a_worker_parses(pool: ParserPool) -> None:
     lags: list[float] = []
 
     async def tick() -> None:
@@ -102,7 +143,7 @@ async def test_the_event_loop_runs_while_a_worker_parses() -> None:
 
     ticker = asyncio.create_task(tick())
     try:
-        worker_pid = await off_loop(spin, 1.5, budget_seconds=30)
+        worker_pid = await pool.run(spin, 1.5, budget_seconds=30)
     finally:
         ticker.cancel()
     assert worker_pid != os.getpid()
@@ -110,7 +151,7 @@ async def test_the_event_loop_runs_while_a_worker_parses() -> None:
 
 
 async def test_a_small_body_the_fast_parser_cannot_read_whole_goes_to_a_worker(
-    monkeypatch: pytest.MonkeyPatch,
+    pool: ParserPool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # an entry without a link needs feedparser; in this process feedparser now refuses, so
     # a result read by it can only have come from a worker
@@ -120,7 +161,7 @@ async def test_a_small_body_the_fast_parser_cannot_read_whole_goes_to_a_worker(
     monkeypatch.setattr(feedparser, "parse", not_here)
     small = WELL_FORMED.replace(b"</channel>", b"<item><title>no link</title></item></channel>")
     assert len(small) < INLINE_PARSE_MAX_BYTES
-    read = await fetch._read_feed(small, BASE, RULES)
+    read = await fetch._read_feed(small, BASE, FeedRules(policy=POLICY, parsers=pool))
     assert read.error is None and read.parser == "feedparser"
     assert read.dropped == {"no link": 1}
 
@@ -152,6 +193,80 @@ def test_what_is_read_in_place_is_cheap_whatever_it_holds(shape: str) -> None:
     started = time.thread_time()  # this thread's CPU: other work on the machine does not count
     fast = parse_fast_only(fetch._clean_char_refs(body), BASE)
     if fast is not None:
-        fetch._feed_read(fast, BASE, RULES)
+        fetch._feed_read(fast, BASE, POLICY, LIMITS)
     # about 25 ms measured for the worst of these; the event loop can afford a few at once
     assert time.thread_time() - started < 0.1
+
+
+# --- the pool's life: started on first use, stopped with its runtime ----------------------------
+async def test_closing_the_runtime_stops_its_parser_workers() -> None:
+    settings = Settings.model_validate({"DATABASE_URL": "postgresql://unused@127.0.0.1/unused"})
+    never_opened = Database(AsyncConnectionPool(settings.database_url, open=False), "unused")
+    clock = FrozenClock(NOW)
+    before = _workers()
+    async with open_runtime(
+        settings,
+        clock,
+        db=never_opened,
+        queues=MemoryQueueProducer(clock),
+        store=open_store("memory://"),
+        feedcache=RecordingFeedCache(),
+        billing=NoBilling(),
+    ) as runtime:
+        parsers = runtime.news_adapters().parsers
+        assert not parsers.started  # nothing parsed yet: no worker spawned
+        assert _workers() == before
+        worker_pid = await parsers.run(os.getpid, budget_seconds=60)
+        started = _workers() - before
+        assert worker_pid in started and len(started) == PARSE_WORKERS
+    # closed with the runtime: every worker it started is gone (joined, not left a zombie)
+    assert not any(_alive(pid) for pid in started), started
+    assert _workers() == before
+    with pytest.raises(ParserDied, match="closed"):
+        await parsers.run(os.getpid, budget_seconds=60)
+
+
+async def test_a_parse_in_flight_when_the_pool_closes_is_parser_died(tmp_path: Path) -> None:
+    marker = tmp_path / "pid"
+    async with ParserPool() as parsers:
+        task = asyncio.create_task(parsers.run(note_pid_then_spin, str(marker), budget_seconds=120))
+        for _ in range(300):
+            if marker.exists() and marker.read_text():
+                break
+            await asyncio.sleep(0.05)
+        pid = int(marker.read_text())
+    with pytest.raises(ParserDied):  # "closed during the parse", or pebble saw it break first
+        await asyncio.wait_for(task, 30)  # not left pending for ever
+    assert not _alive(pid)
+
+
+async def test_a_pool_never_used_starts_nothing_and_closes_at_once() -> None:
+    before = _workers()
+    async with ParserPool() as parsers:
+        assert not parsers.started
+    assert _workers() == before
+
+
+# A process that leaves its pool open, as a script stopped mid-run does: pebble's workers are
+# not daemons, so without the pool's own exit hook multiprocessing would wait for them forever.
+_LEFT_OPEN = textwrap.dedent(
+    """
+    import asyncio, os
+    from nightcrew.news.parse import ParserPool
+
+    async def main():
+        pool = ParserPool()
+        print(await pool.run(os.getpid, budget_seconds=60), flush=True)
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_a_process_that_never_closes_its_pool_still_exits() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _LEFT_OPEN], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    worker_pid = int(done.stdout.strip())
+    assert worker_pid > 0 and not _alive(worker_pid)
