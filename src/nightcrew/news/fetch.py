@@ -132,6 +132,9 @@ class FetchResult:
     parser: str | None = None
     # items left out because their link cannot be stored or followed: {reason: how many}
     dropped: dict[str, int] = field(default_factory=dict)
+    # the address policy refused the feed (or a redirect): no network was spent, and the
+    # operator may allow it (NEWS_ALLOWED_PRIVATE_HOSTS) at any moment — tried every run
+    refused_address: bool = False
 
 
 def normalize_url(url: str) -> str:
@@ -227,7 +230,7 @@ async def _fetch(
         rules.policy.check_url(url)
         response = await client.get(url, limits=limits, headers=headers)
     except UnsafeURL as exc:
-        return FetchResult(outcome="failed", error=f"refused: {exc}")
+        return FetchResult(outcome="failed", error=f"refused: {exc}", refused_address=True)
     except FetchError as exc:
         return FetchResult(outcome="failed", error=str(exc))
     status = response.status
@@ -460,6 +463,8 @@ def _items(
 
 
 def next_check(now: datetime, result: FetchResult, interval: timedelta) -> datetime:
+    if result.refused_address:
+        return now  # due on the next run: once the setting allows it, it is fetched then
     if result.outcome == "retry_later" and result.retry_after_seconds:
         return now + timedelta(seconds=result.retry_after_seconds)
     return now + interval

@@ -218,6 +218,16 @@ async def record_fetch(
             "park_after": PARK_AFTER_FAILURES,
         },
     )
+    if result.refused_address:
+        # not "the feed failed": the operator's setting decides, so say which one
+        warning(
+            "news.source_refused",
+            source_id=source["id"],
+            feed_url=source["feed_url"],
+            error=result.error,
+            hint="allow it with NEWS_ALLOWED_PRIVATE_HOSTS; it is tried again on every run"
+            " (once parked, `news sources enable` frees it)",
+        )
     if row is not None and row["parked_at"] is not None:
         warning(
             "news.source_parked",
@@ -226,7 +236,7 @@ async def record_fetch(
             failures=row["consecutive_failures"],
             error=result.error,
         )
-    else:
+    elif not result.refused_address:
         event(
             "news.source_fetch_failed",
             source_id=source["id"],

@@ -296,3 +296,30 @@ async def test_links_resolve_like_a_reader_expects_and_lose_their_credentials(
         await db.fetch("SELECT * FROM news.candidates")
     )
     assert "secret" not in dump and "javascript:" not in dump and "file:" not in dump
+
+
+async def test_a_source_refused_for_its_address_is_fetched_on_the_next_run_once_allowed(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: UntrustedHttp,
+) -> None:
+    from datetime import timedelta
+
+    base = feed_server.url
+    routes(feed_server, {"/feeds/lo": Response(rss(base, 2, prefix="lo"), content_type="text/xml")})
+    await add_source(db, url=f"{base}/feeds/lo", name="lo", shard="s", now=NOW)
+    runtime = runtime_for(db, clock, fresh_db_url)
+    refused = await run_shard(
+        replace(runtime, news=deps_for(db, clock, http, policy=PRODUCTION)), clock, "s"
+    )
+    [error] = refused.fetch_errors
+    assert error["error"].startswith("refused: 127.0.0.1 is not a public address")
+    assert feed_server.requests == []  # refused before any connection
+    # due again at once, not in 15 minutes: the setting, not the feed, decides
+    row = await db.fetch_one("SELECT next_check_at FROM news.sources WHERE name = 'lo'")
+    assert row is not None and row["next_check_at"] == NOW
+    clock.advance(timedelta(minutes=1))  # the operator sets NEWS_ALLOWED_PRIVATE_HOSTS
+    allowed = await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+    assert allowed.fetch_errors == [] and allowed.processed_count == 2
