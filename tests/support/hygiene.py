@@ -71,12 +71,21 @@ def redis_keys_without_ttl(url: str) -> list[str]:
         client.close()
 
 
+def _xdist_worker(session: pytest.Session) -> bool:
+    # under pytest-xdist the controller checks, once every worker is done: a worker finishing
+    # early would see another's test in flight (a key between its SADD and its EXPIRE)
+    return hasattr(session.config, "workerinput")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     global _before
-    _before = checkout_state()
+    if not _xdist_worker(session):
+        _before = checkout_state()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _xdist_worker(session):
+        return
     problems: list[str] = []
     after = checkout_state()
     if _before is not None and after is not None and (left := sorted(after - _before)):
