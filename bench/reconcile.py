@@ -1,6 +1,7 @@
 """Benchmark: the storage reconciler over 1,000,000 episodes and 1,000,000 objects.
 
     python -m bench.reconcile [--store local|s3] [--n N] [--runs 3] [--apply] [--profile]
+                              [--no-rclone]
 
 Data: N/1000 podcasts; N episodes; one object per episode except the 1% whose object is
 missing; 1% of the recorded sizes wrong; plus N/100 orphan objects (1%) that no episode
@@ -305,6 +306,11 @@ def main() -> None:
         help="one more dry run under cProfile, and one under py-spy when it is installed "
         "(neither counted)",
     )
+    parser.add_argument(
+        "--no-rclone",
+        action="store_true",
+        help="skip the rclone listing (e.g. to time only the apply run against the dry run)",
+    )
     # one dry run and nothing else: the process py-spy records (--profile)
     parser.add_argument("--single-dry-run", nargs=3, metavar=("DB", "STORE", "AGE_S"))
     args = parser.parse_args()
@@ -320,11 +326,15 @@ def main() -> None:
     age = timedelta(0) if args.store == "local" else timedelta(days=2)
     checks: list[bool] = []
     with admin_url() as admin:
-        name = "nightcrew_bench_reconcile"
+        # this process's own: a second bench run beside it (bench.scale, another checkout)
+        # must not drop the database out from under it
+        name = f"nightcrew_bench_reconcile_{os.getpid()}"
         url, podcasts = asyncio.run(_load(admin, name, n, scale))
         try:
             with prepared_store(args.store, podcasts, n) as (store_url, target, env, objects):
-                rclone = [time_rclone(target, env) for _ in range(args.runs)]
+                rclone = (
+                    [] if args.no_rclone else [time_rclone(target, env) for _ in range(args.runs)]
+                )
                 dry = [
                     asyncio.run(reconcile_once(url, store_url, ReconcileOptions(), age=age))
                     for _ in range(args.runs)
@@ -345,7 +355,7 @@ def main() -> None:
                             )
                         )
                     drop(admin, f"{name}_apply")
-                    checks.append(report_apply(applied, n, len(podcasts), objects))
+                    checks.append(report_apply(applied, n, len(podcasts), objects, dry))
         finally:
             drop(admin, name)
     if not all(checks):
@@ -439,7 +449,13 @@ def request_check(stats: Any, n: int, objects: int, podcasts: int) -> tuple[bool
     )
 
 
-def report_apply(applied: list[dict[str, Any]], n: int, podcasts: int, objects: int) -> bool:
+def report_apply(
+    applied: list[dict[str, Any]],
+    n: int,
+    podcasts: int,
+    objects: int,
+    dry: list[dict[str, Any]],
+) -> bool:
     walls = [a["wall_s"] for a in applied]
     a, st = applied[-1]["report"], applied[-1]["stats"]
     peak = max(x["peak_rss_mib"] for x in applied)
@@ -453,6 +469,8 @@ def report_apply(applied: list[dict[str, Any]], n: int, podcasts: int, objects: 
         f"   apply store requests: {requests}; {st.delete_requests:,} delete requests "
         f"({a.orphans.deleted:,} orphans, batches of 1,000)"
     )
+    ratio = statistics.median(walls) / statistics.median(d["wall_s"] for d in dry)
+    print(f"   apply / dry run: {ratio:.2f}x (target <= 2.0: {'met' if ratio <= 2 else 'MISSED'})")
     print(
         "   apply phases (last run): "
         + ", ".join(f"{k} {v / 1000:.2f} s" for k, v in a.phases_ms.items())
@@ -472,10 +490,11 @@ def report(
     r, stats = last["report"], last["stats"]
     where = "local store, sparse files" if args.store == "local" else "moto S3, small objects"
     print(f"\n== {n:,} episodes, {objects:,} objects ({where}), {os.cpu_count()} cores")
-    print(
-        f"   rclone lsf -R --format pst: median {statistics.median(rclone):.2f} s "
-        f"({', '.join(f'{t:.2f}' for t in rclone)})"
-    )
+    if rclone:
+        print(
+            f"   rclone lsf -R --format pst: median {statistics.median(rclone):.2f} s "
+            f"({', '.join(f'{t:.2f}' for t in rclone)})"
+        )
     walls = [d["wall_s"] for d in dry]
     print(
         f"   reconcile dry run:          median {statistics.median(walls):.2f} s "
@@ -483,8 +502,11 @@ def report(
         f"{r.listing.partitions:,} partitions, {r.listing.list_concurrency} at once, "
         f"{r.listing.objects_per_second:,} objects/s"
     )
-    ratio = statistics.median(walls) / statistics.median(rclone)
-    print(f"   ratio to rclone: {ratio:.2f} (target <= 1.0: {'met' if ratio <= 1 else 'MISSED'})")
+    if rclone:
+        ratio = statistics.median(walls) / statistics.median(rclone)
+        print(
+            f"   ratio to rclone: {ratio:.2f} (target <= 1.0: {'met' if ratio <= 1 else 'MISSED'})"
+        )
     peak = max(d["peak_rss_mib"] for d in dry)
     print(f"   peak RSS: {peak:.0f} MiB (target <= 256: {'met' if peak <= 256 else 'MISSED'})")
     ok, requests = request_check(stats, n, objects, podcasts)

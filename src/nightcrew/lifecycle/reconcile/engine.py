@@ -15,7 +15,9 @@ joins would have to stop and restart the COPY on this one, for what is left afte
 at 100k the joins after the listing take 0.3 s of a 3.8 s dry run (bench.reconcile).
 
 1. size backfill  — measured sizes where the recorded one is NULL or wrong (+ outbox intent for
-                    a published episode); 23514 (over cap) is listed, never fatal.
+                    a published episode), SIZE_WRITE_BATCH rows a statement and transaction;
+                    a row the cap trigger refuses (23514) is listed, never fatal, and the rest
+                    of its batch is written.
 2. missing        — always reported; quarantined only with ``quarantine_missing``, one
                     transaction per episode.
 3. outbox drain   — every apply run, over the confirmable ``?wait=1`` lane.
@@ -59,6 +61,12 @@ from nightcrew.runtime import Runtime
 SQL = load_queries(__file__)
 
 DELETE_BATCH = 1000
+# Size writes per statement and per transaction (the cap bypass's one transaction runs one
+# statement per batch). A transaction's round trips cost more than its statement's rows, so
+# 500 a batch write 10,000 sizes in 20 transactions; bounded, so that a batch holding a
+# refused row costs a few more statements, and the locks a batch takes (its rows, the cap
+# trigger's per-account advisory lock) are held for one short transaction.
+SIZE_WRITE_BATCH = 500
 LIST_PAGE = 1000
 # The session's server settings (EXPLAIN ANALYZE at 1M rows, bench/reconcile_plans.py): the
 # listing kept in memory, not in 8 MB of temp buffers; hash joins where the planner, misled by
@@ -619,26 +627,17 @@ async def _size_backfill(
     sample: list[SizeSample] = []
     # The cap bypass is one transaction that ALTERs episodes, which must not start while this
     # session's cursor still reads the table (it would wait on us forever): collect first.
-    # The active path writes as the rows stream by, so its memory stays flat.
+    # The active path writes a batch at a time as the rows stream by, so its memory stays flat.
     bypass = options.apply and options.bypass_cap_for_backfill
     collected: list[dict[str, Any]] = []
+    pending: list[dict[str, Any]] = []
 
-    async def write_active(row: dict[str, Any]) -> None:
+    async def write_active(rows: list[dict[str, Any]]) -> None:
         nonlocal written
-        try:
-            if await _write_size(runtime, row, now):
-                written += 1
-        except QueryError as exc:
-            if exc.sqlstate != CHECK_VIOLATION:
-                raise
-            blocked.append(
-                BlockedWrite(
-                    episode_id=str(row["id"]),
-                    podcast_id=str(row["podcast_id"]),
-                    measured=row["actual"],
-                    error=str(exc),
-                )
-            )
+        for batch in _batches(rows):
+            updated, refused = await _write_size_batch(runtime, batch, now)
+            written += updated
+            blocked.extend(refused)
 
     async for rows in conn.stream(SQL["size_candidates"], {"prefix": prefix}):
         for row in rows:
@@ -658,8 +657,13 @@ async def _size_backfill(
             if bypass:
                 collected.append(row)
             elif options.apply:
-                await write_active(row)
+                pending.append(row)
+        if len(pending) >= SIZE_WRITE_BATCH:  # full batches now, the rest with the next page
+            full = len(pending) - len(pending) % SIZE_WRITE_BATCH
+            await write_active(pending[:full])
+            del pending[:full]
         tick("size backfill", checked)
+    await write_active(pending)
 
     fallback = False
     if collected:
@@ -670,8 +674,7 @@ async def _size_backfill(
                 raise
             fallback = True
             warning("reconcile_cap_bypass_unavailable", error=describe_error(exc))
-            for row in collected:
-                await write_active(row)
+            await write_active(collected)
     return SizeBackfill(
         checked=checked,
         mismatched=mismatched,
@@ -682,29 +685,73 @@ async def _size_backfill(
     )
 
 
-async def _write_size(
-    runtime: Runtime, row: dict[str, Any], now: datetime, tx: Tx | None = None
-) -> bool:
-    params = {
-        "id": row["id"],
-        "actual": row["actual"],
-        "audio_url": row["audio_url"],
-        "recorded": row["recorded"],
+def _batches(rows: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    for start in range(0, len(rows), SIZE_WRITE_BATCH):
+        yield rows[start : start + SIZE_WRITE_BATCH]
+
+
+async def _write_size_batch(
+    runtime: Runtime, rows: list[dict[str, Any]], now: datetime
+) -> tuple[int, list[BlockedWrite]]:
+    """One transaction per batch: its sizes, and an outbox intent for each published episode
+    written. Rows the cap trigger refuses are left out and returned; every other row of the
+    batch is written. Returns (rows written, refused writes)."""
+    async with runtime.db.transaction() as tx:
+        updated, refused = await _write_sizes_isolating_refusals(tx, rows, now)
+        await _record_size_intents(tx, updated, now)
+    return len(updated), refused
+
+
+async def _write_sizes_isolating_refusals(
+    tx: Tx, rows: list[dict[str, Any]], now: datetime
+) -> tuple[list[dict[str, Any]], list[BlockedWrite]]:
+    """The batch in one statement under a savepoint. 23514 fails the statement as a whole and
+    names the account, not the row, so the refused statement is rolled back to its savepoint
+    and its halves are written the same way, first half first: each refused row costs about
+    2·log2(batch) statements, and every row is decided with the rows before it in scan order
+    already written, as one transaction per row decided it; a refused row is the one row of
+    its last statement, its error the trigger's own."""
+    await tx.execute(SQL["savepoint_batch"])
+    try:
+        updated = await tx.fetch(SQL["write_sizes"], _size_params(rows, now))
+    except QueryError as exc:
+        if exc.sqlstate != CHECK_VIOLATION:
+            raise
+        await tx.execute(SQL["rollback_batch"])
+        await tx.execute(SQL["release_batch"])
+        if len(rows) == 1:
+            [row] = rows
+            refused = BlockedWrite(
+                episode_id=str(row["id"]),
+                podcast_id=str(row["podcast_id"]),
+                measured=row["actual"],
+                error=str(exc),
+            )
+            return [], [refused]
+        half = len(rows) // 2
+        first, first_refused = await _write_sizes_isolating_refusals(tx, rows[:half], now)
+        second, second_refused = await _write_sizes_isolating_refusals(tx, rows[half:], now)
+        return first + second, first_refused + second_refused
+    await tx.execute(SQL["release_batch"])
+    return updated, []
+
+
+def _size_params(rows: list[dict[str, Any]], now: datetime) -> dict[str, Any]:
+    return {
+        "ids": [r["id"] for r in rows],
+        "audio_urls": [r["audio_url"] for r in rows],
+        "recorded": [r["recorded"] for r in rows],
+        "actual": [r["actual"] for r in rows],
         "now": now,
     }
 
-    async def write(t: Tx) -> bool:
-        updated = await t.fetch_one(SQL["write_size"], params)
-        if updated is None:
-            return False  # the row changed since the scan: the newer write wins
-        if updated["status"] == "published":  # the feed's <enclosure length> changed
-            await feed_outbox.record(t, [str(updated["podcast_id"])], "size_backfill", now)
-        return True
 
-    if tx is not None:
-        return await write(tx)
-    async with runtime.db.transaction() as t:
-        return await write(t)
+async def _record_size_intents(tx: Tx, updated: list[dict[str, Any]], now: datetime) -> None:
+    """One intent per published episode written (its feed's <enclosure length> changed), in
+    the transaction of its size write; a row that changed since the scan is not written and
+    owes none."""
+    podcasts = [str(u["podcast_id"]) for u in updated if u["status"] == "published"]
+    await feed_outbox.record(tx, podcasts, "size_backfill", now)
 
 
 async def _write_sizes_bypassing_cap(
@@ -717,9 +764,10 @@ async def _write_sizes_bypassing_cap(
         await tx.execute(SQL["disable_cap_trigger"])
         # Re-enabled before the commit. On an error the transaction is aborted, so ENABLE could
         # not run (and would hide the real error); the rollback undoes the DISABLE instead.
-        for row in rows:
-            if await _write_size(runtime, row, now, tx):
-                written += 1
+        for batch in _batches(rows):
+            updated = await tx.fetch(SQL["write_sizes"], _size_params(batch, now))
+            await _record_size_intents(tx, updated, now)
+            written += len(updated)
         await tx.execute(SQL["enable_cap_trigger"])
     return written
 
