@@ -14,10 +14,8 @@ import pytest
 
 from nightcrew.adapters.broker import Outgoing, PipelineBroker
 from tests.support.browser import (
-    CHROMIUM_ARGS,
     Served,
     assert_not_blank,
-    chromium_path,
     demo_served,
 )
 from tests.support.services import AMQP_VARIABLE, configured, skip_reason
@@ -57,26 +55,6 @@ async def broker(amqp: str, prefix: str) -> AsyncIterator[PipelineBroker]:
         yield pipeline
     finally:
         await pipeline.close()
-
-
-@pytest.fixture(scope="module")
-async def browser() -> AsyncIterator[Any]:
-    try:
-        from playwright.async_api import async_playwright
-    except ImportError:
-        pytest.skip("Playwright is not installed (pip install -e '.[test]')")
-    executable = chromium_path()
-    if executable is None:
-        pytest.skip("no Chromium to drive: apt-get install -y chromium (.ci/run does)")
-    async with async_playwright() as p:
-        try:
-            launched = await p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        except Exception as exc:  # the reason is the skip message
-            pytest.skip(f"Chromium at {executable} did not start: {exc}")
-        try:
-            yield launched
-        finally:
-            await launched.close()
 
 
 @pytest.fixture

@@ -11,10 +11,8 @@ from typing import Any
 import pytest
 
 from tests.support.browser import (
-    CHROMIUM_ARGS,
     Served,
     assert_not_blank,
-    chromium_path,
     demo_served,
 )
 
@@ -35,26 +33,6 @@ TOKEN = "browser-test-token-0123456789abcdef"
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     with demo_served(tmp_path_factory.mktemp("demo")) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-async def browser() -> AsyncIterator[Any]:
-    try:
-        from playwright.async_api import async_playwright
-    except ImportError:
-        pytest.skip("Playwright is not installed (pip install -e '.[test]')")
-    executable = chromium_path()
-    if executable is None:
-        pytest.skip("no Chromium to drive: apt-get install -y chromium (.ci/run does)")
-    async with async_playwright() as p:
-        try:
-            launched = await p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        except Exception as exc:  # the reason is the skip message
-            pytest.skip(f"Chromium at {executable} did not start: {exc}")
-        try:
-            yield launched
-        finally:
-            await launched.close()
 
 
 @pytest.fixture
