@@ -8,6 +8,8 @@ database unreachable) — always with one line on stderr that names the problem.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import faulthandler
 import json
 import re
 import sys
@@ -229,6 +231,10 @@ NowOption = Annotated[
 
 
 def main() -> None:
+    # a death by signal in native code (SIGSEGV, SIGABRT, …) leaves every thread's Python stack
+    # on stderr, where the operator's logs are: without it a worker just vanishes with -6
+    with contextlib.suppress(RuntimeError, ValueError, OSError):  # no stderr to write to
+        faulthandler.enable()
     try:
         app()
     except BrokenPipeError:  # `nightcrew … | head` is not an error
