@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.acceptance.test_cli import _env, _nightcrew, run
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.acceptance
 
@@ -49,11 +51,21 @@ def test_a_database_never_migrated_says_to_migrate(empty_db_url: str) -> None:
 TOKEN = "0123456789abcdef0123456789abcdef-sign-in"
 
 
+@dataclass
+class Served:
+    """A running `nightcrew serve`: where it answers, and (once it has stopped) what it logged."""
+
+    base: str
+    events: list[dict[str, object]] = field(default_factory=list)
+
+    def refused_clients(self) -> list[object]:
+        return [e.get("client") for e in self.events if e.get("event") == "dashboard_login_refused"]
+
+
 @contextlib.contextmanager
-def _serving(db_url: str, **env: str) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def serving(db_url: str, **env: str) -> Iterator[Served]:
+    """`nightcrew serve` on a free loopback port until the block ends; it must stop with 0."""
+    port = free_port()
     proc = subprocess.Popen(
         [_nightcrew(), "serve", "--port", str(port)],
         env=_env(DATABASE_URL=db_url, **env),
@@ -61,22 +73,23 @@ def _serving(db_url: str, **env: str) -> Iterator[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
-    base = f"http://127.0.0.1:{port}"
+    served = Served(f"http://127.0.0.1:{port}")
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                if httpx.get(f"{served.base}/health", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.1)
         else:
             pytest.fail("serve did not answer /health within 30 s")
-        yield base
+        yield served
     finally:
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)
         assert proc.returncode == 0, stderr
+        served.events.extend(json.loads(x) for x in stderr.splitlines() if x.startswith("{"))
 
 
 async def _guesses(
@@ -115,7 +128,8 @@ async def test_sign_in_guesses_are_answered_at_most_twice_a_second(fresh_db_url:
     """40 wrong sign-ins from 20 addresses, 20 at a time; then 20 at a time from one address.
     No more than ~2 answered a second either way, and the right token still gets in: during
     the attack from another address, and afterwards from the guessing address itself."""
-    with _serving(fresh_db_url, NIGHTCREW_DASHBOARD_TOKEN=TOKEN) as base:
+    with serving(fresh_db_url, NIGHTCREW_DASHBOARD_TOKEN=TOKEN) as served:
+        base = served.base
         sources = [f"127.0.0.{i}" for i in range(2, 22)]
         attack = asyncio.create_task(_guesses(base, sources, per_source=2))
         await asyncio.sleep(2)

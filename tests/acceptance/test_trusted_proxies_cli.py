@@ -6,60 +6,15 @@ client that reaches serve directly, and for a developer."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import signal
-import subprocess
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import httpx
 import pytest
 
-from tests.acceptance.test_cli import _env, _nightcrew, run
-from tests.acceptance.test_dashboard_cli import TOKEN
+from tests.acceptance.test_cli import _env, run
+from tests.acceptance.test_dashboard_cli import TOKEN, serving
 from tests.support.servers import free_port
 
 pytestmark = pytest.mark.acceptance
-
-
-@dataclass
-class _Served:
-    base: str
-    events: list[dict[str, object]] = field(default_factory=list)  # stderr, once stopped
-
-    def refused_clients(self) -> list[object]:
-        return [e.get("client") for e in self.events if e.get("event") == "dashboard_login_refused"]
-
-
-@contextlib.contextmanager
-def _serving(db_url: str, **env: str) -> Iterator[_Served]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [_nightcrew(), "serve", "--port", str(port)],
-        env=_env(DATABASE_URL=db_url, NIGHTCREW_DASHBOARD_TOKEN=TOKEN, **env),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    served = _Served(f"http://127.0.0.1:{port}")
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{served.base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        else:
-            pytest.fail("serve did not answer /health within 30 s")
-        yield served
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=30)
-        assert proc.returncode == 0, stderr
-        served.events.extend(json.loads(x) for x in stderr.splitlines() if x.startswith("{"))
 
 
 async def _sign_in(base: str, source: str, token: str = "not it", **headers: str) -> httpx.Response:
@@ -86,7 +41,7 @@ def _secure(response: httpx.Response) -> bool:
 
 
 async def test_without_the_setting_no_forwarded_header_is_believed(fresh_db_url: str) -> None:
-    with _serving(fresh_db_url) as served:
+    with serving(fresh_db_url, NIGHTCREW_DASHBOARD_TOKEN=TOKEN) as served:
         # uvicorn on its own would believe these from 127.0.0.1
         pair = ("198.51.100.1", "198.51.100.2")
         assert await _two_at_once(served.base, "127.0.0.1", pair) == [401, 429]
@@ -102,7 +57,9 @@ async def test_without_the_setting_no_forwarded_header_is_believed(fresh_db_url:
 
 
 async def test_a_named_proxy_is_believed_and_no_one_else(fresh_db_url: str) -> None:
-    with _serving(fresh_db_url, NIGHTCREW_TRUSTED_PROXIES="127.0.0.1") as served:
+    with serving(
+        fresh_db_url, NIGHTCREW_DASHBOARD_TOKEN=TOKEN, NIGHTCREW_TRUSTED_PROXIES="127.0.0.1"
+    ) as served:
         base = served.base
         # two clients behind the proxy are throttled each on its own address
         assert await _two_at_once(base, "127.0.0.1", ("198.51.100.1", "198.51.100.2")) == [
