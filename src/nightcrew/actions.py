@@ -132,10 +132,9 @@ async def retry_effects(
     from nightcrew.effects import outbox
     from nightcrew.effects.deliver import deliver_now
 
-    rows = await outbox.retry(
+    effects = await outbox.retry(
         runtime.db, clock.now(), ids=ids, all_dead=all_dead, kind=kind, limit=limit
     )
-    effects = [e for r in rows if (e := await outbox.get(runtime.db, int(r["id"])))]
     if deliver:
         deliveries = await deliver_now(runtime, clock, effects)
         retried = [

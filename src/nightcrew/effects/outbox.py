@@ -223,10 +223,10 @@ async def retry(
     all_dead: bool = False,
     kind: str | None = None,
     limit: int | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Effect]:
     """Make undelivered effects due now, with a fresh maximum age; returns what was re-driven
-    (at most ``limit``, the oldest first)."""
-    return await db.fetch(
+    (at most ``limit``, the oldest first), as the update left it."""
+    rows = await db.fetch(
         SQL["retry"],
         {
             "ids": list(ids),
@@ -236,6 +236,7 @@ async def retry(
             "limit": limit,
         },
     )
+    return [Effect.from_row(r) for r in rows]
 
 
 async def count_retryable_dead(db: Database, kind: str | None = None) -> int:

@@ -101,7 +101,7 @@ UPDATE nightcrew.effects e
          LIMIT %(limit)s
            FOR UPDATE SKIP LOCKED) picked
  WHERE e.id = picked.id
-RETURNING e.id, e.kind, e.key;
+RETURNING e.*;
 
 -- name: count_retryable_dead
 -- What a bulk retry of ``kind`` (NULL: every kind) would re-drive: its confirmation step.

@@ -710,7 +710,7 @@ async def test_retry_never_starts_a_second_delivery_of_an_effect_in_flight(
     assert await outbox.claim_due(db, NOW + MINUTE, limit=10) == []
     # once the lease has run out (the drain died), the operator may re-drive it
     later = NOW + outbox.CLAIM_LEASE + MINUTE
-    assert [r["id"] for r in await outbox.retry(db, later, ids=[effect.id])] == [effect.id]
+    assert [r.id for r in await outbox.retry(db, later, ids=[effect.id])] == [effect.id]
 
 
 async def test_a_dropped_deletion_invalidation_stops_being_reported(
