@@ -53,8 +53,8 @@ async def release_quietly(leases: Leases, lease: Lease) -> bool:
 
 
 async def draw_fence(db: Database, shard: str) -> int:
-    """A new holder's fence for ``shard``: higher than any drawn before, whichever backend
-    granted its lease, so an older holder (of either backend) is fenced out."""
+    """A new holder's fence for ``shard``: higher than any drawn before, so an older holder
+    (one whose lease ran out and was taken over) is fenced out."""
     row = await db.fetch_one(SQL["draw_fence"], {"shard": shard})
     assert row is not None  # INSERT … ON CONFLICT DO UPDATE … RETURNING always yields the row
     return int(row["fence"])

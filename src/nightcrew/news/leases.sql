@@ -1,8 +1,7 @@
 -- The shard fences (leases.py).
 
 -- name: draw_fence
--- A new holder's fence: one more than any holder of the shard has drawn, whichever lease
--- backend (Redis, or PostgreSQL while Redis is down) granted the lease.
+-- A new holder's fence: one more than any holder of the shard has drawn.
 INSERT INTO news.shard_fences AS f (shard, fence) VALUES (%(shard)s, 1)
 ON CONFLICT (shard) DO UPDATE SET fence = f.fence + 1
 RETURNING fence;
