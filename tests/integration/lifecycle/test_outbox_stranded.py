@@ -218,27 +218,61 @@ async def test_an_apply_run_attempts_an_intent_waiting_out_its_backoff(
     assert "last_death" not in effect["payload"]  # it never died
 
 
-async def test_the_apply_run_is_bounded_oldest_first(
+async def test_the_apply_run_pages_through_every_intent_past_one_statements_bound(
     db: Database, fresh_db_url: str, feed_server: RecordingServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    older, newer = await f.podcast(db), await f.podcast(db)
-    first_id = await _intent(db, older)
-    second_id = await _intent(db, newer)
-    await db.execute(
-        "UPDATE public.feed_invalidation_outbox SET created_at = created_at - interval '1 hour'"
-        " WHERE id = %(id)s",
-        {"id": first_id},
-    )
-    monkeypatch.setattr(engine, "OUTBOX_ADOPT_MAX", 1)
+    """ "Every apply run attempts every undelivered row" (issue 22): a backlog larger than one
+    statement's page (OUTBOX_ADOPT_MAX, here 1) is made due page by page, dead effects among it
+    revived, and all of it delivered by the one run."""
+    podcasts = [await f.podcast(db) for _ in range(3)]
+    ids = [await _intent(db, p) for p in podcasts]
+    feed_server.status = 401
     clock = later(minutes=1)
     async with httpx.AsyncClient() as http:
         runtime = _runtime(db, clock, fresh_db_url, http, feed_server, open_store("memory://"))
+        first = await run_reconcile(runtime, clock, APPLY)
+        assert first.outbox is not None and first.outbox.dead == 3 and first.outbox.pending == 3
+        monkeypatch.setattr(engine, "OUTBOX_ADOPT_MAX", 1)
+        feed_server.status = 200
+        feed_server.requests.clear()
+        clock.advance(DAY)
         report = await run_reconcile(runtime, clock, APPLY)
     assert report.outbox is not None
-    assert report.outbox.delivered == 1 and report.outbox.pending == 1  # the rest: next run
-    assert (await _row(db, first_id))["delivered_at"] == clock.now()
-    assert (await _row(db, second_id))["delivered_at"] is None
-    assert [c.json() for c in feed_server.requests] == [{"id": older}]
+    assert report.outbox.to_json() == {
+        "pending": 0,
+        "delivered": 3,
+        "failed": 0,
+        "dead": 0,
+        "revived": 3,
+    }
+    for outbox_id in ids:
+        assert (await _row(db, outbox_id))["delivered_at"] == clock.now()
+    assert sorted(c.json()["id"] for c in feed_server.requests) == sorted(podcasts)
+
+
+async def test_what_the_apply_runs_drain_budget_leaves_is_due_for_the_minute_lane(
+    db: Database, fresh_db_url: str, feed_server: RecordingServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The apply run's drain has a time budget of its own; a dead intent it made due but had no
+    time to attempt is not left dead: the next minute's drain delivers it."""
+    podcast = await f.podcast(db)
+    outbox_id = await _intent(db, podcast)
+    feed_server.status = 401
+    clock = later(minutes=1)
+    async with httpx.AsyncClient() as http:
+        runtime = _runtime(db, clock, fresh_db_url, http, feed_server, open_store("memory://"))
+        await run_reconcile(runtime, clock, APPLY)
+        assert (await _effect(db, outbox_id))["dead_reason"] == "permanent"
+        monkeypatch.setattr(engine, "OUTBOX_DRAIN_BUDGET_SECONDS", 0.0)
+        feed_server.status = 200
+        clock.advance(DAY)
+        report = await run_reconcile(runtime, clock, APPLY)
+        assert report.outbox is not None
+        assert (report.outbox.revived, report.outbox.delivered, report.outbox.pending) == (1, 0, 1)
+        assert (await _effect(db, outbox_id))["dead_at"] is None  # revived: due, not dead
+        minute = await deliver_effects(runtime, clock)
+    assert minute.delivered == 1
+    assert (await _row(db, outbox_id))["delivered_at"] == clock.now()
 
 
 async def test_without_r2_public_url_the_daily_lane_still_revives_and_drains_the_outbox(

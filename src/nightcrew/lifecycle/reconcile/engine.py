@@ -81,11 +81,14 @@ REMOTE_LIST_CONCURRENCY = 16
 OVERLAP_PAGES = 64
 HEAD_CONCURRENCY = 32
 UUID_RE = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
-# Undelivered feed_invalidation_outbox intents an apply run makes due (the oldest first): an
-# effect created for those without one, the effect revived for those whose effect died or waits
-# out a backoff. One ?wait=1 call per podcast covers all of its intents; what the drain's time
-# budget leaves is due for the minute lane, and a larger backlog continues the next run.
+# An apply run makes every undelivered feed_invalidation_outbox intent due (the oldest first),
+# this many to a statement: an effect created for those without one, the effect revived for
+# those whose effect died or waits out a backoff. One ?wait=1 call per podcast covers all of
+# its intents. The drain then attempts them for up to OUTBOX_DRAIN_BUDGET_SECONDS (a daily run
+# can wait longer than the minute lane's 40 s); what a longer outage leaves is due now, so the
+# next minute's drain goes on with it.
 OUTBOX_ADOPT_MAX = 5000
+OUTBOX_DRAIN_BUDGET_SECONDS = 600.0
 LOGGED_IDS_MAX = 20
 CHECK_VIOLATION = "23514"
 INSUFFICIENT_PRIVILEGE = "42501"
@@ -835,22 +838,33 @@ async def quarantine_episode(runtime: Runtime, row: dict[str, Any], now: datetim
 
 
 async def drain_feed_outbox(runtime: Runtime, clock: Clock, now: datetime) -> OutboxDrain:
-    """Attempt every undelivered intent (up to OUTBOX_ADOPT_MAX), whatever became of an earlier
+    """Attempt every undelivered intent, whatever became of an earlier
     effect: spec 000's drain "runs on every apply run" and leaves a failed row pending to be
     retried, so an effect that died (a 4xx, its maximum age) is revived here, not left as the
     intent's end (effects/outbox.sql, adopt_feed_outbox). The minute lane drains what is due
     every minute but never revives the dead. This run's own intents (size backfill, quarantine)
     go out before its orphan sweeps."""
-    driven = await effects_outbox.revive_feed_outbox(runtime.db, now, limit=OUTBOX_ADOPT_MAX)
-    if driven.revived:
+    revived: list[effects_outbox.Effect] = []
+    # A page made due is no longer selected (its effects are live and due now), so paging ends
+    # when a page comes back empty; the page count is bounded all the same, in case a concurrent
+    # minute-lane drain keeps failing intents back into a backoff while this loop runs.
+    pages = await feed_outbox.count_pending(runtime.db) // OUTBOX_ADOPT_MAX + 1
+    for _ in range(pages):
+        driven = await effects_outbox.revive_feed_outbox(runtime.db, now, limit=OUTBOX_ADOPT_MAX)
+        if not driven.created and not driven.revived:
+            break
+        revived.extend(driven.revived)
+    if revived:
         event(
             "reconcile_outbox_revived",
-            count=len(driven.revived),
+            count=len(revived),
             # a sample, as r2_cleanup_failed's keys: a backlog of 5,000 is no log line
-            effect_ids=[e.id for e in driven.revived[:LOGGED_IDS_MAX]],
-            outbox_ids=[str(e.payload.get("outbox_id")) for e in driven.revived[:LOGGED_IDS_MAX]],
+            effect_ids=[e.id for e in revived[:LOGGED_IDS_MAX]],
+            outbox_ids=[str(e.payload.get("outbox_id")) for e in revived[:LOGGED_IDS_MAX]],
         )
-    drained = await drain(runtime, clock, kinds=["feed_invalidate"])
+    drained = await drain(
+        runtime, clock, kinds=["feed_invalidate"], budget_seconds=OUTBOX_DRAIN_BUDGET_SECONDS
+    )
     failures: list[Failure] = []
     for failure in drained.errors:
         detail = {k: v for k, v in failure.items() if k != "event"}
@@ -862,7 +876,7 @@ async def drain_feed_outbox(runtime: Runtime, clock: Clock, now: datetime) -> Ou
         delivered=drained.delivered,
         failed=drained.retried + drained.dead,
         dead=drained.dead,
-        revived=len(driven.revived),
+        revived=len(revived),
         failures=tuple(failures),
     )
 
