@@ -79,6 +79,8 @@ SELECT id, lane, trigger, slot, started_at, finished_at, heartbeat_at, status, a
 SELECT NOT EXISTS (
          SELECT 1 FROM nightcrew.runs r
           WHERE r.lane = %(lane)s AND r.slot = %(slot)s
-            AND NOT (r.status = 'abandoned'
-                     OR (r.status = 'failed' AND r.report ->> 'retry' = 'true'))
+            -- coalesce: a failed row without a retry flag (written before the flag existed,
+            -- or by hand) is not claimed again, so it is not owed either (NULL would say owed)
+            AND NOT coalesce(r.status = 'abandoned'
+                             OR (r.status = 'failed' AND r.report ->> 'retry' = 'true'), false)
        ) AS owed;

@@ -28,6 +28,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import httpx
 import psycopg
 import pytest
+from psycopg_pool.base import AttemptWithBackoff
 from structlog.testing import capture_logs
 
 from nightcrew import runs
@@ -149,11 +150,13 @@ class FaultAfterSends:
         self._after = after
         self._fault = fault
         self.sent = 0
+        self.faulted_at: float | None = None  # time.monotonic() when the fault happened
 
     async def send(self, queue: str, body: Mapping[str, Any], delay_seconds: int = 0) -> None:
         await self._inner.send(queue, body, delay_seconds)
         self.sent += 1
         if self.sent == self._after:
+            self.faulted_at = time.monotonic()
             await self._fault()
 
 
@@ -215,6 +218,26 @@ async def _eventually(
         await asyncio.sleep(every)
 
 
+def _reconnect_bound(outage: float, policy: ConnectionPolicy) -> float:
+    """How long after the server is back a pool that lost it for ``outage`` seconds may take to
+    hand out a connection again. psycopg_pool retries a failed connect on a backoff of its own
+    (1 s ± 10 %, doubling): attempts at d, 3d, 7d, … after the loss, so the one pending when
+    the server returns comes at most ``outage + d`` later. Then a connect (``connect_timeout``)
+    and a checkout (``pool_timeout``, whose own check may back off once more). Doubled, plus
+    10 s: on a busy 2-core machine every step runs late, and only a pool that never comes
+    back should miss this."""
+    first = AttemptWithBackoff.INITIAL_DELAY * (1 + AttemptWithBackoff.DELAY_JITTER)
+    return 2 * (outage + first + policy.connect_timeout + policy.pool_timeout) + 10.0
+
+
+async def _answers(db: Database) -> bool:
+    try:
+        await db.fetch_one("SELECT 1")
+    except DatabaseUnavailableError:
+        return False
+    return True
+
+
 async def _run_row(db: Database, lane: str, slot: datetime) -> dict[str, Any]:
     row = await db.fetch_one(
         "SELECT id, status, attempts, report, heartbeat_at FROM nightcrew.runs"
@@ -269,8 +292,18 @@ async def _minute_lane_loses_the_database(
         {"at": NOW, "ids": list(sent)},
     )
 
-    # The database is back; two minutes on, past the 60 s resend cooldown of the first claim.
+    # The database is back. The proxied pool reconnects on its own backoff, which grew with
+    # the outage (the longer a busy machine took over the checks above, the later its next
+    # try): the next run starts once the pool answers again, within a bound derived from
+    # that backoff and FAST's timeouts — not within one pool timeout of the restore.
     await proxy.restore()
+    assert producer.faulted_at is not None
+    outage = time.monotonic() - producer.faulted_at
+    bound = _reconnect_bound(outage, FAST)
+    assert await _eventually(lambda: _answers(pdb), within=bound), (
+        f"the pool did not reconnect within {bound:.0f} s of the end of a {outage:.1f} s outage"
+    )
+    # Two minutes on, past the 60 s resend cooldown of the first claim.
     clock.set(NOW + timedelta(minutes=2))
     again = make_runtime(pdb, clock, fresh_db_url)
     with capture_logs() as logs:

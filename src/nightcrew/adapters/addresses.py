@@ -40,9 +40,9 @@ Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
 # IPv6 ranges that Python's is_global still calls global (3.11): local-use NAT64 (RFC 8215),
-# SIIT's IPv4-translated addresses, deprecated site-local.
+# SIIT's IPv4-translated addresses, deprecated site-local, documentation (RFC 9637).
 NOT_PUBLIC_V6 = tuple(
-    ipaddress.ip_network(n) for n in ("64:ff9b:1::/48", "::ffff:0:0:0/96", "fec0::/10")
+    ipaddress.ip_network(n) for n in ("64:ff9b:1::/48", "::ffff:0:0:0/96", "fec0::/10", "3fff::/20")
 )
 # Names that never mean a public site, whatever a resolver answers for them.
 INTERNAL_NAMES = ("localhost",)
