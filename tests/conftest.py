@@ -44,7 +44,11 @@ from tests.support.servers import (
 
 # The pipeline tests' fixtures (a RabbitMQ namespace, a model stand-in), shared by
 # tests/integration/news and tests/faults.
-pytest_plugins = ["tests.integration.news.pipeline_support", "tests.support.hygiene"]
+pytest_plugins = [
+    "tests.integration.news.pipeline_support",
+    "tests.support.hygiene",
+    "tests.support.schedule",
+]
 
 _TIERS = ("unit", "integration", "faults", "acceptance")
 
