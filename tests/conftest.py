@@ -121,11 +121,21 @@ async def template_db(pg_admin_url: str) -> AsyncIterator[str]:
     _admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+def _no_commit_flush(url: str, name: str) -> None:
+    """A test's database commits without waiting for its WAL to reach the disk
+    (``synchronous_commit = off``, a per-database setting its connections pick up): what a
+    commit means to every other session is unchanged — only a crash of the server itself could
+    lose the last few, and no test crashes the server. Hundreds of tests commit thousands of
+    small transactions each; on this machine's disk every flush is a wait."""
+    _admin(url, f"ALTER DATABASE {name} SET synchronous_commit = off")
+
+
 @pytest.fixture
 def fresh_db_url(pg_admin_url: str, template_db: str) -> Iterator[str]:
     """A migrated database of this test's own."""
     name = f"nightcrew_t_{os.getpid()}_{next(_counter)}"
     _admin(pg_admin_url, f"CREATE DATABASE {name} TEMPLATE {template_db}")
+    _no_commit_flush(pg_admin_url, name)
     yield with_dbname(pg_admin_url, name)
     _admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
