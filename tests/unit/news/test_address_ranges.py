@@ -40,6 +40,11 @@ STILL_PUBLIC = ["8.8.8.8", "1.1.1.1", "223.255.255.254", "2606:4700::1111", "64:
 
 @pytest.mark.parametrize("text", REFUSED)
 def test_multicast_reserved_and_unspecified_addresses_are_refused(text: str) -> None:
+    assert_refused(text)
+
+
+def assert_refused(text: str) -> None:
+    """``text`` is refused as an address, as a feed URL's host and as a published URL's."""
     address = ipaddress.ip_address(text)
     assert not is_public(address)
     assert not PRODUCTION.allows(address)
