@@ -21,11 +21,12 @@ from typing import Any, cast
 import httpx
 import psycopg
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
 from nightcrew.adapters.billing import NoBilling
 from nightcrew.adapters.feedcache import RecordingFeedCache
 from nightcrew.adapters.mail import RecordingMailer
-from nightcrew.adapters.queues import PostgresQueueProducer
+from nightcrew.adapters.queues import MemoryQueueProducer, PostgresQueueProducer
 from nightcrew.adapters.storage import ObjectStore, open_store
 from nightcrew.clock import Clock, FrozenClock
 from nightcrew.config import Settings
@@ -199,6 +200,25 @@ async def open_test_runtime(
 _OPENED: ContextVar[AsyncExitStack | None] = ContextVar("nightcrew_test_runtimes", default=None)
 # The parser pool of the current test's hand-built fetch rules and news adapters.
 _PARSERS: ContextVar[ParserPool | None] = ContextVar("nightcrew_test_parsers", default=None)
+
+
+@asynccontextmanager
+async def offline_runtime(clock: Clock) -> AsyncIterator[Runtime]:
+    """The real assembly with in-memory adapters, over a pool that is never opened: for tests
+    whose code touches no database, where one that did would fail at once rather than reach a
+    server."""
+    settings = Settings.model_validate({"DATABASE_URL": "postgresql://unused@127.0.0.1/unused"})
+    never_opened = Database(AsyncConnectionPool(settings.database_url, open=False), "unused")
+    async with open_runtime(
+        settings,
+        clock,
+        db=never_opened,
+        queues=MemoryQueueProducer(clock),
+        store=open_store("memory://"),
+        feedcache=RecordingFeedCache(),
+        billing=NoBilling(),
+    ) as runtime:
+        yield runtime
 
 
 @pytest.fixture(autouse=True)

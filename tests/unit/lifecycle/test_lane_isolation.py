@@ -8,20 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
-from nightcrew.adapters.billing import NoBilling
-from nightcrew.adapters.feedcache import RecordingFeedCache
-from nightcrew.adapters.queues import MemoryQueueProducer
-from nightcrew.adapters.storage import open_store
 from nightcrew.clock import FrozenClock
-from nightcrew.config import Settings
-from nightcrew.db.database import Database
 from nightcrew.lifecycle.lanes import Job, Lane, run_jobs
 from nightcrew.reports import Failure
-from nightcrew.runtime import Runtime, open_runtime
-from tests.conftest import NOW
+from nightcrew.runtime import Runtime
+from tests.conftest import NOW, offline_runtime
 
 
 @dataclass(frozen=True)
@@ -80,20 +73,8 @@ def _lane(concurrent: bool, spans: dict[str, Span]) -> Lane:
 
 @pytest.fixture
 async def runtime() -> AsyncIterator[Runtime]:
-    """The real assembly with in-memory adapters, over a pool that is never opened: these jobs
-    touch nothing, and a job that did would fail at once rather than reach a server."""
-    clock = FrozenClock(NOW)
-    settings = Settings.model_validate({"DATABASE_URL": "postgresql://unused@127.0.0.1/unused"})
-    never_opened = Database(AsyncConnectionPool(settings.database_url, open=False), "unused")
-    async with open_runtime(
-        settings,
-        clock,
-        db=never_opened,
-        queues=MemoryQueueProducer(clock),
-        store=open_store("memory://"),
-        feedcache=RecordingFeedCache(),
-        billing=NoBilling(),
-    ) as rt:
+    """Jobs that touch nothing, over a pool that is never opened (offline_runtime)."""
+    async with offline_runtime(FrozenClock(NOW)) as rt:
         yield rt
 
 

@@ -18,16 +18,9 @@ from pathlib import Path
 
 import feedparser
 import pytest
-from psycopg_pool import AsyncConnectionPool
 
 from nightcrew.adapters.addresses import AddressPolicy
-from nightcrew.adapters.billing import NoBilling
-from nightcrew.adapters.feedcache import RecordingFeedCache
-from nightcrew.adapters.queues import MemoryQueueProducer
-from nightcrew.adapters.storage import open_store
 from nightcrew.clock import FrozenClock
-from nightcrew.config import Settings
-from nightcrew.db.database import Database
 from nightcrew.news import fetch
 from nightcrew.news.fetch import INLINE_PARSE_MAX_BYTES, FeedRules, ItemLimits, read_feed_body
 from nightcrew.news.parse import (
@@ -37,8 +30,7 @@ from nightcrew.news.parse import (
     ParserPool,
     parse_fast_only,
 )
-from nightcrew.runtime import open_runtime
-from tests.conftest import NOW
+from tests.conftest import NOW, offline_runtime
 
 POLICY = AddressPolicy()
 LIMITS = ItemLimits()
@@ -200,19 +192,8 @@ def test_what_is_read_in_place_is_cheap_whatever_it_holds(shape: str) -> None:
 
 # --- the pool's life: started on first use, stopped with its runtime ----------------------------
 async def test_closing_the_runtime_stops_its_parser_workers() -> None:
-    settings = Settings.model_validate({"DATABASE_URL": "postgresql://unused@127.0.0.1/unused"})
-    never_opened = Database(AsyncConnectionPool(settings.database_url, open=False), "unused")
-    clock = FrozenClock(NOW)
     before = _workers()
-    async with open_runtime(
-        settings,
-        clock,
-        db=never_opened,
-        queues=MemoryQueueProducer(clock),
-        store=open_store("memory://"),
-        feedcache=RecordingFeedCache(),
-        billing=NoBilling(),
-    ) as runtime:
+    async with offline_runtime(FrozenClock(NOW)) as runtime:
         parsers = runtime.news_adapters().parsers
         assert not parsers.started  # nothing parsed yet: no worker spawned
         assert _workers() == before
