@@ -838,13 +838,14 @@ async def quarantine_episode(runtime: Runtime, row: dict[str, Any], now: datetim
 
 
 async def drain_feed_outbox(runtime: Runtime, clock: Clock, now: datetime) -> OutboxDrain:
-    """Attempt every undelivered intent, whatever became of an earlier
-    effect: spec 000's drain "runs on every apply run" and leaves a failed row pending to be
-    retried, so an effect that died (a 4xx, its maximum age) is revived here, not left as the
-    intent's end (effects/outbox.sql, adopt_feed_outbox). The minute lane drains what is due
-    every minute but never revives the dead. This run's own intents (size backfill, quarantine)
-    go out before its orphan sweeps."""
-    revived: list[effects_outbox.Effect] = []
+    """Attempt every undelivered intent, whatever became of an earlier effect: spec 000's drain
+    "runs on every apply run" and leaves a failed row pending to be retried, so an effect that
+    died (a 4xx, its maximum age) is revived here, not left as the intent's end
+    (effects/outbox.sql, adopt_feed_outbox). The minute lane drains what is due every minute but
+    never revives the dead. This run's own intents (size backfill, quarantine) go out before
+    its orphan sweeps."""
+    revived = 0
+    sample: list[effects_outbox.Effect] = []  # the first few, for the log line
     # A page made due is no longer selected (its effects are live and due now), so paging ends
     # when a page comes back empty; the page count is bounded all the same, in case a concurrent
     # minute-lane drain keeps failing intents back into a backoff while this loop runs.
@@ -853,14 +854,15 @@ async def drain_feed_outbox(runtime: Runtime, clock: Clock, now: datetime) -> Ou
         driven = await effects_outbox.revive_feed_outbox(runtime.db, now, limit=OUTBOX_ADOPT_MAX)
         if not driven.created and not driven.revived:
             break
-        revived.extend(driven.revived)
+        revived += len(driven.revived)
+        sample.extend(driven.revived[: LOGGED_IDS_MAX - len(sample)])
     if revived:
         event(
             "reconcile_outbox_revived",
-            count=len(revived),
+            count=revived,
             # a sample, as r2_cleanup_failed's keys: a backlog of 5,000 is no log line
-            effect_ids=[e.id for e in revived[:LOGGED_IDS_MAX]],
-            outbox_ids=[str(e.payload.get("outbox_id")) for e in revived[:LOGGED_IDS_MAX]],
+            effect_ids=[e.id for e in sample],
+            outbox_ids=[str(e.payload.get("outbox_id")) for e in sample],
         )
     drained = await drain(
         runtime, clock, kinds=["feed_invalidate"], budget_seconds=OUTBOX_DRAIN_BUDGET_SECONDS
@@ -876,7 +878,7 @@ async def drain_feed_outbox(runtime: Runtime, clock: Clock, now: datetime) -> Ou
         delivered=drained.delivered,
         failed=drained.retried + drained.dead,
         dead=drained.dead,
-        revived=len(revived),
+        revived=revived,
         failures=tuple(failures),
     )
 
