@@ -1,5 +1,5 @@
 """Issue 23's pipeline robustness, on a real RabbitMQ with real worker processes and the default
-lease settings (NEWS_STAGE_LEASE_SECONDS 30, renewed every 10 s) but where a test says otherwise:
+lease settings (NEWS_STAGE_LEASE_SECONDS 30, renewed every 10 s):
 
 * a poison article whose model call kills its worker (SIGKILL, mid-call, lease held, attempt
   counted) is dead-lettered after NEWS_MAX_DELIVERIES attempts — counted in PostgreSQL, so
@@ -70,10 +70,6 @@ async def test_a_poison_article_that_kills_its_worker_mid_model_call_is_dead_let
             model,
             tmp_path / "store",
             NEWS_MAX_DELIVERIES=str(MAX_DELIVERIES),
-            # each death's redelivery is parked behind the dead worker's lease until it runs
-            # out: the shortest lease keeps three of them near 30 s instead of 100 (the default
-            # lease's takeover is the three-worker test's)
-            NEWS_STAGE_LEASE_SECONDS="5",
         )
         cli_env = {**os.environ, **env}
         poison = f"{farm.url}/articles/0-1"
