@@ -25,6 +25,7 @@ from nightcrew.adapters.queues import (
     RabbitQueueProducer,
 )
 from nightcrew.adapters.storage import ObjectStore, ReadOnlyStore, open_store
+from nightcrew.adapters.tls import tls_context
 from nightcrew.clock import Clock
 from nightcrew.config import Settings, reveal
 from nightcrew.db.database import ConnectionPolicy, Database
@@ -132,6 +133,7 @@ async def open_runtime(
             timeout=httpx.Timeout(10.0, connect=5.0),
             headers={"User-Agent": USER_AGENT},
             follow_redirects=False,
+            verify=tls_context(trust_env=True),
         ) as http,
         open_news_adapters(settings, db, clock, reviewer=overrides.pop("reviewer", None)) as news,
     ):

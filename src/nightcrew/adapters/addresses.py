@@ -31,6 +31,7 @@ import httpcore
 import httpx
 
 from nightcrew.adapters.decoding import ACCEPT_ENCODING, BoundedDecoder
+from nightcrew.adapters.tls import tls_context
 from nightcrew.errors import FetchError, NightcrewError
 from nightcrew.log import describe_error
 
@@ -293,11 +294,11 @@ class PolicyTransport(httpx.AsyncHTTPTransport):
         inner: httpcore.AsyncNetworkBackend | None = None,
         limits: httpx.Limits = DEFAULT_LIMITS,
     ) -> None:
-        super().__init__(trust_env=False, limits=limits)
+        super().__init__(verify=tls_context(trust_env=False), trust_env=False, limits=limits)
         # httpx has no public hook for a network backend; the pool it built is replaced by the
         # same pool over ours (tests/integration/news/test_addresses.py proves it is used).
         self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(trust_env=False),
+            ssl_context=tls_context(trust_env=False),
             max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,
             keepalive_expiry=limits.keepalive_expiry,

@@ -23,6 +23,7 @@ from nightcrew.adapters.processed import (
 )
 from nightcrew.adapters.redis_breaker import RedisBreaker
 from nightcrew.adapters.reviewer import Reviewer, make_reviewer
+from nightcrew.adapters.tls import tls_context
 from nightcrew.clock import Clock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
@@ -143,7 +144,7 @@ async def open_news_adapters(
         async with (
             ParserPool() as parsers,
             new_client(policy) as http,
-            httpx.AsyncClient() as model_http,
+            httpx.AsyncClient(verify=tls_context(trust_env=True)) as model_http,
         ):
             yield news_adapters(
                 db,

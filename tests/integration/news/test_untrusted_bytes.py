@@ -44,8 +44,9 @@ FEED_HEAD = (
 
 @functools.cache
 def gzip_bomb(head: bytes, filler: bytes) -> bytes:
-    """``head`` then 400 MB of ``filler``, gzip-compressed a megabyte at a time."""
-    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    """``head`` then 400 MB of ``filler``, gzip-compressed a megabyte at a time. Run-length
+    matching only (Z_RLE): the same 0.4 MB bomb in under half the CPU, the filler being a run."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS, 9, zlib.Z_RLE)
     parts = [packer.compress(head)]
     block = filler * (1024 * 1024 // len(filler))
     parts += [packer.compress(block) for _ in range(BOMB_BYTES // len(block))]
