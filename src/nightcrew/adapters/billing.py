@@ -8,11 +8,12 @@ is one, so callers can tell a 5xx from a 404.
 
 from __future__ import annotations
 
-from typing import Protocol
-
-import stripe
+from typing import TYPE_CHECKING, Protocol
 
 from nightcrew.errors import BillingError
+
+if TYPE_CHECKING:
+    import stripe
 
 REQUEST_TIMEOUT_SECONDS = 20
 # The SDK retries connection errors, 409s and 5xx with backoff and an idempotency key.
@@ -45,6 +46,11 @@ class StripeBilling:
         timeout: float = REQUEST_TIMEOUT_SECONDS,
         max_network_retries: int = MAX_NETWORK_RETRIES,
     ) -> None:
+        # imported here: the SDK is ~50 ms of every process's start, and only a platform with
+        # STRIPE_SECRET_KEY set ever calls it
+        import stripe
+
+        self._stripe_error = stripe.StripeError
         self._http = stripe.HTTPXClient(timeout=timeout)
         self._client = stripe.StripeClient(
             api_key,
@@ -58,7 +64,7 @@ class StripeBilling:
             page = await self._client.v1.subscriptions.list_async(
                 params={"customer": customer_id, "limit": 1}
             )
-        except stripe.StripeError as exc:
+        except self._stripe_error as exc:
             raise _billing_error("listing subscriptions", exc) from exc
         return str(page.data[0].id) if page.data else None
 
@@ -71,7 +77,7 @@ class StripeBilling:
                 params={"pause_collection": ""},
                 options={"idempotency_key": idempotency_key} if idempotency_key else None,
             )
-        except stripe.StripeError as exc:
+        except self._stripe_error as exc:
             raise _billing_error(f"resuming {subscription_id}", exc) from exc
 
     async def close(self) -> None:

@@ -7,8 +7,11 @@ plain text whichever parser read it (both hand HTML titles on as markup).
 The bytes are untrusted and parsing is CPU work the event loop cannot interrupt (a 5 MB feed of
 50,000 linkless items held it 22 to 45 s), so fetches parse through ``ParserPool.run``: in a pool of
 worker processes, each task under a hard time limit — a worker past it is killed and replaced
-(a thread could not be stopped). Workers are spawned, never forked, from a process that runs
-threads (the database pool's, the scheduler's). The pool is an object the runtime owns
+(a thread could not be stopped). Workers are never forked from the process that runs threads
+(the database pool's, the scheduler's): they are forked from multiprocessing's fork server, a
+single-threaded process started once per process with this module and ``fetch`` imported, so a
+new worker costs a fork, not a Python start and nightcrew's imports (~0.5 s of CPU each when
+they were spawned; a killed worker is replaced at once). The pool is an object the runtime owns
 (``ParserPool``, on ``NewsAdapters``), started on first use and stopped when the runtime closes.
 """
 
@@ -28,7 +31,6 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import feedparser
 import feedparser_rs
 import pebble
 from selectolax.parser import HTMLParser
@@ -71,6 +73,9 @@ def parse_feed(body: bytes, base_url: str) -> ParsedFeed:
     fast = _parse_fast(body)
     if fast is not None and _fast_is_enough(fast, body):
         return fast
+    # imported on first use (in a parser worker, as a rule): it is ~20 ms of every start
+    import feedparser
+
     # a stream, never bytes: given bytes, feedparser first tries them as a file path
     slow = _from_result(
         feedparser.parse(io.BytesIO(body), response_headers={"content-location": base_url}),
@@ -181,10 +186,18 @@ class ParserDied(FetchError):
     """The worker process parsing a document ended (a crash in native code, out of memory)."""
 
 
+def _fork_server() -> multiprocessing.context.BaseContext:
+    """multiprocessing's fork server, with what a parse task needs imported before it forks
+    (taken by the server when it starts: the first pool of the process starts it)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["nightcrew.news.fetch"])
+    return context
+
+
 class ParserPool:
     """The parser worker processes of one runtime (``NewsAdapters.parsers``, closed with it).
 
-    ``run`` puts a function in a worker, under a hard time limit. The workers are spawned on the
+    ``run`` puts a function in a worker, under a hard time limit. The workers are started on the
     first ``run`` (a command that never parses a feed never starts one), ``PARSE_WORKERS`` of
     them, and stopped by ``close``/``aclose``; a run after that is ParserDied."""
 
@@ -255,9 +268,7 @@ class ParserPool:
             if pool is not None:  # broken (pebble lost a thread or a worker's pipe)
                 pool.stop()  # type: ignore[no-untyped-call]  # pebble leaves stop() unannotated
                 self._retired.append(pool)  # joined at close: joining blocks, this is the loop
-            self._pool = pebble.ProcessPool(
-                max_workers=self._workers, context=multiprocessing.get_context("spawn")
-            )
+            self._pool = pebble.ProcessPool(max_workers=self._workers, context=_fork_server())
             self._pid = os.getpid()
             # The safety net for an owner that never closes this (a script stopped mid-run, a
             # test that forgets): pebble's workers are not daemons, and multiprocessing's exit
