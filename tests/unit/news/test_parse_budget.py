@@ -59,6 +59,10 @@ def note_pid_then_spin(path: str) -> None:
     spin(120)
 
 
+def parent_pid() -> int:
+    return os.getppid()
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -78,7 +82,7 @@ def _workers() -> set[int]:
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[ParserPool]:
-    """One pool for this module's tests (spawning workers is most of a small test's time)."""
+    """One pool for this module's tests (starting workers is most of a small test's time)."""
     parsers = ParserPool()
     yield parsers
     parsers.close()
@@ -96,6 +100,15 @@ async def test_work_over_its_budget_is_stopped_and_the_pool_goes_on(pool: Parser
     # killed near its budget (pebble checks every 0.1 s), not left to spin its 60 s
     assert time.monotonic() - started < 10
     await _still_parses(pool)
+
+
+async def test_workers_are_forked_by_the_fork_server_not_by_this_threaded_process(
+    pool: ParserPool,
+) -> None:
+    """Forked from the fork server (single-threaded, nightcrew's fetch module imported), never
+    from this process, whose threads a fork would copy half-held; not spawned either (a new
+    Python per worker): a spawned or forked worker's parent is this process."""
+    assert await pool.run(parent_pid, budget_seconds=30) != os.getpid()
 
 
 async def test_a_worker_that_dies_is_that_task_failure_only(pool: ParserPool) -> None:
