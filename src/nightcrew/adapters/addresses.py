@@ -372,12 +372,14 @@ class PolicyHttp:
             raise ValueError("PolicyHttp needs at least one client")
         self._clients = clients
         self._in_flight = [0] * len(clients)
+        self._opened = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> PolicyHttp:
-        async with contextlib.AsyncExitStack() as opened:
+        async with contextlib.AsyncExitStack() as opening:
             for client in self._clients:
-                await opened.enter_async_context(client)
-            opened.pop_all()
+                await opening.enter_async_context(client)
+            # every client closes on exit, even when closing another one fails
+            self._opened = opening.pop_all()
         return self
 
     async def __aexit__(
@@ -386,8 +388,7 @@ class PolicyHttp:
         value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        for client in self._clients:
-            await client.__aexit__(kind, value, traceback)
+        await self._opened.__aexit__(kind, value, traceback)
 
     def _lane(self) -> int:
         return min(range(len(self._clients)), key=self._in_flight.__getitem__)
@@ -463,21 +464,26 @@ def new_client(
     return PolicyHttp(
         [
             httpx.AsyncClient(
-                transport=PolicyTransport(policy, inner=inner, limits=_lane_limits(lanes)),
+                transport=PolicyTransport(policy, inner=inner, limits=_lane_limits(lane, lanes)),
                 max_redirects=MAX_REDIRECTS,
                 # only what BoundedDecoder can undo under a cap (httpx would add br or zstd
                 # whenever their packages happen to be installed)
                 headers={"User-Agent": "nightcrew", "Accept-Encoding": ACCEPT_ENCODING},
                 trust_env=False,
             )
-            for _ in range(lanes)
+            for lane in range(lanes)
         ]
     )
 
 
-def _lane_limits(lanes: int) -> httpx.Limits:
+def _lane_limits(lane: int, lanes: int) -> httpx.Limits:
+    """Lane ``lane``'s share of DEFAULT_LIMITS: the totals split as evenly as they go, so the
+    lanes together hold exactly as many connections as one pool would."""
+
     def share(total: int | None) -> int | None:
-        return None if total is None else -(-total // lanes)
+        if total is None:
+            return None
+        return max(1, total // lanes + (1 if lane < total % lanes else 0))
 
     return httpx.Limits(
         max_connections=share(DEFAULT_LIMITS.max_connections),

@@ -24,6 +24,7 @@ import io
 import multiprocessing
 import os
 import re
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
@@ -186,11 +187,21 @@ class ParserDied(FetchError):
     """The worker process parsing a document ended (a crash in native code, out of memory)."""
 
 
-def _fork_server() -> multiprocessing.context.BaseContext:
+def _worker_context(*, spawn: bool) -> multiprocessing.context.BaseContext:
     """multiprocessing's fork server, with what a parse task needs imported before it forks
-    (taken by the server when it starts: the first pool of the process starts it)."""
+    (taken by the server when it starts: the first pool of the process starts it), and every
+    nightcrew module this process has imported: multiprocessing prepares each new worker by
+    running the parent's main script again (the ``nightcrew`` command's imports the whole CLI),
+    and preloading ``__main__`` in the server did not spare the workers that on Python 3.11 —
+    with its imports already done, the script costs a worker next to nothing.
+    ``spawn``: a new Python per worker instead, for when the fork server cannot serve this
+    process (a process forked from the one that started it inherits a server that is not its
+    child; a sandbox without Unix sockets never starts one)."""
+    if spawn:
+        return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["nightcrew.news.fetch"])
+    ours = sorted(name for name in sys.modules if name.startswith("nightcrew."))
+    context.set_forkserver_preload(["nightcrew.news.fetch", *ours])
     return context
 
 
@@ -206,6 +217,7 @@ class ParserPool:
         self._pool: pebble.ProcessPool | None = None
         self._pid = 0  # the process that started ``_pool``
         self._retired: list[pebble.ProcessPool] = []  # broken pools whose workers await close
+        self._spawn = False  # the fork server failed this process: spawn workers instead
         self._in_flight: set[Future[Any]] = set()
         self._closed = False
         # a runtime's jobs may run on more than one thread (the scheduler's): one pool for all
@@ -263,12 +275,17 @@ class ParserPool:
                 # a forked child inherits the object but not the threads that run it, and the
                 # workers are its parent's to stop: a pool of its own, and the parent's left be
                 pool, self._retired, self._in_flight = None, [], set()
+                self._spawn = True
             if pool is not None and pool.active:
                 return pool
             if pool is not None:  # broken (pebble lost a thread or a worker's pipe)
                 pool.stop()  # type: ignore[no-untyped-call]  # pebble leaves stop() unannotated
                 self._retired.append(pool)  # joined at close: joining blocks, this is the loop
-            self._pool = pebble.ProcessPool(max_workers=self._workers, context=_fork_server())
+                # a pool that could not start its workers would break the same way again
+                self._spawn = True
+            self._pool = pebble.ProcessPool(
+                max_workers=self._workers, context=_worker_context(spawn=self._spawn)
+            )
             self._pid = os.getpid()
             # The safety net for an owner that never closes this (a script stopped mid-run, a
             # test that forgets): pebble's workers are not daemons, and multiprocessing's exit

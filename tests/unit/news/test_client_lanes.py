@@ -9,7 +9,13 @@ import asyncio
 import httpx
 import pytest
 
-from nightcrew.adapters.addresses import FetchLimits, PolicyHttp
+from nightcrew.adapters.addresses import (
+    CLIENT_LANES,
+    DEFAULT_LIMITS,
+    FetchLimits,
+    PolicyHttp,
+    _lane_limits,
+)
 from nightcrew.errors import FetchError
 
 LIMITS = FetchLimits(max_bytes=1024, read_seconds=5, connect_seconds=5)
@@ -59,3 +65,26 @@ async def test_a_failed_request_gives_its_lane_back() -> None:
 def test_a_client_needs_a_lane() -> None:
     with pytest.raises(ValueError, match="at least one client"):
         PolicyHttp([])
+
+
+class _CloseFails(httpx.AsyncClient):
+    async def __aexit__(self, *exc: object) -> None:
+        await super().__aexit__(*exc)  # type: ignore[arg-type]
+        raise RuntimeError("close failed")
+
+
+async def test_a_lane_that_fails_to_close_does_not_keep_the_others_open() -> None:
+    failing, other = _CloseFails(), httpx.AsyncClient()
+    with pytest.raises(RuntimeError, match="close failed"):
+        async with PolicyHttp([failing, other]):
+            pass
+    assert failing.is_closed and other.is_closed
+
+
+def test_the_lanes_share_the_connection_limits_exactly() -> None:
+    shares = [_lane_limits(lane, CLIENT_LANES) for lane in range(CLIENT_LANES)]
+    assert sum(s.max_connections or 0 for s in shares) == DEFAULT_LIMITS.max_connections
+    assert (
+        sum(s.max_keepalive_connections or 0 for s in shares)
+        == DEFAULT_LIMITS.max_keepalive_connections
+    )
