@@ -26,6 +26,8 @@ def cache_bytecode_outside_the_checkout() -> None:
     """This process and every process started after this call compile once into the user's
     cache (or where ``PYTHONPYCACHEPREFIX`` already says), never into the checkout."""
     prefix = os.environ.get("PYTHONPYCACHEPREFIX") or str(bytecode_cache_dir())
+    if not Path(prefix).is_absolute():
+        return  # no HOME (Path.home() is "~") or a relative XDG_CACHE_HOME: it would be here
     try:
         Path(prefix).mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError:
