@@ -1,6 +1,6 @@
 """The slowest tests first, so the workers finish together.
 
-A handful of tests take 20-50 s (a worker killed three times, a sign-in throttle measured over
+A handful of tests take 20-125 s (a worker killed three times, a sign-in throttle measured over
 40 guesses, a SIGKILL mid-reconcile). Left in collection order, one of them could start last
 and keep the run going minutes after the other workers went idle. ``tests/durations.json``
 records how long each test that takes a second or more ran last time it was measured; the

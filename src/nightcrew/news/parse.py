@@ -9,10 +9,11 @@ The bytes are untrusted and parsing is CPU work the event loop cannot interrupt 
 worker processes, each task under a hard time limit — a worker past it is killed and replaced
 (a thread could not be stopped). Workers are never forked from the process that runs threads
 (the database pool's, the scheduler's): they are forked from multiprocessing's fork server, a
-single-threaded process started once per process with this module and ``fetch`` imported, so a
-new worker costs a fork, not a Python start and nightcrew's imports (~0.5 s of CPU each when
-they were spawned; a killed worker is replaced at once). The pool is an object the runtime owns
-(``ParserPool``, on ``NewsAdapters``), started on first use and stopped when the runtime closes.
+single-threaded process started once per process with ``fetch`` and the process's other
+nightcrew modules imported (``_worker_context``), so a new worker costs a fork, not a Python
+start and nightcrew's imports (~0.5 s of CPU each when they were spawned; a killed worker is
+replaced at once). The pool is an object the runtime owns (``ParserPool``, on
+``NewsAdapters``), started on first use and stopped when the runtime closes.
 """
 
 from __future__ import annotations
