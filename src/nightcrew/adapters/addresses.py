@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import re
 import socket
 import typing
 import unicodedata
@@ -47,6 +48,18 @@ NOT_PUBLIC_V6 = tuple(
     ipaddress.ip_network(n) for n in ("64:ff9b:1::/48", "::ffff:0:0:0/96", "fec0::/10", "3fff::/20")
 )
 # Names that never mean a public site, whatever a resolver answers for them.
+# Most URLs a feed links are already in the form urlsplit/urlunsplit would give them: http(s),
+# a lower-case ASCII host without port or credentials, a path and query of RFC 3986 characters,
+# no fragment (nor an empty "?", which the join would drop). Such a URL is its own normal form,
+# and checking it needs only its host: ~10 µs less per item, 10,000 items a run
+# (tests/unit/news/test_plain_urls.py holds it to the split-and-join's answer).
+_URL_CHARS = r"A-Za-z0-9\-._~!$&'()*+,;=:@%/"
+PLAIN_URL = re.compile(
+    rf"(?P<scheme>https?)://(?P<host>[a-z0-9.-]+)(?P<path>/[{_URL_CHARS}]*)?"
+    rf"(?P<query>\?[{_URL_CHARS}?]+)?",
+    re.ASCII,
+)
+
 INTERNAL_NAMES = ("localhost",)
 INTERNAL_SUFFIXES = (".localhost", ".local", ".internal", ".home.arpa", ".localdomain")
 
@@ -204,8 +217,20 @@ class AddressPolicy:
     def published_url(self, url: str) -> str | None:
         """A URL we publish but never fetch (an image), checked without DNS and without its
         credentials; None when it is not safe to hand to a reader's browser."""
+        url = url.strip()
+        plain = PLAIN_URL.fullmatch(url)
+        if plain is not None:  # already as urlunsplit would put it: only its host to check
+            try:
+                self.check_host(plain["host"])
+            except UnsafeURL:
+                return None
+            return url
+        return self.published_url_split(url)
+
+    def published_url_split(self, url: str) -> str | None:
+        """``published_url`` for any URL (a split and a join; the fast path's reference)."""
         try:
-            parts, netloc = self.check_url(url.strip())
+            parts, netloc = self.check_url(url)
         except UnsafeURL:
             return None
         return urlunsplit((parts.scheme.lower(), netloc, parts.path, parts.query, parts.fragment))

@@ -38,6 +38,7 @@ from typing import Any, Literal
 from urllib.parse import SplitResult, parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
 
 from nightcrew.adapters.addresses import (
+    PLAIN_URL,
     AddressPolicy,
     FetchLimits,
     UnsafeURL,
@@ -408,8 +409,18 @@ def _article_url(link: str, base: str) -> tuple[str | None, str | None]:
         return None, LINK_TOO_LONG
     if _UNSTORABLE.search(link):
         return None, LINK_UNSTORABLE
+    absolute = _absolute(link.strip(), base)
+    plain = PLAIN_URL.fullmatch(absolute)
+    if plain is not None and plain["query"] is None:  # its own normal form (addresses.py)
+        url = absolute if plain["path"] else absolute + "/"
+        return (url, None) if len(url) <= MAX_URL_BYTES else (None, LINK_TOO_LONG)
+    return _article_url_split(absolute)
+
+
+def _article_url_split(absolute: str) -> tuple[str | None, str | None]:
+    """``_article_url`` of an absolute link, split, normalised and joined again."""
     try:
-        parts = urlsplit(_absolute(link.strip(), base))
+        parts = urlsplit(absolute)
         if parts.scheme.lower() not in ("http", "https"):
             return None, LINK_NOT_HTTP
         url, host = _normalize(parts)
