@@ -81,19 +81,16 @@ def verdict_from_json(value: dict[str, Any] | None) -> Verdict | None:
 Fetched = tuple[dict[str, Any], FetchResult, list[FeedItem]]
 
 
-async def record_and_hold(
-    db: Database, shard: str, fetched: list[Fetched], now: datetime
-) -> dict[str, int]:
+async def record_and_hold(db: Database, shard: str, fetched: list[Fetched], now: datetime) -> None:
     """Every successful fetch's outcome (ETag, Last-Modified, body hash, next check) and its
     new items, in one transaction: the state that makes the next fetch answer 304 is saved
-    only with the items it hides. Failed fetches are recorded by the caller. {url: candidate
-    id} of the items held now."""
+    only with the items it hides. Failed fetches are recorded by the caller."""
     done = [(s, r, i) for s, r, i in fetched if r.outcome in ("ok", "not_modified")]
     if not done:
-        return {}
+        return
     async with db.transaction() as tx:
         await _record(tx, done, now)
-        return await hold(
+        await hold(
             tx, shard, [(source["id"], item) for source, _, new in done for item in new], now
         )
 
@@ -121,12 +118,11 @@ async def _record(tx: Database | Tx, done: list[Fetched], now: datetime) -> None
 
 async def hold(
     tx: Database | Tx, shard: str, items: list[tuple[int, FeedItem]], now: datetime
-) -> dict[str, int]:
-    """(source id, item) pairs held, in one statement: all of them or, refused, none. {url:
-    candidate id} of those held now (not those written or held already)."""
+) -> None:
+    """(source id, item) pairs held, in one statement: all of them or, refused, none."""
     if not items:
-        return {}
-    rows = await tx.fetch(
+        return
+    await tx.execute(
         SQL["hold"],
         {
             "shard": shard,
@@ -139,7 +135,6 @@ async def hold(
             "published": [i.published for _, i in items],
         },
     )
-    return {r["url"]: int(r["id"]) for r in rows}
 
 
 def refused_for_its_data(exc: QueryError) -> bool:
@@ -153,35 +148,10 @@ async def adopt_queued(db: Database, shard: str, now: datetime) -> int:
     return await db.execute(SQL["adopt_queued"], {"shard": shard, "now": now})
 
 
-async def held(
-    db: Database, shard: str, limit: int, *, below_id: int | None = None
-) -> list[Candidate]:
-    """The shard's first ``limit`` held candidates, oldest first; only those held before the
-    candidate ``below_id`` when given (a run knows what it held itself: ``fetched_now``)."""
-    rows = await db.fetch(SQL["held"], {"shard": shard, "limit": limit, "below_id": below_id})
+async def held(db: Database, shard: str, limit: int) -> list[Candidate]:
+    """The shard's first ``limit`` held candidates, oldest first."""
+    rows = await db.fetch(SQL["held"], {"shard": shard, "limit": limit})
     return [Candidate.from_row(r) for r in rows]
-
-
-def fetched_now(fetched: list[Fetched], held_now: dict[str, int]) -> list[Candidate]:
-    """The candidates a run held from its own fetches (``held_now``: {url: id}), as ``held``
-    would read them back, in the order they were held — without reading them back."""
-    own: list[Candidate] = []
-    taken: set[str] = set()
-    for source, _, items in fetched:
-        label = f"{source['name']} ({source['shard']})"
-        for item in items:
-            if item.url in held_now and item.url not in taken:  # the first source to list it
-                taken.add(item.url)
-                own.append(
-                    Candidate(
-                        source_id=int(source["id"]),
-                        source_label=label,
-                        item=item,
-                        reason="fetched",
-                        attempts=0,
-                    )
-                )
-    return own
 
 
 async def held_by_source(

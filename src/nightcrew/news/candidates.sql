@@ -2,8 +2,7 @@
 
 -- name: hold
 -- Fetched items, minus what is already written; one already held keeps its place, and the
--- first source to list a URL is its source. Returns what it held (the run keeps those in
--- memory instead of reading them back).
+-- first source to list a URL is its source.
 INSERT INTO news.candidates AS c (url, source_id, shard, title, summary, image_url,
                                   published_at, reason, created_at, updated_at)
 SELECT i.url, i.source_id, %(shard)s, i.title, i.summary, i.image_url, i.published_at,
@@ -13,8 +12,7 @@ SELECT i.url, i.source_id, %(shard)s, i.title, i.summary, i.image_url, i.publish
        WITH ORDINALITY AS i (url, source_id, title, summary, image_url, published_at, n)
  WHERE NOT EXISTS (SELECT 1 FROM news.articles a WHERE a.url = i.url)
  ORDER BY i.n
-ON CONFLICT (url) DO NOTHING
-RETURNING c.id, c.url;
+ON CONFLICT (url) DO NOTHING;
 
 -- name: forget_written
 -- Held candidates that another run (or shard) has written meanwhile.
@@ -32,14 +30,12 @@ UPDATE news.candidates
  WHERE shard = %(shard)s AND state IN ('queued', 'dead');
 
 -- name: held
--- Oldest first: what earlier runs deferred goes before what this run fetched. Only rows older
--- than the run's own holds (id below the first of them): those the run has in memory.
+-- Oldest first: what earlier runs deferred goes before what this run fetched.
 SELECT c.url, c.source_id, c.title, c.summary, c.image_url, c.published_at, c.reason,
        c.attempts, c.stage, c.verdict, c.translation,
        s.name AS source_name, s.shard AS source_shard
   FROM news.candidates c JOIN news.sources s ON s.id = c.source_id
  WHERE c.shard = %(shard)s AND c.state = 'held'
-   AND (%(below_id)s::bigint IS NULL OR c.id < %(below_id)s::bigint)
  ORDER BY c.created_at, c.id
  LIMIT %(limit)s;
 

@@ -21,7 +21,7 @@ report it fills as it goes.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -162,10 +162,6 @@ class _Run:
     lease: Lease
     report: RunTally  # what the run gathers as it goes; the NewsReport is built from it at the end
     processed: ProcessedUrls  # Redis's set while it answers this run, then PostgreSQL's
-    # what this run held from its own fetches, in memory as ``held`` would read it back (the
-    # shard's older candidates are those below the first id)
-    fetched_now: list[Candidate] = field(default_factory=list)
-    first_id_now: int | None = None
 
     async def run(self) -> None:
         """Spec 001's order, one named step each."""
@@ -216,10 +212,12 @@ class _Run:
             [i.url for _, r in fetched for i in r.items],
             self._redis_failed,
         )
-        fetched_items = [(src, r, [i for i in r.items if i.url not in seen]) for src, r in fetched]
-        held = await items.hold_fetched(db, report.shard, fetched_items, now)
-        self.fetched_now = held_candidates.fetched_now(fetched_items, held.held_now)
-        self.first_id_now = min(held.held_now.values(), default=None)
+        held = await items.hold_fetched(
+            db,
+            report.shard,
+            [(src, r, [i for i in r.items if i.url not in seen]) for src, r in fetched],
+            now,
+        )
         report.fetch_errors.extend(held.fetch_errors)
         report.dropped_items.extend(held.dropped_items)
         report.write_errors.extend(held.write_errors)
@@ -278,10 +276,7 @@ class _Run:
         no-thumbnail retries, review locks, review and translation, fenced writes. The URLs
         written."""
         db, report, settings = self.runtime.db, self.report, self.runtime.settings
-        batch = await held_candidates.held(
-            db, report.shard, admitted.room, below_id=self.first_id_now
-        )
-        batch += self.fetched_now[: admitted.room - len(batch)]
+        batch = await held_candidates.held(db, report.shard, admitted.room)
         if admitted.reason is not None:  # the backlog beyond the batch waits, with why
             await self._defer_all_but([c.url for c in batch], admitted.reason)
         # MAX_AI_REVIEWS counts model reviews only: the offline rules' verdicts cost nothing

@@ -77,7 +77,6 @@ class Held:
     fetch_errors: list[dict[str, Any]]
     dropped_items: list[dict[str, Any]]
     write_errors: list[dict[str, Any]]
-    held_now: dict[str, int]  # {url: candidate id} of the items held by this call
 
 
 def _hold_error(exc: QueryError) -> str:
@@ -103,29 +102,19 @@ async def hold_fetched(
         for reason, count in result.dropped.items():
             dropped.append({"source": source["name"], "reason": reason, "count": count})
     try:
-        held_now = await held_candidates.record_and_hold(db, shard, fetched, now)
-        return Held(
-            fetch_errors=fetch_errors, dropped_items=dropped, write_errors=[], held_now=held_now
-        )
+        await held_candidates.record_and_hold(db, shard, fetched, now)
+        return Held(fetch_errors=fetch_errors, dropped_items=dropped, write_errors=[])
     except QueryError as exc:
         warning("worker.hold_batch_failed", shard=shard, error=describe_error(exc))
-    held_now = {}
     for source, result, items in fetched:
         try:
-            held_now |= await held_candidates.record_and_hold(
-                db, shard, [(source, result, items)], now
-            )
+            await held_candidates.record_and_hold(db, shard, [(source, result, items)], now)
         except QueryError as exc:
             warning("worker.hold_source_failed", source=source["name"], error=str(exc))
-            held_now |= await _hold_one_by_one(
+            await _hold_one_by_one(
                 db, shard, (source, result, items), now, fetch_errors, write_errors
             )
-    return Held(
-        fetch_errors=fetch_errors,
-        dropped_items=dropped,
-        write_errors=write_errors,
-        held_now=held_now,
-    )
+    return Held(fetch_errors=fetch_errors, dropped_items=dropped, write_errors=write_errors)
 
 
 async def _hold_one_by_one(
@@ -135,29 +124,27 @@ async def _hold_one_by_one(
     now: datetime,
     fetch_errors: list[dict[str, Any]],
     write_errors: list[dict[str, Any]],
-) -> dict[str, int]:
+) -> None:
     """Each item in its own statement; the fetch state last, and only when every item is held
     or refused for its own data — a failure that is nobody's item (a timeout, a full disk)
-    leaves the state unsaved, so the next run fetches the items again. {url: id} held."""
+    leaves the state unsaved, so the next run fetches the items again."""
     source, result, items = fetch
-    held_now: dict[str, int] = {}
     for item in items:
         try:
-            held_now |= await held_candidates.hold(db, shard, [(source["id"], item)], now)
+            await held_candidates.hold(db, shard, [(source["id"], item)], now)
         except QueryError as exc:
             if not refused_for_its_data(exc):
                 fetch_errors.append({"source": source["name"], "error": _hold_error(exc)})
                 await news_sources.record_fetch(
                     db, source, FetchResult(outcome="failed", error=_hold_error(exc)), now
                 )
-                return held_now
+                return
             write_errors.append({"url": item.url, "error": describe_error(exc)})
             warning("worker.hold_rejected", url=item.url, error=describe_error(exc))
     try:
         await held_candidates.record(db, [(source, result, items)], now)
     except QueryError as exc:  # its items are held; only the 304 is lost: fetched again
         fetch_errors.append({"source": source["name"], "error": _hold_error(exc)})
-    return held_now
 
 
 # --- the pipeline's ------------------------------------------------------------------------------
