@@ -31,6 +31,9 @@ class Candidate:
     reviewed: bool = False  # the pipeline's review stage already judged it: ``verdict``
     verdict: Verdict | None = None  # None when reviewed: the model failed for good
     translation: str | None = None
+    # a row in news.candidates; False for a new item a run holds in memory (inline.py: most
+    # are written by the run that fetched them, and need no row)
+    stored: bool = True
 
     @property
     def url(self) -> str:
@@ -135,6 +138,34 @@ async def hold(
             "published": [i.published for _, i in items],
         },
     )
+
+
+async def known(db: Database, urls: list[str]) -> set[str]:
+    """Those of ``urls`` a hold would skip: held already (by any shard, in any state) or
+    written."""
+    if not urls:
+        return set()
+    return {r["url"] for r in await db.fetch(SQL["known"], {"urls": urls})}
+
+
+def fetched_now(fetched: list[Fetched], known_urls: set[str]) -> list[Candidate]:
+    """The new items of a run's fetches as candidates not yet stored, in the order a hold
+    would store them: the first source to list a URL is its source, and what ``known`` found
+    is left out."""
+    fresh: dict[str, Candidate] = {}
+    for source, _, items in fetched:
+        label = f"{source['name']} ({source['shard']})"
+        for item in items:
+            if item.url not in fresh and item.url not in known_urls:
+                fresh[item.url] = Candidate(
+                    source_id=int(source["id"]),
+                    source_label=label,
+                    item=item,
+                    reason="fetched",
+                    attempts=0,
+                    stored=False,
+                )
+    return list(fresh.values())
 
 
 def refused_for_its_data(exc: QueryError) -> bool:

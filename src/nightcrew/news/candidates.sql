@@ -14,6 +14,13 @@ SELECT i.url, i.source_id, %(shard)s, i.title, i.summary, i.image_url, i.publish
  ORDER BY i.n
 ON CONFLICT (url) DO NOTHING;
 
+-- name: known
+-- Of a run's new URLs, those a hold would skip: held already (any shard, any state) or written.
+SELECT u.url
+  FROM unnest(%(urls)b::text[]) AS u (url)
+ WHERE EXISTS (SELECT 1 FROM news.candidates c WHERE c.url = u.url)
+    OR EXISTS (SELECT 1 FROM news.articles a WHERE a.url = u.url);
+
 -- name: forget_written
 -- Held candidates that another run (or shard) has written meanwhile.
 DELETE FROM news.candidates c

@@ -21,7 +21,7 @@ report it fills as it goes.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -30,12 +30,13 @@ from nightcrew.adapters.news import NewsAdapters
 from nightcrew.adapters.processed import ProcessedUrls, ProcessedUrlsDown
 from nightcrew.adapters.reviewer import Verdict
 from nightcrew.clock import Clock
-from nightcrew.log import event, warning
+from nightcrew.errors import NightcrewError
+from nightcrew.log import describe_error, event, warning
 from nightcrew.news import admission, hydrate, items, leases, review, snapshot, write
 from nightcrew.news import candidates as held_candidates
 from nightcrew.news import sources as news_sources
 from nightcrew.news.admission import Admission, ArticleCount
-from nightcrew.news.candidates import Candidate
+from nightcrew.news.candidates import Candidate, Fetched
 from nightcrew.news.fetch import feed_rules, fetch_sources
 from nightcrew.news.report import (
     SUPERSEDED_REASON,
@@ -162,18 +163,30 @@ class _Run:
     lease: Lease
     report: RunTally  # what the run gathers as it goes; the NewsReport is built from it at the end
     processed: ProcessedUrls  # Redis's set while it answers this run, then PostgreSQL's
+    # The new items this run fetched, held in memory until each is written, dropped (written
+    # meanwhile) or stored as a row (``_store``: deferred, failed for now): a row is a promise
+    # to process later, and most items are processed by the run that fetched them. The fetch
+    # state of their sources (``fetched``) is saved by ``_settle`` once none is left here; a
+    # run that dies first saved none, and the next run fetches those feeds again.
+    unstored: dict[str, Candidate] = field(default_factory=dict)
+    fetched: list[Fetched] = field(default_factory=list)
 
     async def run(self) -> None:
         """Spec 001's order, one named step each."""
         now = self.clock.now()
         await held_candidates.adopt_queued(self.runtime.db, self.report.shard, now)
-        await self._fetch_and_hold(now)
+        await self._fetch(now)
         articles = await self._count_articles()
         retries = await self._thumbnail_retries(now)
-        admitted = await self._admit(articles)
-        if admitted is None:
-            return
-        await self._process(admitted, retries, now)
+        try:
+            admitted = await self._admit(articles)
+            if admitted is None:
+                await self._settle(now)
+                return
+            await self._process(admitted, retries, now)
+        except leases.StaleLease:
+            await self._store_left()  # for the shard's new holder; the feeds are fetched again
+            raise
         if self.deps.reviewer.translation_enabled:
             await self._translate_backlog()
         await self._publish_snapshot(now)
@@ -198,10 +211,10 @@ class _Run:
             return
         report.translated_count += await review.translate_backlog(db, self.deps.reviewer, backlog)
 
-    async def _fetch_and_hold(self, now: datetime) -> None:
-        """Fetch every due source; look the URLs up in the Redis processed set (the database
-        looks as they are held); hold what is new with each source's fetch state; count the
-        shard's queue by source."""
+    async def _fetch(self, now: datetime) -> None:
+        """Fetch every due source; look the URLs up in the Redis processed set and the
+        database; keep what is new in memory (``unstored``); record the failed fetches; count
+        the shard's queue by source — its held rows and this run's new items."""
         db, deps, report = self.runtime.db, self.deps, self.report
         due = await db.fetch(news_sources.SQL["due_sources"], {"shard": report.shard, "now": now})
         rules = feed_rules(self.runtime.settings, deps.policy, deps.parsers)
@@ -212,17 +225,55 @@ class _Run:
             [i.url for _, r in fetched for i in r.items],
             self._redis_failed,
         )
-        held = await items.hold_fetched(
-            db,
-            report.shard,
-            [(src, r, [i for i in r.items if i.url not in seen]) for src, r in fetched],
-            now,
-        )
-        report.fetch_errors.extend(held.fetch_errors)
-        report.dropped_items.extend(held.dropped_items)
-        report.write_errors.extend(held.write_errors)
-        report.queued_by_source = await held_candidates.held_by_source(db, report.shard)
-        report.queued_count = sum(report.queued_by_source.values())
+        fresh = [(src, r, [i for i in r.items if i.url not in seen]) for src, r in fetched]
+        failed = await items.record_failures(db, fresh, now)
+        report.fetch_errors.extend(failed.fetch_errors)
+        report.dropped_items.extend(failed.dropped_items)
+        self.fetched = [f for f in fresh if f[1].outcome in ("ok", "not_modified")]
+        known = await held_candidates.known(db, [i.url for _, _, new in self.fetched for i in new])
+        self.unstored = {c.url: c for c in held_candidates.fetched_now(self.fetched, known)}
+        queued = await held_candidates.held_by_source(db, report.shard)
+        for candidate in self.unstored.values():
+            queued[candidate.source_label] = queued.get(candidate.source_label, 0) + 1
+        report.queued_by_source = queued
+        report.queued_count = sum(queued.values())
+
+    async def _store(self, candidates: list[Candidate]) -> None:
+        """In-memory candidates made rows (for a deferral, a rejection, a kept verdict): one
+        the database refuses for its own data is lost and reported, as a hold loses it; one it
+        cannot store for now goes back to memory, for ``_settle``."""
+        fresh = [c for c in candidates if not c.stored]
+        if not fresh:
+            return
+        stored = await items.store(self.runtime.db, self.report.shard, fresh, self.clock.now())
+        self.report.write_errors.extend(stored.refused)
+        for candidate in stored.not_stored:
+            self.unstored[candidate.url] = candidate
+
+    async def _store_urls(self, urls: list[str]) -> None:
+        await self._store([self.unstored.pop(u) for u in urls if u in self.unstored])
+
+    async def _store_left(self) -> None:
+        """What is still in memory stored (best effort: the fetch state is not saved, so a
+        failure here only means the feeds are read again)."""
+        left, self.unstored = list(self.unstored.values()), {}
+        try:
+            await self._store(left)
+        except NightcrewError as exc:
+            warning("worker.store_failed", shard=self.report.shard, error=describe_error(exc))
+
+    async def _settle(self, now: datetime) -> None:
+        """Each successful fetch's state saved, with whatever of its new items is still in
+        memory, in one transaction (``items.hold_fetched``): from now on a 304 or an
+        unchanged body may hide them, so nothing may be left only in memory."""
+        left = [
+            (source, result, [i for i in new if i.url in self.unstored])
+            for source, result, new in self.fetched
+        ]
+        self.unstored, self.fetched = {}, []
+        held = await items.hold_fetched(self.runtime.db, self.report.shard, left, now)
+        self.report.fetch_errors.extend(held.fetch_errors)
+        self.report.write_errors.extend(held.write_errors)
 
     async def _count_articles(self) -> ArticleCount:
         count = await admission.count_articles(self.runtime.db)
@@ -277,6 +328,7 @@ class _Run:
         written."""
         db, report, settings = self.runtime.db, self.report, self.runtime.settings
         batch = await held_candidates.held(db, report.shard, admitted.room)
+        batch += list(self.unstored.values())[: admitted.room - len(batch)]
         if admitted.reason is not None:  # the backlog beyond the batch waits, with why
             await self._defer_all_but([c.url for c in batch], admitted.reason)
         # MAX_AI_REVIEWS counts model reviews only: the offline rules' verdicts cost nothing
@@ -292,6 +344,7 @@ class _Run:
         )
         await hydrate.retry_thumbnails(db, self.deps, retries, now)
         written = await self._review_and_write(to_process, images)
+        await self._settle(now)
         report.deferred_count = await held_candidates.count_held(db, report.shard)
         self.processed = await items.mark_processed(
             self.processed, self.deps.fallback_processed, written, self._redis_failed
@@ -306,11 +359,14 @@ class _Run:
         await snapshot.publish_snapshot(db, self.runtime.store, report.shard, now)
 
     async def _defer_all_but(self, taken: list[str], reason: str) -> None:
+        keep = set(taken)
+        await self._store_urls([u for u in self.unstored if u not in keep])
         await held_candidates.defer_all_but(
             self.runtime.db, self.report.shard, taken, reason, self.clock.now()
         )
 
     async def _defer(self, queue: list[Candidate], reason: str, *, attempted: bool = False) -> None:
+        await self._store_urls([c.url for c in queue])
         await held_candidates.defer(
             self.runtime.db, [c.url for c in queue], reason, self.clock.now(), attempted=attempted
         )
@@ -334,6 +390,8 @@ class _Run:
             # the review lock only says nobody is reviewing it *now*.
             done = await review.written_among(db, [c.url for c in held])
             await held_candidates.drop(db, sorted(done))
+            for url in done:
+                self.unstored.pop(url, None)
             verdicts: Verdicts = []
             transient: list[Candidate] = []
             last_extend = time.monotonic()
@@ -366,10 +424,26 @@ class _Run:
                 )
                 await self._defer(transient, "the model failed for now", attempted=True)
 
-            # 10. writes, fenced
-            written = await write.write_reviewed(
-                db, report.shard, self.lease.fence, verdicts, images, self.clock.now()
-            )
+            # 10. writes, fenced. The write takes the candidates in memory: it writes them, or
+            # finds them written, or stores them (store_first) to defer, reject or keep one.
+            writing = {r.url: self.unstored.pop(r.url) for r in verdicts if r.url in self.unstored}
+
+            async def store_first(urls: list[str]) -> None:
+                await self._store([writing.pop(u) for u in urls if u in writing])
+
+            try:
+                written = await write.write_reviewed(
+                    db,
+                    report.shard,
+                    self.lease.fence,
+                    verdicts,
+                    images,
+                    self.clock.now(),
+                    store_first=store_first,
+                )
+            except leases.StaleLease:
+                self.unstored |= writing  # not written: stored for the new holder (run())
+                raise
             report.write_errors.extend(written.write_errors)
         finally:
             await self.leases.release_many(list(locks.values()))

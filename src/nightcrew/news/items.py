@@ -4,9 +4,12 @@ New means not seen before. Each engine decides it its own way today, side by sid
 23 unifies them):
 
 * the inline run looks every fetched URL up in the processed-URL set (Redis's, PostgreSQL's
-  once Redis fails: ``seen``), records the URLs it wrote there (``mark_processed``), and holds
-  the new items in ``news.candidates`` with each source's fetch state in one transaction
-  (``hold_fetched``);
+  once Redis fails: ``seen``) and records the URLs it wrote there (``mark_processed``). It
+  keeps the new items in memory, since it writes most of them itself, and stores as rows in
+  ``news.candidates`` only those it does not write (``store``: deferred, failed for now).
+  Once none is left in memory, it saves each source's fetch state in one transaction with
+  any it still holds (``hold_fetched``). A run that dies before then has saved no state, so
+  the next run fetches those feeds again;
 * the pipeline keeps a per-source watermark — the newest believable date handed on and the
   URLs dated exactly then (``past_watermark``, ``new_watermark``) — and holds the items at
   their first stage, queued with their messages or held with the reason (``hold_staged``).
@@ -27,7 +30,7 @@ from nightcrew.db.queries import load_queries
 from nightcrew.log import describe_error, warning
 from nightcrew.news import candidates as held_candidates
 from nightcrew.news import sources as news_sources
-from nightcrew.news.candidates import Fetched, refused_for_its_data
+from nightcrew.news.candidates import Candidate, Fetched, refused_for_its_data
 from nightcrew.news.fetch import FeedItem, FetchResult
 
 SQL = load_queries(__file__)
@@ -83,27 +86,37 @@ def _hold_error(exc: QueryError) -> str:
     return f"could not hold its items: {describe_error(exc)}"
 
 
-async def hold_fetched(
-    db: Database,
-    shard: str,
-    fetched: list[Fetched],
-    now: datetime,
-) -> Held:
-    """Failures recorded one by one (each may park its source); successes and their new items
-    in one transaction — or, if the database refuses that, source by source and then item by
-    item, so only an item the database cannot store is lost (reported in ``writeErrors``)."""
+async def record_failures(db: Database, fetched: list[Fetched], now: datetime) -> Held:
+    """What a run's fetches report before anything is held: each failed fetch, recorded one
+    by one (each may park its source; spec 001's ``fetchErrors``), and the items each
+    dropped (``droppedItems``)."""
     fetch_errors: list[dict[str, Any]] = []
     dropped: list[dict[str, Any]] = []
-    write_errors: list[dict[str, Any]] = []
     for source, result, _ in fetched:
         if result.outcome in ("failed", "retry_later"):
             fetch_errors.append({"source": source["name"], "error": result.error})
             await news_sources.record_fetch(db, source, result, now)
         for reason, count in result.dropped.items():
             dropped.append({"source": source["name"], "reason": reason, "count": count})
+    return Held(fetch_errors=fetch_errors, dropped_items=dropped, write_errors=[])
+
+
+async def hold_fetched(
+    db: Database,
+    shard: str,
+    fetched: list[Fetched],
+    now: datetime,
+) -> Held:
+    """Successful fetches' state with the new items they hide, in one transaction — or, if
+    the database refuses that, source by source and then item by item, so only an item the
+    database cannot store is lost (reported in ``writeErrors``), and a source whose items
+    could not be held for a reason not theirs keeps its old state (fetched again). Failed
+    fetches are ``record_failures``'."""
+    fetch_errors: list[dict[str, Any]] = []
+    write_errors: list[dict[str, Any]] = []
     try:
         await held_candidates.record_and_hold(db, shard, fetched, now)
-        return Held(fetch_errors=fetch_errors, dropped_items=dropped, write_errors=[])
+        return Held(fetch_errors=[], dropped_items=[], write_errors=[])
     except QueryError as exc:
         warning("worker.hold_batch_failed", shard=shard, error=describe_error(exc))
     for source, result, items in fetched:
@@ -114,7 +127,41 @@ async def hold_fetched(
             await _hold_one_by_one(
                 db, shard, (source, result, items), now, fetch_errors, write_errors
             )
-    return Held(fetch_errors=fetch_errors, dropped_items=dropped, write_errors=write_errors)
+    return Held(fetch_errors=fetch_errors, dropped_items=[], write_errors=write_errors)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Stored:
+    """What storing a run's in-memory candidates left: those the database refused for their
+    own data (``writeErrors``: lost, as a hold loses them) and those it could not store for
+    now (still in memory: the run's settling holds them with their fetch state, or leaves
+    their feed to be fetched again)."""
+
+    refused: list[dict[str, Any]]
+    not_stored: list[Candidate]
+
+
+async def store(db: Database, shard: str, candidates: list[Candidate], now: datetime) -> Stored:
+    """In-memory candidates (``Candidate.stored`` False) made rows: in one statement, or, if
+    the database refuses it, one by one."""
+    pairs = [(c.source_id, c.item) for c in candidates]
+    try:
+        await held_candidates.hold(db, shard, pairs, now)
+        return Stored(refused=[], not_stored=[])
+    except QueryError as exc:
+        warning("worker.store_batch_failed", shard=shard, error=describe_error(exc))
+    refused: list[dict[str, Any]] = []
+    not_stored: list[Candidate] = []
+    for candidate in candidates:
+        try:
+            await held_candidates.hold(db, shard, [(candidate.source_id, candidate.item)], now)
+        except QueryError as exc:
+            if refused_for_its_data(exc):
+                refused.append({"url": candidate.url, "error": describe_error(exc)})
+                warning("worker.hold_rejected", url=candidate.url, error=describe_error(exc))
+            else:
+                not_stored.append(candidate)
+    return Stored(refused=refused, not_stored=not_stored)
 
 
 async def _hold_one_by_one(

@@ -11,6 +11,7 @@ at its write keeps the reviews it paid for on the held candidates, for the next 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -72,6 +73,15 @@ async def insert_articles(
 
 
 # --- the inline run's ----------------------------------------------------------------------------
+# Makes rows of the candidates (by URL) the inline run still holds in memory only, before the
+# write defers, rejects or keeps the verdict of one (``inline._Run._store_urls``).
+StoreFirst = Callable[[list[str]], Awaitable[None]]
+
+
+async def _all_stored(urls: list[str]) -> None:
+    return None
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Written:
     urls: list[str]  # the articles written now (processedCount)
@@ -85,23 +95,28 @@ async def write_reviewed(
     verdicts: Verdicts,
     images: dict[str, str],
     now: datetime,
+    *,
+    store_first: StoreFirst = _all_stored,
 ) -> Written:
     """Fenced writes, in one transaction when they all go in; when the batch is refused, one
     transaction per article, so only the article the database cannot store is rejected (and
     reported with the reason); one that failed for another reason (a timeout, a deadlock) is
     held for the next run. A holder whose lease expired (and whose shard a newer holder has
     since written) gets StaleLease and writes nothing; its model reviews stay on the held
-    candidates (``_keep_paid_reviews``)."""
+    candidates (``_keep_paid_reviews``). A candidate that is not a row yet is made one
+    (``store_first``) before any of that touches it."""
     if not verdicts:
         return Written(urls=[], write_errors=[])
     try:
-        return await _write_all(db, shard, fence, verdicts, images, now)
+        return await _write_all(db, shard, fence, verdicts, images, now, store_first)
     except StaleLease:
-        await _keep_paid_reviews(db, shard, verdicts, now)
+        await _keep_paid_reviews(db, shard, verdicts, now, store_first)
         raise
 
 
-async def _keep_paid_reviews(db: Database, shard: str, verdicts: Verdicts, now: datetime) -> None:
+async def _keep_paid_reviews(
+    db: Database, shard: str, verdicts: Verdicts, now: datetime, store_first: StoreFirst
+) -> None:
     """A run fenced out at its write has paid for its model reviews: they stay on the held
     candidates (the run still holds their review locks), and the shard's new holder writes
     them without asking the model again. Best effort: a database that fails here costs a
@@ -112,6 +127,7 @@ async def _keep_paid_reviews(db: Database, shard: str, verdicts: Verdicts, now: 
         if r.verdict is not None and not r.candidate.reviewed
     ]
     try:
+        await store_first([url for url, _, _ in paid])
         kept = await held_candidates.keep_verdicts(db, paid, now)
     except NightcrewError as exc:
         warning("worker.verdicts_not_kept", shard=shard, error=describe_error(exc))
@@ -126,6 +142,7 @@ async def _write_all(
     verdicts: Verdicts,
     images: dict[str, str],
     now: datetime,
+    store_first: StoreFirst,
 ) -> Written:
     try:
         urls = await _write_batch(db, shard, fence, verdicts, images, now)
@@ -139,6 +156,7 @@ async def _write_all(
             written += await _write_batch(db, shard, fence, [verdict], images, now)
         except QueryError as exc:
             url = verdict.url
+            await store_first([url])
             if not refused_for_its_data(exc):
                 # a timeout, a deadlock, a full disk: not this article's fault — held, retried
                 warning("worker.write_deferred", url=url, error=describe_error(exc))
@@ -165,7 +183,7 @@ async def _write_batch(
             raise StaleLease(f"shard {shard}: a newer lease holder has written")
         ids = await insert_articles(tx, shard, fence, verdicts, images, now)
         # written now, or already (ON CONFLICT): either way no longer a candidate
-        await held_candidates.drop(tx, [r.url for r in verdicts])
+        await held_candidates.drop(tx, [r.url for r in verdicts if r.candidate.stored])
     return [r.url for r in verdicts if r.url in ids]
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -248,3 +249,55 @@ async def test_the_queue_limit_defers_only_above_it(
     assert report["processedCount"] == min(queued, 5)
     assert report["deferredCount"] == queued - min(queued, 5)
     assert len(page_requests(feed_server)) == min(queued, 5)
+
+
+class _StuckReviewer(OfflineReviewer):
+    """Reviews the first article, then never answers again: the run is stopped mid-review."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.stuck = asyncio.Event()
+
+    async def review(self, article: Any) -> Any:
+        self.calls += 1
+        if self.calls > 1:
+            self.stuck.set()
+            await asyncio.Event().wait()
+        return await super().review(article)
+
+
+async def test_a_run_stopped_before_its_writes_saves_no_fetch_state_and_the_next_fetches_again(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: UntrustedHttp,
+) -> None:
+    """A run keeps the new items it writes itself in memory, not as rows: stopped between
+    its fetch and its writes it leaves neither rows nor the feeds' ETag and body hash, so the
+    next run fetches them again (200, not 304) and writes every item."""
+    statuses = etag_site(feed_server, {"/feeds/a": rss(feed_server.url, 4)})
+    await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
+    runtime = runtime_for(db, clock, fresh_db_url)
+    reviewer = _StuckReviewer()
+    run = asyncio.create_task(
+        run_shard(replace(runtime, news=deps_for(db, clock, http, reviewer=reviewer)), clock, "s")
+    )
+    await asyncio.wait_for(reviewer.stuck.wait(), 30)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+
+    assert await db.fetch("SELECT url FROM news.candidates") == []
+    assert await _articles(db) == set()
+    [source] = await db.fetch("SELECT etag, body_hash, next_check_at FROM news.sources")
+    assert (source["etag"], source["body_hash"], source["next_check_at"]) == (None, None, None)
+
+    again = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+    ).to_json()
+    assert statuses == [200, 200]
+    assert again["processedCount"] == 4 and len(await _articles(db)) == 4
+    [source] = await db.fetch("SELECT etag, body_hash FROM news.sources")
+    assert source["etag"] is not None and source["body_hash"] is not None

@@ -375,16 +375,115 @@ async def test_a_link_is_bounded_in_stored_bytes_and_a_dropped_item_is_reported(
 
 
 REFUSE_ONE_URL = """
-CREATE FUNCTION public.refuse_one_candidate() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION public.refuse_one_url() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.url LIKE '%%/articles/hostile-1' THEN
         RAISE EXCEPTION 'refused by the test' USING ERRCODE = '{sqlstate}';
     END IF;
     RETURN NEW;
 END $$;
-CREATE TRIGGER refuse_one_candidate BEFORE INSERT ON news.candidates
-    FOR EACH ROW EXECUTE FUNCTION public.refuse_one_candidate();
+CREATE TRIGGER refuse_one_url BEFORE INSERT ON news.{table}
+    FOR EACH ROW EXECUTE FUNCTION public.refuse_one_url();
 """
+
+
+async def _refuse_hostile_1(db: Database, table: str, sqlstate: str) -> None:
+    await db.execute(REFUSE_ONE_URL.format(table=table, sqlstate=sqlstate).replace("%%", "%"))
+
+
+def _good_and_bad(server: RecordingServer, *, bad_items: int) -> None:
+    base = server.url
+    site(
+        server,
+        {
+            "/feeds/good": rss(base, 2, prefix="good"),
+            "/feeds/bad": _feed("".join(_item(base, n) for n in range(1, bad_items + 1))),
+        },
+        etag=True,
+    )
+
+
+async def _urls(db: Database, table: str) -> set[str]:
+    return {r["url"] for r in await db.fetch(f"SELECT url FROM news.{table}")}
+
+
+async def test_an_item_the_database_refuses_to_write_loses_only_itself(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: UntrustedHttp,
+) -> None:
+    """54000 is what a btree index answers for a row too big ("index row size exceeds btree
+    maximum"): the item's own fault, like classes 22 and 23. The rest of its feed is written,
+    the refused one is rejected with the reason, and the feed's state is saved (nothing to
+    fetch again)."""
+    base = feed_server.url
+    _good_and_bad(feed_server, bad_items=3)
+    await add_source(db, url=base + "/feeds/good", name="Good", shard="s", now=NOW)
+    await add_source(db, url=base + "/feeds/bad", name="Bad", shard="s", now=NOW)
+    await _refuse_hostile_1(db, "articles", "54000")
+    runtime = runtime_for(db, clock, fresh_db_url)
+
+    report = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+    ).to_json()
+
+    assert await _urls(db, "articles") == {
+        f"{base}/articles/good-0",
+        f"{base}/articles/good-1",
+        f"{base}/articles/hostile-2",
+        f"{base}/articles/hostile-3",
+    }, report
+    [refused] = report["writeErrors"]
+    assert refused["url"] == f"{base}/articles/hostile-1" and "refused by the test" in str(refused)
+    assert report["fetchErrors"] == []
+    [rejected] = await db.fetch("SELECT url, state FROM news.candidates")
+    assert (rejected["url"], rejected["state"]) == (f"{base}/articles/hostile-1", "rejected")
+    [bad] = await db.fetch("SELECT body_hash FROM news.sources WHERE name = 'Bad'")
+    assert bad["body_hash"] is not None  # its state is saved: the refused item is not retried
+
+
+async def test_a_write_failure_that_is_no_items_fault_holds_that_item_for_the_next_run(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: UntrustedHttp,
+) -> None:
+    """40001 (a serialization failure) is nobody's item: the article is held, with the
+    reason, and written by the next run — though its feed answers 304 by then."""
+    base = feed_server.url
+    _good_and_bad(feed_server, bad_items=2)
+    await add_source(db, url=base + "/feeds/good", name="Good", shard="s", now=NOW)
+    await add_source(db, url=base + "/feeds/bad", name="Bad", shard="s", now=NOW)
+    await _refuse_hostile_1(db, "articles", "40001")
+    runtime = runtime_for(db, clock, fresh_db_url)
+
+    first = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+    ).to_json()
+
+    assert f"{base}/articles/hostile-1" not in await _urls(db, "articles")
+    assert first["fetchErrors"] == [] and first["writeErrors"] == [] and first["deferredCount"] == 1
+    [held] = await db.fetch("SELECT url, state, reason, attempts FROM news.candidates")
+    assert (held["url"], held["state"], held["attempts"]) == (
+        f"{base}/articles/hostile-1",
+        "held",
+        1,
+    )
+    assert held["reason"].startswith("write failed for now")
+
+    await db.execute("DROP TRIGGER refuse_one_url ON news.articles")
+    clock.advance(timedelta(hours=1))
+    second = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+    ).to_json()
+    assert second["processedCount"] == 1 and await _urls(db, "candidates") == set()
+    assert [r.path for r in feed_server.requests if r.path == "/feeds/bad"] == ["/feeds/bad"] * 2
+    assert {f"{base}/articles/hostile-1", f"{base}/articles/hostile-2"} <= await _urls(
+        db, "articles"
+    )
 
 
 async def test_an_item_the_database_refuses_to_hold_loses_only_itself(
@@ -394,30 +493,22 @@ async def test_an_item_the_database_refuses_to_hold_loses_only_itself(
     feed_server: RecordingServer,
     http: UntrustedHttp,
 ) -> None:
-    """54000 is what a btree index answers for a row too big ("index row size exceeds btree
-    maximum"): the item's own fault, like classes 22 and 23. The rest of its feed is held
-    and written, and the feed's state saved (nothing to fetch again)."""
+    """Over the queue limit the run holds what it does not take: an item the database
+    refuses to hold (54000, its own fault) is lost alone and reported; the rest of its feed
+    is held, and the feed's state saved."""
     base = feed_server.url
-    site(
-        feed_server,
-        {
-            "/feeds/good": rss(base, 2, prefix="good"),
-            "/feeds/bad": _feed(_item(base, 1) + _item(base, 2) + _item(base, 3)),
-        },
-    )
+    _good_and_bad(feed_server, bad_items=3)
     await add_source(db, url=base + "/feeds/good", name="Good", shard="s", now=NOW)
     await add_source(db, url=base + "/feeds/bad", name="Bad", shard="s", now=NOW)
-    await db.execute(REFUSE_ONE_URL.format(sqlstate="54000").replace("%%", "%"))
-    runtime = runtime_for(db, clock, fresh_db_url)
+    await _refuse_hostile_1(db, "candidates", "54000")
+    runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="2")
 
     report = (
         await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
     ).to_json()
 
-    urls = {r["url"] for r in await db.fetch("SELECT url FROM news.articles")}
-    assert urls == {
-        f"{base}/articles/good-0",
-        f"{base}/articles/good-1",
+    assert await _urls(db, "articles") == {f"{base}/articles/good-0", f"{base}/articles/good-1"}
+    assert await _urls(db, "candidates") == {
         f"{base}/articles/hostile-2",
         f"{base}/articles/hostile-3",
     }, report
@@ -425,7 +516,7 @@ async def test_an_item_the_database_refuses_to_hold_loses_only_itself(
     assert refused["url"] == f"{base}/articles/hostile-1" and "refused by the test" in str(refused)
     assert report["fetchErrors"] == []
     [bad] = await db.fetch("SELECT body_hash FROM news.sources WHERE name = 'Bad'")
-    assert bad["body_hash"] is not None  # its state is saved: the refused item is not retried
+    assert bad["body_hash"] is not None
 
 
 async def test_a_hold_failure_that_is_no_items_fault_refetches_that_feed(
@@ -435,37 +526,33 @@ async def test_a_hold_failure_that_is_no_items_fault_refetches_that_feed(
     feed_server: RecordingServer,
     http: UntrustedHttp,
 ) -> None:
-    """40001 (a serialization failure) is nobody's item: the feed's state is not saved, so
-    the next run fetches it again and holds what it could not; the neighbour is written."""
+    """Over the queue limit, 40001 (a serialization failure, nobody's item) while holding
+    what waits: the feed's state is not saved, so the next run fetches it again and holds
+    what it could not; the neighbour is written."""
     base = feed_server.url
-    site(
-        feed_server,
-        {
-            "/feeds/good": rss(base, 2, prefix="good"),
-            "/feeds/bad": _feed(_item(base, 1) + _item(base, 2)),
-        },
-    )
+    _good_and_bad(feed_server, bad_items=2)
     await add_source(db, url=base + "/feeds/good", name="Good", shard="s", now=NOW)
     await add_source(db, url=base + "/feeds/bad", name="Bad", shard="s", now=NOW)
-    await db.execute(REFUSE_ONE_URL.format(sqlstate="40001").replace("%%", "%"))
-    runtime = runtime_for(db, clock, fresh_db_url)
+    await _refuse_hostile_1(db, "candidates", "40001")
+    runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="2")
 
     first = (
         await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
     ).to_json()
 
-    urls = {r["url"] for r in await db.fetch("SELECT url FROM news.articles")}
-    assert {f"{base}/articles/good-0", f"{base}/articles/good-1"} <= urls, first
-    assert f"{base}/articles/hostile-1" not in urls
+    assert await _urls(db, "articles") == {f"{base}/articles/good-0", f"{base}/articles/good-1"}
+    assert await _urls(db, "candidates") == {f"{base}/articles/hostile-2"}
     assert [e["source"] for e in first["fetchErrors"]] == ["Bad"] and first["writeErrors"] == []
     [bad] = await db.fetch("SELECT body_hash FROM news.sources WHERE name = 'Bad'")
     assert bad["body_hash"] is None
 
-    await db.execute("DROP TRIGGER refuse_one_candidate ON news.candidates")
+    await db.execute("DROP TRIGGER refuse_one_url ON news.candidates")
     clock.advance(timedelta(hours=1))
     await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
-    urls = {r["url"] for r in await db.fetch("SELECT url FROM news.articles")}
-    assert {f"{base}/articles/hostile-1", f"{base}/articles/hostile-2"} <= urls
+    assert [r.path for r in feed_server.requests if r.path == "/feeds/bad"] == ["/feeds/bad"] * 2
+    assert {f"{base}/articles/hostile-1", f"{base}/articles/hostile-2"} <= await _urls(
+        db, "articles"
+    )
 
 
 class _AlwaysAnswers:
