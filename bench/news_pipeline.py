@@ -45,6 +45,7 @@ from nightcrew.clock import SystemClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.db.migrate import migrate
+from nightcrew.gc_tuning import tune_for_bursts
 from nightcrew.log import configure_logging
 from nightcrew.news.inline import run_shard
 from nightcrew.news.pipeline import enqueue_shard
@@ -175,6 +176,7 @@ async def _delete(prefix: str) -> None:
 
 async def main(args: argparse.Namespace) -> None:
     configure_logging("warning")  # the passes' and inline runs' info events would drown the table
+    tune_for_bursts()  # the inline runs here in a process set up as the workers' command is
     counts = [int(n) for n in args.workers.split(",")]
     total = args.feeds * args.items
     parent, child = multiprocessing.Pipe()

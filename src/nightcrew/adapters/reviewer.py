@@ -76,10 +76,11 @@ class OfflineReviewer:
             reasons.append("too short")
         if title and title in self._titles:
             reasons.append("duplicate title")
-        text = f"{article.title} {article.summary}".lower()
-        hits = sorted(t for t in self._blocked if t in text)
-        if hits:
-            reasons.append("blocked terms: " + ", ".join(hits))
+        if self._blocked:
+            text = f"{article.title} {article.summary}".lower()
+            hits = sorted(t for t in self._blocked if t in text)
+            if hits:
+                reasons.append("blocked terms: " + ", ".join(hits))
         if title:
             self._titles.add(title)
         return Verdict(accepted=not reasons, reasons=reasons, reviewer=self.name)

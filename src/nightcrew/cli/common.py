@@ -32,6 +32,7 @@ from nightcrew.errors import (
     NightcrewError,
     QueueUnavailableError,
 )
+from nightcrew.gc_tuning import tune_for_bursts
 from nightcrew.log import SecretScrubber, configure_logging, describe_error
 from nightcrew.runtime import Runtime, open_runtime
 
@@ -235,6 +236,7 @@ def main() -> None:
     # on stderr, where the operator's logs are: without it a worker just vanishes with -6
     with contextlib.suppress(RuntimeError, ValueError, OSError):  # no stderr to write to
         faulthandler.enable()
+    tune_for_bursts()  # the commands' imports are done: the collector need not walk them
     try:
         app()
     except BrokenPipeError:  # `nightcrew … | head` is not an error

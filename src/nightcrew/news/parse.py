@@ -168,8 +168,7 @@ def _plain_title(entry: Any, *, atom: bool) -> str:
     every RSS title HTML, and escapes a plain one's ``&``), and a title is shown, stored and
     published as text, never as markup."""
     title = str(_field(entry, "title") or "")
-    kind = getattr(_field(entry, "title_detail"), "type", None)
-    if atom and kind not in _MARKUP_TYPES:
+    if atom and getattr(_field(entry, "title_detail"), "type", None) not in _MARKUP_TYPES:
         return title
     if "<" not in title:  # most titles: no tags, at most an entity or two
         return html.unescape(title) if "&" in title else title
