@@ -1,9 +1,11 @@
 """Fetched articles wait in ``news.candidates`` until they are written: deferred means later.
 
-A source's new items are held in the same transaction that saves its ETag / Last-Modified /
-body hash, so the next conditional GET answering 304 can never lose them. Each run takes the
-shard's held candidates oldest first; a written candidate is dropped in the transaction that
-writes its article; one the database cannot store is ``rejected`` with the reason.
+A source's fetch state (ETag / Last-Modified / body hash) is saved in the same transaction as
+those of its new items that are not written yet (``record_and_hold``), so the next conditional
+GET answering 304 can never lose them; the inline run keeps what it writes itself in memory
+(``fetched_now``, ``Candidate.stored``) and saves the state after its writes. Each run takes
+the shard's held candidates oldest first; a written candidate is dropped in the transaction
+that writes its article; one the database cannot store is ``rejected`` with the reason.
 """
 
 from __future__ import annotations

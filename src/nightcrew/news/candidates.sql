@@ -37,7 +37,8 @@ UPDATE news.candidates
  WHERE shard = %(shard)s AND state IN ('queued', 'dead');
 
 -- name: held
--- Oldest first: what earlier runs deferred goes before what this run fetched.
+-- Oldest first: what earlier runs deferred (the inline run puts what it fetched itself after
+-- these, from memory).
 SELECT c.url, c.source_id, c.title, c.summary, c.image_url, c.published_at, c.reason,
        c.attempts, c.stage, c.verdict, c.translation,
        s.name AS source_name, s.shard AS source_shard

@@ -1,16 +1,20 @@
 """The inline engine: one news run of one shard, in one process, under the shard lease, calling
 spec 001's steps in the spec's order.
 
-lock → fetch RSS candidates → processed-URL lookup (Redis set + database, in bulk) → hold
-the new candidates (with each source's fetch state, in one transaction) → queued counts by
-source and shard → article count → backpressure check → extend the lease → image hydration →
-per-article AI review locks → review + translation → writes (fenced) → snapshot → report.
+lock → fetch RSS candidates → processed-URL lookup (Redis set + database, in bulk) → the new
+candidates kept in memory → queued counts by source and shard → article count → backpressure
+check → extend the lease → image hydration → per-article AI review locks → review +
+translation → writes (fenced) → each source's fetch state saved, with any of its candidates
+not yet a row → snapshot → report.
 When the database is over its article limit the run stops before the first expensive step and
 saves a lightweight report that says why; over the queue limit it works through a bounded batch
 of the backlog — at most the limit, oldest first (``admission.decide``) — and, with a model, at
 most MAX_AI_REVIEWS model reviews of it (``review.within_budget``). Whatever a run does not
 write stays held in ``news.candidates`` (``news/candidates.py``) and goes first next time:
-deferred means later.
+deferred means later. What it writes never becomes a row there: a new item is a row only once
+the run knows it will not write it (deferred, failed for now, refused). The fetch state that
+lets the next fetch skip an unchanged feed (ETag, Last-Modified, body hash) is saved only after
+that, so a run that dies mid-way has saved none, and the next run fetches those feeds again.
 
 The steps are their own modules (``fetch``, ``items``, ``admission``, ``hydrate``, ``review``,
 ``write``, ``snapshot``, ``leases``, ``report``), shared with the pipeline engine
@@ -166,14 +170,18 @@ class _Run:
     # The new items this run fetched, held in memory until each is written, dropped (written
     # meanwhile) or stored as a row (``_store``: deferred, failed for now): a row is a promise
     # to process later, and most items are processed by the run that fetched them. The fetch
-    # state of their sources (``fetched``) is saved by ``_settle`` once none is left here; a
-    # run that dies first saved none, and the next run fetches those feeds again.
+    # state of their sources (``fetched``) is saved by ``_settle``, after the writes, in one
+    # transaction with whatever is still here; a run that dies first saved none, and the next
+    # run fetches those feeds again.
     unstored: dict[str, Candidate] = field(default_factory=dict)
     fetched: list[Fetched] = field(default_factory=list)
+    # when the run started: every row it stores is held as of then, as one hold would have
+    # held them all (the shard's queue is oldest first, then in the order stored)
+    started: datetime | None = None
 
     async def run(self) -> None:
         """Spec 001's order, one named step each."""
-        now = self.clock.now()
+        now = self.started = self.clock.now()
         await held_candidates.adopt_queued(self.runtime.db, self.report.shard, now)
         await self._fetch(now)
         articles = await self._count_articles()
@@ -245,8 +253,11 @@ class _Run:
         fresh = [c for c in candidates if not c.stored]
         if not fresh:
             return
-        stored = await items.store(self.runtime.db, self.report.shard, fresh, self.clock.now())
-        self.report.write_errors.extend(stored.refused)
+        at = self.started or self.clock.now()
+        stored = await items.store(self.runtime.db, self.report.shard, fresh, at)
+        # (one the write was refused for is reported by the write already)
+        reported = {e["url"] for e in self.report.write_errors}
+        self.report.write_errors.extend(e for e in stored.refused if e["url"] not in reported)
         for candidate in stored.not_stored:
             self.unstored[candidate.url] = candidate
 
@@ -322,12 +333,17 @@ class _Run:
     async def _process(
         self, admitted: Admission, retries: list[dict[str, Any]], now: datetime
     ) -> list[str]:
-        """The admitted batch of held candidates, oldest first (what earlier runs deferred goes
-        before the new), within MAX_AI_REVIEWS model reviews: image hydration, the
-        no-thumbnail retries, review locks, review and translation, fenced writes. The URLs
+        """The admitted batch — the shard's held candidates, oldest first, then this run's new
+        ones (what earlier runs deferred goes before the new) — within MAX_AI_REVIEWS model
+        reviews: image hydration, the no-thumbnail retries, review locks, review and
+        translation, fenced writes; then the fetch state saved (``_settle``). The URLs
         written."""
         db, report, settings = self.runtime.db, self.report, self.runtime.settings
         batch = await held_candidates.held(db, report.shard, admitted.room)
+        # a new item that became a row since it was looked up (a holder whose lease ran out
+        # deferred it) is that row: in the batch once
+        for candidate in batch:
+            self.unstored.pop(candidate.url, None)
         batch += list(self.unstored.values())[: admitted.room - len(batch)]
         if admitted.reason is not None:  # the backlog beyond the batch waits, with why
             await self._defer_all_but([c.url for c in batch], admitted.reason)

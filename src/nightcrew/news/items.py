@@ -7,9 +7,9 @@ New means not seen before. Each engine decides it its own way today, side by sid
   once Redis fails: ``seen``) and records the URLs it wrote there (``mark_processed``). It
   keeps the new items in memory, since it writes most of them itself, and stores as rows in
   ``news.candidates`` only those it does not write (``store``: deferred, failed for now).
-  Once none is left in memory, it saves each source's fetch state in one transaction with
-  any it still holds (``hold_fetched``). A run that dies before then has saved no state, so
-  the next run fetches those feeds again;
+  After its writes it saves each source's fetch state, in one transaction with whatever of
+  that source's items is still only in memory (``hold_fetched``). A run that dies before then
+  has saved no state, so the next run fetches those feeds again;
 * the pipeline keeps a per-source watermark — the newest believable date handed on and the
   URLs dated exactly then (``past_watermark``, ``new_watermark``) — and holds the items at
   their first stage, queued with their messages or held with the reason (``hold_staged``).

@@ -74,7 +74,7 @@ async def insert_articles(
 
 # --- the inline run's ----------------------------------------------------------------------------
 # Makes rows of the candidates (by URL) the inline run still holds in memory only, before the
-# write defers, rejects or keeps the verdict of one (``inline._Run._store_urls``).
+# write defers, rejects or keeps the verdict of one (``inline._Run._review_and_write``).
 StoreFirst = Callable[[list[str]], Awaitable[None]]
 
 
@@ -183,7 +183,7 @@ async def _write_batch(
             raise StaleLease(f"shard {shard}: a newer lease holder has written")
         ids = await insert_articles(tx, shard, fence, verdicts, images, now)
         # written now, or already (ON CONFLICT): either way no longer a candidate
-        await held_candidates.drop(tx, [r.url for r in verdicts if r.candidate.stored])
+        await held_candidates.drop(tx, [r.url for r in verdicts])
     return [r.url for r in verdicts if r.url in ids]
 
 

@@ -301,3 +301,47 @@ async def test_a_run_stopped_before_its_writes_saves_no_fetch_state_and_the_next
     assert again["processedCount"] == 4 and len(await _articles(db)) == 4
     [source] = await db.fetch("SELECT etag, body_hash FROM news.sources")
     assert source["etag"] is not None and source["body_hash"] is not None
+
+
+async def test_a_new_item_that_became_a_row_meanwhile_is_in_the_batch_once(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: UntrustedHttp,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run looks its new URLs up (``candidates.known``) before it reads the shard's held
+    rows; a holder whose lease ran out may store one of them as a row in between. Simulated
+    by a look-up that finds nothing: the URL held by the first run (over the queue limit) is
+    also new to the second. It is reviewed and written once, with one review."""
+    base = feed_server.url
+    served = {"/feeds/a": rss(base, 3)}
+    site(feed_server, served)
+    await add_source(db, url=base + "/feeds/a", name="A", shard="s", now=NOW)
+    runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="2")
+    first = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+    ).to_json()
+    assert first["processedCount"] == 2 and first["deferredCount"] == 1
+    [held] = await db.fetch("SELECT url FROM news.candidates WHERE state = 'held'")
+
+    async def finds_nothing(db: Database, urls: list[str]) -> set[str]:
+        return set()
+
+    monkeypatch.setattr("nightcrew.news.candidates.known", finds_nothing)
+    served["/feeds/a"] = rss(base, 3) + b" "  # a new body: read again, its items looked up
+    clock.advance(timedelta(hours=1))
+    second = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+    ).to_json()
+
+    assert second["processedCount"] == 1 and second["aiReviewedCount"] == 1, second
+    reviews = await db.fetch(
+        "SELECT a.url FROM news.reviews r JOIN news.articles a ON a.id = r.article_id"
+    )
+    assert sorted(r["url"] for r in reviews) == sorted(
+        f"{base}/articles/story-{n}" for n in range(3)
+    )
+    assert held["url"] in {r["url"] for r in reviews}
+    assert await db.fetch("SELECT url FROM news.candidates") == []
