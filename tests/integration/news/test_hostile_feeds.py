@@ -30,6 +30,7 @@ from nightcrew.news.fetch import (
 )
 from nightcrew.news.inline import run_shard
 from nightcrew.news.sources import add_source
+from nightcrew.runtime import Runtime
 from tests.conftest import NOW
 from tests.integration.news.test_run import deps_for, rss, runtime_for, site
 from tests.support.servers import RecordingServer, answers, free_port
@@ -391,10 +392,21 @@ async def _refuse_hostile_1(db: Database, table: str, sqlstate: str) -> None:
     await db.execute(REFUSE_ONE_URL.format(table=table, sqlstate=sqlstate).replace("%%", "%"))
 
 
-def _good_and_bad(server: RecordingServer, *, bad_items: int) -> list[int]:
-    """Two feeds with ETags; the statuses the feeds were answered with."""
+async def _good_and_bad(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    server: RecordingServer,
+    *,
+    bad_items: int,
+    refused_by: tuple[str, str],
+    **env: str,
+) -> tuple[Runtime, list[int]]:
+    """Shard "s": feeds Good (2 items) and Bad (``bad_items``), with ETags, and the database
+    refusing Bad's first item in one table (``refused_by``: the table and the SQLSTATE). The
+    runtime, and the statuses the feeds were answered with."""
     base = server.url
-    return site(
+    statuses = site(
         server,
         {
             "/feeds/good": rss(base, 2, prefix="good"),
@@ -402,6 +414,10 @@ def _good_and_bad(server: RecordingServer, *, bad_items: int) -> list[int]:
         },
         etag=True,
     )
+    await add_source(db, url=base + "/feeds/good", name="Good", shard="s", now=NOW)
+    await add_source(db, url=base + "/feeds/bad", name="Bad", shard="s", now=NOW)
+    await _refuse_hostile_1(db, *refused_by)
+    return runtime_for(db, clock, fresh_db_url, **env), statuses
 
 
 async def _urls(db: Database, table: str) -> set[str]:
@@ -420,11 +436,14 @@ async def test_an_item_the_database_refuses_to_write_loses_only_itself(
     the refused one is rejected with the reason, and the feed's state is saved (nothing to
     fetch again)."""
     base = feed_server.url
-    _good_and_bad(feed_server, bad_items=3)
-    await add_source(db, url=base + "/feeds/good", name="Good", shard="s", now=NOW)
-    await add_source(db, url=base + "/feeds/bad", name="Bad", shard="s", now=NOW)
-    await _refuse_hostile_1(db, "articles", "54000")
-    runtime = runtime_for(db, clock, fresh_db_url)
+    runtime, _ = await _good_and_bad(
+        db,
+        clock,
+        fresh_db_url,
+        feed_server,
+        bad_items=3,
+        refused_by=("articles", "54000"),
+    )
 
     report = (
         await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
@@ -455,11 +474,14 @@ async def test_a_write_failure_that_is_no_items_fault_holds_that_item_for_the_ne
     """40001 (a serialization failure) is nobody's item: the article is held, with the
     reason, and written by the next run — though its feed answers 304 by then."""
     base = feed_server.url
-    statuses = _good_and_bad(feed_server, bad_items=2)
-    await add_source(db, url=base + "/feeds/good", name="Good", shard="s", now=NOW)
-    await add_source(db, url=base + "/feeds/bad", name="Bad", shard="s", now=NOW)
-    await _refuse_hostile_1(db, "articles", "40001")
-    runtime = runtime_for(db, clock, fresh_db_url)
+    runtime, statuses = await _good_and_bad(
+        db,
+        clock,
+        fresh_db_url,
+        feed_server,
+        bad_items=2,
+        refused_by=("articles", "40001"),
+    )
 
     first = (
         await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
@@ -498,11 +520,15 @@ async def test_an_item_the_database_refuses_to_hold_loses_only_itself(
     refuses to hold (54000, its own fault) is lost alone and reported; the rest of its feed
     is held, and the feed's state saved."""
     base = feed_server.url
-    _good_and_bad(feed_server, bad_items=3)
-    await add_source(db, url=base + "/feeds/good", name="Good", shard="s", now=NOW)
-    await add_source(db, url=base + "/feeds/bad", name="Bad", shard="s", now=NOW)
-    await _refuse_hostile_1(db, "candidates", "54000")
-    runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="2")
+    runtime, _ = await _good_and_bad(
+        db,
+        clock,
+        fresh_db_url,
+        feed_server,
+        bad_items=3,
+        refused_by=("candidates", "54000"),
+        INGESTION_BACKPRESSURE_QUEUE_LIMIT="2",
+    )
 
     report = (
         await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
@@ -531,11 +557,15 @@ async def test_a_hold_failure_that_is_no_items_fault_refetches_that_feed(
     what waits: the feed's state is not saved, so the next run fetches it again and holds
     what it could not; the neighbour is written."""
     base = feed_server.url
-    _good_and_bad(feed_server, bad_items=2)
-    await add_source(db, url=base + "/feeds/good", name="Good", shard="s", now=NOW)
-    await add_source(db, url=base + "/feeds/bad", name="Bad", shard="s", now=NOW)
-    await _refuse_hostile_1(db, "candidates", "40001")
-    runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="2")
+    runtime, _ = await _good_and_bad(
+        db,
+        clock,
+        fresh_db_url,
+        feed_server,
+        bad_items=2,
+        refused_by=("candidates", "40001"),
+        INGESTION_BACKPRESSURE_QUEUE_LIMIT="2",
+    )
 
     first = (
         await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
