@@ -59,11 +59,18 @@ class Leases(Protocol):
         """Every lease of ``names`` that was free, in as few round trips as the backend can."""
         ...
 
-    async def release_many(self, leases: list[Lease]) -> None: ...
+    async def release_many(self, leases: list[Lease], *, forget: bool = False) -> None:
+        """``forget``: see ``release``."""
+        ...
 
     async def extend(self, lease: Lease, ttl_seconds: float | None = None) -> bool: ...
 
-    async def release(self, lease: Lease) -> bool: ...
+    async def release(self, lease: Lease, *, forget: bool = False) -> bool:
+        """The lease given up (holder-only). ``forget``: its row goes too, and the name's fence
+        starts again at 1 — for a name taken once per article (a review lock, a stage's lease
+        on one candidate), whose fence nobody reads: kept, such rows would grow with every
+        article ever processed."""
+        ...
 
 
 class PostgresLeases:
@@ -102,14 +109,20 @@ class PostgresLeases:
             for r in rows
         }
 
-    async def release_many(self, leases: list[Lease]) -> None:
+    async def release_many(self, leases: list[Lease], *, forget: bool = False) -> None:
         by_token: dict[str, list[str]] = {}
         for lease in leases:
             by_token.setdefault(lease.token, []).append(lease.name)
         for token, names in by_token.items():
-            await self._expire(names, token)
+            await self._expire(names, token, forget=forget)
 
-    async def _expire(self, names: list[str], token: str) -> int:
+    async def _expire(self, names: list[str], token: str, *, forget: bool) -> int:
+        if forget:
+            return await self._db.execute(
+                "DELETE FROM nightcrew.leases"
+                " WHERE name = ANY(%(names)b::text[]) AND token = %(token)s",
+                {"names": names, "token": token},
+            )
         # Expire rather than delete: the row keeps the fence, which must only grow.
         return await self._db.execute(
             "UPDATE nightcrew.leases SET token = '', expires_at = '-infinity'"
@@ -131,8 +144,8 @@ class PostgresLeases:
         )
         return touched == 1
 
-    async def release(self, lease: Lease) -> bool:
-        return await self._expire([lease.name], lease.token) == 1
+    async def release(self, lease: Lease, *, forget: bool = False) -> bool:
+        return await self._expire([lease.name], lease.token, forget=forget) == 1
 
 
 class PairedLeases:
@@ -164,8 +177,8 @@ class PairedLeases:
         await self._mirror(list(leases.values()), "set")
         return leases
 
-    async def release_many(self, leases: list[Lease]) -> None:
-        await self._authority.release_many(leases)
+    async def release_many(self, leases: list[Lease], *, forget: bool = False) -> None:
+        await self._authority.release_many(leases, forget=forget)
         await self._mirror(leases, "release")
 
     async def extend(self, lease: Lease, ttl_seconds: float | None = None) -> bool:
@@ -174,8 +187,8 @@ class PairedLeases:
             await self._mirror([lease], "extend", ttl_seconds)
         return held
 
-    async def release(self, lease: Lease) -> bool:
-        released = await self._authority.release(lease)
+    async def release(self, lease: Lease, *, forget: bool = False) -> bool:
+        released = await self._authority.release(lease, forget=forget)
         await self._mirror([lease], "release")
         return released
 

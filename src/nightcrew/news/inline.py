@@ -462,7 +462,8 @@ class _Run:
                 raise
             report.write_errors.extend(written.write_errors)
         finally:
-            await self.leases.release_many(list(locks.values()))
+            # one per article, their fences unread: the rows go (``Leases.release``)
+            await self.leases.release_many(list(locks.values()), forget=True)
         report.processed_count = len(written.urls)
         # translated by this run's model calls (not a verdict the pipeline's review stage gave)
         written_now = set(written.urls)

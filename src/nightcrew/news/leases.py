@@ -40,12 +40,13 @@ def stage_lease_name(stage: str, key: str) -> str:
     return f"news:{stage}:" + hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
-async def release_quietly(leases: Leases, lease: Lease) -> bool:
+async def release_quietly(leases: Leases, lease: Lease, *, forget: bool = False) -> bool:
     """A lease that cannot be released now (its backend is down) runs out its TTL meanwhile:
     False, logged, never raised. (The pipeline's stages release this way, and remember what
-    they could not release; the inline run lets a failed release raise.)"""
+    they could not release; the inline run lets a failed release raise.) ``forget``: as
+    ``Leases.release``."""
     try:
-        await leases.release(lease)
+        await leases.release(lease, forget=forget)
     except NightcrewError as exc:
         warning("news.lease_release_failed", lease=lease.name, error=describe_error(exc))
         return False

@@ -679,8 +679,9 @@ async def _acquire_own(ctx: StageContext, name: str, ttl: float) -> Lease | None
 
 async def _release(ctx: StageContext, name: str, lease: Lease) -> None:
     """Released, or remembered for ``_acquire_own`` when the database cannot answer now (the
-    lease runs out its TTL meanwhile)."""
-    if not await leases.release_quietly(ctx.leases, lease):
+    lease runs out its TTL meanwhile). A stage's lease is on one source or one candidate, and
+    its fence in ``nightcrew.leases`` is not read (the candidate's own is): its row goes."""
+    if not await leases.release_quietly(ctx.leases, lease, forget=True):
         ctx.unreleased[name] = lease
 
 

@@ -86,6 +86,27 @@ async def test_an_expired_lease_goes_to_the_next_holder_with_a_higher_fence(
     assert await backend.leases.release(new)
 
 
+async def test_a_forgotten_lease_leaves_no_row_and_only_its_holder_can_forget_it(
+    backend: Backend, db: Database
+) -> None:
+    """A per-article lease released with ``forget`` (review locks, stage leases) goes with its
+    row, so the table holds what is in flight, not every article ever processed."""
+    names = [_name() for _ in range(3)]
+    held = await backend.leases.acquire_many(names, TTL)
+    forged = type(held[names[0]])(name=names[0], fence=1, ttl_seconds=TTL, token="not-it")
+
+    assert not await backend.leases.release(forged, forget=True)
+    await backend.leases.release_many([held[n] for n in names[1:]], forget=True)
+    rows = await db.fetch("SELECT name FROM nightcrew.leases WHERE name = ANY(%(n)s)", {"n": names})
+    assert [r["name"] for r in rows] == [names[0]]  # the forged release touched nothing
+    assert await backend.leases.acquire(names[1], TTL) is not None  # free again, fence anew
+    assert await backend.leases.release(held[names[0]], forget=True)
+    assert (
+        await db.fetch("SELECT name FROM nightcrew.leases WHERE name = %(n)s", {"n": names[0]})
+        == []
+    )
+
+
 @needs_redis
 async def test_extend_replaces_the_ttl_it_never_adds_in_both_places(
     db: Database, clock: FrozenClock

@@ -63,6 +63,10 @@ async def test_a_pass_and_a_worker_write_every_article_once_with_its_review_and_
         assert again["enqueuedSources"] == 0 and again["queuedCount"] == 0
         assert processed == 100
         assert await count(db, "SELECT count(*) FROM news.outbox") == 0
+        # the stages' leases (one per source or article) went with their rows: only the
+        # shard's upkeep lease is left
+        leases = await db.fetch("SELECT name FROM nightcrew.leases")
+        assert [r["name"] for r in leases] == [pipeline.upkeep_lease_name("s")]
         snapshot = json.loads((tmp_path / "store" / "news" / "snapshots" / "s.json").read_bytes())
         newest = await db.fetch(
             "SELECT url FROM news.articles WHERE status = 'accepted'"

@@ -211,8 +211,8 @@ class _Unrenewable:
     async def acquire_many(self, names: list[str], ttl_seconds: float) -> dict[str, Lease]:
         return await self._inner.acquire_many(names, ttl_seconds)
 
-    async def release_many(self, leases: list[Lease]) -> None:
-        await self._inner.release_many(leases)
+    async def release_many(self, leases: list[Lease], *, forget: bool = False) -> None:
+        await self._inner.release_many(leases, forget=forget)
 
     async def extend(self, lease: Lease, ttl_seconds: float | None = None) -> bool:
         self.refused += 1
@@ -221,8 +221,8 @@ class _Unrenewable:
     async def renew(self, lease: Lease, ttl_seconds: float | None = None) -> bool:
         return await self.extend(lease, ttl_seconds)
 
-    async def release(self, lease: Lease) -> bool:
-        return await self._inner.release(lease)
+    async def release(self, lease: Lease, *, forget: bool = False) -> bool:
+        return await self._inner.release(lease, forget=forget)
 
 
 async def test_a_lease_lost_mid_review_keeps_the_verdict_and_asks_the_model_nothing_more(
@@ -335,17 +335,17 @@ class _ReleaseFailsOnce:
     async def acquire_many(self, names: list[str], ttl_seconds: float) -> dict[str, Lease]:
         return await self._inner.acquire_many(names, ttl_seconds)
 
-    async def release_many(self, leases: list[Lease]) -> None:
-        await self._inner.release_many(leases)
+    async def release_many(self, leases: list[Lease], *, forget: bool = False) -> None:
+        await self._inner.release_many(leases, forget=forget)
 
     async def extend(self, lease: Lease, ttl_seconds: float | None = None) -> bool:
         return await self._inner.extend(lease, ttl_seconds)
 
-    async def release(self, lease: Lease) -> bool:
+    async def release(self, lease: Lease, *, forget: bool = False) -> bool:
         if lease.name.startswith("news:review:") and not self.failed:
             self.failed += 1
             raise DatabaseUnavailableError("lost PostgreSQL (the test's)")
-        return await self._inner.release(lease)
+        return await self._inner.release(lease, forget=forget)
 
 
 class _OutageBeforeTheModel:

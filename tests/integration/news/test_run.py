@@ -135,6 +135,9 @@ async def test_a_run_processes_once_and_the_next_run_does_nothing_per_item(
     assert len(snapshot["articles"]) == 5
     saved = await db.fetch("SELECT report FROM news.worker_reports")
     assert saved[0]["report"]["processedCount"] == 5
+    # the review locks went with their rows: only the shard's lease is left
+    leases = await db.fetch("SELECT name FROM nightcrew.leases")
+    assert [r["name"] for r in leases] == [shard_lock_name("s1")]
 
     feed_server.reset()
     site(feed_server, {"/feeds/a": rss(feed_server.url, 5)})
