@@ -405,7 +405,7 @@ WRITES: dict[str, tuple[str, ...]] = {
     "nightcrew.queue_messages": ("INSERT",),
     "nightcrew.podcast_deletions": ("INSERT", "UPDATE"),
     "nightcrew.effects": ("INSERT", "UPDATE", "DELETE"),
-    "nightcrew.leases": ("INSERT", "UPDATE"),
+    "nightcrew.leases": ("INSERT", "UPDATE", "DELETE"),
     "nightcrew.runs": ("INSERT", "UPDATE"),
 }
 

@@ -413,7 +413,11 @@ async def test_outbox_failures_leave_the_row_pending_with_the_error(
         feed_server.responder = slow
     clock = later(days=1)
     async with httpx.AsyncClient() as http:
-        feed = HttpFeedCache(http, feed_server.url, "s", wait_timeout=httpx.Timeout(0.3))
+        # the read times out, not the connect: a loaded machine may take longer than 0.3 s to
+        # accept, and then the server never sees the request this test looks at
+        feed = HttpFeedCache(
+            http, feed_server.url, "s", wait_timeout=httpx.Timeout(0.3, connect=10.0)
+        )
         runtime = rt(db, clock, fresh_db_url, open_store("memory://"), feedcache=feed)
         report = await run_reconcile(runtime, clock, APPLY)
         assert report.outbox == OutboxDrain(pending=1, delivered=0, failed=1, dead=0)
