@@ -179,6 +179,13 @@ def _plain_title(entry: Any, *, atom: bool) -> str:
 
 
 # --- parsing off the event loop ------------------------------------------------------------------
+def _cancel_scheduled(scheduling: asyncio.Future[Future[Any]]) -> None:
+    """The task a cancelled caller had scheduled, cancelled (its worker killed) once the
+    scheduling thread hands it over."""
+    if not scheduling.cancelled() and scheduling.exception() is None:
+        scheduling.result().cancel()
+
+
 class ParseOverBudget(FetchError):
     """Parsing one document took longer than its budget; the worker doing it was killed."""
 
@@ -241,13 +248,17 @@ class ParserPool:
         ParserDied if the worker ended or the pool broke; the function's own exception is
         raised as it was. A caller that is cancelled (its fetch budget) cancels the task, which
         kills its worker."""
+        # Scheduled from a thread: the first task of a process starts the workers, and the fork
+        # server imports its preloads before it forks the first one (~0.5-0.8 s) — time the
+        # event loop must not spend waiting.
+        scheduling = asyncio.ensure_future(
+            asyncio.to_thread(self._schedule, function, args, budget_seconds)
+        )
         try:
-            future = self._running().schedule(function, args=args, timeout=budget_seconds)
-        except RuntimeError:  # the pool stopped between the check and the call: once more
-            try:
-                future = self._running().schedule(function, args=args, timeout=budget_seconds)
-            except RuntimeError as exc:
-                raise ParserDied(f"the parser pool broke: {describe_error(exc)}") from exc
+            future = await asyncio.shield(scheduling)
+        except asyncio.CancelledError:
+            scheduling.add_done_callback(_cancel_scheduled)  # its task, once it has one
+            raise
         with self._lock:
             self._in_flight.add(future)
         future.add_done_callback(self._settled)
@@ -261,6 +272,17 @@ class ParserPool:
             raise ParserDied(f"the parser process died (exit code {exc.exitcode})") from exc
         except BrokenProcessPool as exc:
             raise ParserDied(f"the parser pool broke: {describe_error(exc)}") from exc
+
+    def _schedule(
+        self, function: Callable[..., Any], args: tuple[Any, ...], budget_seconds: float
+    ) -> Future[Any]:
+        try:
+            return self._running().schedule(function, args=args, timeout=budget_seconds)
+        except RuntimeError:  # the pool stopped between the check and the call: once more
+            try:
+                return self._running().schedule(function, args=args, timeout=budget_seconds)
+            except RuntimeError as exc:
+                raise ParserDied(f"the parser pool broke: {describe_error(exc)}") from exc
 
     def _settled(self, future: Future[Any]) -> None:
         with self._lock:

@@ -134,9 +134,11 @@ async def test_a_feed_too_heavy_to_parse_is_its_own_fetch_error_and_the_loop_sta
     )
     assert heavy_row is not None and heavy_row["consecutive_failures"] == 1
     assert "parse budget" in heavy_row["last_error"]
-    # stopped at its budget, not parsed to the end; and the loop answered all along
+    # stopped at its budget, not parsed to the end; and the loop answered all along — also
+    # while the process's first parse started the fork server (0.7-0.9 s of its imports, which
+    # once stalled the loop: ParserPool.run now schedules from a thread; here 3-5 ms alone)
     assert elapsed < 20, elapsed
-    assert lag.ticks > 20 and lag.worst < 1.0, lag.worst
+    assert lag.ticks > 20 and lag.worst < 0.5, lag.worst
 
 
 async def test_a_gzip_bomb_feed_fails_and_a_bomb_page_is_cut_at_its_cap(
