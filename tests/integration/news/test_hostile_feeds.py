@@ -238,16 +238,18 @@ async def test_a_slow_loris_feed_is_cut_at_the_fetch_budget(
     with slow_loris() as loris:
         await add_source(db, url=base + "/feeds/good", name="Good", shard="s", now=NOW)
         await add_source(db, url=loris + "/feed", name="Loris", shard="s", now=NOW)
-        runtime = runtime_for(db, clock, fresh_db_url, NEWS_FETCH_BUDGET_SECONDS="2")
+        # 3 s: the good feed's fetch must fit in it too, on a CI machine running six workers
+        # on two cores (at 2 s it once did not)
+        runtime = runtime_for(db, clock, fresh_db_url, NEWS_FETCH_BUDGET_SECONDS="3")
         started = time.monotonic()
         report = (
             await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
         ).to_json()
         elapsed = time.monotonic() - started
     # every read arrives well within the 15 s read timeout: only the budget can end it
-    assert elapsed < 6, elapsed
+    assert elapsed < 8, elapsed
     assert report["fetchErrors"] == [
-        {"source": "Loris", "error": "the feed took longer than the 2 s budget"}
+        {"source": "Loris", "error": "the feed took longer than the 3 s budget"}
     ]
     assert report["processedCount"] == 2
 
