@@ -47,7 +47,6 @@ NAT64 = ipaddress.ip_network("64:ff9b::/96")
 NOT_PUBLIC_V6 = tuple(
     ipaddress.ip_network(n) for n in ("64:ff9b:1::/48", "::ffff:0:0:0/96", "fec0::/10", "3fff::/20")
 )
-# Names that never mean a public site, whatever a resolver answers for them.
 # Most URLs a feed links are already in the form urlsplit/urlunsplit would give them: http(s),
 # a lower-case ASCII host without port or credentials, a path and query of RFC 3986 characters,
 # no fragment (nor an empty "?", which the join would drop). Such a URL is its own normal form,
@@ -60,6 +59,7 @@ PLAIN_URL = re.compile(
     re.ASCII,
 )
 
+# Names that never mean a public site, whatever a resolver answers for them.
 INTERNAL_NAMES = ("localhost",)
 INTERNAL_SUFFIXES = (".localhost", ".local", ".internal", ".home.arpa", ".localdomain")
 

@@ -3,7 +3,7 @@
 A source's fetch state (ETag / Last-Modified / body hash) is saved in the same transaction as
 those of its new items that are not written yet (``record_and_hold``), so the next conditional
 GET answering 304 can never lose them; the inline run keeps what it writes itself in memory
-(``fetched_now``, ``Candidate.stored``) and saves the state after its writes. Each run takes
+(``fetched_now``) and saves the state after its writes. Each run takes
 the shard's held candidates oldest first; a written candidate is dropped in the transaction
 that writes its article; one the database cannot store is ``rejected`` with the reason.
 """
@@ -33,9 +33,6 @@ class Candidate:
     reviewed: bool = False  # the pipeline's review stage already judged it: ``verdict``
     verdict: Verdict | None = None  # None when reviewed: the model failed for good
     translation: str | None = None
-    # a row in news.candidates; False for a new item a run holds in memory (inline.py: most
-    # are written by the run that fetched them, and need no row)
-    stored: bool = True
 
     @property
     def url(self) -> str:
@@ -165,7 +162,6 @@ def fetched_now(fetched: list[Fetched], known_urls: set[str]) -> list[Candidate]
                     item=item,
                     reason="fetched",
                     attempts=0,
-                    stored=False,
                 )
     return list(fresh.values())
 

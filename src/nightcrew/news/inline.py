@@ -247,14 +247,14 @@ class _Run:
         report.queued_count = sum(queued.values())
 
     async def _store(self, candidates: list[Candidate]) -> None:
-        """In-memory candidates made rows (for a deferral, a rejection, a kept verdict): one
-        the database refuses for its own data is lost and reported, as a hold loses it; one it
-        cannot store for now goes back to memory, for ``_settle``."""
-        fresh = [c for c in candidates if not c.stored]
-        if not fresh:
+        """In-memory candidates (taken out of ``unstored`` or the write's share of it) made
+        rows, for a deferral, a rejection, a kept verdict: one the database refuses for its own
+        data is lost and reported, as a hold loses it; one it cannot store for now goes back to
+        memory, for ``_settle``."""
+        if not candidates:
             return
         at = self.started or self.clock.now()
-        stored = await items.store(self.runtime.db, self.report.shard, fresh, at)
+        stored = await items.store(self.runtime.db, self.report.shard, candidates, at)
         # (one the write was refused for is reported by the write already)
         reported = {e["url"] for e in self.report.write_errors}
         self.report.write_errors.extend(e for e in stored.refused if e["url"] not in reported)

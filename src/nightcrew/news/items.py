@@ -86,6 +86,13 @@ def _hold_error(exc: QueryError) -> str:
     return f"could not hold its items: {describe_error(exc)}"
 
 
+def _refused(url: str, exc: QueryError) -> dict[str, Any]:
+    """An item the database refused to hold for its own data: logged, and its ``writeErrors``
+    entry."""
+    warning("worker.hold_rejected", url=url, error=describe_error(exc))
+    return {"url": url, "error": describe_error(exc)}
+
+
 async def record_failures(db: Database, fetched: list[Fetched], now: datetime) -> Held:
     """What a run's fetches report before anything is held: each failed fetch, recorded one
     by one (each may park its source; spec 001's ``fetchErrors``), and the items each
@@ -142,8 +149,8 @@ class Stored:
 
 
 async def store(db: Database, shard: str, candidates: list[Candidate], now: datetime) -> Stored:
-    """In-memory candidates (``Candidate.stored`` False) made rows: in one statement, or, if
-    the database refuses it, one by one."""
+    """A run's in-memory candidates made rows: in one statement, or, if the database refuses
+    it, one by one."""
     pairs = [(c.source_id, c.item) for c in candidates]
     try:
         await held_candidates.hold(db, shard, pairs, now)
@@ -157,8 +164,7 @@ async def store(db: Database, shard: str, candidates: list[Candidate], now: date
             await held_candidates.hold(db, shard, [(candidate.source_id, candidate.item)], now)
         except QueryError as exc:
             if refused_for_its_data(exc):
-                refused.append({"url": candidate.url, "error": describe_error(exc)})
-                warning("worker.hold_rejected", url=candidate.url, error=describe_error(exc))
+                refused.append(_refused(candidate.url, exc))
             else:
                 not_stored.append(candidate)
     return Stored(refused=refused, not_stored=not_stored)
@@ -186,8 +192,7 @@ async def _hold_one_by_one(
                     db, source, FetchResult(outcome="failed", error=_hold_error(exc)), now
                 )
                 return
-            write_errors.append({"url": item.url, "error": describe_error(exc)})
-            warning("worker.hold_rejected", url=item.url, error=describe_error(exc))
+            write_errors.append(_refused(item.url, exc))
     try:
         await held_candidates.record(db, [(source, result, items)], now)
     except QueryError as exc:  # its items are held; only the 304 is lost: fetched again
