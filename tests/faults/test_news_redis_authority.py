@@ -13,10 +13,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import redis.asyncio as aioredis
 
+from nightcrew.adapters.processed import PROCESSED_SET
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
 from nightcrew.news.inline import run_shard
+from nightcrew.news.leases import shard_lock_name
+from nightcrew.news.review import review_lock_name
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
@@ -45,10 +49,6 @@ async def _not_yet_processed(farm: FeedFarm) -> None:
     """The farm's article URLs out of Redis's processed set, which every test shares: a farm
     that got the port of an earlier test's farm has that farm's URLs, and would find some of
     them "processed" already (one CI run found 26 of 30 new)."""
-    import redis.asyncio as aioredis
-
-    from nightcrew.adapters.processed import PROCESSED_SET
-
     client = aioredis.from_url(REDIS_URL)
     try:
         await client.srem(PROCESSED_SET, *farm.article_urls())
@@ -101,12 +101,6 @@ async def test_redis_cut_under_a_running_shard_while_a_second_run_starts(
 async def test_after_a_run_every_key_nightcrew_wrote_in_redis_has_a_ttl(
     db: Database, fresh_db_url: str, tmp_path: Path
 ) -> None:
-    import redis.asyncio as aioredis
-
-    from nightcrew.adapters.processed import PROCESSED_SET
-    from nightcrew.news.leases import shard_lock_name
-    from nightcrew.news.review import review_lock_name
-
     shard = f"ttl-{uuid.uuid4().hex[:6]}"
     port = urlsplit(REDIS_URL).port or 6379
     with FeedFarm(feeds=2, items=5, thumbnails=True) as farm, ModelStandIn(delay=0.0) as model:
