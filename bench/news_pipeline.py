@@ -48,7 +48,7 @@ from nightcrew.db.migrate import migrate
 from nightcrew.gc_tuning import tune_for_bursts
 from nightcrew.log import configure_logging
 from nightcrew.news.inline import run_shard
-from nightcrew.news.pipeline import enqueue_shard
+from nightcrew.news.pipeline import run_pass
 from nightcrew.news.sources import add_source
 from nightcrew.runtime import open_runtime
 
@@ -149,7 +149,7 @@ async def pipeline(
                 )
             await asyncio.sleep(2)  # the workers connect and start consuming
             started = time.perf_counter()
-            await enqueue_shard(runtime, clock, "bench")
+            await run_pass(runtime, clock, "bench")
             while await _written(db) < total:  # noqa: ASYNC110 - polling another process's work
                 await asyncio.sleep(0.1)
             seconds = time.perf_counter() - started

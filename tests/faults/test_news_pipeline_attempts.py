@@ -32,7 +32,7 @@ import pytest
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
 from nightcrew.news import stages
-from nightcrew.news.pipeline import broker_of, enqueue_shard
+from nightcrew.news.pipeline import broker_of, run_pass
 from tests.faults.test_news_pipeline_faults import workers
 from tests.faults.test_news_pipeline_poison import _cli
 from tests.integration.news.pipeline_support import (
@@ -83,7 +83,7 @@ async def test_a_poison_article_that_kills_its_worker_mid_model_call_is_dead_let
                 return letters == 1 and await _written(db) == 9 and await _waiting(db) == 0
 
             started = time.monotonic()
-            await enqueue_shard(runtime, SystemClock(), "s")
+            await run_pass(runtime, SystemClock(), "s")
             deaths, logs = 0, list[Path]()
             # fetch, enrich and write here; review only in the poisoned processes, one message
             # at a time, each started when the previous one died
@@ -140,7 +140,7 @@ async def test_a_poison_article_that_kills_its_worker_mid_model_call_is_dead_let
             assert "worker died" in text.stdout and poison in text.stdout
 
             # no further worker runs it: a pass and an ordinary worker find nothing to do
-            await enqueue_shard(runtime, SystemClock(), "s")
+            await run_pass(runtime, SystemClock(), "s")
             async with worker_running(runtime):
                 await asyncio.sleep(3)
             assert model.reviews[poison] == MAX_DELIVERIES
@@ -155,7 +155,7 @@ async def test_one_of_three_workers_killed_mid_review_is_taken_over_within_two_m
         await add_farm_sources(db, farm)
         async with workers(env, tmp_path) as crew, pipeline_runtime(env, db) as runtime:
             victim = await crew.start()
-            await enqueue_shard(runtime, SystemClock(), "s")
+            await run_pass(runtime, SystemClock(), "s")
             await wait_for(lambda: _asked(model, 8), within=60, what="the victim reviewing")
             await crew.start()
             await crew.start()
@@ -234,7 +234,7 @@ async def test_a_serialization_failure_in_the_write_stage_is_retried_with_backof
         async with pipeline_runtime(env, db) as runtime:
             watcher = asyncio.create_task(watch())
             try:
-                await enqueue_shard(runtime, SystemClock(), "s")
+                await run_pass(runtime, SystemClock(), "s")
                 async with worker_running(runtime) as summary:
                     await wait_for(lambda: _all_four(db), within=90, what="4 written")
                 await asyncio.sleep(0.5)  # the watcher's last look
@@ -289,7 +289,7 @@ async def test_a_silent_database_spends_no_attempt_and_asks_the_model_nothing_tw
             env = pipeline_env(fresh_db_url, prefix, model, tmp_path / "store")
             await add_farm_sources(db, farm)
             async with pipeline_runtime(env, pdb) as runtime, worker_running(runtime) as summary:
-                await enqueue_shard(runtime, SystemClock(), "s")
+                await run_pass(runtime, SystemClock(), "s")
                 await wait_for(lambda: _asked(model, 4), within=30, what="reviews under way")
                 proxy.blackhole()  # silent: connections held open, nothing answered
                 await asyncio.sleep(12)

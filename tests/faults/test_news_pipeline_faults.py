@@ -19,7 +19,7 @@ import pytest
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
-from nightcrew.news.pipeline import enqueue_shard
+from nightcrew.news.pipeline import run_pass
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
@@ -132,7 +132,7 @@ async def test_three_worker_processes_write_every_article_once_and_the_snapshot(
         async with workers(env, tmp_path) as crew, pipeline_runtime(env, db) as runtime:
             for _ in range(3):
                 await crew.start()
-            first = (await enqueue_shard(runtime, SystemClock(), "s")).to_json()
+            first = (await run_pass(runtime, SystemClock(), "s")).to_json()
             await wait_for(lambda: _all_written(db, 300), within=120, what="300 articles")
             codes = await crew.stop_all()
         assert codes == [0, 0, 0], [crew.tail(i) for i, c in enumerate(codes) if c]
@@ -171,7 +171,7 @@ async def test_a_worker_killed_mid_review_loses_nothing_and_no_article_is_review
         await add_farm_sources(db, farm)
         async with workers(env, tmp_path) as crew, pipeline_runtime(env, db) as runtime:
             victim = await crew.start()
-            await enqueue_shard(runtime, SystemClock(), "s")
+            await run_pass(runtime, SystemClock(), "s")
             await wait_for(lambda: _asked(model, 2), within=60, what="the victim mid-review")
             victim.kill()  # SIGKILL: its held messages go back to the queue, its leases stay
             await victim.wait()
@@ -182,7 +182,7 @@ async def test_a_worker_killed_mid_review_loses_nothing_and_no_article_is_review
             async def passes_until_done() -> bool:
                 # a pass releases what the survivor had to hold (the victim's review leases
                 # were still live when their messages came back)
-                await enqueue_shard(runtime, SystemClock(), "s")
+                await run_pass(runtime, SystemClock(), "s")
                 return await _all_written(db, 20)
 
             await wait_for(passes_until_done, within=120, what="20 articles", poll=1.0)
@@ -220,7 +220,7 @@ async def test_workers_reconnect_after_the_broker_connection_is_cut_and_nothing_
         async with workers(through_proxy, tmp_path) as crew, pipeline_runtime(env, db) as rt:
             await crew.start()
             await crew.start()
-            await enqueue_shard(rt, SystemClock(), "s")
+            await run_pass(rt, SystemClock(), "s")
             await wait_for(lambda: _written(db, 15), within=60, what="the first articles")
             await proxy.cut()  # every broker connection reset, new ones refused
             await asyncio.sleep(3)
@@ -287,7 +287,7 @@ async def test_a_database_cut_mid_review_is_waited_out_without_a_second_model_ca
             env = pipeline_env(fresh_db_url, prefix, model, tmp_path / "store")
             await add_farm_sources(db, farm)
             async with pipeline_runtime(env, pdb) as runtime, worker_running(runtime) as summary:
-                await enqueue_shard(runtime, SystemClock(), "s")
+                await run_pass(runtime, SystemClock(), "s")
                 await wait_for(lambda: _asked(model, 4), within=30, what="4 reviews under way")
                 await proxy.cut()  # PostgreSQL gone while the model thinks
                 await asyncio.sleep(4)  # every answer is in; nowhere to save it

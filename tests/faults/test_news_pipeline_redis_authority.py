@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
-from nightcrew.news.pipeline import enqueue_shard
+from nightcrew.news.pipeline import run_pass
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
@@ -54,7 +54,7 @@ async def test_redis_and_rabbitmq_cut_together_under_the_pipeline_review_nothing
                 REDIS_URL=_via(REDIS_URL, redis_proxy.port),
             )
             async with pipeline_runtime(env, db) as runtime, worker_running(runtime):
-                await enqueue_shard(runtime, SystemClock(), "s")
+                await run_pass(runtime, SystemClock(), "s")
 
                 async def reviewing() -> bool:
                     return sum(model.reviews.values()) >= 6
@@ -69,7 +69,7 @@ async def test_redis_and_rabbitmq_cut_together_under_the_pipeline_review_nothing
                 async def all_written() -> bool:
                     if await count(db, "SELECT count(*) FROM news.articles") >= 30:
                         return True
-                    await enqueue_shard(runtime, SystemClock(), "s")  # the next passes
+                    await run_pass(runtime, SystemClock(), "s")  # the next passes
                     return False
 
                 await wait_for(all_written, within=150, what="30 articles", poll=3)
@@ -106,14 +106,14 @@ async def test_a_silent_redis_under_the_pipeline_costs_seconds_not_a_stall(
             async with pipeline_runtime(env, db) as runtime, worker_running(runtime):
                 redis_proxy.blackhole()
                 started = time.perf_counter()
-                await enqueue_shard(runtime, SystemClock(), "s")
+                await run_pass(runtime, SystemClock(), "s")
 
                 async def all_written() -> bool:
                     return await count(db, "SELECT count(*) FROM news.articles") >= 30
 
                 await wait_for(all_written, within=60, what="30 articles")
                 took = time.perf_counter() - started
-                report = await enqueue_shard(runtime, SystemClock(), "s")
+                report = await run_pass(runtime, SystemClock(), "s")
         assert took < 20, took
         assert max(model.reviews.values()) == 1 and len(model.reviews) == 30
         assert report.to_json()["redisEnabled"] is False

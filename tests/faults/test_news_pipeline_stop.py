@@ -16,7 +16,7 @@ from typing import Any
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
-from nightcrew.news.pipeline import broker_of, enqueue_shard
+from nightcrew.news.pipeline import broker_of, run_pass
 from tests.faults.test_news_pipeline_faults import _nightcrew
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
@@ -90,7 +90,7 @@ async def test_sigterm_mid_review_finishes_the_reviews_in_hand_and_exits_0(
         await add_farm_sources(db, farm)
         async with pipeline_runtime(env, db) as runtime:
             async with Worker(env, tmp_path / "first.log", "--concurrency", "2") as first:
-                await enqueue_shard(runtime, SystemClock(), "s")
+                await run_pass(runtime, SystemClock(), "s")
                 await wait_for(_asked(model, 2), within=60, what="two reviews under way")
                 in_hand = set(model.reviews)
                 code = await first.terminate()
@@ -116,7 +116,7 @@ async def test_past_the_grace_held_messages_go_back_without_spending_their_deliv
         env = pipeline_env(fresh_db_url, prefix, model, tmp_path / "store", NEWS_MAX_DELIVERIES="2")
         await add_farm_sources(db, farm)
         async with pipeline_runtime(env, db) as runtime:
-            await enqueue_shard(runtime, SystemClock(), "s")
+            await run_pass(runtime, SystemClock(), "s")
             for n in range(restarts):
                 log = tmp_path / f"stopped-{n}.log"
                 args = ("--concurrency", "2", "--grace", "0.5")

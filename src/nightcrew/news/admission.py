@@ -1,27 +1,22 @@
 """Admission: spec 001's backpressure — the queue limit (INGESTION_BACKPRESSURE_QUEUE_LIMIT)
 and the article limit (INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT, counted by
 ``news.article_count()``) — checked before any expensive step, by both engines through one
-rule (``decide``):
+rule (``decide``), once per run or pass, after its fetches:
 
-* the article table at or above its limit: nothing goes on (room 0, "database limit: …");
+* the article table at or above its limit: nothing goes on (room 0, "database limit: …"), and
+  no snapshot is published either (``allows_expensive``);
 * else ``room`` = the queue limit less what is already in flight (``load``), and the oldest
   ``min(waiting, room)`` go on. Over the limit the rest wait, behind the backlog, and the
   reason says "backlog over the queue limit: processing N of M".
 
-So a backlog over the limit drains in bounded batches (at most the limit per run, oldest
-first) rather than being deferred for ever — spec 001's letter defers *everything* over the
-limit, which deadlocks a shard whose first fetch alone is over it (issue 23; the README's
-"Backpressure drains" says why).
+So a backlog over the limit drains in bounded batches (at most the limit per run or pass,
+oldest first) rather than being deferred for ever — spec 001's letter defers *everything* over
+the limit, which deadlocks a shard whose first fetch alone is over it.
 
-The engines differ only in what they count:
-
-* the inline run (``inline.py``): ``waiting`` = the shard's held candidates after its fetch,
-  ``load`` = 0 (a run finishes what it takes);
-* the pipeline: per stage (enrich, review, write) **and per shard** (spec 001's
-  ``queuedBySource`` is by source and shard): ``load`` = the shard's candidates queued for the
-  stage — in the outbox, waiting in the queue, or in a worker's hands — so a busy shard never
-  holds another's work. ``admit`` serialises one (stage, shard)'s admissions with an advisory
-  lock, so concurrent workers cannot overfill it.
+``waiting`` is the shard's queue after the fetches (its waiting candidates and the new items).
+``load`` is what an earlier pass admitted that the pipeline's stage workers still have in
+flight (``candidates.admission_load``); an inline run finishes what it admits, so for it none.
+Once admitted, a candidate goes through every stage without being admitted again.
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nightcrew.config import Settings
-from nightcrew.db.database import Database, QueryError, Tx
+from nightcrew.db.database import Database, QueryError
 from nightcrew.db.queries import load_queries
 from nightcrew.log import describe_error, warning
 
@@ -42,20 +37,14 @@ class ArticleCount:
     error: str | None
 
 
-async def count_articles(db: Database | Tx, *, in_transaction: bool = False) -> ArticleCount:
+async def count_articles(db: Database) -> ArticleCount:
     """The article table's size for the DB limit (both engines). A count that fails for its
     own reasons is reported, not raised (spec 001: "reports the telemetry error, and
-    continues"): the DB limit is then not applied and the queue limit still is. Inside a
-    transaction the count runs under a savepoint, so its failure does not abort the caller's
-    transaction. An outage (DatabaseUnavailableError) is still raised: nothing can go on
-    without the database."""
-    if in_transaction:
-        await db.execute(SQL["savepoint_article_count"])
+    continues"): the DB limit is then not applied and the queue limit still is. An outage
+    (DatabaseUnavailableError) is still raised: nothing can go on without the database."""
     try:
         row = await db.fetch_one(SQL["article_count"])
     except QueryError as exc:
-        if in_transaction:
-            await db.execute(SQL["rollback_article_count"])
         warning("worker.backpressure.db_count_failed", error=describe_error(exc))
         return ArticleCount(None, describe_error(exc))
     try:
@@ -84,17 +73,31 @@ class Admission:
     articles_error: str | None = None  # why it could not be read
 
 
+def limits(settings: Settings) -> tuple[int, int]:
+    """(the queue limit, the article limit), as the reports show them."""
+    return (
+        settings.ingestion_backpressure_queue_limit,
+        settings.ingestion_backpressure_db_article_limit,
+    )
+
+
+async def allows_expensive(db: Database, settings: Settings) -> bool:
+    """Whether expensive work may run at all now (the article table below its limit, or its
+    count not read): the pipeline's snapshot refresh asks, as the inline run's admission does
+    before its snapshot."""
+    return over_article_limit(settings, await count_articles(db)) is None
+
+
 def decide(
     settings: Settings,
     *,
     waiting: int,
     load: int,
     articles: ArticleCount,
-    stage: str | None = None,
     shard: str | None = None,
 ) -> Admission:
     """Spec 001's backpressure, one rule for both engines: how many of ``waiting`` candidates
-    may go on while ``load`` are in flight (``stage``/``shard`` only name it in the reason).
+    may go on while ``load`` are in flight (``shard`` only names it in the reason).
 
     The article limit stops everything at or above it (spec: "at or above"); the queue limit
     bounds the batch — the queue is over it above it (spec: "exceeded") and then the oldest
@@ -106,54 +109,11 @@ def decide(
     room = min(waiting, max(0, limit - load))
     if room >= waiting:
         return Admission(waiting, None, articles.n, articles.error)
-    where = f"{stage} " if stage else ""
-    in_flight = f"{load} queued or in flight in shard {shard}, " if stage else ""
+    in_flight = f"{load} admitted earlier still in flight in shard {shard}, " if load else ""
     return Admission(
         room,
-        f"{where}backlog over the queue limit: processing {room} of {waiting} "
+        f"backlog over the queue limit: processing {room} of {waiting} "
         f"({in_flight}INGESTION_BACKPRESSURE_QUEUE_LIMIT {limit})",
         articles.n,
         articles.error,
     )
-
-
-# --- the pipeline's admissions into a stage -------------------------------------------------------
-async def admit(tx: Tx, settings: Settings, stage: str, wanted: int, *, shard: str) -> Admission:
-    """How many of ``wanted`` candidates of ``shard`` may enter ``stage`` now. Serialised per
-    (stage, shard) — an advisory lock held to the end of ``tx`` — so concurrent workers cannot
-    overfill it; other shards' admissions do not wait for it."""
-    if wanted == 0:
-        return Admission(0, None)
-    await tx.execute(SQL["admission_lock"], {"stage": stage, "shard": shard})
-    articles = await count_articles(tx, in_transaction=True)
-    row = await tx.fetch_one(SQL["stage_load"], {"stage": stage, "shard": shard})
-    load = int(row["n"]) if row else 0
-    return decide(settings, waiting=wanted, load=load, articles=articles, stage=stage, shard=shard)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Admitted:
-    """Per item, in feed order: its state (``queued`` or ``held``) and the reason saved."""
-
-    states: list[str]
-    reasons: list[str]
-
-
-async def admit_each(tx: Tx, settings: Settings, stages: list[str], *, shard: str) -> Admitted:
-    """Items of ``shard`` entering their first stages (``stages``, one per item, in feed
-    order): ``queued`` while its stage has room in the shard, else ``held`` with why."""
-    room: dict[str, Admission] = {}
-    for stage in sorted(set(stages)):
-        room[stage] = await admit(tx, settings, stage, stages.count(stage), shard=shard)
-    taken: dict[str, int] = {}
-    states, reasons = [], []
-    for stage in stages:
-        taken[stage] = taken.get(stage, 0) + 1
-        admission = room[stage]
-        if taken[stage] <= admission.room:
-            states.append("queued")
-            reasons.append("fetched")
-        else:
-            states.append("held")
-            reasons.append(admission.reason or "held")
-    return Admitted(states=states, reasons=reasons)

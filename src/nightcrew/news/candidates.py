@@ -3,9 +3,11 @@
 A source's fetch state (ETag / Last-Modified / body hash) is saved in the same transaction as
 those of its new items that are not written yet (``record_and_hold``), so the next conditional
 GET answering 304 can never lose them; the inline run keeps what it writes itself in memory
-(``fetched_now``) and saves the state after its writes. Each run takes
-the shard's held candidates oldest first; a written candidate is dropped in the transaction
-that writes its article; one the database cannot store is ``rejected`` with the reason.
+(``fetched_now``) and saves the state after its writes. A candidate waits (``held``, not
+admitted) until a run or pass admits it, oldest first; a pass's admitted candidates are
+``queued`` in the pipeline's stages (or ``held`` for a backoff) until written. A written
+candidate is dropped in the transaction that writes its article; one the database cannot store
+is ``rejected`` with the reason.
 """
 
 from __future__ import annotations
@@ -202,8 +204,22 @@ async def defer_all_but(
 
 
 async def count_held(db: Database, shard: str) -> int:
+    """The shard's candidates waiting for a later run or pass (``deferredCount``)."""
     row = await db.fetch_one(SQL["count_held"], {"shard": shard})
     return int(row["n"]) if row else 0
+
+
+async def admission_load(db: Database, shard: str) -> int:
+    """What earlier passes admitted that the stage workers still have in flight."""
+    row = await db.fetch_one(SQL["admission_load"], {"shard": shard})
+    return int(row["n"]) if row else 0
+
+
+async def admit(db: Database, urls: list[str], now: datetime) -> list[dict[str, Any]]:
+    """A pass admits these waiting candidates into their stages: the outbox rows to send."""
+    if not urls:
+        return []
+    return await db.fetch(SQL["admit"], {"urls": urls, "now": now})
 
 
 async def defer(

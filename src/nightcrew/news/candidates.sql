@@ -28,22 +28,24 @@ DELETE FROM news.candidates c
    AND EXISTS (SELECT 1 FROM news.articles a WHERE a.url = c.url);
 
 -- name: adopt_queued
--- An inline run takes over what the pipeline had queued (or dead-lettered) for this shard (the
--- operator switched NEWS_PIPELINE back to inline): held again, under a new fence, so a stage
--- worker still busy with one of them cannot save its result over the run's.
+-- An inline run takes over what the pipeline had admitted (queued, held for a backoff, or
+-- dead-lettered) for this shard (the operator switched NEWS_PIPELINE back to inline): waiting
+-- again, under a new fence, so a stage worker still busy with one of them cannot save its
+-- result over the run's.
 UPDATE news.candidates
-   SET state = 'held', fence = fence + 1, not_before = NULL, budget_held_at = NULL,
+   SET state = 'held', fence = fence + 1, not_before = NULL, admitted_at = NULL,
        updated_at = %(now)s
- WHERE shard = %(shard)s AND state IN ('queued', 'dead');
+ WHERE shard = %(shard)s
+   AND (state IN ('queued', 'dead') OR (state = 'held' AND admitted_at IS NOT NULL));
 
 -- name: held
--- Oldest first: what earlier runs deferred (the inline run puts what it fetched itself after
--- these, from memory).
+-- Oldest first, the candidates waiting for a run or pass to admit them: what earlier runs
+-- deferred (the inline run puts what it fetched itself after these, from memory).
 SELECT c.url, c.source_id, c.title, c.summary, c.image_url, c.published_at, c.reason,
        c.attempts, c.stage, c.verdict, c.translation,
        s.name AS source_name, s.shard AS source_shard
   FROM news.candidates c JOIN news.sources s ON s.id = c.source_id
- WHERE c.shard = %(shard)s AND c.state = 'held'
+ WHERE c.shard = %(shard)s AND c.state = 'held' AND c.admitted_at IS NULL
  ORDER BY c.created_at, c.id
  LIMIT %(limit)s;
 
@@ -54,13 +56,38 @@ SELECT s.name AS source_name, s.shard AS source_shard, count(*) AS n
  GROUP BY s.name, s.shard;
 
 -- name: defer_all_but
--- The shard's held candidates except those this run is taking.
+-- The shard's waiting candidates except those this run (or pass) is taking.
 UPDATE news.candidates
    SET reason = %(reason)s, updated_at = %(now)s
- WHERE shard = %(shard)s AND state = 'held' AND NOT (url = ANY(%(taken)b::text[]));
+ WHERE shard = %(shard)s AND state = 'held' AND admitted_at IS NULL
+   AND NOT (url = ANY(%(taken)b::text[]));
 
 -- name: count_held
-SELECT count(*) AS n FROM news.candidates WHERE shard = %(shard)s AND state = 'held';
+-- deferredCount: the shard's candidates waiting for a later run or pass to admit them.
+SELECT count(*) AS n FROM news.candidates
+ WHERE shard = %(shard)s AND state = 'held' AND admitted_at IS NULL;
+
+-- name: admission_load
+-- What a pass admitted earlier that is still in flight: queued in a stage, or held for a
+-- backoff or a lease held elsewhere. (An inline run finishes what it admits: none.)
+SELECT count(*) AS n FROM news.candidates
+ WHERE shard = %(shard)s AND admitted_at IS NOT NULL AND state IN ('held', 'queued');
+
+-- name: admit
+-- A pass admits these waiting candidates: queued at their stage (one with an image skips
+-- enrich), each with its message in the outbox.
+WITH moved AS (
+    UPDATE news.candidates c
+       SET state = 'queued', admitted_at = %(now)s, reason = 'admitted', not_before = NULL,
+           stage = CASE WHEN c.stage = 'enrich' AND c.image_url IS NOT NULL THEN 'review'
+                        ELSE c.stage END,
+           updated_at = %(now)s
+     WHERE c.url = ANY(%(urls)b::text[]) AND c.state = 'held' AND c.admitted_at IS NULL
+    RETURNING c.url, c.shard, c.stage
+)
+INSERT INTO news.outbox (stage, body, created_at)
+SELECT stage, jsonb_build_object('url', url, 'shard', shard), %(now)s FROM moved
+RETURNING id, message_id, stage, body;
 
 -- name: defer
 UPDATE news.candidates

@@ -46,49 +46,32 @@ from nightcrew.news.report import (
     SUPERSEDED_REASON,
     NewsReport,
     RedisUse,
-    RunTally,
+    ReportDraft,
     Status,
     Trigger,
     locked_report,
-    reviewer_label,
     save_report,
 )
-from nightcrew.news.review import MAX_REVIEW_ATTEMPTS, Reviewed, Verdicts, review_lock_name
+from nightcrew.news.review import REVIEW_FAILED_FOR_NOW, Reviewed, Verdicts
 from nightcrew.runtime import Runtime
 
 
 async def run_shard(
     runtime: Runtime, clock: Clock, shard: str, *, trigger: Trigger = "manual"
 ) -> NewsReport:
-    started = time.perf_counter()
-    settings = runtime.settings
+    started, began = time.perf_counter(), clock.now()
     deps = runtime.news_adapters()
     redis = RedisUse(deps)  # the process's Redis breaker, watched from now on
-    tally = RunTally(
-        shard=shard,
-        trigger=trigger,
-        redis_enabled=deps.redis_configured,
-        reviewer=reviewer_label(deps),
-        backpressure_queue_limit=settings.ingestion_backpressure_queue_limit,
-        backpressure_db_article_limit=settings.ingestion_backpressure_db_article_limit,
-    )
-    lease = await deps.leases.acquire(
-        leases.shard_lock_name(shard), settings.worker_lock_ttl_seconds
-    )
+    draft = ReportDraft(runtime.settings, deps, shard=shard, trigger=trigger)
+    lease = await leases.acquire_shard(deps.leases, runtime.settings, shard)
     if lease is None:
         (event if trigger == "manual" else warning)(
             "worker.shard_locked", shard=shard, trigger=trigger
         )
         report = await locked_report(
-            runtime.db,
-            settings,
-            deps,
-            shard=shard,
-            trigger=trigger,
-            redis_enabled=tally.redis_enabled and redis.enabled(),
-            duration_ms=_ms_since(started),
+            runtime.db, draft, redis_enabled=redis.enabled(), duration_ms=_ms_since(started)
         )
-        await _save(runtime, report, clock)
+        await save_report(runtime.db, started_at=began, report=report)
         return report
     # The fence comes from the shard's own counter (nightcrew's lease table keeps one per lease
     # name; the shard's counts every holder that ever wrote): a newer holder fences this out.
@@ -99,8 +82,8 @@ async def run_shard(
         deps=deps,
         leases=deps.leases,
         lease=lease,
-        report=tally,
-        processed=deps.processed if tally.redis_enabled else deps.fallback_processed,
+        draft=draft,
+        processed=deps.processed if draft.report.redis_enabled else deps.fallback_processed,
     )
     status: Status = "completed"
     try:
@@ -110,14 +93,14 @@ async def run_shard(
         # of the shard's work. Not a failure: reported (and saved) as superseded.
         status = "superseded"
         warning("worker.run_superseded", shard=shard, error=str(exc))
-        tally.deferred_reasons.append(SUPERSEDED_REASON)
-        tally.deferred_count = await held_candidates.count_held(runtime.db, shard)
+        draft.defer(SUPERSEDED_REASON)
+        draft.set(deferred_count=await held_candidates.count_held(runtime.db, shard))
     finally:
         await deps.leases.release(lease)
-    report = tally.report(
+    report = draft.build(
         status=status, duration_ms=_ms_since(started), redis_enabled=redis.enabled()
     )
-    await _save(runtime, report, clock)
+    await save_report(runtime.db, started_at=began, report=report)
     event(
         "worker.run_completed",
         **{k: v for k, v in report.to_json().items() if isinstance(v, int | bool | str)},
@@ -125,35 +108,8 @@ async def run_shard(
     return report
 
 
-def _redis_failed(report: RunTally, exc: ProcessedUrlsDown) -> None:
-    """Redis failed a call: this run says so (``redisEnabled: false``) and goes on with the
-    PostgreSQL leases and processed set its adapters provide (spec 001)."""
-    warning("worker.redis.unavailable", error=str(exc))
-    report.redis_enabled = False
-
-
-async def _save(runtime: Runtime, report: NewsReport, clock: Clock) -> None:
-    await save_report(
-        runtime.db,
-        shard=report.shard,
-        trigger=report.trigger,
-        started_at=clock.now(),
-        report=report,
-    )
-
-
 def _ms_since(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 1)
-
-
-def _tally(report: RunTally, verdict: Verdict | None) -> None:
-    """A verdict counted in the report (a failed review is not)."""
-    if verdict is not None:
-        report.ai_reviewed_count += 1
-        if verdict.accepted:
-            report.accepted_count += 1
-        else:
-            report.rejected_count += 1
 
 
 @dataclass(kw_only=True)
@@ -165,7 +121,7 @@ class _Run:
     deps: NewsAdapters
     leases: Leases
     lease: Lease
-    report: RunTally  # what the run gathers as it goes; the NewsReport is built from it at the end
+    draft: ReportDraft  # the run's report, filled as it goes and built once at the end
     processed: ProcessedUrls  # Redis's set while it answers this run, then PostgreSQL's
     # The new items this run fetched, held in memory until each is written, dropped (written
     # meanwhile) or stored as a row (``_store``: deferred, failed for now): a row is a promise
@@ -182,7 +138,7 @@ class _Run:
     async def run(self) -> None:
         """Spec 001's order, one named step each."""
         now = self.started = self.clock.now()
-        await held_candidates.adopt_queued(self.runtime.db, self.report.shard, now)
+        await held_candidates.adopt_queued(self.runtime.db, self.shard, now)
         await self._fetch(now)
         articles = await self._count_articles()
         retries = await self._thumbnail_retries(now)
@@ -199,52 +155,48 @@ class _Run:
             await self._translate_backlog()
         await self._publish_snapshot(now)
 
+    @property
+    def shard(self) -> str:
+        return self.draft.report.shard
+
     def _redis_failed(self, exc: ProcessedUrlsDown) -> None:
-        _redis_failed(self.report, exc)
+        """Redis failed a call: this run says so (``redisEnabled: false``) and goes on with the
+        PostgreSQL leases and processed set its adapters provide (spec 001)."""
+        warning("worker.redis.unavailable", error=str(exc))
+        self.draft.set(redis_enabled=False)
 
     async def _extend(self) -> bool:
-        """The shard lease extended (holder-only, the TTL replaced); False when it is lost."""
-        return await self.leases.extend(self.lease, self.runtime.settings.worker_lock_ttl_seconds)
+        return await leases.extend_shard(self.leases, self.runtime.settings, self.lease)
 
     async def _translate_backlog(self) -> None:
-        """Summaries whose translation failed, under the same lease, extended first."""
-        db, report = self.runtime.db, self.report
-        backlog = await review.translation_backlog(
-            db, report.shard, self.runtime.settings.max_ai_reviews
+        """Summaries whose translation failed, the shard lease extended before each."""
+        db = self.runtime.db
+        backlog = await review.translation_backlog(db, self.shard, self.runtime.settings)
+        translated = await review.translate_backlog(
+            db, self.deps.reviewer, backlog, still_held=self._extend
         )
-        if not backlog:
-            return
-        if not await self._extend():
-            warning("worker.redis.translation_lock_extend_failed", shard=report.shard)
-            return
-        report.translated_count += await review.translate_backlog(db, self.deps.reviewer, backlog)
+        self.draft.add(translated_count=translated)
 
     async def _fetch(self, now: datetime) -> None:
         """Fetch every due source; look the URLs up in the Redis processed set and the
         database; keep what is new in memory (``unstored``); record the failed fetches; count
         the shard's queue by source — its held rows and this run's new items."""
-        db, deps, report = self.runtime.db, self.deps, self.report
-        due = await db.fetch(news_sources.SQL["due_sources"], {"shard": report.shard, "now": now})
+        db, deps = self.runtime.db, self.deps
+        due = await db.fetch(news_sources.SQL["due_sources"], {"shard": self.shard, "now": now})
         rules = feed_rules(self.runtime.settings, deps.policy, deps.parsers)
         fetched = await fetch_sources(deps.http, rules, due, now)
-        self.processed, seen = await items.seen(
-            self.processed,
-            deps.fallback_processed,
-            [i.url for _, r in fetched for i in r.items],
-            self._redis_failed,
+        self.processed, fresh = await items.unseen(
+            self.processed, deps.fallback_processed, fetched, self._redis_failed
         )
-        fresh = [(src, r, [i for i in r.items if i.url not in seen]) for src, r in fetched]
         failed = await items.record_failures(db, fresh, now)
-        report.fetch_errors.extend(failed.fetch_errors)
-        report.dropped_items.extend(failed.dropped_items)
+        self.draft.extend(fetch_errors=failed.fetch_errors, dropped_items=failed.dropped_items)
         self.fetched = [f for f in fresh if f[1].outcome in ("ok", "not_modified")]
         known = await held_candidates.known(db, [i.url for _, _, new in self.fetched for i in new])
         self.unstored = {c.url: c for c in held_candidates.fetched_now(self.fetched, known)}
-        queued = await held_candidates.held_by_source(db, report.shard)
+        queued = await held_candidates.held_by_source(db, self.shard)
         for candidate in self.unstored.values():
             queued[candidate.source_label] = queued.get(candidate.source_label, 0) + 1
-        report.queued_by_source = queued
-        report.queued_count = sum(queued.values())
+        self.draft.set(queued_by_source=queued, queued_count=sum(queued.values()))
 
     async def _store(self, candidates: list[Candidate]) -> None:
         """In-memory candidates (taken out of ``unstored`` or the write's share of it) made
@@ -254,10 +206,10 @@ class _Run:
         if not candidates:
             return
         at = self.started or self.clock.now()
-        stored = await items.store(self.runtime.db, self.report.shard, candidates, at)
+        stored = await items.store(self.runtime.db, self.shard, candidates, at)
         # (one the write was refused for is reported by the write already)
-        reported = {e["url"] for e in self.report.write_errors}
-        self.report.write_errors.extend(e for e in stored.refused if e["url"] not in reported)
+        reported = {e["url"] for e in self.draft.report.write_errors}
+        self.draft.extend(write_errors=[e for e in stored.refused if e["url"] not in reported])
         for candidate in stored.not_stored:
             self.unstored[candidate.url] = candidate
 
@@ -271,7 +223,7 @@ class _Run:
         try:
             await self._store(left)
         except NightcrewError as exc:
-            warning("worker.store_failed", shard=self.report.shard, error=describe_error(exc))
+            warning("worker.store_failed", shard=self.shard, error=describe_error(exc))
 
     async def _settle(self, now: datetime) -> None:
         """Each successful fetch's state saved, with whatever of its new items is still in
@@ -282,21 +234,21 @@ class _Run:
             for source, result, new in self.fetched
         ]
         self.unstored, self.fetched = {}, []
-        held = await items.hold_fetched(self.runtime.db, self.report.shard, left, now)
-        self.report.fetch_errors.extend(held.fetch_errors)
-        self.report.write_errors.extend(held.write_errors)
+        held = await items.hold_fetched(self.runtime.db, self.shard, left, now)
+        self.draft.extend(fetch_errors=held.fetch_errors, write_errors=held.write_errors)
 
     async def _count_articles(self) -> ArticleCount:
         count = await admission.count_articles(self.runtime.db)
-        self.report.backpressure_db_article_count = count.n
-        self.report.backpressure_db_article_count_error = count.error
+        self.draft.set(
+            backpressure_db_article_count=count.n, backpressure_db_article_count_error=count.error
+        )
         return count
 
     async def _thumbnail_retries(self, now: datetime) -> list[dict[str, Any]]:
         """Accepted articles still without a thumbnail, due another try — counted before the
         backpressure stop (``retriedCount``), tried only if the run goes on."""
-        retries = await hydrate.thumbnail_retries(self.runtime.db, self.report.shard, now)
-        self.report.retried_count = len(retries)
+        retries = await hydrate.thumbnail_retries(self.runtime.db, self.shard, now)
+        self.draft.set(retried_count=len(retries))
         return retries
 
     async def _admit(self, articles: ArticleCount) -> Admission | None:
@@ -305,28 +257,29 @@ class _Run:
         or the lease lost, stops the run here, every candidate held with the reason (None).
         The queue over its limit does not: the run takes a bounded batch of the backlog, the
         limit's worth, oldest first, and the rest wait behind it."""
-        report = self.report
+        draft, queued = self.draft, self.draft.report.queued_count
         admitted = admission.decide(
-            self.runtime.settings, waiting=report.queued_count, load=0, articles=articles
+            self.runtime.settings, waiting=queued, load=0, articles=articles
         )
         if admitted.reason is not None:
-            report.deferred_reasons.append(admitted.reason)
+            draft.defer(admitted.reason)
             warning(
                 "worker.backpressure.deferred",
-                shard=report.shard,
-                reasons=report.deferred_reasons,
+                shard=self.shard,
+                reasons=draft.report.deferred_reasons,
                 processing=admitted.room,
-                queued=report.queued_count,
+                queued=queued,
             )
             if admitted.room == 0:
-                report.deferred_count = report.queued_count
+                draft.set(deferred_count=queued)
                 await self._defer_all_but([], admitted.reason)
                 return None
         if not await self._extend():
-            warning("worker.redis.worker_lock_extend_failed", shard=report.shard)
-            report.deferred_count = report.queued_count
-            report.deferred_reasons.append("the shard lease was lost before the expensive steps")
-            await self._defer_all_but([], report.deferred_reasons[-1])
+            warning("worker.redis.worker_lock_extend_failed", shard=self.shard)
+            lost = "the shard lease was lost before the expensive steps"
+            draft.set(deferred_count=queued)
+            draft.defer(lost)
+            await self._defer_all_but([], lost)
             return None
         return admitted
 
@@ -338,8 +291,8 @@ class _Run:
         reviews: image hydration, the no-thumbnail retries, review locks, review and
         translation, fenced writes; then the fetch state saved (``_settle``). The URLs
         written."""
-        db, report, settings = self.runtime.db, self.report, self.runtime.settings
-        batch = await held_candidates.held(db, report.shard, admitted.room)
+        db, settings = self.runtime.db, self.runtime.settings
+        batch = await held_candidates.held(db, self.shard, admitted.room)
         # a new item that became a row since it was looked up (a holder whose lease ran out
         # deferred it) is that row: in the batch once
         for candidate in batch:
@@ -349,19 +302,17 @@ class _Run:
             await self._defer_all_but([c.url for c in batch], admitted.reason)
         # MAX_AI_REVIEWS counts model reviews only: the offline rules' verdicts cost nothing
         # and spend none (review.py says why), so without a model the batch is the bound.
-        to_process, over_budget = review.within_budget(
-            batch, self.deps.reviewer, settings.max_ai_reviews
-        )
+        to_process, over_budget = review.within_budget(batch, self.deps.reviewer, settings)
         if over_budget:
-            report.deferred_reasons.append(f"MAX_AI_REVIEWS {settings.max_ai_reviews} reached")
-            await self._defer(over_budget, report.deferred_reasons[-1])
+            self.draft.defer(review.over_budget_reason(settings))
+            await self._defer(over_budget, review.over_budget_reason(settings))
         images = await hydrate.hydrate_images(
             self.deps, [c.url for c in to_process if not c.item.image_url]
         )
         await hydrate.retry_thumbnails(db, self.deps, retries, now)
         written = await self._review_and_write(to_process, images)
         await self._settle(now)
-        report.deferred_count = await held_candidates.count_held(db, report.shard)
+        self.draft.set(deferred_count=await held_candidates.count_held(db, self.shard))
         self.processed = await items.mark_processed(
             self.processed, self.deps.fallback_processed, written, self._redis_failed
         )
@@ -369,16 +320,16 @@ class _Run:
 
     async def _publish_snapshot(self, now: datetime) -> None:
         """The public snapshot — only while this holder's fence is still the newest."""
-        db, report = self.runtime.db, self.report
-        if not await leases.holds_fence(db, report.shard, self.lease.fence):
-            raise leases.StaleLease(f"shard {report.shard}: a newer lease holder has written")
-        await snapshot.publish_snapshot(db, self.runtime.store, report.shard, now)
+        db = self.runtime.db
+        if not await leases.holds_fence(db, self.shard, self.lease.fence):
+            raise leases.StaleLease(f"shard {self.shard}: a newer lease holder has written")
+        await snapshot.publish_snapshot(db, self.runtime.store, self.shard, now)
 
     async def _defer_all_but(self, taken: list[str], reason: str) -> None:
         keep = set(taken)
         await self._store_urls([u for u in self.unstored if u not in keep])
         await held_candidates.defer_all_but(
-            self.runtime.db, self.report.shard, taken, reason, self.clock.now()
+            self.runtime.db, self.shard, taken, reason, self.clock.now()
         )
 
     async def _defer(self, queue: list[Candidate], reason: str, *, attempted: bool = False) -> None:
@@ -390,17 +341,15 @@ class _Run:
     async def _review_and_write(
         self, to_process: list[Candidate], images: dict[str, str]
     ) -> list[str]:
-        db, deps, report, settings = self.runtime.db, self.deps, self.report, self.runtime.settings
-        names = {c.url: review_lock_name(c.url) for c in to_process}
-        locks = await self.leases.acquire_many(
-            list(names.values()), settings.ai_review_lock_ttl_seconds
+        db, deps, draft, settings = self.runtime.db, self.deps, self.draft, self.runtime.settings
+        locks = await review.acquire_review_locks(
+            self.leases, settings, [c.url for c in to_process]
         )
         try:
-            held = [c for c in to_process if names[c.url] in locks]
-            report.redis_ai_review_lock_skipped_count += len(to_process) - len(held)
+            held = [c for c in to_process if c.url in locks]
+            draft.add(redis_ai_review_lock_skipped_count=len(to_process) - len(held))
             await self._defer(
-                [c for c in to_process if names[c.url] not in locks],
-                "another run is reviewing it",
+                [c for c in to_process if c.url not in locks], "another run is reviewing it"
             )
             # Processed since our look-up (another shard, a run whose lease ran out)? Drop it:
             # the review lock only says nobody is reviewing it *now*.
@@ -409,6 +358,7 @@ class _Run:
             for url in done:
                 self.unstored.pop(url, None)
             verdicts: Verdicts = []
+            given: list[Verdict] = []  # the verdicts this run's reviews gave (a failed one: none)
             transient: list[Candidate] = []
             last_extend = time.monotonic()
             pending = [c for c in held if c.url not in done]
@@ -416,29 +366,33 @@ class _Run:
                 if candidate.reviewed:  # the pipeline's review stage judged it already
                     verdicts.append(Reviewed(candidate, candidate.verdict, candidate.translation))
                     continue
-                if time.monotonic() - last_extend > settings.worker_lock_ttl_seconds / 3:
+                if time.monotonic() - last_extend > leases.shard_renewal_seconds(settings):
                     # a long review batch keeps its shard lease alive
                     if not await self._extend():
-                        warning("worker.redis.worker_lock_extend_failed", shard=report.shard)
-                        report.deferred_reasons.append("the shard lease was lost during review")
-                        await self._defer(pending[index:], report.deferred_reasons[-1])
+                        lost = "the shard lease was lost during review"
+                        warning("worker.redis.worker_lock_extend_failed", shard=self.shard)
+                        draft.defer(lost)
+                        await self._defer(pending[index:], lost)
                         break
                     last_extend = time.monotonic()
                 verdict, translation, failed_for_now = await review.review_item(
                     deps.reviewer, candidate.item
                 )
-                _tally(report, verdict)
-                if failed_for_now and candidate.attempts + 1 < MAX_REVIEW_ATTEMPTS:
-                    transient.append(candidate)  # held: the next run reviews it again
+                if verdict is not None:
+                    given.append(verdict)
+                if review.review_again_later(candidate, failed_for_now):
+                    transient.append(candidate)
                     continue
-                # (a model that failed for it MAX_REVIEW_ATTEMPTS runs in a row: written as
-                # unreviewed, so one article cannot take a review slot of every run forever)
                 verdicts.append(Reviewed(candidate, verdict, translation))
+            accepted = sum(1 for v in given if v.accepted)
+            draft.add(
+                ai_reviewed_count=len(given),
+                accepted_count=accepted,
+                rejected_count=len(given) - accepted,
+            )
             if transient:
-                report.deferred_reasons.append(
-                    f"{len(transient)} reviews failed for now; retried next run"
-                )
-                await self._defer(transient, "the model failed for now", attempted=True)
+                draft.defer(f"{len(transient)} reviews failed for now; {REVIEW_FAILED_FOR_NOW}")
+                await self._defer(transient, REVIEW_FAILED_FOR_NOW, attempted=True)
 
             # 10. writes, fenced. The write takes the candidates in memory: it writes them, or
             # finds them written, or stores them (store_first) to defer, reject or keep one.
@@ -450,7 +404,7 @@ class _Run:
             try:
                 written = await write.write_reviewed(
                     db,
-                    report.shard,
+                    self.shard,
                     self.lease.fence,
                     verdicts,
                     images,
@@ -460,16 +414,18 @@ class _Run:
             except leases.StaleLease:
                 self.unstored |= writing  # not written: stored for the new holder (run())
                 raise
-            report.write_errors.extend(written.write_errors)
+            draft.extend(write_errors=written.write_errors)
         finally:
             # one per article, their fences unread: the rows go (``Leases.release``)
             await self.leases.release_many(list(locks.values()), forget=True)
-        report.processed_count = len(written.urls)
         # translated by this run's model calls (not a verdict the pipeline's review stage gave)
         written_now = set(written.urls)
-        report.translated_count += sum(
-            1
-            for r in verdicts
-            if r.translation and r.url in written_now and not r.candidate.reviewed
+        draft.add(
+            processed_count=len(written.urls),
+            translated_count=sum(
+                1
+                for r in verdicts
+                if r.translation and r.url in written_now and not r.candidate.reviewed
+            ),
         )
         return written.urls

@@ -1,48 +1,51 @@
 """Items: what a fetch found that is new, and holding it until it is written.
 
-New means not seen before. Each engine decides it its own way today, side by side here (issue
-23 unifies them):
+New means not processed before, one rule for both engines (``unseen``): every fetched URL is
+looked up in the processed-URL set (Redis's, PostgreSQL's once Redis fails), and the URLs
+written are recorded there (``mark_processed``); holding de-duplicates by URL against what is
+written or already a candidate.
 
-* the inline run looks every fetched URL up in the processed-URL set (Redis's, PostgreSQL's
-  once Redis fails: ``seen``) and records the URLs it wrote there (``mark_processed``). It
-  keeps the new items in memory, since it writes most of them itself, and stores as rows in
-  ``news.candidates`` only those it does not write (``store``: deferred, failed for now).
-  After its writes it saves each source's fetch state, in one transaction with whatever of
-  that source's items is still only in memory (``hold_fetched``). A run that dies before then
-  has saved no state, so the next run fetches those feeds again;
-* the pipeline keeps a per-source watermark — the newest believable date handed on and the
-  URLs dated exactly then (``past_watermark``, ``new_watermark``) — and holds the items at
-  their first stage, queued with their messages or held with the reason (``hold_staged``).
-
-Either way the database de-duplicates by URL as items are held.
+The inline run keeps the new items in memory, since it writes most of them itself, and stores
+as rows in ``news.candidates`` only those it does not write (``store``: deferred, failed for
+now). After its writes it saves each source's fetch state, in one transaction with whatever of
+that source's items is still only in memory (``hold_fetched``). A run that dies before then
+has saved no state, so the next run fetches those feeds again. The pipeline's fetch stage holds
+a fetch's new items with its state at once (``hold_fetched``), waiting for its pass to admit
+them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from nightcrew.adapters.processed import ProcessedUrls, ProcessedUrlsDown
-from nightcrew.db.database import Database, QueryError, Tx
-from nightcrew.db.queries import load_queries
+from nightcrew.db.database import Database, QueryError
 from nightcrew.log import describe_error, warning
 from nightcrew.news import candidates as held_candidates
 from nightcrew.news import sources as news_sources
 from nightcrew.news.candidates import Candidate, Fetched, refused_for_its_data
-from nightcrew.news.fetch import FeedItem, FetchResult
-
-SQL = load_queries(__file__)
-
-# A date this far ahead of now is not believed for the watermark (a hostile or broken feed
-# dated 2099 must not hide every later entry); such an item is de-duplicated by its URL.
-FUTURE_TOLERANCE = timedelta(days=1)
+from nightcrew.news.fetch import FetchResult
 
 ProcessedDown = Callable[[ProcessedUrlsDown], None]
 
 
-# --- the inline run's ----------------------------------------------------------------------------
+async def unseen(
+    processed: ProcessedUrls,
+    fallback: ProcessedUrls,
+    fetched: list[tuple[dict[str, Any], FetchResult]],
+    on_down: ProcessedDown,
+) -> tuple[ProcessedUrls, list[Fetched]]:
+    """Each fetch with its new items: those whose URL is not in the processed-URL set. Returns
+    the set that answered (the fallback once Redis failed), for the rest of the run."""
+    processed, done = await seen(
+        processed, fallback, [i.url for _, r in fetched for i in r.items], on_down
+    )
+    return processed, [(s, r, [i for i in r.items if i.url not in done]) for s, r in fetched]
+
+
 async def seen(
     processed: ProcessedUrls, fallback: ProcessedUrls, urls: list[str], on_down: ProcessedDown
 ) -> tuple[ProcessedUrls, set[str]]:
@@ -197,72 +200,3 @@ async def _hold_one_by_one(
         await held_candidates.record(db, [(source, result, items)], now)
     except QueryError as exc:  # its items are held; only the 304 is lost: fetched again
         fetch_errors.append({"source": source["name"], "error": _hold_error(exc)})
-
-
-# --- the pipeline's ------------------------------------------------------------------------------
-def _believed(published: datetime | None, now: datetime) -> datetime | None:
-    return published if published is not None and published <= now + FUTURE_TOLERANCE else None
-
-
-def past_watermark(
-    items: list[FeedItem], mark_at: datetime | None, mark_urls: list[str], now: datetime
-) -> list[FeedItem]:
-    """The items newer than what this source already handed on. An undated item (or one dated
-    in the future) always passes: the database de-duplicates it by URL."""
-    if mark_at is None:
-        return items
-    seen = set(mark_urls)
-    kept = []
-    for item in items:
-        at = _believed(item.published, now)
-        if at is None or at > mark_at or (at == mark_at and item.url not in seen):
-            kept.append(item)
-    return kept
-
-
-def new_watermark(
-    items: list[FeedItem], mark_at: datetime | None, mark_urls: list[str], now: datetime
-) -> tuple[datetime | None, list[str]]:
-    """The newest believable date among the items, and the URLs dated exactly then."""
-    dated = [(at, i.url) for i in items if (at := _believed(i.published, now)) is not None]
-    if not dated:
-        return mark_at, mark_urls
-    newest = max(at for at, _ in dated)
-    if mark_at is not None and newest < mark_at:
-        return mark_at, mark_urls
-    urls = {url for at, url in dated if at == newest}
-    if mark_at == newest:
-        urls |= set(mark_urls)
-    return newest, sorted(urls)
-
-
-async def hold_staged(
-    tx: Tx,
-    *,
-    shard: str,
-    source_id: int,
-    items: list[FeedItem],
-    stages: list[str],
-    states: list[str],
-    reasons: list[str],
-    now: datetime,
-) -> list[dict[str, Any]]:
-    """A fetch's new items, each at its first stage (``stages``), ``queued`` (with its message
-    in the outbox) or ``held`` with the reason, minus what is written or already a candidate.
-    The outbox rows to send once ``tx`` commits."""
-    return await tx.fetch(
-        SQL["hold_staged"],
-        {
-            "shard": shard,
-            "now": now,
-            "urls": [i.url for i in items],
-            "source_ids": [source_id] * len(items),
-            "titles": [i.title for i in items],
-            "summaries": [i.summary for i in items],
-            "images": [i.image_url for i in items],
-            "published": [i.published for i in items],
-            "stages": stages,
-            "states": states,
-            "reasons": reasons,
-        },
-    )

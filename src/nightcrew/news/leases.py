@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 
 from nightcrew.adapters.locks import Lease, Leases
+from nightcrew.config import Settings
 from nightcrew.db.database import Database, Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import NightcrewError
@@ -32,6 +33,23 @@ class Superseded(NightcrewError):
 
 def shard_lock_name(shard: str) -> str:
     return f"news:shard:{shard}"
+
+
+async def acquire_shard(leases: Leases, settings: Settings, shard: str) -> Lease | None:
+    """Spec 001's shard lock, for a run or a pass alike (UPSTASH_REDIS_WORKER_LOCK_TTL_SECONDS):
+    None when another run or pass of the shard holds it."""
+    return await leases.acquire(shard_lock_name(shard), settings.worker_lock_ttl_seconds)
+
+
+async def extend_shard(leases: Leases, settings: Settings, lease: Lease) -> bool:
+    """The shard lock extended before expensive work (holder-only, the TTL replaced); False
+    when it is lost."""
+    return await leases.extend(lease, settings.worker_lock_ttl_seconds)
+
+
+def shard_renewal_seconds(settings: Settings) -> float:
+    """How often work that runs long under the shard lock extends it (a third of its TTL)."""
+    return settings.worker_lock_ttl_seconds / 3
 
 
 def stage_lease_name(stage: str, key: str) -> str:

@@ -1,60 +1,61 @@
-"""The pipeline engine on RabbitMQ (NEWS_PIPELINE=rabbitmq): the outbox, the pass, releasing
-held candidates; its stage consumers are ``stages.py`` (run by ``worker.py``), calling the same
-steps as the inline run (``inline.py``): ``admission``, ``items``, ``hydrate``, ``review``,
-``write``, ``snapshot``.
+"""The pipeline engine on RabbitMQ (NEWS_PIPELINE=rabbitmq): the pass, the outbox, and re-sending
+what was admitted; its stage consumers are ``stages.py`` (run by ``worker.py``), calling the same
+steps as the inline run (``inline.py``).
+
+**The pass** (``news run`` in pipeline mode, and serve's news schedule) is spec 001's run with
+the expensive steps handed to the stage workers. Under the shard lock (a second run or pass of
+the shard meanwhile is skipped and says so, as inline), it sends the shard's due sources to the
+fetch stage and waits for those fetches — at most the fetch budget and a grace — then counts
+the shard's queue, reads the article count, and admits at most the queue limit less what
+earlier passes admitted that is still in flight, oldest first, within MAX_AI_REVIEWS
+(``admission.decide``, ``review.within_budget``: the inline run's rules). What it admits is
+queued at its stage with its message; the rest waits, with the reason, for a later pass. Then
+the no-thumbnail retries and the translation backlog, and the report of what the pass found
+and decided — the workers' results since the shard's previous report under ``workers``.
 
 PostgreSQL holds every candidate's stage and state (``news.candidates``); a broker message only
 says "work on this now". Whatever owes a message writes it to ``news.outbox`` in the same
 transaction as the state change that owes it; after the commit it is published (confirmed) and
 deleted, and the relay publishes what a crash or an absent broker left behind — so nothing is
 lost between the database and the broker, and a message sent twice finds its work done.
-
-**Admission** (spec 001's backpressure, owned by the backend; ``admission.py``, the inline
-run's rule): before a candidate enters an expensive stage (enrich, review, write), the load of
-that stage *for its shard* — the shard's candidates queued for it, whether still in the outbox,
-waiting in the queue or being worked on — is compared with INGESTION_BACKPRESSURE_QUEUE_LIMIT,
-and the article table with INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT. Over a limit, the candidate
-is ``held`` with the reason; nothing expensive runs for it until a pass or a worker's
-housekeeping releases it, oldest first, into room its shard's stage has again — so a backlog
-drains in batches of at most the limit, and a busy shard never holds another's work.
-
-**The cost bound** (MAX_AI_REVIEWS, ``review.py``): per shard per pass, as per run inline. Each
-pass opens its shard's budget window; the review stage spends one unit per model review it
-starts (``spend_review``) and holds the candidate for a later pass once it is spent — kept,
-never dropped or dead-lettered, and out of housekeeping's reach until the next pass lets it go.
-The pass also works the translation backlog and the no-thumbnail retries (``upkeep``) under a
-short PostgreSQL lease of its own, so two passes of a shard never both do it.
-
-**The pass** (``news run`` in pipeline mode, and serve's news schedule) holds no lock while the
-pipeline works: it enqueues the shard's due sources to ``fetch``, releases held candidates into
-stages with room, relays the outbox, and saves a report of what it did and the pressure seen.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from nightcrew.adapters.broker import STAGES, Outgoing, PipelineBroker
+from nightcrew.adapters.locks import Lease
 from nightcrew.clock import Clock
-from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import ConfigError, NightcrewError, QueueError
 from nightcrew.log import describe_error, event, warning
-from nightcrew.news import hydrate, review
-from nightcrew.news.admission import admit, count_articles, over_article_limit
-from nightcrew.news.report import NewsReport, PassWork, RedisUse, pass_report, save_report
+from nightcrew.news import admission, hydrate, leases, notes, review
+from nightcrew.news import candidates as held_candidates
+from nightcrew.news.report import (
+    NewsReport,
+    PassFigures,
+    RedisUse,
+    ReportDraft,
+    Trigger,
+    locked_report,
+    save_report,
+)
 from nightcrew.runtime import Runtime
 
 SQL = load_queries(__file__)
 
-EXPENSIVE = ("enrich", "review", "write")
 RELAY_GRACE = timedelta(seconds=10)  # the publisher's own fast path gets this long first
 RELAY_BATCH = 500
+RESEND_BATCH = 500
+# A pass waits for the fetches it sent at most the fetch budget and this long (a worker's
+# queueing and its commit); what is not fetched by then goes to a later pass.
+FETCH_WAIT_GRACE_SECONDS = 15.0
+FETCH_POLL_SECONDS = 0.1
 
 
 def broker_of(runtime: Runtime) -> PipelineBroker:
@@ -74,14 +75,14 @@ def outgoing(rows: list[dict[str, Any]]) -> list[Outgoing]:
 
 async def send_owed(broker: PipelineBroker, db: Database, rows: list[dict[str, Any]]) -> int:
     """Publish outbox rows just committed, then delete them. A broker that refuses leaves them
-    for the relay: nothing is lost, the caller goes on."""
+    for the relay: nothing is lost, the caller goes on. How many were sent (-1: refused)."""
     if not rows:
         return 0
     try:
         await broker.publish(outgoing(rows))
     except QueueError as exc:
         warning("news.outbox.publish_deferred", messages=len(rows), error=describe_error(exc))
-        return 0
+        return -1
     await db.execute(SQL["delete_sent"], {"ids": [r["id"] for r in rows]})
     return len(rows)
 
@@ -106,200 +107,224 @@ async def relay(broker: PipelineBroker, db: Database, now: datetime) -> int:
             return sent
 
 
-# --- release ------------------------------------------------------------------------------------
-async def release_held(
-    db: Database, settings: Settings, now: datetime, *, shard: str | None = None
-) -> tuple[int, list[str], list[dict[str, Any]]]:
-    """Held candidates (of ``shard``, or of every shard) into the stages that have room now,
-    each shard's stage by its own room (``admission.admit``), oldest first: (how many, why the
-    rest stay held, the outbox rows to send). A pass does it for its shard; every worker's
-    housekeeping for all, so a drained stage refills within seconds. What the review budget
-    held back is not released here until a pass of its shard lets it go."""
-    released, reasons, owed = 0, [], []
-    groups = await db.fetch(SQL["held_groups"], {"shard": shard, "now": now})
-    order = {stage: n for n, stage in enumerate(EXPENSIVE)}
-    for group in sorted(groups, key=lambda g: (g["shard"], order.get(g["stage"], len(order)))):
-        async with db.transaction() as tx:
-            admission = await admit(
-                tx, settings, group["stage"], int(group["n"]), shard=group["shard"]
-            )
-            if admission.reason is not None and admission.reason not in reasons:
-                reasons.append(admission.reason)
-            if admission.room:
-                rows = await tx.fetch(
-                    SQL["release_held"],
-                    {
-                        "shard": group["shard"],
-                        "stage": group["stage"],
-                        "room": admission.room,
-                        "now": now,
-                    },
-                )
-                released += len(rows)
-                owed += rows
-    return released, reasons, owed
+# --- what was admitted, sent again ----------------------------------------------------------------
+async def resend_due(db: Database, now: datetime) -> list[dict[str, Any]]:
+    """Admitted candidates held for a backoff or a lease held elsewhere, whose wait is over,
+    queued again with a fresh message — every worker's housekeeping does it, so a retry goes
+    within seconds. Admission is not asked again: they were admitted. The outbox rows to send."""
+    owed: list[dict[str, Any]] = []
+    while True:
+        rows = await db.fetch(SQL["resend_due"], {"now": now, "limit": RESEND_BATCH})
+        owed += rows
+        if len(rows) < RESEND_BATCH:
+            return owed
 
 
-# --- the cost bound: MAX_AI_REVIEWS per shard per pass -------------------------------------------
-def over_budget_reason(budget: int) -> str:
-    return f"MAX_AI_REVIEWS {budget} reached for this pass; reviewed in a later pass"
-
-
-async def open_review_budget(runtime: Runtime, shard: str, now: datetime) -> list[str]:
-    """A pass opens its shard's budget window (nothing spent) and lets go of the oldest
-    candidates the last window held back — at most the new budget (all when no model spends
-    it) — for this pass to release. Why candidates still wait for a later pass, if any."""
-    db, budget = runtime.db, runtime.settings.max_ai_reviews
-    model = review.calls_a_model(runtime.news_adapters().reviewer)
-    await db.execute(SQL["open_review_budget"], {"shard": shard, "now": now})
-    await db.fetch(
-        SQL["unhold_over_budget"],
-        {"shard": shard, "budget": budget if model else None, "now": now},
-    )
-    row = await db.fetch_one(SQL["over_budget_waiting"], {"shard": shard})
-    waiting = int(row["n"]) if row else 0
-    if not waiting:
-        return []
-    return [f"MAX_AI_REVIEWS {budget} per pass: {waiting} waiting for a later pass"]
-
-
-async def spend_review(runtime: Runtime, shard: str, url: str, fence: int, now: datetime) -> bool:
-    """The review stage, at take, before its model call: may this review start? True when
-    the reviewer is not a model (the offline rules cost nothing and spend no budget: see
-    ``review.py``) or a unit of the shard's budget for this pass was left and is now spent.
-    False: the budget is spent, and the candidate (under the fence its worker drew) is held
-    for a later pass — kept, not dropped or dead-lettered, and out of reach of housekeeping's
-    ``release_held`` until that pass. The bound counts model reviews started, a retry of one
-    the model failed included."""
-    if not review.calls_a_model(runtime.news_adapters().reviewer):
-        return True
-    budget = runtime.settings.max_ai_reviews
-    spent = await runtime.db.fetch_one(
-        SQL["spend_review"], {"shard": shard, "budget": budget, "now": now}
-    )
-    if spent is not None:
-        return True
-    await runtime.db.execute(
-        SQL["hold_over_budget"],
-        {"url": url, "fence": fence, "reason": over_budget_reason(budget), "now": now},
-    )
-    return False
-
-
-# --- upkeep: the translation backlog and the no-thumbnail retry ----------------------------------
-UPKEEP_LEASE_SECONDS = 120.0  # renewed before each translation: short, yet enough for a step
-
-
-def upkeep_lease_name(shard: str) -> str:
-    return f"news:upkeep:{shard}"
-
-
-@dataclass(frozen=True, slots=True)
-class Upkeep:
-    """What a pass's upkeep did: ``ran`` False when another pass of the shard held its lease
-    (or the article limit stopped it); the no-thumbnail retries tried; the backlog's
-    translations saved."""
-
-    ran: bool
-    thumbnails_retried: int = 0
-    translated: int = 0
-
-
-async def upkeep(runtime: Runtime, clock: Clock, shard: str, *, stopped: bool = False) -> Upkeep:
-    """What the inline run does after its batch, for the pipeline's shard: accepted articles
-    still without a thumbnail tried again (``hydrate``), then — with a model — summaries whose
-    translation failed translated (``review``, at most MAX_AI_REVIEWS), under a short
-    PostgreSQL lease so two passes of one shard never both do it; a translation the model
-    fails stays in the backlog for a later pass. ``stopped``: the article limit is reached,
-    and nothing expensive runs (as inline)."""
-    if stopped:
-        return Upkeep(ran=False)
-    db, settings, deps = runtime.db, runtime.settings, runtime.news_adapters()
-    lease = await deps.leases.acquire(upkeep_lease_name(shard), UPKEEP_LEASE_SECONDS)
-    if lease is None:
-        event("news.upkeep_skipped", shard=shard, why="another pass of the shard holds it")
-        return Upkeep(ran=False)
-    try:
-        now = clock.now()
-        retries = await hydrate.thumbnail_retries(db, shard, now)
-        await hydrate.retry_thumbnails(db, deps, retries, now)
-        translated = 0
-        if deps.reviewer.translation_enabled:
-            backlog = await review.translation_backlog(db, shard, settings.max_ai_reviews)
-            translated = await review.translate_backlog(
-                db,
-                deps.reviewer,
-                backlog,
-                still_held=lambda: deps.leases.extend(lease, UPKEEP_LEASE_SECONDS),
-            )
-    finally:
-        await deps.leases.release(lease)
-    event("news.upkeep", shard=shard, thumbnails_retried=len(retries), translated=translated)
-    return Upkeep(ran=True, thumbnails_retried=len(retries), translated=translated)
-
-
-# --- the pass ---------------------------------------------------------------------------------
-async def enqueue_shard(
-    runtime: Runtime, clock: Clock, shard: str, *, trigger: str = "manual"
+# --- the pass -----------------------------------------------------------------------------------
+async def run_pass(
+    runtime: Runtime, clock: Clock, shard: str, *, trigger: Trigger = "manual"
 ) -> NewsReport:
-    """One pass over ``shard``: release held candidates into stages with room, enqueue the due
-    sources, resend what must have been lost, relay the outbox; report (``report.pass_report``:
-    spec 001's fields, with the workers' results since the shard's previous report)."""
-    started = time.perf_counter()
-    redis = RedisUse(runtime.news_adapters())  # this process's Redis breaker, watched from now
-    db, settings, broker = runtime.db, runtime.settings, broker_of(runtime)
-    now = clock.now()
-    articles = await count_articles(db)
-    over_budget = await open_review_budget(runtime, shard, now)
-    released, reasons, owed = await release_held(db, settings, now, shard=shard)
-    reasons += over_budget
-    resent = await db.fetch(
-        SQL["resend_stale"],
-        {"shard": shard, "now": now, "resend_after": settings.news_resend_after_seconds},
-    )
-    sources = await db.fetch(
-        SQL["enqueue_due_sources"],
-        {"shard": shard, "now": now, "resend_after": settings.news_resend_after_seconds},
-    )
-    await send_owed(broker, db, owed + resent + sources)
-    try:
-        relayed = await relay(broker, db, now)
-    except QueueError as exc:
-        relayed = 0
-        warning("news.outbox.relay_failed", error=describe_error(exc))
-    kept = await upkeep(
-        runtime, clock, shard, stopped=over_article_limit(settings, articles) is not None
-    )
-    report = await pass_report(
-        db,
-        settings,
-        runtime.news_adapters(),
-        shard=shard,
-        trigger=trigger,
-        now=now,
-        work=PassWork(
-            enqueued_sources=len(sources),
-            released_count=released,
-            resent_count=len(resent),
-            relayed_count=relayed,
-            deferred_reasons=reasons,
-            article_count=articles.n,
-            article_count_error=articles.error,
-            translated_count=kept.translated,
-            thumbnail_retries=kept.thumbnails_retried if kept.ran else None,
-        ),
-        redis=redis,
-        duration_ms=round((time.perf_counter() - started) * 1000, 1),
-    )
-    await save_report(db, shard=shard, trigger=trigger, started_at=now, report=report)
+    """One pass over ``shard`` under its shard lock; its report, saved."""
+    started, began = time.perf_counter(), clock.now()
+    deps = runtime.news_adapters()
+    redis = RedisUse(deps)  # this process's Redis breaker, watched from now
+    draft = ReportDraft(runtime.settings, deps, shard=shard, trigger=trigger)
+    lease = await leases.acquire_shard(deps.leases, runtime.settings, shard)
+    if lease is None:
+        (event if trigger == "manual" else warning)(
+            "worker.shard_locked", shard=shard, trigger=trigger
+        )
+        report = await locked_report(
+            runtime.db, draft, redis_enabled=redis.enabled(), duration_ms=_ms_since(started)
+        )
+    else:
+        try:
+            figures = await _Pass(runtime, clock, draft, lease, began).run()
+        finally:
+            await deps.leases.release(lease)
+        if redis.configured and not redis.failures:
+            await _probe_redis(runtime, redis)
+        report = draft.build(
+            status="completed",
+            duration_ms=_ms_since(started),
+            redis_enabled=redis.enabled(),
+            pipeline=figures,
+        )
+    await save_report(runtime.db, started_at=began, report=report)
     event(
         "news.pass_completed",
         shard=shard,
-        enqueued_sources=len(sources),
-        released=released,
+        status=report.status,
+        queued=report.queued_count,
+        admitted=report.pipeline.admitted_count if report.pipeline else 0,
         deferred=report.deferred_count,
     )
     return report
+
+
+# What a pass looks up in the processed-URL set to learn whether Redis answers (never an URL).
+REDIS_PROBE = "nightcrew:redis-probe"
+
+
+async def _probe_redis(runtime: Runtime, redis: RedisUse) -> None:
+    from nightcrew.adapters.processed import ProcessedUrlsDown
+
+    try:
+        await runtime.news_adapters().processed.seen([REDIS_PROBE])
+    except ProcessedUrlsDown as exc:
+        redis.failed(exc)
+
+
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 1)
+
+
+class _Pass:
+    """One pass of one shard, holding its shard lock."""
+
+    def __init__(
+        self, runtime: Runtime, clock: Clock, draft: ReportDraft, lease: Lease, began: datetime
+    ) -> None:
+        self.runtime, self.clock, self.draft, self.lease = runtime, clock, draft, lease
+        self.began, self.shard = began, draft.report.shard
+        self.broker = broker_of(runtime)
+
+    async def run(self) -> PassFigures:
+        """Spec 001's order: fetch, count, admit, the upkeep; then what the workers noted."""
+        db, now = self.runtime.db, self.began
+        resent = await db.fetch(
+            SQL["resend_stale"],
+            {
+                "shard": self.shard,
+                "now": now,
+                "resend_after": self.runtime.settings.news_resend_after_seconds,
+            },
+        )
+        sources = await db.fetch(
+            SQL["enqueue_due_sources"],
+            {
+                "shard": self.shard,
+                "now": now,
+                "resend_after": self.runtime.settings.news_resend_after_seconds,
+            },
+        )
+        sent = await send_owed(self.broker, db, resent + sources)
+        try:
+            relayed = await relay(self.broker, db, now)
+        except QueueError as exc:
+            relayed, sent = 0, -1
+            warning("news.outbox.relay_failed", error=describe_error(exc))
+        unfetched = await self._await_fetches(broker_took_them=sent >= 0)
+        admitted = await self._admit()
+        await self._upkeep(stopped=admitted is None)
+        noted = await notes.read_for_pass(
+            db, shard=self.shard, began=self.began, now=self.clock.now()
+        )
+        self.draft.extend(fetch_errors=noted.fetch_errors, dropped_items=noted.dropped_items)
+        self.draft.set(deferred_count=await held_candidates.count_held(db, self.shard))
+        return PassFigures(
+            enqueued_sources=len(sources),
+            unfetched_sources=unfetched,
+            admitted_count=admitted or 0,
+            resent_count=len(resent),
+            relayed_count=relayed,
+            stages=noted.stages,
+            workers=noted.workers,
+        )
+
+    async def _await_fetches(self, *, broker_took_them: bool) -> int:
+        """Wait for the shard's sent fetches (its own and any earlier pass's) to be done, at
+        most the fetch budget and a grace; how many are not. A broker that refused them is not
+        waited for: nothing will fetch them before the relay sends them."""
+        db, settings = self.runtime.db, self.runtime.settings
+        within = settings.news_fetch_budget_seconds + FETCH_WAIT_GRACE_SECONDS
+        deadline = time.monotonic() + within
+        while True:
+            row = await db.fetch_one(SQL["unfetched"], {"shard": self.shard})
+            left = int(row["n"]) if row else 0
+            if not left:
+                return 0
+            if not broker_took_them or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(FETCH_POLL_SECONDS)
+        why = "the broker is unreachable" if not broker_took_them else f"not within {within:g} s"
+        self.draft.defer(
+            f"{left} sources not fetched ({why}; is a fetch worker running?): their items wait"
+            " for a later pass"
+        )
+        return left
+
+    async def _admit(self) -> int | None:
+        """The inline run's admission (``admission.decide``), with what earlier passes admitted
+        and the workers still have in flight as its load; the shard lock extended first. How
+        many were admitted (None: the article limit, or a lost lock, stopped everything)."""
+        db, settings, draft = self.runtime.db, self.runtime.settings, self.draft
+        deps = self.runtime.news_adapters()
+        queued = await held_candidates.held_by_source(db, self.shard, states=("held", "queued"))
+        draft.set(queued_by_source=queued, queued_count=sum(queued.values()))
+        draft.set(retried_count=len(await hydrate.thumbnail_retries(db, self.shard, self.began)))
+        articles = await admission.count_articles(db)
+        draft.set(
+            backpressure_db_article_count=articles.n,
+            backpressure_db_article_count_error=articles.error,
+        )
+        waiting = await held_candidates.count_held(db, self.shard)
+        load = await held_candidates.admission_load(db, self.shard)
+        decided = admission.decide(
+            settings, waiting=waiting, load=load, articles=articles, shard=self.shard
+        )
+        if decided.reason is not None:
+            draft.defer(decided.reason)
+            warning(
+                "worker.backpressure.deferred",
+                shard=self.shard,
+                reasons=draft.report.deferred_reasons,
+                processing=decided.room,
+                queued=waiting,
+            )
+            if admission.over_article_limit(settings, articles) is not None:
+                await held_candidates.defer_all_but(db, self.shard, [], decided.reason, self.began)
+                return None
+        if decided.room == 0:
+            return 0
+        if not await leases.extend_shard(deps.leases, settings, self.lease):
+            warning("worker.redis.worker_lock_extend_failed", shard=self.shard)
+            draft.defer("the shard lease was lost before the expensive steps")
+            return None
+        batch = await held_candidates.held(db, self.shard, decided.room)
+        if decided.reason is not None:  # the backlog beyond the batch waits, with why
+            await held_candidates.defer_all_but(
+                db, self.shard, [c.url for c in batch], decided.reason, self.began
+            )
+        taken, over_budget = review.within_budget(batch, deps.reviewer, settings)
+        if over_budget:
+            draft.defer(review.over_budget_reason(settings))
+            await held_candidates.defer(
+                db, [c.url for c in over_budget], review.over_budget_reason(settings), self.began
+            )
+        owed = await held_candidates.admit(db, [c.url for c in taken], self.clock.now())
+        await send_owed(self.broker, db, owed)
+        return len(owed)
+
+    async def _upkeep(self, *, stopped: bool) -> None:
+        """What the inline run does after its batch: accepted articles still without a
+        thumbnail tried again, then — with a model — the translation backlog, the shard lock
+        extended before each translation. ``stopped``: nothing expensive runs."""
+        if stopped:
+            return
+        db, settings, deps = self.runtime.db, self.runtime.settings, self.runtime.news_adapters()
+        retries = await hydrate.thumbnail_retries(db, self.shard, self.began)
+        await hydrate.retry_thumbnails(db, deps, retries, self.began)
+        if not deps.reviewer.translation_enabled:
+            return
+        backlog = await review.translation_backlog(db, self.shard, settings)
+        translated = await review.translate_backlog(
+            db,
+            deps.reviewer,
+            backlog,
+            still_held=lambda: leases.extend_shard(deps.leases, settings, self.lease),
+        )
+        self.draft.add(translated_count=translated)
 
 
 # --- observability ------------------------------------------------------------------------------

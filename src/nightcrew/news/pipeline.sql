@@ -1,29 +1,20 @@
--- The pipeline's state in PostgreSQL: the outbox, the pass, releasing held candidates
--- (issue 13). Admission is admission.sql's; holding a fetch's items, items.sql's.
+-- The pipeline's state in PostgreSQL: the outbox, the pass, re-sending what was admitted
+-- (pipeline.py). Admitting is candidates.sql's.
 
--- name: held_groups
--- Held candidates that may go again now (of one shard, or of all), by shard and stage: each
--- shard's stage has its own room. A candidate the review budget held back (budget_held_at)
--- is not among them until a pass of its shard lets it go (unhold_over_budget).
-SELECT shard, stage, count(*) AS n FROM news.candidates
- WHERE (%(shard)s::text IS NULL OR shard = %(shard)s) AND state = 'held'
-   AND (not_before IS NULL OR not_before <= %(now)s) AND budget_held_at IS NULL
- GROUP BY shard, stage;
-
--- name: release_held
--- The pass or a worker's housekeeping: one shard's held candidates of one stage, oldest first,
--- as many as the shard's stage has room for.
+-- name: resend_due
+-- A worker's housekeeping: admitted candidates held for a backoff or a lease held elsewhere,
+-- whose wait is over, queued again with a fresh message (oldest first, a batch at a time;
+-- rows another worker is re-sending are skipped).
 WITH picked AS (
     SELECT url FROM news.candidates
-     WHERE shard = %(shard)s AND stage = %(stage)s
-       AND state = 'held' AND (not_before IS NULL OR not_before <= %(now)s)
-       AND budget_held_at IS NULL
+     WHERE state = 'held' AND admitted_at IS NOT NULL
+       AND (not_before IS NULL OR not_before <= %(now)s)
      ORDER BY created_at, id
-     LIMIT %(room)s
+     LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ), moved AS (
     UPDATE news.candidates c
-       SET state = 'queued', reason = 'released', not_before = NULL, updated_at = %(now)s
+       SET state = 'queued', reason = 'sent again', not_before = NULL, updated_at = %(now)s
       FROM picked
      WHERE c.url = picked.url
     RETURNING c.url, c.shard, c.stage
@@ -31,6 +22,10 @@ WITH picked AS (
 INSERT INTO news.outbox (stage, body, created_at)
 SELECT stage, jsonb_build_object('url', url, 'shard', shard), %(now)s FROM moved
 RETURNING id, message_id, stage, body;
+
+-- name: unfetched
+-- The shard's sources whose fetch message is owed or in flight: what a pass waits for.
+SELECT count(*) AS n FROM news.sources WHERE shard = %(shard)s AND fetch_queued_at IS NOT NULL;
 
 -- name: resend_stale
 -- Queued so long ago that its message must be gone (a purged queue, a broker that lost it):
@@ -108,46 +103,3 @@ ON CONFLICT (stage) DO UPDATE
    SET processed = s.processed + excluded.processed,
        failed = s.failed + excluded.failed,
        dead_lettered = s.dead_lettered + excluded.dead_lettered;
-
--- name: open_review_budget
--- A pass opens its shard's review budget window: MAX_AI_REVIEWS model reviews from now until
--- the shard's next pass.
-INSERT INTO news.review_budgets (shard, pass_at, spent) VALUES (%(shard)s, %(now)s, 0)
-ON CONFLICT (shard) DO UPDATE SET pass_at = excluded.pass_at, spent = 0;
-
--- name: unhold_over_budget
--- The pass: the oldest candidates the review budget held back, at most this pass's budget
--- (NULL: all of them — no model spends it now), may be released again.
-WITH picked AS (
-    SELECT url FROM news.candidates
-     WHERE shard = %(shard)s AND stage = 'review' AND state = 'held'
-       AND budget_held_at IS NOT NULL
-     ORDER BY created_at, id
-     LIMIT %(budget)s
-       FOR UPDATE SKIP LOCKED
-)
-UPDATE news.candidates c SET budget_held_at = NULL, updated_at = %(now)s
-  FROM picked
- WHERE c.url = picked.url
-RETURNING c.url;
-
--- name: over_budget_waiting
-SELECT count(*) AS n FROM news.candidates
- WHERE shard = %(shard)s AND stage = 'review' AND state = 'held' AND budget_held_at IS NOT NULL;
-
--- name: spend_review
--- The review stage, before a model review: one unit of the shard's budget for this pass, if
--- any is left (no row: spent). A shard no pass has opened a window for gets one now.
-INSERT INTO news.review_budgets AS b (shard, pass_at, spent)
-SELECT %(shard)s, %(now)s, 1 WHERE %(budget)s > 0
-ON CONFLICT (shard) DO UPDATE SET spent = b.spent + 1 WHERE b.spent < %(budget)s
-RETURNING spent;
-
--- name: hold_over_budget
--- The budget is spent: the candidate the review stage took waits, held, for a later pass
--- (budget_held_at: no worker's housekeeping releases it before that pass lets it go).
-UPDATE news.candidates
-   SET state = 'held', reason = %(reason)s, not_before = NULL, budget_held_at = %(now)s,
-       updated_at = %(now)s
- WHERE url = %(url)s AND stage = 'review' AND fence = %(fence)s AND state = 'queued'
-RETURNING url;

@@ -6,15 +6,17 @@ in batches under its shard lease, the pipeline's review stage one candidate per 
 the two never review the same article at once while an operator switches modes. A transient
 failure (429, 5xx, network) is tried again later, up to MAX_REVIEW_ATTEMPTS; after that, or on
 a permanent failure, the article is written unreviewed. The translation backlog (summaries
-whose translation failed) is worked through by both engines: the inline run under its shard
-lease, the pipeline's pass under a short lease of its own (``pipeline.upkeep``).
+whose translation failed) is worked through by both engines under the shard lock: by the inline
+run after its batch, by the pipeline's pass after its admission.
 
 **The cost bound, MAX_AI_REVIEWS, counts model reviews only** (``calls_a_model``): spec 001
 names it among the controls on "AI calls" ("reduce MAX_AI_REVIEWS … during incidents") and
 protects "cost owners … before AI calls"; the offline rules cost nothing, so their verdicts do
 not spend it — with no model configured, the queue limit alone bounds a run. (Spending it on
-rule verdicts would hold a new shard of 300 articles for twelve runs.) The inline run applies
-it per run (``within_budget``), the pipeline per shard per pass (``pipeline.spend_review``).
+rule verdicts would hold a new shard of 300 articles for twelve runs.) Both engines apply it
+when they admit a batch (``within_budget``): per run inline, per pass in the pipeline. A review
+the model failed for now waits for a later run or pass (``review_again_later``), which admits
+it again within its own bound, so a retry is never a model call outside the bound.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nightcrew.adapters.locks import Lease, Leases
 from nightcrew.adapters.reviewer import Article, OfflineReviewer, Reviewer, ReviewError, Verdict
+from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
 from nightcrew.log import warning
@@ -35,12 +39,23 @@ SQL = load_queries(__file__)
 
 MAX_REVIEW_ATTEMPTS = 5
 TRANSLATION_LANGUAGE = "English"
+REVIEW_FAILED_FOR_NOW = "the model failed for now; reviewed again by a later run or pass"
 
 
 def review_lock_name(url: str) -> str:
     """One article's review lock: the inline run's and the pipeline's review stage's alike, so
     the two never review the same article at once (while an operator switches modes)."""
     return "news:review:" + hashlib.sha256(url.encode()).hexdigest()[:32]
+
+
+async def acquire_review_locks(
+    leases: Leases, settings: Settings, urls: list[str]
+) -> dict[str, Lease]:
+    """The inline run's review locks on ``urls`` (UPSTASH_REDIS_AI_REVIEW_LOCK_TTL_SECONDS),
+    by URL: a URL missing from the answer is being reviewed by another holder."""
+    names = {review_lock_name(u): u for u in urls}
+    held = await leases.acquire_many(list(names), settings.ai_review_lock_ttl_seconds)
+    return {names[name]: lease for name, lease in held.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +103,13 @@ async def review_item(
     return verdict, translation, False
 
 
+def review_again_later(candidate: Candidate, failed_for_now: bool) -> bool:
+    """The retry rule, both engines': a review the model failed for now waits for a later run
+    or pass (its attempt counted), up to MAX_REVIEW_ATTEMPTS in a row; after that the article
+    is written unreviewed, so one article cannot take a review slot of every run for ever."""
+    return failed_for_now and candidate.attempts + 1 < MAX_REVIEW_ATTEMPTS
+
+
 # --- the cost bound ---------------------------------------------------------------------------
 def calls_a_model(reviewer: Reviewer) -> bool:
     """Whether a review by ``reviewer`` spends MAX_AI_REVIEWS: a model's does, the offline
@@ -95,13 +117,17 @@ def calls_a_model(reviewer: Reviewer) -> bool:
     return not isinstance(reviewer, OfflineReviewer)
 
 
+def over_budget_reason(settings: Settings) -> str:
+    return f"MAX_AI_REVIEWS {settings.max_ai_reviews} reached"
+
+
 def within_budget(
-    batch: list[Candidate], reviewer: Reviewer, budget: int
+    batch: list[Candidate], reviewer: Reviewer, settings: Settings
 ) -> tuple[list[Candidate], list[Candidate]]:
-    """``batch`` (oldest first) split into what one inline run may review now and what waits
-    for MAX_AI_REVIEWS (``budget``): each candidate a model must review spends one; one the
-    pipeline's review stage judged already, and every one the offline rules judge, spends
-    none."""
+    """``batch`` (oldest first) split into what one run or pass may admit now and what waits
+    for MAX_AI_REVIEWS: each candidate a model must review spends one; one the pipeline's
+    review stage judged already, and every one the offline rules judge, spends none."""
+    budget = settings.max_ai_reviews
     if not calls_a_model(reviewer):
         return batch, []
     taken: list[Candidate] = []
@@ -133,9 +159,12 @@ async def is_written(db: Database, url: str) -> bool:
 
 
 # --- the translation backlog (both engines) -----------------------------------------------------
-async def translation_backlog(db: Database, shard: str, limit: int) -> list[dict[str, Any]]:
-    """Accepted reviews of ``shard`` whose summary still has no translation, oldest first."""
-    return await db.fetch(SQL["translation_backlog"], {"shard": shard, "limit": limit})
+async def translation_backlog(db: Database, shard: str, settings: Settings) -> list[dict[str, Any]]:
+    """Accepted reviews of ``shard`` whose summary still has no translation, oldest first, at
+    most MAX_AI_REVIEWS (each is a model call)."""
+    return await db.fetch(
+        SQL["translation_backlog"], {"shard": shard, "limit": settings.max_ai_reviews}
+    )
 
 
 async def translate_backlog(

@@ -10,7 +10,7 @@ from datetime import datetime
 from nightcrew import runs
 from nightcrew.clock import Clock
 from nightcrew.news.inline import run_shard
-from nightcrew.news.pipeline import enqueue_shard
+from nightcrew.news.pipeline import run_pass
 from nightcrew.news.report import NewsReport, Trigger
 from nightcrew.runtime import Runtime
 from nightcrew.scheduler import Schedule
@@ -21,7 +21,7 @@ async def run_or_enqueue(
 ) -> NewsReport:
     """``inline``: the whole run, here. ``rabbitmq``: a pass; the stage workers do the rest."""
     if runtime.settings.news_pipeline == "rabbitmq":
-        return await enqueue_shard(runtime, clock, shard, trigger=trigger)
+        return await run_pass(runtime, clock, shard, trigger=trigger)
     return await run_shard(runtime, clock, shard, trigger=trigger)
 
 

@@ -49,7 +49,7 @@ import httpx
 
 from nightcrew.adapters.broker import PipelineBroker
 from nightcrew.adapters.locks import Lease, Leases
-from nightcrew.adapters.reviewer import Article, OfflineReviewer, Reviewer, ReviewError, Verdict
+from nightcrew.adapters.reviewer import Article, Reviewer, ReviewError, Verdict
 from nightcrew.clock import Clock
 from nightcrew.db.database import QueryError, json_param
 from nightcrew.db.queries import load_queries
@@ -61,18 +61,19 @@ from nightcrew.errors import (
     StoreError,
 )
 from nightcrew.log import describe_error, warning
-from nightcrew.news import admission, hydrate, items, leases, pipeline, snapshot
-from nightcrew.news import report as news_report
+from nightcrew.news import admission, hydrate, items, leases, notes, pipeline, snapshot
 from nightcrew.news import sources as news_sources
 from nightcrew.news.candidates import Candidate, refused_for_its_data, verdict_to_json
-from nightcrew.news.fetch import FetchResult, feed_rules, fetch_source, next_check
+from nightcrew.news.fetch import FetchResult, feed_rules, fetch_source
 from nightcrew.news.leases import Superseded
 
 # (by name: the stages ``review`` and ``write`` below are this module's own)
 from nightcrew.news.review import (
-    MAX_REVIEW_ATTEMPTS,
+    REVIEW_FAILED_FOR_NOW,
     Reviewed,
+    calls_a_model,
     is_written,
+    review_again_later,
     review_item,
     review_lock_name,
 )
@@ -81,7 +82,6 @@ from nightcrew.runtime import Runtime
 
 SQL = load_queries(__file__)
 
-RETRY_BASE_SECONDS = 30  # a review the model failed goes again after 30 s, 60 s, 120 s, …
 # A take that failed for now goes again after BACKOFF_BASE_SECONDS · 2^(attempt-1), capped,
 # of which a random part up to half is waived ("equal jitter"): failures that came together
 # (a deadlock's two sides, a database short of connections) do not come back together.
@@ -369,8 +369,8 @@ class _Guarded:
 
 
 def _guarded(reviewer: Reviewer, beat: Heartbeat) -> Reviewer:
-    # the offline rules cost nothing: no guard (and the cost bound still sees what they are)
-    return reviewer if isinstance(reviewer, OfflineReviewer) else _Guarded(reviewer, beat)
+    # the offline rules cost nothing: no guard
+    return _Guarded(reviewer, beat) if calls_a_model(reviewer) else reviewer
 
 
 # --- fetch ----------------------------------------------------------------------------------------
@@ -396,7 +396,7 @@ async def fetch(ctx: StageContext, body: dict[str, Any]) -> Outcome:
                 "ttl": ttl,
             },
         )
-        await news_report.note_fetch_locked(db, shard=source["shard"], now=now)
+        await notes.note_fetch_locked(db, shard=source["shard"], now=now)
         return Outcome("skipped", {"source_id": source_id, "why": "another worker fetches it"})
     try:
         async with Heartbeat(ctx.leases, lease, ttl, ctx.stopping) as beat:
@@ -418,57 +418,26 @@ async def _fetch_source(ctx: StageContext, source: dict[str, Any], now: datetime
         await news_sources.record_fetch(db, source, result, now)
         await db.execute(SQL["unqueue_source"], {"id": source["id"]})
         return Outcome("fetch_failed", {**ids, "error": result.error, "status": result.status})
-    new = items.past_watermark(result.items, source["watermark_at"], source["watermark_urls"], now)
-    mark_at, mark_urls = items.new_watermark(
-        result.items, source["watermark_at"], source["watermark_urls"], now
+    # new by the inline run's rule (the processed-URL set), held with the fetch state, waiting
+    # for the pass to admit them
+    _, fetched = await items.unseen(
+        adapters.processed,
+        adapters.fallback_processed,
+        [(source, result)],
+        lambda exc: warning("worker.redis.unavailable", error=str(exc)),
     )
-    firsts = ["review" if i.image_url else "enrich" for i in new]
+    held = await items.hold_fetched(db, source["shard"], fetched, now)
+    if held.fetch_errors:  # not held for a reason not the items': fetched again later
+        await db.execute(SQL["unqueue_source"], {"id": source["id"]})
+        return Outcome("fetch_failed", {**ids, "error": held.fetch_errors[0]["error"]})
     async with db.transaction() as tx:
-        claimed = await tx.fetch_one(
-            SQL["fetched"],
-            {"id": source["id"], "watermark_at": mark_at, "watermark_urls": mark_urls},
-        )
-        if claimed is None:
-            return Outcome("skipped", {**ids, "why": "a duplicate message fetched it first"})
-        await tx.execute(
-            news_sources.SQL["record_successes"],
-            {
-                "now": now,
-                "ids": [source["id"]],
-                "etags": [result.etag],
-                "last_modified": [result.last_modified],
-                "hashes": [result.body_hash],
-                "next_check_at": [next_check(now, result, news_sources.CHECK_INTERVAL)],
-            },
-        )
-        admitted = await admission.admit_each(
-            tx, ctx.runtime.settings, firsts, shard=source["shard"]
-        )
-        owed = await items.hold_staged(
-            tx,
-            shard=source["shard"],
-            source_id=source["id"],
-            items=new,
-            stages=firsts,
-            states=admitted.states,
-            reasons=admitted.reasons,
-            now=now,
-        )
-        # for the next pass's droppedItems, as the inline run reports them
-        await news_report.note_dropped(
+        # the pass that sent the fetch reports these as its droppedItems
+        await notes.note_dropped(
             tx, shard=source["shard"], source=source["name"], dropped=result.dropped, now=now
         )
-    await pipeline.send_owed(ctx.broker, db, owed)
-    return Outcome(
-        "fetched",
-        {
-            **ids,
-            "items": len(result.items),
-            "new": len(new),
-            "queued": len(owed),
-            "held": admitted.states.count("held"),
-        },
-    )
+        await tx.execute(SQL["unqueue_source"], {"id": source["id"]})
+    new = fetched[0][2]
+    return Outcome("fetched", {**ids, "items": len(result.items), "new": len(new)})
 
 
 # --- the candidate stages ----------------------------------------------------------------------
@@ -571,13 +540,11 @@ async def _hand_on(
     image_url: str | None = None,
     verdict: dict[str, Any] | None = None,
     translation: str | None = None,
-) -> str:
-    """Save this stage's result under the fence and admit the candidate to ``next_stage``
-    (queued with its message, or held with the reason). Returns the new state."""
+) -> None:
+    """Save this stage's result under the fence and queue the candidate, with its message, for
+    ``next_stage``. It was admitted by its pass: it is not admitted again."""
     db, now = ctx.runtime.db, ctx.clock.now()
     async with db.transaction() as tx:
-        admitted = await admission.admit(tx, ctx.runtime.settings, next_stage, 1, shard=taken.shard)
-        state = "queued" if admitted.room else "held"
         saved = await tx.fetch_one(
             SQL["advance"],
             {
@@ -585,30 +552,21 @@ async def _hand_on(
                 "stage": stage,
                 "fence": taken.fence,
                 "next": next_stage,
-                "state": state,
-                "reason": admitted.reason or f"{stage}ed",
+                "reason": f"{stage}ed",
                 "image_url": image_url,
                 "verdict": json_param(verdict) if verdict is not None else None,
                 "translation": translation,
-                "attempted": 0,
-                "error": None,
-                "retry_base": RETRY_BASE_SECONDS,
                 "now": now,
             },
         )
         if saved is None:
             raise Superseded(f"{taken.candidate.url}: taken over while in {stage}")
-        owed = (
-            await tx.fetch(
-                pipeline.SQL["enqueue"],
-                {"stage": next_stage, "url": taken.candidate.url, "shard": taken.shard, "now": now},
-            )
-            if state == "queued"
-            else []
+        owed = await tx.fetch(
+            pipeline.SQL["enqueue"],
+            {"stage": next_stage, "url": taken.candidate.url, "shard": taken.shard, "now": now},
         )
     current_attempt().open = False  # the attempt finished (``advance`` says so in the row)
     await pipeline.send_owed(ctx.broker, db, owed)
-    return state
 
 
 async def _under_lease(
@@ -693,13 +651,13 @@ async def enrich(ctx: StageContext, body: dict[str, Any]) -> Outcome:
         if image is None:
             beat.check()
             image = await hydrate.hydrate_one(ctx.runtime.news_adapters(), url)
-        state = await patiently(
+        await patiently(
             ctx,
             lambda: _hand_on(ctx, taken, "enrich", "review", image_url=image),
             what="enrich",
             transient_tries=SAVE_TRIES,
         )
-        return Outcome("enriched", {"url": url, "image": image is not None, "next": state})
+        return Outcome("enriched", {"url": url, "image": image is not None})
 
     return await _under_lease(
         ctx,
@@ -719,40 +677,22 @@ async def review(ctx: StageContext, body: dict[str, Any]) -> Outcome:
             await db.execute(SQL["drop"], {"url": url})
             return Outcome("skipped", {"url": url, "why": "written already"})
         reviewer = ctx.runtime.news_adapters().reviewer
-        # no model call without the lease (nor once the worker is stopping): checked before
-        # the budget is spent, so a lost lease or a stop costs the pass none of its reviews
+        # no model call without the lease (nor once the worker is stopping)
         beat.check()
-        # MAX_AI_REVIEWS per shard per pass, spent here at take, before the model call: over
-        # it, the candidate is held for a later pass (pipeline.spend_review)
-        if not await pipeline.spend_review(
-            ctx.runtime, taken.shard, url, taken.fence, ctx.clock.now()
-        ):
-            return Outcome("deferred", {"url": url, "why": "MAX_AI_REVIEWS reached for this pass"})
-        beat.check()  # and again: the budget's statement may have outlasted the lease
         verdict, translation, transient = await review_item(
             _guarded(reviewer, beat), taken.candidate.item
         )
-        if transient and taken.candidate.attempts + 1 < MAX_REVIEW_ATTEMPTS:
-            retry_later = {
-                "url": url,
-                "stage": "review",
-                "fence": taken.fence,
-                "next": "review",
-                "state": "held",
-                "reason": "the model failed for now; sent again after a backoff",
-                "image_url": None,
-                "verdict": None,
-                "translation": None,
-                "attempted": 1,
-                "error": "the model failed for now",
-                "retry_base": RETRY_BASE_SECONDS,
-                "now": ctx.clock.now(),
-            }
+        if review_again_later(taken.candidate, transient):
+            # the inline run's rule: a later pass admits it again, within its cost bound
+            waits = {"url": url, "fence": taken.fence, "reason": REVIEW_FAILED_FOR_NOW}
             saved = await patiently(
-                ctx, lambda: db.fetch_one(SQL["advance"], retry_later), what="review"
+                ctx,
+                lambda: db.fetch_one(SQL["review_later"], {**waits, "now": ctx.clock.now()}),
+                what="review",
             )
+            current_attempt().open = False
             return Outcome("deferred" if saved else "skipped", {"url": url, "why": "model"})
-        state = await patiently(
+        await patiently(
             ctx,
             lambda: _hand_on(
                 ctx,
@@ -766,7 +706,7 @@ async def review(ctx: StageContext, body: dict[str, Any]) -> Outcome:
             transient_tries=SAVE_TRIES,
         )
         status = "unreviewed" if verdict is None else "accepted" if verdict.accepted else "rejected"
-        return Outcome("reviewed", {"url": url, "verdict": status, "next": state})
+        return Outcome("reviewed", {"url": url, "verdict": status})
 
     return await _under_lease(
         ctx,
@@ -879,6 +819,10 @@ async def refresh_snapshots(ctx: StageContext, *, force: bool = False) -> int:
     (the write stage marks them stale): many writes, one snapshot per interval. ``force``: a
     stopping worker publishes what it made stale without waiting out the interval."""
     debounce = 0.0 if force else ctx.runtime.settings.news_snapshot_debounce_seconds
+    if not await admission.allows_expensive(ctx.runtime.db, ctx.runtime.settings):
+        # spec 001 defers snapshot refresh with every expensive step; they stay stale
+        warning("worker.backpressure.snapshot_deferred")
+        return 0
     return await snapshot.refresh_stale(
         ctx.runtime.db, ctx.runtime.store, ctx.clock.now(), debounce_seconds=debounce
     )

@@ -2,17 +2,8 @@
 
 -- name: source_for_fetch
 SELECT id, name, feed_url, shard, etag, last_modified, body_hash, consecutive_failures,
-       enabled, parked_at, fetch_queued_at, watermark_at, watermark_urls
+       enabled, parked_at, fetch_queued_at
   FROM news.sources WHERE id = %(id)s;
-
--- name: fetched
--- The fetch message is done: its source's watermark moves on. No row: another consumer of a
--- duplicate message recorded this fetch first (then this one's items are dropped).
-UPDATE news.sources
-   SET fetch_queued_at = NULL, watermark_at = %(watermark_at)s,
-       watermark_urls = %(watermark_urls)s
- WHERE id = %(id)s AND fetch_queued_at IS NOT NULL
-RETURNING id;
 
 -- name: unqueue_source
 UPDATE news.sources SET fetch_queued_at = NULL WHERE id = %(id)s;
@@ -81,20 +72,24 @@ UPDATE news.candidates
  WHERE url = %(url)s AND stage = %(stage)s AND state = 'queued';
 
 -- name: advance
--- A stage's result, saved only under the fence its worker drew.
+-- A stage's result, saved only under the fence its worker drew; queued for the next stage.
 UPDATE news.candidates
-   SET stage = %(next)s, state = %(state)s, reason = %(reason)s,
+   SET stage = %(next)s, state = 'queued', reason = %(reason)s,
        image_url = coalesce(%(image_url)s, image_url),
-       verdict = %(verdict)s, translation = %(translation)s,
-       attempts = attempts + %(attempted)s, last_error = %(error)s, updated_at = %(now)s,
+       verdict = %(verdict)s, translation = %(translation)s, last_error = NULL,
        stage_attempts = 0, stage_taken_at = NULL,  -- this attempt finished
-       budget_held_at = NULL,  -- whatever held it before, this result moves it on
-       not_before = CASE WHEN %(state)s = 'held' AND %(attempted)s > 0
-                         THEN %(now)s + make_interval(secs => least(
-                                  %(retry_base)s * 2 ^ (attempts + %(attempted)s - 1), 3600)
-                                  * (0.75 + random() / 2))  -- spread out: ±25 %%
-                    END
+       not_before = NULL, updated_at = %(now)s
  WHERE url = %(url)s AND stage = %(stage)s AND fence = %(fence)s AND state IN ('queued', 'held')
+RETURNING url;
+
+-- name: review_later
+-- The model failed for now (review.review_again_later): the candidate waits for a later pass
+-- to admit it again — as an inline run defers it to the next run — its attempt counted.
+UPDATE news.candidates
+   SET state = 'held', admitted_at = NULL, reason = %(reason)s, attempts = attempts + 1,
+       last_error = 'the model failed for now', stage_attempts = 0, stage_taken_at = NULL,
+       not_before = NULL, updated_at = %(now)s
+ WHERE url = %(url)s AND stage = 'review' AND fence = %(fence)s AND state = 'queued'
 RETURNING url;
 
 -- name: drop

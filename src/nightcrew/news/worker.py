@@ -11,9 +11,9 @@ dead-lettered at once to ``{prefix}.{stage}.dlq`` with the error in ``x-last-err
 database that goes away is waited for, as long as it takes (the message held, not failed: an
 outage must not spend deliveries and dead-letter the whole queue); a stopping worker gives its
 message back.
-Alongside, every few seconds, the worker releases held candidates into stages that have room
-again, relays the outbox, refreshes stale snapshots (write stage) and adds its counts to
-``news.stage_counters`` for /metrics.
+Alongside, every few seconds, the worker re-sends admitted candidates whose backoff is over
+(admitting new work is the passes' alone), relays the outbox, refreshes stale snapshots (write
+stage) and adds its counts to ``news.stage_counters`` for /metrics.
 
 Each stage is consumed on its own channel with its own prefetch: ``--concurrency`` for every
 stage, or what NEWS_STAGE_PREFETCH (``fetch=8,enrich=8,review=2,write=16``) names.
@@ -45,8 +45,7 @@ from nightcrew.adapters.reviewer import TIMEOUT as MODEL_TIMEOUT
 from nightcrew.clock import Clock
 from nightcrew.errors import DatabaseUnavailableError, NightcrewError, QueueError
 from nightcrew.log import describe_error, event, warning
-from nightcrew.news import pipeline, stages
-from nightcrew.news import report as news_report
+from nightcrew.news import notes, pipeline, stages
 from nightcrew.runtime import Runtime
 
 HOUSEKEEPING_SECONDS = 5.0
@@ -396,7 +395,7 @@ class Worker:
     async def _note_redis(self) -> None:
         """A Redis failure this process saw since the last look, noted for the passes'
         redisEnabled (a pass runs in another process, which cannot see this one's breaker)."""
-        self._redis_since = await news_report.note_redis_trouble(
+        self._redis_since = await notes.note_redis_trouble(
             self.ctx.runtime.db,
             self.ctx.runtime.news_adapters(),
             since=self._redis_since,
@@ -404,10 +403,9 @@ class Worker:
         )
 
     async def _relay(self) -> None:
-        """Release held candidates into stages with room, then relay the outbox."""
+        """Re-send admitted candidates whose backoff is over, then relay the outbox."""
         db, now = self.ctx.runtime.db, self.ctx.clock.now()
-        _, _, owed = await pipeline.release_held(db, self.ctx.runtime.settings, now)
-        await pipeline.send_owed(self.ctx.broker, db, owed)
+        await pipeline.send_owed(self.ctx.broker, db, await pipeline.resend_due(db, now))
         await pipeline.relay(self.ctx.broker, db, now)
 
     async def _flush(self) -> None:

@@ -7,7 +7,7 @@ Every test is parametrised by the ``engine`` fixture, which exposes one operatio
 engine.round(shard)``: the report JSON (spec 001's camelCase fields) of one round of work.
 
 * **inline**: one ``run_shard``.
-* **pipeline**: a pass (``enqueue_shard``), then an in-process worker (``worker_running``) until
+* **pipeline**: a pass (``run_pass``), then an in-process worker (``worker_running``) until
   the stages are idle for the shard, then a closing pass, whose report is returned. *Idle*
   means: no candidate of the shard ``queued`` (waiting in a stage's queue, owed to it or in a
   worker's hands — a stage sets the state in the transaction that hands the candidate on), no
@@ -46,7 +46,7 @@ from nightcrew.adapters.broker import STAGES
 from nightcrew.db.database import Database
 from nightcrew.news import worker as news_worker
 from nightcrew.news.inline import run_shard
-from nightcrew.news.pipeline import broker_of, enqueue_shard
+from nightcrew.news.pipeline import broker_of, run_pass
 from nightcrew.news.report import SPEC_FIELDS
 from nightcrew.news.review import review_lock_name
 from nightcrew.news.sources import CHECK_INTERVAL
@@ -112,7 +112,7 @@ class InlineEngine(Engine):
 
 class PipelineEngine(Engine):
     async def _run(self, shard: str) -> list[dict[str, Any]]:
-        opening = (await enqueue_shard(self.runtime, self.clock, shard)).to_json()
+        opening = (await run_pass(self.runtime, self.clock, shard)).to_json()
         async with worker_running(self.runtime, clock=self.clock) as summary:
             idle_polls = 0
 
@@ -123,7 +123,7 @@ class PipelineEngine(Engine):
 
             await wait_for(settled, IDLE_WITHIN, f"the stages idle for shard {shard}", poll=0.1)
         self.dead_lettered += sum(summary.dead_lettered.values())
-        closing = (await enqueue_shard(self.runtime, self.clock, shard)).to_json()
+        closing = (await run_pass(self.runtime, self.clock, shard)).to_json()
         return [opening, closing]
 
     async def _idle(self, shard: str) -> bool:

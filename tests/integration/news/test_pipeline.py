@@ -14,7 +14,7 @@ from nightcrew.db.database import Database
 from nightcrew.errors import QueueError
 from nightcrew.news import dlq, pipeline
 from nightcrew.news.inline import run_shard
-from nightcrew.news.pipeline import enqueue_shard
+from nightcrew.news.pipeline import run_pass
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
@@ -44,14 +44,14 @@ async def test_a_pass_and_a_worker_write_every_article_once_with_its_review_and_
     with FeedFarm(feeds=20, items=5) as farm:
         await add_farm_sources(db, farm)
         async with pipeline_runtime(env, db) as runtime:
-            report = (await enqueue_shard(runtime, SystemClock(), "s")).to_json()
+            report = (await run_pass(runtime, SystemClock(), "s")).to_json()
             assert report["pipeline"] == "rabbitmq" and report["enqueuedSources"] == 20
             async with worker_running(runtime) as summary:
                 await wait_for(
                     lambda: _done(db, 100), within=60, what="100 articles written, none waiting"
                 )
             # a second pass enqueues nothing: every source was fetched and is not due yet
-            again = (await enqueue_shard(runtime, SystemClock(), "s")).to_json()
+            again = (await run_pass(runtime, SystemClock(), "s")).to_json()
             await pipeline.collect_metrics(runtime, SystemClock())
             processed = runtime.metrics.value("nightcrew_news_stage_processed_total", stage="write")
 
@@ -100,7 +100,7 @@ async def test_with_review_over_its_limit_fetch_holds_candidates_and_no_model_is
                 {"u": f"http://127.0.0.1:1/backlog-{n}", "s": source["id"]},
             )
         async with pipeline_runtime(env, db) as runtime:
-            await enqueue_shard(runtime, SystemClock(), "s")
+            await run_pass(runtime, SystemClock(), "s")
             async with worker_running(runtime, ["fetch"]):
                 await wait_for(
                     lambda: _held(db, "s", 12), within=30, what="12 candidates held at fetch"
@@ -114,7 +114,7 @@ async def test_with_review_over_its_limit_fetch_holds_candidates_and_no_model_is
                 and "(5 queued or in flight in shard s," in h["reason"]
                 for h in held
             )
-            report = (await enqueue_shard(runtime, SystemClock(), "s")).to_json()
+            report = (await run_pass(runtime, SystemClock(), "s")).to_json()
             assert report["deferredCount"] == 12 and report["releasedCount"] == 0
             assert report["deferredReasons"] == [
                 "review backlog over the queue limit: processing 0 of 12 (5 queued or in flight"
@@ -125,7 +125,7 @@ async def test_with_review_over_its_limit_fetch_holds_candidates_and_no_model_is
             await db.execute("DELETE FROM news.candidates WHERE url LIKE '%%/backlog-%%'")
             async with worker_running(runtime) as summary:
                 for _ in range(3):  # each pass releases what fits (5), the workers take them
-                    await enqueue_shard(runtime, SystemClock(), "s")
+                    await run_pass(runtime, SystemClock(), "s")
                     await wait_for(
                         lambda: _queued(db, 0), within=30, what="the released batch worked off"
                     )
@@ -169,7 +169,7 @@ async def test_a_poison_article_is_dead_lettered_then_replayed_once_fixed(
         )
         await add_farm_sources(db, farm)
         async with pipeline_runtime(env, db) as runtime:
-            await enqueue_shard(runtime, SystemClock(), "s")
+            await run_pass(runtime, SystemClock(), "s")
             async with worker_running(runtime) as summary:
                 await wait_for(lambda: _dead(db, 1), within=30, what="the poison dead-lettered")
                 await wait_for(lambda: _done_but(db, 2), within=30, what="the others written")
@@ -252,7 +252,7 @@ async def test_messages_owed_when_the_broker_refused_are_relayed_from_the_outbox
             from dataclasses import replace
 
             down = replace(runtime, news=replace(news, pipeline=refusing))
-            report = (await enqueue_shard(down, SystemClock(), "s")).to_json()
+            report = (await run_pass(down, SystemClock(), "s")).to_json()
             assert report["enqueuedSources"] == 3
             assert await count(db, "SELECT count(*) FROM news.outbox WHERE stage = 'fetch'") == 3
             assert await real.ready("fetch") == 0  # nothing reached the broker
@@ -286,7 +286,7 @@ async def test_switching_a_shard_inline_to_rabbitmq_and_back_loses_and_repeats_n
         farm.grow(3)  # the feeds move on while the operator switches
         await db.execute("UPDATE news.sources SET next_check_at = NULL")
         async with pipeline_runtime(rabbit_env, db) as runtime:
-            passed = (await enqueue_shard(runtime, SystemClock(), "s")).to_json()
+            passed = (await run_pass(runtime, SystemClock(), "s")).to_json()
             assert passed["releasedCount"] == 13 and passed["enqueuedSources"] == 4
             # workers only for enrich and review: candidates pile up at write, reviewed
             async with worker_running(runtime, ["fetch", "enrich", "review"]):

@@ -14,7 +14,7 @@ from pathlib import Path
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
 from nightcrew.news import pipeline
-from nightcrew.news.pipeline import enqueue_shard, over_budget_reason, upkeep_lease_name
+from nightcrew.news.pipeline import run_pass, over_budget_reason, upkeep_lease_name
 from nightcrew.runtime import Runtime
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
@@ -46,7 +46,7 @@ async def _settled(db: Database) -> bool:
 
 
 async def _pass(runtime: Runtime, shard: str = "s") -> dict[str, object]:
-    report = await enqueue_shard(runtime, SystemClock(), shard)
+    report = await run_pass(runtime, SystemClock(), shard)
     return report.to_json()
 
 

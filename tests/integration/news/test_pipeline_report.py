@@ -12,7 +12,7 @@ from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
 from nightcrew.news import report
 from nightcrew.news.fetch import LINK_TOO_LONG, NO_LINK
-from nightcrew.news.pipeline import enqueue_shard
+from nightcrew.news.pipeline import run_pass
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
@@ -59,7 +59,7 @@ async def test_a_pass_reports_what_it_admitted_and_the_workers_results_since_the
     with FeedFarm(feeds=2, items=3) as farm:
         await add_farm_sources(db, farm)
         async with pipeline_runtime(env, db) as runtime:
-            first = (await enqueue_shard(runtime, SystemClock(), "s")).to_json()
+            first = (await run_pass(runtime, SystemClock(), "s")).to_json()
             assert first["enqueuedSources"] == 2 and first["processedCount"] == 0
             assert first["resultsSince"] is None and first["writtenCount"] == 0
             assert first["backpressureDbArticleCount"] == 0
@@ -85,7 +85,7 @@ async def test_a_pass_reports_what_it_admitted_and_the_workers_results_since_the
                 reason="its review lease is held elsewhere; sent again once it is free",
                 not_before=datetime(2999, 1, 1, tzinfo=SystemClock().now().tzinfo),
             )
-            second = (await enqueue_shard(runtime, SystemClock(), "s")).to_json()
+            second = (await run_pass(runtime, SystemClock(), "s")).to_json()
 
         accepted = await count(db, "SELECT count(*) FROM news.reviews WHERE accepted")
         assert second["releasedCount"] == 2 and second["resentCount"] == 0
@@ -125,7 +125,7 @@ async def test_an_article_count_that_fails_is_reported_and_the_pass_and_workers_
             " AS $$ BEGIN RAISE EXCEPTION 'the count is down for the test'; END $$"
         )
         async with pipeline_runtime(env, db) as runtime:
-            report = (await enqueue_shard(runtime, SystemClock(), "s")).to_json()
+            report = (await run_pass(runtime, SystemClock(), "s")).to_json()
             assert report["backpressureDbArticleCount"] is None
             assert "the count is down for the test" in report["backpressureDbArticleCountError"]
             # it went on: the held candidate admitted (under a savepoint, in the same
@@ -158,7 +158,7 @@ async def test_what_the_workers_note_reaches_the_next_pass_once(
     env = {**pipeline_env(fresh_db_url, prefix, model, tmp_path), "REDIS_URL": REDIS_URL}
     clock = SystemClock()
     async with pipeline_runtime(env, db) as runtime:
-        first = (await enqueue_shard(runtime, clock, "s")).to_json()
+        first = (await run_pass(runtime, clock, "s")).to_json()
         assert first["redisEnabled"] is True  # configured, and answering the pass
 
         now = clock.now()
@@ -176,8 +176,8 @@ async def test_what_the_workers_note_reaches_the_next_pass_once(
         await report.note_redis_trouble(db, adapters, since=since, now=now)
         breaker.success()  # back: only the note can tell the pass about it
 
-        second = (await enqueue_shard(runtime, clock, "s")).to_json()
-        third = (await enqueue_shard(runtime, clock, "s")).to_json()
+        second = (await run_pass(runtime, clock, "s")).to_json()
+        third = (await run_pass(runtime, clock, "s")).to_json()
 
     assert second["droppedItems"] == [
         {"source": "long", "reason": LINK_TOO_LONG, "count": 2},
@@ -206,7 +206,7 @@ async def test_work_put_off_behind_another_workers_lease_is_the_pipelines_locked
     with FeedFarm(feeds=1, items=1) as farm:
         await add_farm_sources(db, farm)
         async with pipeline_runtime(env, db) as runtime:
-            first = (await enqueue_shard(runtime, clock, "s")).to_json()
+            first = (await run_pass(runtime, clock, "s")).to_json()
             await report.note_fetch_locked(db, shard="s", now=clock.now())
             await _candidate(
                 db,
@@ -215,8 +215,8 @@ async def test_work_put_off_behind_another_workers_lease_is_the_pipelines_locked
                 reason="its enrich lease is held elsewhere; sent again once it is free",
                 not_before=datetime(2999, 1, 1, tzinfo=clock.now().tzinfo),
             )
-            second = (await enqueue_shard(runtime, clock, "s")).to_json()
-            third = (await enqueue_shard(runtime, clock, "s")).to_json()
+            second = (await run_pass(runtime, clock, "s")).to_json()
+            third = (await run_pass(runtime, clock, "s")).to_json()
 
     assert first["lockedCount"] == 0 and first["status"] == "completed"
     assert second["lockedCount"] == 2 and second["status"] == "completed"

@@ -21,7 +21,7 @@ from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
 from nightcrew.news.fetch import LINK_TOO_LONG
 from nightcrew.news.inline import run_shard
-from nightcrew.news.pipeline import enqueue_shard
+from nightcrew.news.pipeline import run_pass
 from nightcrew.news.report import SPEC_FIELDS
 from nightcrew.news.sources import add_source
 from nightcrew.runtime import Runtime
@@ -89,10 +89,10 @@ async def _through_the_pipeline(
     runtime: Runtime, db: Database, shard: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """A pass, a worker until the shard is idle, a pass: the two passes' reports."""
-    first = (await enqueue_shard(runtime, SystemClock(), shard)).to_json()
+    first = (await run_pass(runtime, SystemClock(), shard)).to_json()
     async with worker_running(runtime):
         await wait_for(lambda: _idle(db, shard, WRITTEN), 60, f"shard {shard} written")
-    second = (await enqueue_shard(runtime, SystemClock(), shard)).to_json()
+    second = (await run_pass(runtime, SystemClock(), shard)).to_json()
     return first, second
 
 
@@ -192,7 +192,7 @@ async def test_an_article_count_that_fails_is_reported_alike_by_both_engines(
         async with pipeline_runtime({**env, "NEWS_PIPELINE": "inline"}, db) as runtime:
             inline = (await run_shard(runtime, SystemClock(), "inline")).to_json()
         async with pipeline_runtime(env, db) as runtime:
-            piped = (await enqueue_shard(runtime, SystemClock(), "rabbit")).to_json()
+            piped = (await run_pass(runtime, SystemClock(), "rabbit")).to_json()
     assert inline["backpressureDbArticleCount"] is piped["backpressureDbArticleCount"] is None
     error = inline["backpressureDbArticleCountError"]
     assert error is not None and "the count is down for the test" in error
@@ -235,14 +235,14 @@ async def test_redis_cut_during_the_run_is_redis_disabled_in_both_engines(
         await redis_proxy.restore()
 
         async with pipeline_runtime(env, db) as runtime:
-            first = (await enqueue_shard(runtime, SystemClock(), pipeline_shard)).to_json()
+            first = (await run_pass(runtime, SystemClock(), pipeline_shard)).to_json()
             assert first["redisEnabled"] is True  # Redis answered the pass
             async with worker_running(runtime):
                 await redis_proxy.cut()
                 await wait_for(
                     lambda: _idle(db, pipeline_shard, FEEDS * ITEMS), 60, "the pipeline's shard"
                 )
-            second = (await enqueue_shard(runtime, SystemClock(), pipeline_shard)).to_json()
+            second = (await run_pass(runtime, SystemClock(), pipeline_shard)).to_json()
 
     assert inline["redisEnabled"] is False and inline["processedCount"] == FEEDS * ITEMS
     assert second["redisEnabled"] is False and second["processedCount"] == FEEDS * ITEMS
@@ -274,11 +274,11 @@ async def test_translations_caught_up_from_the_backlog_are_counted_once_by_both_
             inline = (await run_shard(runtime, SystemClock(), "inline")).to_json()
         pipeline = pipeline_env(fresh_db_url, prefix, pipeline_model, tmp_path)
         async with pipeline_runtime(pipeline, db) as runtime:
-            await enqueue_shard(runtime, SystemClock(), "rabbit")
+            await run_pass(runtime, SystemClock(), "rabbit")
             async with worker_running(runtime):
                 await wait_for(lambda: _idle(db, "rabbit", n), 60, "the pipeline's shard")
             assert pipeline_model.translations == 0  # each first attempt failed
-            second = (await enqueue_shard(runtime, SystemClock(), "rabbit")).to_json()
+            second = (await run_pass(runtime, SystemClock(), "rabbit")).to_json()
 
     assert inline["translatedCount"] == inline_model.translations == n
     assert second["translatedCount"] == pipeline_model.translations == n
