@@ -91,15 +91,45 @@ class Noted:
     stages: dict[str, dict[str, int]]
 
 
+async def worker_results(
+    db: Database,
+    *,
+    shard: str,
+    since: datetime | None,
+    now: datetime,
+    fetch_locked: int = 0,
+    redis_failed: bool = False,
+) -> WorkerResults:
+    """What the stage workers did for ``shard`` in the window (``since``, ``now``], from the
+    rows they wrote (reading only: the notes are ``read_for_pass``'s)."""
+    window = {"shard": shard, "since": since or datetime.min.replace(tzinfo=now.tzinfo), "now": now}
+    results = await db.fetch_one(SQL["pass_results"], window)
+    waits = await db.fetch_one(SQL["pass_review_waits"], window)
+    assert results is not None and waits is not None  # aggregates: always one row
+    return WorkerResults(
+        since=since,
+        processed_count=int(results["written"]),
+        ai_reviewed_count=int(results["reviewed"]),
+        accepted_count=int(results["accepted"]),
+        rejected_count=int(results["rejected"]),
+        translated_count=int(results["translated"]),
+        redis_ai_review_lock_skipped_count=int(waits["lock_skipped"]),
+        fetch_lease_skipped_count=fetch_locked,
+        review_retry_count=int(waits["review_retries"]),
+        redis_enabled=not redis_failed,
+        write_errors=[
+            {"url": r["url"], "error": r["error"]}
+            for r in await db.fetch(SQL["pass_write_errors"], window)
+        ],
+    )
+
+
 async def read_for_pass(db: Database, *, shard: str, began: datetime, now: datetime) -> Noted:
     """The shard's notes are taken (deleted as read: two passes never report one twice), and
     the workers' Redis failures older than a day forgotten."""
     previous = await db.fetch_one(SQL["previous_report"], {"shard": shard, "now": began})
     since: datetime | None = previous["at"] if previous is not None else None
     window = {"shard": shard, "since": since or datetime.min.replace(tzinfo=now.tzinfo), "now": now}
-    results = await db.fetch_one(SQL["pass_results"], window)
-    waits = await db.fetch_one(SQL["pass_review_waits"], window)
-    assert results is not None and waits is not None  # aggregates: always one row
     dropped: list[dict[str, Any]] = []
     fetch_locked, redis_failed = 0, False
     for note in await db.fetch(SQL["pass_notes"], window):
@@ -120,20 +150,12 @@ async def read_for_pass(db: Database, *, shard: str, began: datetime, now: datet
         ],
         dropped_items=dropped,
         stages=stages,
-        workers=WorkerResults(
+        workers=await worker_results(
+            db,
+            shard=shard,
             since=since,
-            processed_count=int(results["written"]),
-            ai_reviewed_count=int(results["reviewed"]),
-            accepted_count=int(results["accepted"]),
-            rejected_count=int(results["rejected"]),
-            translated_count=int(results["translated"]),
-            redis_ai_review_lock_skipped_count=int(waits["lock_skipped"]),
-            fetch_lease_skipped_count=fetch_locked,
-            review_retry_count=int(waits["review_retries"]),
-            redis_enabled=not redis_failed,
-            write_errors=[
-                {"url": r["url"], "error": r["error"]}
-                for r in await db.fetch(SQL["pass_write_errors"], window)
-            ],
+            now=now,
+            fetch_locked=fetch_locked,
+            redis_failed=redis_failed,
         ),
     )

@@ -32,18 +32,14 @@ SELECT (SELECT count(*) FROM news.articles a
 
 -- name: pass_review_waits
 -- The shard's candidates waiting for another review attempt (the model failed for now), and
--- those parked in the window because another worker holds their review (or enrich) lease
--- (stages.py's park reason).
-SELECT count(*) FILTER (WHERE stage = 'review' AND attempts > 0) AS review_retries,
-       count(*) FILTER (WHERE stage = 'review' AND state = 'held'
+-- those parked in the window because another worker holds their review lease (stages.py's
+-- park reason).
+SELECT count(*) FILTER (WHERE attempts > 0) AS review_retries,
+       count(*) FILTER (WHERE state = 'held'
                           AND reason LIKE 'its review lease is held elsewhere%%'
-                          AND updated_at > %(since)s AND updated_at <= %(now)s) AS lock_skipped,
-       count(*) FILTER (WHERE stage = 'enrich' AND state = 'held'
-                          AND reason LIKE 'its enrich lease is held elsewhere%%'
-                          AND updated_at > %(since)s AND updated_at <= %(now)s)
-           AS enrich_lock_skipped
+                          AND updated_at > %(since)s AND updated_at <= %(now)s) AS lock_skipped
   FROM news.candidates
- WHERE shard = %(shard)s AND stage IN ('enrich', 'review') AND state IN ('held', 'queued');
+ WHERE shard = %(shard)s AND stage = 'review' AND state IN ('held', 'queued');
 
 -- name: fetch_errors_since
 -- A pass's fetchErrors: the shard's feeds whose fetch since the pass began failed.

@@ -42,6 +42,7 @@ from nightcrew.news.report import (
     RedisUse,
     ReportDraft,
     Trigger,
+    WorkerResults,
     locked_report,
     save_report,
 )
@@ -56,6 +57,16 @@ RESEND_BATCH = 500
 # queueing and its commit); what is not fetched by then goes to a later pass.
 FETCH_WAIT_GRACE_SECONDS = 15.0
 FETCH_POLL_SECONDS = 0.1
+# a skipped pass's own figures: it did nothing (its workers' results wait for the next pass)
+NOTHING_DONE = PassFigures(
+    enqueued_sources=0,
+    unfetched_sources=0,
+    admitted_count=0,
+    resent_count=0,
+    relayed_count=0,
+    stages={},
+    workers=WorkerResults(since=None),
+)
 
 
 def broker_of(runtime: Runtime) -> PipelineBroker:
@@ -135,7 +146,11 @@ async def run_pass(
             "worker.shard_locked", shard=shard, trigger=trigger
         )
         report = await locked_report(
-            runtime.db, draft, redis_enabled=redis.enabled(), duration_ms=_ms_since(started)
+            runtime.db,
+            draft,
+            redis_enabled=redis.enabled(),
+            duration_ms=_ms_since(started),
+            pipeline=NOTHING_DONE,
         )
     else:
         try:
