@@ -357,6 +357,25 @@ async def test_a_statement_cut_in_flight_names_the_database(pdb: Database, proxy
     assert str(lost.value).startswith(f"lost PostgreSQL at {pdb.target}: "), str(lost.value)
 
 
+async def test_a_transaction_silenced_past_the_servers_idle_timeout_is_an_outage(
+    pdb: Database, proxy: TcpProxy
+) -> None:
+    """A transaction whose next statement a silent network holds past the server's
+    idle-in-transaction timeout (FAST: 5 s): the server ends the session (SQLSTATE 25P03), and
+    the client hears it once the network is back. That is the database lost — an outage to wait
+    out — not a statement refused, which the pipeline would dead-letter as its message's fault."""
+    async with pdb.transaction() as tx:
+        await tx.execute("SELECT 1")
+        proxy.blackhole()
+        statement = asyncio.create_task(tx.execute("SELECT 2"))
+        await asyncio.sleep(FAST.idle_in_transaction_timeout + 1.5)
+        await proxy.restore()
+        with pytest.raises(DatabaseUnavailableError) as lost:
+            await statement
+    assert str(lost.value).startswith(f"lost PostgreSQL at {pdb.target}: "), str(lost.value)
+    assert "idle-in-transaction timeout" in str(lost.value)
+
+
 # --- 4: the CLI -----------------------------------------------------------------------------
 async def test_cli_minute_run_cut_mid_run_exits_2_with_one_line(
     db: Database, proxy: TcpProxy, fresh_db_url: str, tmp_path: Path

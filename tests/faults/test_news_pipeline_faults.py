@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from nightcrew.adapters.broker import STAGES
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
-from nightcrew.news.pipeline import run_pass
+from nightcrew.news.pipeline import broker_of, run_pass
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
@@ -121,9 +122,8 @@ async def _one_review_each(db: Database) -> None:
 async def test_three_worker_processes_write_every_article_once_and_the_snapshot(
     db: Database, fresh_db_url: str, prefix: str, model: ModelStandIn, tmp_path: Path
 ) -> None:
-    # a queue limit well under the 300 new items and the ~70 a first burst of 12 concurrent
-    # fetches brings: the stage fills whatever the machine's speed (at 250 the enrich workers
-    # could drain it as fast as it filled, and nothing was held)
+    # a queue limit well under the 300 new items: each pass admits at most 60, and the passes
+    # drain the backlog in bounded batches while three processes share the stages' work
     env = pipeline_env(
         fresh_db_url, prefix, model, tmp_path / "store", INGESTION_BACKPRESSURE_QUEUE_LIMIT="60"
     )
@@ -132,11 +132,19 @@ async def test_three_worker_processes_write_every_article_once_and_the_snapshot(
         async with workers(env, tmp_path) as crew, pipeline_runtime(env, db) as runtime:
             for _ in range(3):
                 await crew.start()
-            first = (await run_pass(runtime, SystemClock(), "s")).to_json()
-            await wait_for(lambda: _all_written(db, 300), within=120, what="300 articles")
+            reports = []
+
+            async def passes_until_done() -> bool:
+                reports.append((await run_pass(runtime, SystemClock(), "s")).to_json())
+                return await _all_written(db, 300)
+
+            await wait_for(passes_until_done, within=180, what="300 articles", poll=1.0)
             codes = await crew.stop_all()
         assert codes == [0, 0, 0], [crew.tail(i) for i, c in enumerate(codes) if c]
-        assert first["enqueuedSources"] == 50
+        first = reports[0]
+        assert first["enqueuedSources"] == 50 and first["queuedCount"] == 300
+        assert first["admittedCount"] == 60 and first["deferredCount"] == 240
+        assert all(r["admittedCount"] <= 60 for r in reports)
         assert await _articles(db) == sorted(farm.article_urls())
         assert set(model.reviews) == farm.article_urls() and max(model.reviews.values()) == 1
         await _one_review_each(db)
@@ -144,16 +152,64 @@ async def test_three_worker_processes_write_every_article_once_and_the_snapshot(
             sum(1 for e in crew.events(i) if e.get("event") == "news.message") for i in range(3)
         ]
         assert all(n > 0 for n in handled), f"every worker took a share: {handled}"
-        # 300 new items against INGESTION_BACKPRESSURE_QUEUE_LIMIT 60: some were held at
-        # fetch, and the workers' housekeeping released them as the enrich stage drained
-        fetches = [e for i in range(3) for e in crew.events(i) if e.get("stage") == "fetch"]
-        assert sum(int(str(e["held"])) for e in fetches) > 0
         snapshot = json.loads((tmp_path / "store" / "news" / "snapshots" / "s.json").read_bytes())
         newest = await db.fetch(
             "SELECT url FROM news.articles WHERE status = 'accepted'"
             " ORDER BY created_at DESC, id DESC LIMIT 50"
         )
         assert [a["url"] for a in snapshot["articles"]] == [r["url"] for r in newest]
+
+
+async def test_a_silent_database_under_three_workers_dead_letters_nothing(
+    db: Database, fresh_db_url: str, prefix: str, model: ModelStandIn, tmp_path: Path
+) -> None:
+    """PostgreSQL blackholed — connections accepted, nothing ever answered — for 60 s under
+    three worker processes at work on 300 articles: every article written exactly once, no
+    dead letter, and no delivery or attempt spent on the outage (no message failed, retried
+    or redelivered)."""
+    from urllib.parse import urlsplit
+
+    from tests.faults.test_database_faults import _via
+
+    port = urlsplit(fresh_db_url).port
+    if port is None:
+        pytest.skip("the fault tests need PostgreSQL on 127.0.0.1:PORT (DATABASE_URL)")
+    proxy = TcpProxy(port)
+    await proxy.start()
+    env = pipeline_env(fresh_db_url, prefix, model, tmp_path / "store")
+    silent = {**env, "DATABASE_URL": _via(fresh_db_url, proxy.port)}
+    try:
+        with FeedFarm(feeds=50, items=6) as farm:
+            await add_farm_sources(db, farm)
+            async with workers(silent, tmp_path) as crew, pipeline_runtime(env, db) as runtime:
+                for _ in range(3):
+                    await crew.start()
+                await run_pass(runtime, SystemClock(), "s")
+                await wait_for(lambda: _written(db, 30), within=60, what="the first articles")
+                proxy.blackhole()
+                await asyncio.sleep(60)
+                await proxy.restore()
+
+                async def passes_until_done() -> bool:
+                    await run_pass(runtime, SystemClock(), "s")
+                    return await _all_written(db, 300)
+
+                await wait_for(passes_until_done, within=180, what="300 articles", poll=1.0)
+                broker = broker_of(runtime)
+                dead = {stage: await broker.ready(stage, dlq=True) for stage in STAGES}
+                codes = await crew.stop_all()
+        assert codes == [0, 0, 0], [crew.tail(i) for i, c in enumerate(codes) if c]
+        assert await _articles(db) == sorted(farm.article_urls())
+        assert set(model.reviews) == farm.article_urls()
+        await _one_review_each(db)
+        assert dead == dict.fromkeys(STAGES, 0)
+        messages = [e for i in range(3) for e in crew.events(i) if e.get("event") == "news.message"]
+        spent = [e for e in messages if e.get("outcome") in ("dead_lettered", "failed", "retrying")]
+        assert spent == [], spent[:5]
+        assert max(int(str(e.get("delivery", 1))) for e in messages) == 1
+    finally:
+        await proxy.restore()
+        await proxy.cut()
 
 
 async def test_a_worker_killed_mid_review_loses_nothing_and_no_article_is_reviewed_twice(

@@ -70,8 +70,10 @@ def describe_target(conninfo: str) -> str:
 
 
 # SQLSTATEs that mean the connection, not the statement, failed: class 08 (connection
-# exception), and the server ending the session (pg_terminate_backend, shutdown, recovery).
-_CONNECTION_LOST = ("08", "57P01", "57P02", "57P03")
+# exception), and the server ending the session (pg_terminate_backend, shutdown, recovery; its
+# idle-in-transaction, transaction and idle-session timeouts — a client whose statements a
+# silent network held past them gets these, through no fault of the statement).
+_CONNECTION_LOST = ("08", "57P01", "57P02", "57P03", "57P05", "25P03", "25P04")
 
 
 def _translate(

@@ -6,7 +6,7 @@
 -- Its attempts start again from none: the cause is fixed, so the operator says.
 UPDATE news.candidates
    SET state = 'queued', last_error = NULL, reason = 'replayed from the dead letters',
-       stage_attempts = 0, stage_taken_at = NULL, not_before = NULL, budget_held_at = NULL,
+       stage_attempts = 0, stage_taken_at = NULL, not_before = NULL,
        updated_at = %(now)s
  WHERE url = %(url)s AND state IN ('dead', 'queued', 'held')
 RETURNING url, shard, stage;

@@ -297,9 +297,10 @@ class _Pass:
                 processing=decided.room,
                 queued=waiting,
             )
-            if admission.over_article_limit(settings, articles) is not None:
+            if decided.room == 0:  # the article limit, or no room left in the queue
                 await held_candidates.defer_all_but(db, self.shard, [], decided.reason, self.began)
-                return None
+                stopped = admission.over_article_limit(settings, articles) is not None
+                return None if stopped else 0
         if decided.room == 0:
             return 0
         if not await leases.extend_shard(deps.leases, settings, self.lease):

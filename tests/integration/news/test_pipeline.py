@@ -14,6 +14,7 @@ from nightcrew.db.database import Database
 from nightcrew.errors import QueueError
 from nightcrew.news import dlq, pipeline
 from nightcrew.news.inline import run_shard
+from nightcrew.news.leases import shard_lock_name
 from nightcrew.news.pipeline import run_pass
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
@@ -44,9 +45,10 @@ async def test_a_pass_and_a_worker_write_every_article_once_with_its_review_and_
     with FeedFarm(feeds=20, items=5) as farm:
         await add_farm_sources(db, farm)
         async with pipeline_runtime(env, db) as runtime:
-            report = (await run_pass(runtime, SystemClock(), "s")).to_json()
-            assert report["pipeline"] == "rabbitmq" and report["enqueuedSources"] == 20
             async with worker_running(runtime) as summary:
+                report = (await run_pass(runtime, SystemClock(), "s")).to_json()
+                assert report["pipeline"] == "rabbitmq" and report["enqueuedSources"] == 20
+                assert report["queuedCount"] == 100 and report["admittedCount"] == 100
                 await wait_for(
                     lambda: _done(db, 100), within=60, what="100 articles written, none waiting"
                 )
@@ -61,12 +63,13 @@ async def test_a_pass_and_a_worker_write_every_article_once_with_its_review_and_
         assert await count(db, "SELECT count(*) FROM news.reviews") == 100
         assert summary.processed["write"] == 100 and summary.processed["fetch"] == 20
         assert again["enqueuedSources"] == 0 and again["queuedCount"] == 0
+        assert again["workers"]["processedCount"] == 100  # the workers', since the first pass
         assert processed == 100
         assert await count(db, "SELECT count(*) FROM news.outbox") == 0
         # the stages' leases (one per source or article) went with their rows: only the
-        # shard's upkeep lease is left
+        # shard's lock is left (its row keeps the shard's fence)
         leases = await db.fetch("SELECT name FROM nightcrew.leases")
-        assert [r["name"] for r in leases] == [pipeline.upkeep_lease_name("s")]
+        assert [r["name"] for r in leases] == [shard_lock_name("s")]
         snapshot = json.loads((tmp_path / "store" / "news" / "snapshots" / "s.json").read_bytes())
         newest = await db.fetch(
             "SELECT url FROM news.articles WHERE status = 'accepted'"
@@ -79,55 +82,48 @@ async def _done(db: Database, articles: int) -> bool:
     return len(await _articles(db)) >= articles and await _candidates(db) == 0
 
 
-async def test_with_review_over_its_limit_fetch_holds_candidates_and_no_model_is_called(
+async def test_with_the_queue_full_a_pass_admits_nothing_and_no_model_is_called(
     db: Database, fresh_db_url: str, prefix: str, model: ModelStandIn, tmp_path: Path
 ) -> None:
+    """Five candidates an earlier pass admitted are still in flight: with the queue limit 5,
+    a pass that fetches 12 new items admits none of them (nothing expensive runs) and says
+    why; once the five are gone, each pass admits the next five, oldest first."""
     env = pipeline_env(
         fresh_db_url, prefix, model, tmp_path, INGESTION_BACKPRESSURE_QUEUE_LIMIT="5"
     )
     with FeedFarm(feeds=2, items=6, thumbnails=True) as farm:
         await add_farm_sources(db, farm)
-        # five articles of the shard already queued for review (its backlog) fill its stage
-        # (another shard's would not: admission counts a stage's load per shard — see
-        # test_backpressure_per_shard.py)
         source = await db.fetch_one("SELECT id FROM news.sources ORDER BY id LIMIT 1")
         assert source is not None
         for n in range(5):
             await db.execute(
                 "INSERT INTO news.candidates (url, source_id, shard, title, summary, stage,"
-                " state, reason, created_at, updated_at) VALUES (%(u)s, %(s)s, 's', 't',"
-                " 's', 'review', 'queued', 'backlog', now(), now())",
+                " state, reason, admitted_at, created_at, updated_at) VALUES (%(u)s, %(s)s,"
+                " 's', 't', 's', 'review', 'queued', 'backlog', now(), now(), now())",
                 {"u": f"http://127.0.0.1:1/backlog-{n}", "s": source["id"]},
             )
         async with pipeline_runtime(env, db) as runtime:
-            await run_pass(runtime, SystemClock(), "s")
             async with worker_running(runtime, ["fetch"]):
-                await wait_for(
-                    lambda: _held(db, "s", 12), within=30, what="12 candidates held at fetch"
-                )
+                report = (await run_pass(runtime, SystemClock(), "s")).to_json()
             held = await db.fetch(
                 "SELECT stage, reason FROM news.candidates WHERE shard = 's' AND state = 'held'"
             )
-            assert {h["stage"] for h in held} == {"review"}
-            assert all(
-                h["reason"].startswith("review backlog over the queue limit: processing 0 of 6")
-                and "(5 queued or in flight in shard s," in h["reason"]
-                for h in held
+            assert len(held) == 12 and {h["stage"] for h in held} == {"enrich"}
+            why = (
+                "backlog over the queue limit: processing 0 of 12 (5 admitted earlier still in"
+                " flight in shard s, INGESTION_BACKPRESSURE_QUEUE_LIMIT 5)"
             )
-            report = (await run_pass(runtime, SystemClock(), "s")).to_json()
-            assert report["deferredCount"] == 12 and report["releasedCount"] == 0
-            assert report["deferredReasons"] == [
-                "review backlog over the queue limit: processing 0 of 12 (5 queued or in flight"
-                " in shard s, INGESTION_BACKPRESSURE_QUEUE_LIMIT 5)"
-            ]
+            assert all(h["reason"] == why for h in held)
+            assert report["deferredCount"] == 12 and report["admittedCount"] == 0
+            assert report["queuedCount"] == 17 and report["deferredReasons"] == [why]
             assert model.reviews == {} and farm.page_requests == 0  # nothing expensive ran
 
             await db.execute("DELETE FROM news.candidates WHERE url LIKE '%%/backlog-%%'")
             async with worker_running(runtime) as summary:
-                for _ in range(3):  # each pass releases what fits (5), the workers take them
+                for _ in range(3):  # each pass admits what fits (5), the workers take them
                     await run_pass(runtime, SystemClock(), "s")
                     await wait_for(
-                        lambda: _queued(db, 0), within=30, what="the released batch worked off"
+                        lambda: _queued(db, 0), within=30, what="the admitted batch worked off"
                     )
         assert len(await _articles(db)) == 12 and await _candidates(db) == 0
         assert max(model.reviews.values()) == 1 and len(model.reviews) == 12
@@ -169,8 +165,8 @@ async def test_a_poison_article_is_dead_lettered_then_replayed_once_fixed(
         )
         await add_farm_sources(db, farm)
         async with pipeline_runtime(env, db) as runtime:
-            await run_pass(runtime, SystemClock(), "s")
             async with worker_running(runtime) as summary:
+                await run_pass(runtime, SystemClock(), "s")
                 await wait_for(lambda: _dead(db, 1), within=30, what="the poison dead-lettered")
                 await wait_for(lambda: _done_but(db, 2), within=30, what="the others written")
             letters = await dlq.list_dead(runtime)
@@ -262,6 +258,9 @@ async def test_messages_owed_when_the_broker_refused_are_relayed_from_the_outbox
             refusing.down = False
             assert await pipeline.relay(refusing, db, SystemClock().now()) == 3
             async with worker_running(runtime):
+                # fetched by the worker, held for a pass: the next one admits them
+                await wait_for(lambda: _held(db, "s", 6), within=30, what="6 candidates held")
+                await run_pass(runtime, SystemClock(), "s")
                 await wait_for(lambda: _done(db, 6), within=30, what="6 articles written")
             await refusing.close()
         assert await _articles(db) == sorted(farm.article_urls())
@@ -286,10 +285,12 @@ async def test_switching_a_shard_inline_to_rabbitmq_and_back_loses_and_repeats_n
         farm.grow(3)  # the feeds move on while the operator switches
         await db.execute("UPDATE news.sources SET next_check_at = NULL")
         async with pipeline_runtime(rabbit_env, db) as runtime:
-            passed = (await run_pass(runtime, SystemClock(), "s")).to_json()
-            assert passed["releasedCount"] == 13 and passed["enqueuedSources"] == 4
-            # workers only for enrich and review: candidates pile up at write, reviewed
+            # workers only for fetch, enrich and review: candidates pile up at write, reviewed
             async with worker_running(runtime, ["fetch", "enrich", "review"]):
+                passed = (await run_pass(runtime, SystemClock(), "s")).to_json()
+                # the inline run's 13 deferred and the 12 the feeds have since
+                assert passed["queuedCount"] == 25 and passed["admittedCount"] == 25
+                assert passed["enqueuedSources"] == 4
                 await wait_for(
                     lambda: _at_write(db, 25), within=60, what="25 reviewed, waiting for write"
                 )

@@ -14,7 +14,7 @@ from pathlib import Path
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
 from nightcrew.news import pipeline
-from nightcrew.news.pipeline import run_pass, over_budget_reason, upkeep_lease_name
+from nightcrew.news.pipeline import over_budget_reason, run_pass, upkeep_lease_name
 from nightcrew.runtime import Runtime
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
