@@ -119,13 +119,18 @@ async def relay(broker: PipelineBroker, db: Database, now: datetime) -> int:
 
 
 # --- what was admitted, sent again ----------------------------------------------------------------
-async def resend_due(db: Database, now: datetime) -> list[dict[str, Any]]:
-    """Admitted candidates held for a backoff or a lease held elsewhere, whose wait is over,
-    queued again with a fresh message — every worker's housekeeping does it, so a retry goes
-    within seconds. Admission is not asked again: they were admitted. The outbox rows to send."""
+async def resend_due(
+    db: Database, now: datetime, *, shard: str | None = None
+) -> list[dict[str, Any]]:
+    """Admitted candidates (of ``shard``, or of every shard) held for a backoff or a lease held
+    elsewhere, whose wait is over, queued again with a fresh message — every worker's
+    housekeeping does it, so a retry goes within seconds, and a pass for its shard. Admission is
+    not asked again: they were admitted. The outbox rows to send."""
     owed: list[dict[str, Any]] = []
     while True:
-        rows = await db.fetch(SQL["resend_due"], {"now": now, "limit": RESEND_BATCH})
+        rows = await db.fetch(
+            SQL["resend_due"], {"now": now, "limit": RESEND_BATCH, "shard": shard}
+        )
         owed += rows
         if len(rows) < RESEND_BATCH:
             return owed
@@ -223,6 +228,7 @@ class _Pass:
                 "resend_after": self.runtime.settings.news_resend_after_seconds,
             },
         )
+        resent += await resend_due(db, now, shard=self.shard)
         sent = await send_owed(self.broker, db, resent + sources)
         try:
             relayed = await relay(self.broker, db, now)

@@ -2,13 +2,14 @@
 -- (pipeline.py). Admitting is candidates.sql's.
 
 -- name: resend_due
--- A worker's housekeeping: admitted candidates held for a backoff or a lease held elsewhere,
--- whose wait is over, queued again with a fresh message (oldest first, a batch at a time;
--- rows another worker is re-sending are skipped).
+-- A worker's housekeeping (every shard's) or a pass (its shard's): admitted candidates held for
+-- a backoff or a lease held elsewhere, whose wait is over, queued again with a fresh message
+-- (oldest first, a batch at a time; rows another worker is re-sending are skipped).
 WITH picked AS (
     SELECT url FROM news.candidates
      WHERE state = 'held' AND admitted_at IS NOT NULL
        AND (not_before IS NULL OR not_before <= %(now)s)
+       AND (%(shard)s::text IS NULL OR shard = %(shard)s)
      ORDER BY created_at, id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED

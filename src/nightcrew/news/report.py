@@ -115,7 +115,7 @@ class PassFigures:
     enqueued_sources: int  # due sources sent to the fetch stage
     unfetched_sources: int  # of the shard's sent ones, not fetched within the fetch budget
     admitted_count: int  # candidates this pass admitted into the stages
-    resent_count: int  # admitted so long ago their message must be lost: sent again
+    resent_count: int  # admitted, their message presumed lost or their backoff over: sent again
     relayed_count: int  # outbox rows an earlier crash or absent broker left, published now
     stages: dict[str, dict[str, int]]  # the shard's candidates, by stage and state
     workers: WorkerResults
