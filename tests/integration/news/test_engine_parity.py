@@ -27,7 +27,9 @@ Every report of a round is kept (``engine.rounds``) so totals count each figure 
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -40,7 +42,9 @@ import pytest
 from nightcrew.adapters.broker import STAGES
 from nightcrew.db.database import Database
 from nightcrew.news import notes
+from nightcrew.news import worker as news_worker
 from nightcrew.news.inline import run_shard
+from nightcrew.news.leases import shard_lock_name
 from nightcrew.news.pipeline import broker_of, run_pass
 from nightcrew.news.report import SPEC_FIELDS
 from nightcrew.news.review import review_lock_name
@@ -541,3 +545,148 @@ async def test_every_spec_field_is_in_the_report_with_its_type(
         {"s": SHARD},
     )
     assert saved is not None and saved["report"] == reports[-1]
+
+
+# --- 8. the shard lock, its lease, the queue count, the no-thumbnail retry, the snapshot --------
+async def test_a_round_that_finds_the_shard_lock_held_does_nothing_and_says_so(
+    engine: Engine, db: Database, model: ModelStandIn
+) -> None:
+    """Spec 001's shard lock, in both engines: another holder has it, so the round is skipped
+    (lockedCount 1, the lock named) — no feed is fetched, nothing is admitted or written — and
+    once it is released the next round does the work."""
+    with FeedFarm(feeds=2, items=2, thumbnails=True) as farm:
+        await add_farm_sources(db, farm, SHARD)
+        leases = engine.runtime.news_adapters().leases
+        elsewhere = await leases.acquire(shard_lock_name(SHARD), LOCK_TTL)
+        assert elsewhere is not None
+        locked = await engine.round(SHARD)
+        assert farm.feed_requests == 0 and model.reviews == Counter()
+        await leases.release(elsewhere)
+        done = await engine.round(SHARD)
+
+    assert (locked["status"], locked["skipped"], locked["lockedCount"]) == ("skipped", True, 1)
+    assert locked["deferredReasons"] == ["another run holds this shard's lock"]
+    assert locked["queuedCount"] == locked["processedCount"] == 0
+    assert (done["status"], done["lockedCount"], done["processedCount"]) == ("completed", 0, 4)
+    assert await _written(db) == farm.article_urls()
+
+
+class _SlowFarm(FeedFarm):
+    """A FeedFarm whose feeds answer after ``delay`` seconds."""
+
+    delay = 0.0
+
+    def respond(self, method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
+        if path.startswith("/feeds/"):
+            time.sleep(self.delay)
+        return super().respond(method, path, body)
+
+
+@with_settings(UPSTASH_REDIS_WORKER_LOCK_TTL_SECONDS="1")
+async def test_a_shard_lease_lost_before_the_expensive_steps_stops_them(
+    engine: Engine, db: Database, model: ModelStandIn
+) -> None:
+    """The shard lock is extended (holder-only) before the expensive steps: with a 1 s TTL and
+    feeds that take 2 s, the lease runs out during the fetch and another holder takes it, so
+    the extension is refused and nothing expensive runs — no page, no model call, nothing
+    written — and the report says why; every candidate waits for a later round."""
+    with _SlowFarm(feeds=2, items=3) as farm:
+        farm.delay = 2.0
+        await add_farm_sources(db, farm, SHARD)
+        leases = engine.runtime.news_adapters().leases
+
+        async def thief() -> None:
+            await asyncio.sleep(1.5)  # past the round's 1 s lease, before its fetch is back
+            taken = await leases.acquire(shard_lock_name(SHARD), LOCK_TTL)
+            assert taken is not None, "the round's lease should have run out"
+
+        stealing = asyncio.create_task(thief())
+        report = await engine.round(SHARD)
+        await stealing
+
+    assert report["deferredReasons"] == ["the shard lease was lost before the expensive steps"]
+    assert report["queuedCount"] == 6 and report["deferredCount"] == 6
+    assert report["processedCount"] == 0 and report["status"] == "completed"
+    assert model.reviews == Counter() and farm.page_requests == 0
+    assert await _written(db) == set() and await _waiting(db) == dict.fromkeys(
+        farm.article_urls(), "held"
+    )
+
+
+async def test_accepted_articles_without_a_thumbnail_are_retried_and_counted(
+    engine: Engine, db: Database, model: ModelStandIn
+) -> None:
+    """retriedCount: accepted articles still without a thumbnail and due another try (older
+    than NO_THUMBNAIL_RETRY_AGE_SECONDS) — counted, and their pages asked again, in both."""
+    with FeedFarm(feeds=1, items=1, thumbnails=True) as farm:
+        await add_farm_sources(db, farm, SHARD)
+        old = engine.clock.now() - timedelta(days=1)
+        await db.execute(
+            "INSERT INTO news.articles (url, shard, title, status, fence, created_at)"
+            " SELECT %(u)s || n, %(s)s, 'old', 'accepted', 1, %(t)s"
+            " FROM generate_series(1, 3) AS n",
+            {"u": f"{farm.url}/articles/old-", "s": SHARD, "t": old},
+        )
+        report = await engine.round(SHARD)
+        images = await count(
+            db,
+            "SELECT count(*) FROM news.articles"
+            " WHERE url LIKE '%%/old-%%' AND image_url IS NOT NULL",
+        )
+        again = await engine.round(SHARD)
+
+    assert report["retriedCount"] == 3 and farm.page_requests == 3 and images == 3
+    assert again["retriedCount"] == 0  # found: none is due again
+
+
+@with_settings(INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT="10")
+async def test_the_article_limit_defers_the_snapshot_refresh_too(
+    engine: Engine, db: Database, model: ModelStandIn
+) -> None:
+    """Spec 001 defers the public snapshot's refresh with the other expensive steps: a shard
+    whose snapshot is stale is not published while the article table is at its limit (the
+    pipeline's worker runs its housekeeping meanwhile), and is once below it."""
+    store = engine.runtime.store
+    key = f"news/snapshots/{SHARD}.json"
+    with FeedFarm(feeds=1, items=2, thumbnails=True) as farm:
+        await add_farm_sources(db, farm, SHARD)
+        await db.execute(
+            "INSERT INTO news.snapshots (shard, stale_since) VALUES (%(s)s, now())", {"s": SHARD}
+        )
+        await _fill(db, 10, engine.clock.now())
+        await engine.round(SHARD)
+        await asyncio.sleep(news_worker.HOUSEKEEPING_SECONDS + 1)  # a refresh was due
+        at_the_limit = await _exists(store, key)
+        await db.execute("DELETE FROM news.articles WHERE shard = 'elsewhere'")
+        await engine.round(SHARD)
+        await wait_for(lambda: _exists(store, key), within=15, what="the snapshot published")
+
+    assert at_the_limit is False
+    assert await _written(db) == farm.article_urls()
+
+
+async def _exists(store: Any, key: str) -> bool:
+    return await store.get(key) is not None
+
+
+@with_settings(INGESTION_BACKPRESSURE_QUEUE_LIMIT="5")
+async def test_forty_new_items_over_a_limit_of_five_go_five_a_round(
+    engine: Engine, db: Database, model: ModelStandIn
+) -> None:
+    """40 new items, INGESTION_BACKPRESSURE_QUEUE_LIMIT=5: every round counts the whole queue
+    (queuedCount 40, 35, … 5), admits the oldest 5 and says why the rest wait; eight rounds
+    write all 40, each once."""
+    with FeedFarm(feeds=2, items=20, thumbnails=True) as farm:
+        await add_farm_sources(db, farm, SHARD)
+        reports = [await engine.round(SHARD) for _ in range(8)]
+
+    assert [r["queuedCount"] for r in reports] == list(range(40, 0, -5))
+    assert [r["processedCount"] for r in reports] == [5] * 8
+    assert [r["deferredCount"] for r in reports] == list(range(35, -1, -5))
+    for report in reports[:-1]:
+        assert report["deferredReasons"] == [
+            f"backlog over the queue limit: processing 5 of {report['queuedCount']}"
+            " (INGESTION_BACKPRESSURE_QUEUE_LIMIT 5)"
+        ]
+    assert reports[-1]["deferredReasons"] == []
+    assert model.reviews == Counter(farm.article_urls()) and await _waiting(db) == {}
