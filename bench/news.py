@@ -55,11 +55,11 @@ from nightcrew.db.database import Database
 from nightcrew.db.migrate import migrate
 from nightcrew.gc_tuning import tune_for_bursts
 from nightcrew.log import configure_logging
-from nightcrew.news import fetch as news_fetch
-from nightcrew.news.inline import run_shard
-from nightcrew.news.parse import parse_feed
+from nightcrew.news.engines.inline import run_shard
 from nightcrew.news.report import NewsReport
-from nightcrew.news.sources import add_source
+from nightcrew.news.sources.registry import add_source
+from nightcrew.news.steps import fetch as news_fetch
+from nightcrew.news.steps.parse import parse_feed
 from nightcrew.runtime import open_runtime
 
 NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
@@ -164,7 +164,7 @@ def time_parser(parse: Callable[[bytes], Any], bodies: list[bytes], total: int) 
 
 
 class Stopwatch:
-    """Wall time spent inside some synchronous functions of ``nightcrew.news.fetch`` (wrapped
+    """Wall time spent inside some synchronous functions of ``nightcrew.news.steps.fetch`` (wrapped
     where ``_fetch`` looks them up), so the parser's share of a run is known without a
     profiler's distortion. Disabled, it wraps nothing (a profile shows the code as it is)."""
 

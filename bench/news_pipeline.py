@@ -49,9 +49,9 @@ from nightcrew.db.database import Database
 from nightcrew.db.migrate import migrate
 from nightcrew.gc_tuning import tune_for_bursts
 from nightcrew.log import configure_logging
-from nightcrew.news.inline import run_shard
-from nightcrew.news.pipeline import run_pass
-from nightcrew.news.sources import add_source
+from nightcrew.news.engines.inline import run_shard
+from nightcrew.news.engines.pipeline.passes import run_pass
+from nightcrew.news.sources.registry import add_source
 from nightcrew.runtime import open_runtime
 
 AMQP_URL = os.environ.get("NIGHTCREW_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")

@@ -32,7 +32,7 @@ from nightcrew.clock import Clock, FrozenClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database, with_dbname
 from nightcrew.db.migrate import migrate
-from nightcrew.news.parse import ParserPool
+from nightcrew.news.steps.parse import ParserPool
 from nightcrew.runtime import Runtime, open_runtime
 from tests.support.servers import (
     S3_CREDENTIALS,

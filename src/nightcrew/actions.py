@@ -217,7 +217,7 @@ async def replay_letters(
 ) -> LettersDone:
     """Queue dead letters again: ``message_id``, or every letter of ``stage`` (None: all) —
     at most ``limit`` of each stage's letters, the oldest first."""
-    from nightcrew.news.dlq import replay
+    from nightcrew.news.engines.pipeline.dlq import replay
 
     done = await replay(runtime, clock, stage=stage, message_id=message_id, limit=limit)
     result = LettersDone(
@@ -248,7 +248,7 @@ async def purge_letters(
 ) -> LettersDone:
     """Drop dead letters for good (their candidates are rejected with the letter's error):
     ``message_id`` of ``stage``, or every letter of it."""
-    from nightcrew.news.dlq import purge
+    from nightcrew.news.engines.pipeline.dlq import purge
 
     gone = await purge(runtime, clock, stage, message_id=message_id)
     result = LettersDone(purged=[x.message_id for x in gone])
@@ -269,7 +269,7 @@ async def set_source_enabled(
     db: Database, clock: Clock, actor: Actor, ref: str, *, enabled: bool
 ) -> dict[str, Any]:
     """Enable (un-park, failures cleared, due now) or disable a source by id or feed URL."""
-    from nightcrew.news.sources import set_enabled
+    from nightcrew.news.sources.registry import set_enabled
 
     row = await set_enabled(db, ref, enabled=enabled)
     await record(

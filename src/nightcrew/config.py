@@ -81,20 +81,20 @@ class Settings(BaseSettings):
     news_fetch_budget_seconds: Annotated[
         float, Field(alias="NEWS_FETCH_BUDGET_SECONDS", gt=0, le=600)
     ] = 30.0
-    # one feed's parse, in a worker process that is killed past it (news/parse.py: ParserPool)
+    # one feed's parse, in a worker process that is killed past it (news/steps/parse.py: ParserPool)
     news_parse_budget_seconds: Annotated[
         float, Field(alias="NEWS_PARSE_BUDGET_SECONDS", gt=0, le=600)
     ] = 10.0
     news_max_title_chars: Annotated[int, Field(alias="NEWS_MAX_TITLE_CHARS", ge=16)] = 1024
     news_max_summary_chars: Annotated[int, Field(alias="NEWS_MAX_SUMMARY_CHARS", ge=16)] = 16384
-    # the RabbitMQ pipeline (issue 13); `inline` is the one-process run of spec 001
+    # the RabbitMQ pipeline; `inline` is the one-process run of spec 001
     news_pipeline: Annotated[Literal["inline", "rabbitmq"], Field(alias="NEWS_PIPELINE")] = "inline"
     news_max_deliveries: Annotated[int, Field(alias="NEWS_MAX_DELIVERIES", ge=1, le=1000)] = 5
     news_queue_prefix: Annotated[
         str, Field(alias="NEWS_QUEUE_PREFIX", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}$")
     ] = "news"
     # the pipeline's stage leases (fetch, enrich, review), renewed every third of it while the
-    # work runs: a dead worker's candidates are taken over within this long (issue 23)
+    # work runs: a dead worker's candidates are taken over within this long
     news_stage_lease_seconds: Annotated[
         int, Field(alias="NEWS_STAGE_LEASE_SECONDS", ge=5, le=86400)
     ] = 30

@@ -410,7 +410,7 @@ async def _news(runtime: Runtime, clock: Clock, now: datetime) -> list[str]:
     """Two sample feeds on a loopback server, two news runs: the second finds nothing new."""
     from nightcrew.demo_support import serve_sample_feeds
     from nightcrew.news.schedule import run_shard_now
-    from nightcrew.news.sources import PARK_AFTER_FAILURES, add_source
+    from nightcrew.news.sources.registry import PARK_AFTER_FAILURES, add_source
 
     with serve_sample_feeds() as base:
         for path, name in (("/city.xml", "City desk"), ("/science.xml", "Science desk")):

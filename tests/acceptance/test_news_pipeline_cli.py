@@ -93,9 +93,6 @@ def test_a_pass_a_worker_and_sigterm_from_the_command_line(
                     "news", "sources", "add", url, "--name", f"F{n}", "--shard", "s", env=env
                 )
                 assert added.returncode == 0, added.stderr
-            passed = run("news", "run", "--shard", "s", env=env)
-            assert passed.returncode == 0, passed.stderr
-            assert "pass done" in passed.stdout and "sources enqueued" in passed.stdout
             worker = subprocess.Popen(
                 [_nightcrew(), "news", "worker", "--concurrency", "2"],
                 env=env,
@@ -104,6 +101,11 @@ def test_a_pass_a_worker_and_sigterm_from_the_command_line(
                 text=True,
             )
             try:
+                # the pass waits for the worker's fetches, then admits what they found
+                passed = run("news", "run", "--shard", "s", env=env)
+                assert passed.returncode == 0, passed.stderr
+                assert "pass done" in passed.stdout and "sources enqueued" in passed.stdout
+                assert "  admitted into the stages         6\n" in passed.stdout, passed.stdout
                 deadline = time.monotonic() + 60
                 while sum(model.reviews.values()) < 6 and time.monotonic() < deadline:
                     time.sleep(0.2)

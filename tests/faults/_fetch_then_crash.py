@@ -16,8 +16,8 @@ from typing import Any
 from nightcrew.adapters.broker import PipelineBroker
 from nightcrew.clock import SystemClock
 from nightcrew.config import Settings
-from nightcrew.news import stages
-from nightcrew.news.pipeline import broker_of
+from nightcrew.news.engines.pipeline import stages
+from nightcrew.news.engines.pipeline.outbox import broker_of
 from nightcrew.runtime import open_runtime
 
 

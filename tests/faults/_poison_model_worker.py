@@ -17,7 +17,7 @@ import sys
 from nightcrew.adapters.reviewer import Article, OpenAICompatibleReviewer, Verdict
 from nightcrew.clock import SystemClock
 from nightcrew.config import Settings
-from nightcrew.news.worker import Worker
+from nightcrew.news.engines.pipeline.worker import Worker
 from nightcrew.runtime import open_runtime
 
 ASKED_SECONDS = 0.3  # the request is at the model by then (its stand-in answers after longer)

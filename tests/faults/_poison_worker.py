@@ -16,8 +16,8 @@ from typing import Any
 
 from nightcrew.clock import SystemClock
 from nightcrew.config import Settings
-from nightcrew.news import stages
-from nightcrew.news.worker import Worker
+from nightcrew.news.engines.pipeline import stages
+from nightcrew.news.engines.pipeline.worker import Worker
 from nightcrew.runtime import open_runtime
 
 

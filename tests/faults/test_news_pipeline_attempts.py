@@ -31,8 +31,9 @@ import pytest
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
-from nightcrew.news import stages
-from nightcrew.news.pipeline import broker_of, run_pass
+from nightcrew.news.engines.pipeline import stages
+from nightcrew.news.engines.pipeline.outbox import broker_of
+from nightcrew.news.engines.pipeline.passes import run_pass
 from tests.faults.test_news_pipeline_faults import workers
 from tests.faults.test_news_pipeline_poison import _cli
 from tests.integration.news.pipeline_support import (
@@ -83,11 +84,11 @@ async def test_a_poison_article_that_kills_its_worker_mid_model_call_is_dead_let
                 return letters == 1 and await _written(db) == 9 and await _waiting(db) == 0
 
             started = time.monotonic()
-            await run_pass(runtime, SystemClock(), "s")
             deaths, logs = 0, list[Path]()
             # fetch, enrich and write here; review only in the poisoned processes, one message
             # at a time, each started when the previous one died
             async with worker_running(runtime, ["fetch", "enrich", "write"]):
+                await run_pass(runtime, SystemClock(), "s")
                 while not await done():
                     assert time.monotonic() - started < 300, f"not dead-lettered: {deaths} deaths"
                     log = tmp_path / f"review-{len(logs)}.log"
@@ -140,8 +141,8 @@ async def test_a_poison_article_that_kills_its_worker_mid_model_call_is_dead_let
             assert "worker died" in text.stdout and poison in text.stdout
 
             # no further worker runs it: a pass and an ordinary worker find nothing to do
-            await run_pass(runtime, SystemClock(), "s")
             async with worker_running(runtime):
+                await run_pass(runtime, SystemClock(), "s")
                 await asyncio.sleep(3)
             assert model.reviews[poison] == MAX_DELIVERIES
         print(f"poison dead-lettered after {deaths} deaths in {elapsed:.0f} s")
@@ -234,8 +235,8 @@ async def test_a_serialization_failure_in_the_write_stage_is_retried_with_backof
         async with pipeline_runtime(env, db) as runtime:
             watcher = asyncio.create_task(watch())
             try:
-                await run_pass(runtime, SystemClock(), "s")
                 async with worker_running(runtime) as summary:
+                    await run_pass(runtime, SystemClock(), "s")
                     await wait_for(lambda: _all_four(db), within=90, what="4 written")
                 await asyncio.sleep(0.5)  # the watcher's last look
             finally:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
-from nightcrew.news.pipeline import broker_of, run_pass
+from nightcrew.news.engines.pipeline.outbox import broker_of
+from nightcrew.news.engines.pipeline.passes import run_pass
 from tests.faults.test_news_pipeline_faults import _nightcrew
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
@@ -59,11 +60,11 @@ async def test_a_message_that_kills_its_worker_is_dead_lettered_by_the_delivery_
         await add_farm_sources(db, farm)
         async with pipeline_runtime(env, db) as runtime:
             broker = broker_of(runtime)
-            await run_pass(runtime, SystemClock(), "s")
             deaths = 0
             # the other stages in this process; review only in the poisoned worker processes,
             # one message at a time, so each death returns the poison alone
             async with worker_running(runtime, ["fetch", "enrich", "write"]):
+                await run_pass(runtime, SystemClock(), "s")
                 while await broker.ready("review", dlq=True) == 0:
                     assert deaths <= MAX_DELIVERIES, "the broker never dead-lettered it"
                     proc = await asyncio.create_subprocess_exec(

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
-from nightcrew.news.pipeline import run_pass
+from nightcrew.news.engines.pipeline.passes import run_pass
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,

@@ -16,7 +16,8 @@ from typing import Any
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
-from nightcrew.news.pipeline import broker_of, run_pass
+from nightcrew.news.engines.pipeline.outbox import broker_of
+from nightcrew.news.engines.pipeline.passes import run_pass
 from tests.faults.test_news_pipeline_faults import _nightcrew
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
@@ -116,11 +117,12 @@ async def test_past_the_grace_held_messages_go_back_without_spending_their_deliv
         env = pipeline_env(fresh_db_url, prefix, model, tmp_path / "store", NEWS_MAX_DELIVERIES="2")
         await add_farm_sources(db, farm)
         async with pipeline_runtime(env, db) as runtime:
-            await run_pass(runtime, SystemClock(), "s")
             for n in range(restarts):
                 log = tmp_path / f"stopped-{n}.log"
                 args = ("--concurrency", "2", "--grace", "0.5")
                 async with Worker(env, log, *args) as worker:
+                    if n == 0:  # the pass waits for the first worker's fetch, then admits
+                        await run_pass(runtime, SystemClock(), "s")
                     await wait_for(
                         _asked(model, 2 * (n + 1)), within=90, what=f"review round {n + 1}"
                     )

@@ -18,9 +18,9 @@ import redis.asyncio as aioredis
 from nightcrew.adapters.processed import PROCESSED_SET
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
-from nightcrew.news.inline import run_shard
-from nightcrew.news.leases import shard_lock_name
-from nightcrew.news.review import review_lock_name
+from nightcrew.news.engines.inline import run_shard
+from nightcrew.news.steps.leases import shard_lock_name
+from nightcrew.news.steps.review import review_lock_name
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,

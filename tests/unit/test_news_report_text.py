@@ -11,7 +11,7 @@ import pytest
 
 from nightcrew.cli.news import _print_report
 from nightcrew.narrate import news_sentences
-from nightcrew.news.report import SPEC_FIELDS, NewsReport, PassFigures, RunTally
+from nightcrew.news.report import SPEC_FIELDS, NewsReport, PassFigures, ReportDraft, WorkerResults
 
 SPEC_001 = {
     "queuedCount",
@@ -41,12 +41,17 @@ SPEC_001 = {
 def _pass_figures() -> PassFigures:
     return PassFigures(
         enqueued_sources=3,
-        released_count=2,
+        unfetched_sources=0,
+        admitted_count=2,
         resent_count=1,
         relayed_count=0,
         stages={"enrich": {}, "review": {"held": 2}, "write": {"queued": 1}},
-        results_since=datetime(2026, 12, 1, tzinfo=UTC),
-        review_retry_count=1,
+        workers=WorkerResults(
+            since=datetime(2026, 12, 1, tzinfo=UTC),
+            processed_count=4,
+            review_retry_count=1,
+            write_errors=[{"url": "https://x.example/a", "error": "value too long"}],
+        ),
     )
 
 
@@ -86,45 +91,54 @@ def test_dropped_items_are_listed_by_source_and_reason(capsys: pytest.CaptureFix
 
 def test_one_frozen_report_with_the_spec_fields_whichever_engine_built_it() -> None:
     inline = NewsReport(shard="s", trigger="manual")
-    piped = NewsReport(shard="s", trigger="manual", processed_count=4, pipeline=_pass_figures())
+    piped = NewsReport(shard="s", trigger="manual", pipeline=_pass_figures())
     with pytest.raises(dataclasses.FrozenInstanceError):
         inline.processed_count = 1  # type: ignore[misc]
     assert SPEC_001 <= set(SPEC_FIELDS)
     assert set(SPEC_FIELDS) <= set(inline.to_json()) and set(SPEC_FIELDS) <= set(piped.to_json())
     assert inline.to_json()["pipeline"] == "inline" and "enqueuedSources" not in inline.to_json()
     body = piped.to_json()
-    assert body["pipeline"] == "rabbitmq" and body["writtenCount"] == body["processedCount"] == 4
-    assert body["resultsSince"] == "2026-12-01T00:00:00+00:00" and body["reviewRetryCount"] == 1
+    assert body["pipeline"] == "rabbitmq" and body["processedCount"] == 0
+    assert body["admittedCount"] == 2 and body["unfetchedSources"] == 0
+    # the workers' results are theirs, under their own key
+    assert body["workers"]["since"] == "2026-12-01T00:00:00+00:00"
+    assert body["workers"]["processedCount"] == 4 and body["workers"]["reviewRetryCount"] == 1
 
 
-def test_the_inline_tally_fills_every_field_of_the_report() -> None:
-    """Every field the run gathers reaches the frozen report (a new field the tally forgot to
-    hand on would stay at its default here)."""
-    tally = RunTally(
-        shard="s",
-        trigger="scheduled",
-        reviewer="offline rules",
-        redis_enabled=True,
-        backpressure_queue_limit=7,
-        backpressure_db_article_limit=8,
-    )
-    for f in dataclasses.fields(tally):
-        value = getattr(tally, f.name)
-        if isinstance(value, bool) or f.name in {"shard", "trigger", "reviewer"}:
-            continue
-        if isinstance(value, int) or value is None:
-            setattr(tally, f.name, 3)
-        elif isinstance(value, list):
-            value.append({"x": 1})
-        elif isinstance(value, dict):
-            value["a (s)"] = 3
-    report = tally.report(status="superseded", duration_ms=1.5, redis_enabled=True)
+class _Settings:
+    ingestion_backpressure_queue_limit = 7
+    ingestion_backpressure_db_article_limit = 8
+
+
+class _Adapters:
+    redis_configured = True
+    reviewer = None
+
+
+def test_the_one_builder_sets_adds_and_defers_and_freezes_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both engines fill a report through ``ReportDraft``: what it is told reaches the frozen
+    report, counts add up, a reason is said once, and Redis is on only if configured and never
+    failed."""
+    monkeypatch.setattr("nightcrew.news.report.reviewer_label", lambda adapters: "offline rules")
+    draft = ReportDraft(_Settings(), _Adapters(), shard="s", trigger="scheduled")  # type: ignore[arg-type]
+    draft.set(queued_count=3, queued_by_source={"a (s)": 3})
+    draft.add(processed_count=2)
+    draft.add(processed_count=1, ai_reviewed_count=3)
+    draft.defer("a reason")
+    draft.defer("a reason")
+    draft.extend(fetch_errors=[{"source": "x", "error": "e"}])
+    report = draft.build(status="superseded", duration_ms=1.5, redis_enabled=True)
     body = report.to_json()
     assert body["status"] == "superseded" and body["redisEnabled"] is True
-    for name in SPEC_001 - {"reviewer", "redisEnabled", "backpressureDbArticleCountError"}:
-        assert body[name] not in (0, [], {}, None), name
+    assert body["queuedCount"] == 3 and body["processedCount"] == 3
+    assert body["aiReviewedCount"] == 3 and body["deferredReasons"] == ["a reason"]
+    assert body["fetchErrors"] == [{"source": "x", "error": "e"}]
+    assert body["backpressureQueueLimit"] == 7 and body["backpressureDbArticleLimit"] == 8
+    assert body["reviewer"] == "offline rules" and body["durationMs"] == 1.5
     assert (
-        tally.report(status="completed", duration_ms=0, redis_enabled=False).redis_enabled is False
+        draft.build(status="completed", duration_ms=0, redis_enabled=False).redis_enabled is False
     )
 
 
@@ -132,19 +146,20 @@ def test_either_engines_report_prints_with_one_printer(capsys: pytest.CaptureFix
     piped = NewsReport(
         shard="s",
         trigger="manual",
-        processed_count=4,
         fetch_errors=[{"source": "dead", "error": "the feed answered 404"}],
-        write_errors=[{"url": "https://x.example/a", "error": "value too long"}],
         pipeline=_pass_figures(),
     )
     _print_report(piped.to_json())
     out = capsys.readouterr().out
     assert out.startswith("news shard s: pass done, 0 ms\n")
-    assert "  processed (written)              4\n" in out
+    assert "  processed (written)              0\n" in out
     assert "  sources enqueued                 3\n" in out
+    assert "  admitted into the stages         2\n" in out
     assert "  stage review                     2 held\n" in out
     assert "  ! dead: the feed answered 404\n" in out
-    assert "  ! https://x.example/a: value too long\n" in out
+    assert "  the workers, since 2026-12-01T00:00:00+00:00:\n" in out
+    assert "    written                        4\n" in out
+    assert "    ! https://x.example/a: value too long\n" in out
 
 
 def test_a_superseded_run_says_so_and_is_not_a_failure(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from nightcrew.news.opml import (
+from nightcrew.news.sources.opml import (
     FeedEntry,
     FeedListError,
     OpmlFeed,
@@ -16,7 +16,7 @@ from nightcrew.news.opml import (
     build_opml,
     parse_feed_list,
 )
-from nightcrew.news.sources import check_import
+from nightcrew.news.sources.registry import check_import
 
 NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 
@@ -174,7 +174,7 @@ def test_a_file_that_is_no_feed_list_is_refused(doc: bytes, message: str) -> Non
 
 
 def test_an_oversized_file_is_refused() -> None:
-    from nightcrew.news import opml
+    from nightcrew.news.sources.registry import opml
 
     with pytest.raises(FeedListError, match="larger than 64 MB"):
         parse_feed_list(b"#" * (opml.MAX_FILE_BYTES + 1))

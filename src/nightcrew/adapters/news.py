@@ -27,7 +27,7 @@ from nightcrew.adapters.tls import tls_context
 from nightcrew.clock import Clock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
-from nightcrew.news.parse import ParserPool
+from nightcrew.news.steps.parse import ParserPool
 
 # Redis answers in well under a millisecond on a LAN and in tens over the internet (Upstash):
 # a second is a Redis in trouble. Short, because every call of a run may pay it once before

@@ -131,7 +131,7 @@ async def _serve_on(
     from nightcrew.lifecycle.reconcile.core import ReconcileOptions
     from nightcrew.lifecycle.reconcile.engine import run_reconcile
     from nightcrew.log import warning
-    from nightcrew.news.pipeline import collect_metrics
+    from nightcrew.news.engines.pipeline.metrics import collect_metrics
     from nightcrew.news.report import latest_reports
     from nightcrew.news.schedule import news_schedules
     from nightcrew.scheduler import Scheduler

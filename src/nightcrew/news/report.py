@@ -183,7 +183,7 @@ WORKERS_FIELDS = tuple(_camel(f.name) for f in dataclasses.fields(WorkerResults)
 
 
 def reviewer_label(adapters: NewsAdapters) -> str:
-    from nightcrew.news.review import calls_a_model
+    from nightcrew.news.steps.review import calls_a_model
 
     return "model" if calls_a_model(adapters.reviewer) else "offline rules"
 
@@ -267,7 +267,7 @@ async def locked_report(
     pipeline: PassFigures | None = None,
 ) -> NewsReport:
     """Another run or pass held the shard's lock: this one did nothing; what waits counted."""
-    from nightcrew.news import candidates
+    from nightcrew.news.steps import candidates
 
     draft.set(locked_count=1, deferred_count=await candidates.count_held(db, draft.report.shard))
     draft.defer(LOCKED_REASON)

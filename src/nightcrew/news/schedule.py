@@ -1,6 +1,6 @@
 """The news worker's schedules: one per shard, running the shard the way NEWS_PIPELINE says —
-the inline engine (``news/inline.py``), or a pass of the pipeline engine that feeds the RabbitMQ
-stage queues (``news/pipeline.py``)."""
+the inline engine (``engines/inline.py``), or a pass of the pipeline engine that feeds the
+RabbitMQ stage queues (``engines/pipeline/passes.py``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from datetime import datetime
 
 from nightcrew import runs
 from nightcrew.clock import Clock
-from nightcrew.news.inline import run_shard
-from nightcrew.news.pipeline import run_pass
+from nightcrew.news.engines.inline import run_shard
+from nightcrew.news.engines.pipeline.passes import run_pass
 from nightcrew.news.report import NewsReport, Trigger
 from nightcrew.runtime import Runtime
 from nightcrew.scheduler import Schedule

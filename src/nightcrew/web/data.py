@@ -681,7 +681,7 @@ def _recent_run(row: dict[str, Any]) -> dict[str, Any]:
 def refusal_hints(sources: list[dict[str, Any]], allowed_private_hosts: str) -> dict[int, str]:
     """For each source a run refuses (or refused) for its feed's address: what lets it be
     fetched, and that enabling it frees it now (else it waits for its next check)."""
-    from nightcrew.news.sources import refusal_hint
+    from nightcrew.news.sources.registry import refusal_hint
 
     hints: dict[int, str] = {}
     for source in sources:
@@ -716,12 +716,12 @@ async def dead_letters(runtime: Runtime | None) -> DeadLetters | None:
     """None when this process has no pipeline (NEWS_PIPELINE=inline): nothing to show."""
     if runtime is None or runtime.settings.news_pipeline != "rabbitmq":
         return None
-    from nightcrew.news import dlq, pipeline
+    from nightcrew.news.engines.pipeline import dlq, outbox
 
     letters: dict[str, list[dict[str, Any]]] = {}
     counts: dict[str, int] = {}
     try:
-        broker = pipeline.broker_of(runtime)
+        broker = outbox.broker_of(runtime)
         for stage in STAGES:
             counts[stage] = await broker.ready(stage, dlq=True)
             if counts[stage]:

@@ -22,7 +22,7 @@ from nightcrew.adapters.broker import STAGES, PipelineBroker
 from nightcrew.clock import Clock, SystemClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
-from nightcrew.news.worker import Worker, WorkerSummary
+from nightcrew.news.engines.pipeline.worker import Worker, WorkerSummary
 from nightcrew.runtime import Runtime, open_runtime
 from tests.integration.news.conftest import LOOPBACK
 from tests.support.network import LoopbackOnlyBackend
@@ -94,7 +94,7 @@ async def pipeline_runtime(
 
 
 async def add_farm_sources(db: Database, farm: FeedFarm, shard: str = "s") -> None:
-    from nightcrew.news.sources import add_source
+    from nightcrew.news.sources.registry import add_source
 
     for n, url in enumerate(farm.feed_urls()):
         await add_source(db, url=url, name=f"Feed {n}", shard=shard, now=SystemClock().now())

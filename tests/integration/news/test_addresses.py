@@ -24,9 +24,9 @@ from nightcrew.adapters.addresses import (
 from nightcrew.clock import FrozenClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
-from nightcrew.news.fetch import FeedRules, fetch_feed
-from nightcrew.news.inline import run_shard
-from nightcrew.news.sources import add_source
+from nightcrew.news.engines.inline import run_shard
+from nightcrew.news.sources.registry import add_source
+from nightcrew.news.steps.fetch import FeedRules, fetch_feed
 from tests.conftest import NOW, parsers_for_test
 from tests.integration.news.conftest import LOOPBACK
 from tests.integration.news.test_run import article_page, deps_for, rss, runtime_for

@@ -15,9 +15,9 @@ from nightcrew.adapters.locks import PostgresLeases
 from nightcrew.adapters.reviewer import OfflineReviewer, ReviewError
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.news.inline import run_shard
-from nightcrew.news.leases import shard_lock_name
-from nightcrew.news.sources import add_source
+from nightcrew.news.engines.inline import run_shard
+from nightcrew.news.sources.registry import add_source
+from nightcrew.news.steps.leases import shard_lock_name
 from tests.conftest import NOW
 from tests.integration.news.model_reviewer import RulesModel
 from tests.integration.news.test_run import deps_for, page_requests, rss, runtime_for, site
@@ -329,7 +329,7 @@ async def test_a_new_item_that_became_a_row_meanwhile_is_in_the_batch_once(
     async def finds_nothing(db: Database, urls: list[str]) -> set[str]:
         return set()
 
-    monkeypatch.setattr("nightcrew.news.candidates.known", finds_nothing)
+    monkeypatch.setattr("nightcrew.news.steps.candidates.known", finds_nothing)
     served["/feeds/a"] = rss(base, 3) + b" "  # a new body: read again, its items looked up
     clock.advance(timedelta(hours=1))
     second = (

@@ -41,15 +41,16 @@ import pytest
 
 from nightcrew.adapters.broker import STAGES
 from nightcrew.db.database import Database
-from nightcrew.news import notes
-from nightcrew.news import worker as news_worker
-from nightcrew.news.inline import run_shard
-from nightcrew.news.leases import shard_lock_name
-from nightcrew.news.pipeline import broker_of, run_pass
+from nightcrew.news.engines.inline import run_shard
+from nightcrew.news.engines.pipeline import notes
+from nightcrew.news.engines.pipeline import worker as news_worker
+from nightcrew.news.engines.pipeline.outbox import broker_of
+from nightcrew.news.engines.pipeline.passes import run_pass
+from nightcrew.news.engines.pipeline.worker import WorkerSummary
 from nightcrew.news.report import SPEC_FIELDS
-from nightcrew.news.review import review_lock_name
-from nightcrew.news.sources import CHECK_INTERVAL
-from nightcrew.news.worker import WorkerSummary
+from nightcrew.news.sources.registry import CHECK_INTERVAL
+from nightcrew.news.steps.leases import shard_lock_name
+from nightcrew.news.steps.review import review_lock_name
 from nightcrew.runtime import Runtime
 from tests.integration.news.pipeline_support import (
     add_farm_sources,

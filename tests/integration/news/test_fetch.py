@@ -13,19 +13,19 @@ from werkzeug import Request, Response
 from nightcrew.adapters.addresses import UntrustedHttp
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.news.fetch import (
-    FeedRules,
-    fetch_feed,
-    normalize_url,
-    retry_after_seconds,
-)
-from nightcrew.news.sources import (
+from nightcrew.news.sources.registry import (
     PARK_AFTER_FAILURES,
     SourceError,
     add_source,
     list_sources,
     record_fetch,
     set_enabled,
+)
+from nightcrew.news.steps.fetch import (
+    FeedRules,
+    fetch_feed,
+    normalize_url,
+    retry_after_seconds,
 )
 from tests.conftest import NOW, parsers_for_test
 from tests.integration.news.conftest import LOOPBACK
@@ -145,7 +145,7 @@ def test_normalize_url() -> None:
 async def test_sources_keep_the_etag_and_park_after_repeated_failures(
     db: Database, clock: FrozenClock
 ) -> None:
-    from nightcrew.news.fetch import FetchResult
+    from nightcrew.news.steps.fetch import FetchResult
 
     source = await add_source(
         db, url="https://feeds.example/rss", name="Example", shard="s1", now=NOW
@@ -205,7 +205,7 @@ async def test_an_unchanged_body_without_validators_is_not_parsed_again(
 ) -> None:
     """A server that sends neither ETag nor Last-Modified: the body's SHA-256, kept from the
     last fetch, says nothing changed — no parse, no items; a changed body is parsed."""
-    import nightcrew.news.fetch as fetch_module
+    import nightcrew.news.steps.fetch as fetch_module
 
     body = {"now": RSS}
     serve(feed_server, {"/rss": lambda _request: Response(body["now"])})

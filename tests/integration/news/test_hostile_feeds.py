@@ -21,15 +21,15 @@ import pytest
 from nightcrew.adapters.addresses import UntrustedHttp
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.news.fetch import (
+from nightcrew.news.engines.inline import run_shard
+from nightcrew.news.sources.registry import add_source
+from nightcrew.news.steps.fetch import (
     LINK_NOT_HTTP,
     LINK_TOO_LONG,
     MAX_SUMMARY_CHARS,
     MAX_TITLE_CHARS,
     MAX_URL_BYTES,
 )
-from nightcrew.news.inline import run_shard
-from nightcrew.news.sources import add_source
 from nightcrew.runtime import Runtime
 from tests.conftest import NOW
 from tests.integration.news.test_run import deps_for, rss, runtime_for, site

@@ -6,7 +6,7 @@ import pytest
 from werkzeug import Request, Response
 
 from nightcrew.adapters.addresses import AddressPolicy, UnsafeURL, UntrustedHttp, new_client
-from nightcrew.news.images import extract_image, hydrate_image
+from nightcrew.news.steps.images import extract_image, hydrate_image
 from tests.integration.news.conftest import LOOPBACK
 from tests.support.network import LoopbackOnlyBackend
 from tests.support.servers import RecordingServer

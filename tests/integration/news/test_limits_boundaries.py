@@ -12,8 +12,8 @@ import pytest
 from nightcrew.adapters.addresses import UntrustedHttp
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.news.inline import run_shard
-from nightcrew.news.sources import add_source
+from nightcrew.news.engines.inline import run_shard
+from nightcrew.news.sources.registry import add_source
 from tests.conftest import NOW
 from tests.integration.news.model_reviewer import RulesModel
 from tests.integration.news.test_run import deps_for, page_requests, rss, runtime_for, site

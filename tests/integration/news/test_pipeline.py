@@ -12,10 +12,10 @@ from nightcrew.adapters.broker import Outgoing, PipelineBroker
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
 from nightcrew.errors import QueueError
-from nightcrew.news import dlq, pipeline
-from nightcrew.news.inline import run_shard
-from nightcrew.news.leases import shard_lock_name
-from nightcrew.news.pipeline import run_pass
+from nightcrew.news.engines.inline import run_shard
+from nightcrew.news.engines.pipeline import dlq, metrics, outbox
+from nightcrew.news.engines.pipeline.passes import run_pass
+from nightcrew.news.steps.leases import shard_lock_name
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
@@ -54,7 +54,7 @@ async def test_a_pass_and_a_worker_write_every_article_once_with_its_review_and_
                 )
             # a second pass enqueues nothing: every source was fetched and is not due yet
             again = (await run_pass(runtime, SystemClock(), "s")).to_json()
-            await pipeline.collect_metrics(runtime, SystemClock())
+            await metrics.collect_metrics(runtime, SystemClock())
             processed = runtime.metrics.value("nightcrew_news_stage_processed_total", stage="write")
 
         assert await _articles(db) == sorted(farm.article_urls())
@@ -202,7 +202,7 @@ async def test_purge_rejects_the_dead_letters_candidates_and_empties_the_queue(
 ) -> None:
     env = pipeline_env(fresh_db_url, prefix, model, tmp_path, NEWS_MAX_DELIVERIES="1")
     async with pipeline_runtime(env, db) as runtime:
-        broker = pipeline.broker_of(runtime)
+        broker = outbox.broker_of(runtime)
         # a message no stage can read: dead-lettered on its first (and only) delivery
         await broker.publish([Outgoing(message_id="m-1", stage="enrich", body={"nope": 1})])
         async with worker_running(runtime, ["enrich"]) as summary:
@@ -240,7 +240,7 @@ async def test_messages_owed_when_the_broker_refused_are_relayed_from_the_outbox
     with FeedFarm(feeds=3, items=2) as farm:
         await add_farm_sources(db, farm)
         async with pipeline_runtime(env, db) as runtime:
-            real = pipeline.broker_of(runtime)
+            real = outbox.broker_of(runtime)
             refusing = _RefusingBroker(
                 real.url, prefix=real.prefix, max_deliveries=real.max_deliveries
             )
@@ -256,7 +256,7 @@ async def test_messages_owed_when_the_broker_refused_are_relayed_from_the_outbox
             # the relay (here: an old enough outbox, on a worker's housekeeping) sends them
             await db.execute("UPDATE news.outbox SET created_at = created_at - interval '1 min'")
             refusing.down = False
-            assert await pipeline.relay(refusing, db, SystemClock().now()) == 3
+            assert await outbox.relay(refusing, db, SystemClock().now()) == 3
             async with worker_running(runtime):
                 # fetched by the worker, held for a pass: the next one admits them
                 await wait_for(lambda: _held(db, "s", 6), within=30, what="6 candidates held")

@@ -21,9 +21,10 @@ from nightcrew.adapters.reviewer import ReviewError
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database, QueryError
 from nightcrew.errors import DatabaseUnavailableError
-from nightcrew.news import dlq, stages
-from nightcrew.news.pipeline import broker_of, run_pass
-from nightcrew.news.review import review_lock_name
+from nightcrew.news.engines.pipeline import dlq, stages
+from nightcrew.news.engines.pipeline.outbox import broker_of
+from nightcrew.news.engines.pipeline.passes import run_pass
+from nightcrew.news.steps.review import review_lock_name
 from nightcrew.runtime import Runtime
 from tests.faults.test_news_pipeline_faults import _nightcrew
 from tests.integration.news.pipeline_support import (
@@ -53,8 +54,8 @@ async def _done(db: Database, written: int) -> bool:
 async def _fetched_to_review(runtime: Runtime, db: Database, n: int) -> None:
     """A pass and the fetch stage alone: ``n`` candidates queued for review, their messages
     waiting in the review queue (the feeds carry thumbnails: no enrich)."""
-    await run_pass(runtime, SystemClock(), "s")
     async with worker_running(runtime, ["fetch"]):
+        await run_pass(runtime, SystemClock(), "s")
         await wait_for(lambda: _at_review(db, n), within=30, what=f"{n} queued for review")
 
 

@@ -1,8 +1,8 @@
-"""Spec 001's cost bound and backpressure in the pipeline engine (issue 23), on a real RabbitMQ:
-MAX_AI_REVIEWS per shard per pass (the rest kept for later passes, out of housekeeping's
-reach), backpressure counted per shard (a busy shard never holds another's work), a new shard
-of 300 drained with the default limits, and the translation backlog retried by later passes
-under a short lease of their own."""
+"""Spec 001's cost bound and backpressure in the pipeline engine, on a real RabbitMQ: a pass
+admits at most MAX_AI_REVIEWS model reviews (the rest kept for later passes — no worker's
+housekeeping admits them), backpressure counted per shard (a busy shard never holds another's
+work), a new shard of 300 drained with the default limits, and the translation backlog retried
+by later passes under the shard lock."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from pathlib import Path
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
-from nightcrew.news import pipeline
-from nightcrew.news.pipeline import over_budget_reason, run_pass, upkeep_lease_name
+from nightcrew.news.engines.pipeline.outbox import resend_due
+from nightcrew.news.engines.pipeline.passes import run_pass
+from nightcrew.news.steps.leases import shard_lock_name
 from nightcrew.runtime import Runtime
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
@@ -53,9 +54,9 @@ async def _pass(runtime: Runtime, shard: str = "s") -> dict[str, object]:
 async def test_max_ai_reviews_5_bounds_a_pass_to_5_model_calls_and_keeps_the_rest(
     db: Database, fresh_db_url: str, prefix: str, model: ModelStandIn, tmp_path: Path
 ) -> None:
-    """20 new articles, MAX_AI_REVIEWS=5: each pass makes at most 5 model calls; the other
-    candidates stay held at review (not dropped, not dead-lettered), a worker's housekeeping
-    does not release them within the pass, and later passes review them — each once."""
+    """20 new articles, MAX_AI_REVIEWS=5: each pass admits 5, so 5 model calls; the other
+    candidates wait (not dropped, not dead-lettered), a worker's housekeeping does not send
+    them, and later passes admit them — each reviewed once."""
     env = pipeline_env(fresh_db_url, prefix, model, tmp_path, MAX_AI_REVIEWS="5")
     with FeedFarm(feeds=4, items=5, thumbnails=True) as farm:  # straight to review
         await add_farm_sources(db, farm)
@@ -68,19 +69,14 @@ async def test_max_ai_reviews_5_bounds_a_pass_to_5_model_calls_and_keeps_the_res
                 calls.append(sum(model.reviews.values()) - sum(calls))
                 if calls == [5]:
                     held = await db.fetch(
-                        "SELECT stage, reason, budget_held_at IS NOT NULL AS budget"
-                        " FROM news.candidates WHERE state = 'held'"
+                        "SELECT reason, admitted_at FROM news.candidates WHERE state = 'held'"
                     )
-                    assert len(held) == 15 and {h["stage"] for h in held} == {"review"}
-                    assert all(h["budget"] for h in held)
-                    assert {h["reason"] for h in held} == {over_budget_reason(5)}
+                    assert len(held) == 15 and all(h["admitted_at"] is None for h in held)
+                    assert {h["reason"] for h in held} == {"MAX_AI_REVIEWS 5 reached"}
                     assert await _written(db) == 5
-                    # a worker's housekeeping releases nothing the budget held back: called
+                    # a worker's housekeeping re-sends nothing that waits for a pass: called
                     # here as housekeeping calls it, and given a housekeeping round to try
-                    released, _, owed = await pipeline.release_held(
-                        db, runtime.settings, SystemClock().now()
-                    )
-                    assert released == 0 and owed == []
+                    assert await resend_due(db, SystemClock().now()) == []
                     await asyncio.sleep(5.5)
                     assert sum(model.reviews.values()) == 5
                     assert await count(db, "SELECT count(*) FROM news.candidates") == 15
@@ -91,23 +87,18 @@ async def test_max_ai_reviews_5_bounds_a_pass_to_5_model_calls_and_keeps_the_res
     assert await _written(db) == 20
     assert await count(db, "SELECT count(*) FROM news.reviews") == 20
     assert await count(db, "SELECT count(*) FROM news.candidates") == 0
-    # each pass says what the budget left for later: 15 held after the first, 5 let go by the
-    # second (10 wait), 5 by the third (5 wait), the last 5 by the fourth
-    assert [r["deferredReasons"] for r in reports] == [
-        [],
-        ["MAX_AI_REVIEWS 5 per pass: 10 waiting for a later pass"],
-        ["MAX_AI_REVIEWS 5 per pass: 5 waiting for a later pass"],
-        [],
-    ]
-    assert reports[0]["releasedCount"] == 0  # (later ones: the pass or housekeeping, whichever)
+    # each pass says what the budget left for later
+    assert [r["queuedCount"] for r in reports] == [20, 15, 10, 5]
+    assert [r["admittedCount"] for r in reports] == [5, 5, 5, 5]
+    assert [r["deferredReasons"] for r in reports] == [["MAX_AI_REVIEWS 5 reached"]] * 3 + [[]]
 
 
 async def test_two_shards_one_over_its_queue_limit_the_others_articles_flow(
     db: Database, fresh_db_url: str, prefix: str, model: ModelStandIn, tmp_path: Path
 ) -> None:
-    """Shard ``busy`` has its review stage full (5 queued, limit 5); shard ``calm`` has room.
-    Admission counts a stage's load per shard: calm's articles are reviewed and written while
-    busy's wait, held — before issue 23 the load was counted across shards and calm waited."""
+    """Shard ``busy`` has 5 admitted candidates still in flight (limit 5); shard ``calm`` has
+    room. The queue is counted per shard: calm's articles are reviewed and written while busy's
+    wait for a later pass."""
     env = pipeline_env(
         fresh_db_url, prefix, model, tmp_path, INGESTION_BACKPRESSURE_QUEUE_LIMIT="5"
     )
@@ -121,30 +112,29 @@ async def test_two_shards_one_over_its_queue_limit_the_others_articles_flow(
         assert source is not None
         await db.execute(
             "INSERT INTO news.candidates (url, source_id, shard, title, summary, stage, state,"
-            " reason, created_at, updated_at) SELECT 'http://127.0.0.1:1/backlog-' || n, %(s)s,"
-            " 'busy', 't', 's', 'review', 'queued', 'backlog', now(), now()"
-            " FROM generate_series(1, 5) AS n",
+            " reason, admitted_at, created_at, updated_at) SELECT"
+            " 'http://127.0.0.1:1/backlog-' || n, %(s)s, 'busy', 't', 's', 'review', 'queued',"
+            " 'backlog', now(), now(), now() FROM generate_series(1, 5) AS n",
             {"s": source["id"]},
         )
-        async with pipeline_runtime(env, db) as runtime, worker_running(runtime):
-            await _pass(runtime, "busy")
-            await _pass(runtime, "calm")
-            await wait_for(lambda: _calm_done(db), within=60, what="calm's 4 articles written")
-            await wait_for(lambda: _busy_held(db, 6), within=30, what="busy's 6 held")
+        async with pipeline_runtime(env, db) as runtime, worker_running(runtime, ["fetch"]):
             report = await _pass(runtime, "busy")
+            await _pass(runtime, "calm")
+        async with pipeline_runtime(env, db) as runtime, worker_running(runtime):
+            await wait_for(lambda: _calm_done(db), within=60, what="calm's 4 articles written")
 
     assert await _written(db, "calm") == 4 and await _written(db, "busy") == 0
     assert set(model.reviews) == calm.article_urls()  # nothing of busy's reached the model
     held = await db.fetch(
-        "SELECT stage, reason FROM news.candidates WHERE shard = 'busy' AND state = 'held'"
+        "SELECT reason FROM news.candidates WHERE shard = 'busy' AND state = 'held'"
     )
-    assert {h["stage"] for h in held} == {"review"}
-    assert all("(5 queued or in flight in shard busy," in h["reason"] for h in held)
-    assert report["deferredCount"] == 6 and report["releasedCount"] == 0
-    assert report["deferredReasons"] == [
-        "review backlog over the queue limit: processing 0 of 6 (5 queued or in flight in shard"
-        " busy, INGESTION_BACKPRESSURE_QUEUE_LIMIT 5)"
-    ]
+    why = (
+        "backlog over the queue limit: processing 0 of 6 (5 admitted earlier still in flight"
+        " in shard busy, INGESTION_BACKPRESSURE_QUEUE_LIMIT 5)"
+    )
+    assert [h["reason"] for h in held] == [why] * 6
+    assert report["deferredCount"] == 6 and report["admittedCount"] == 0
+    assert report["deferredReasons"] == [why]
 
 
 async def _calm_done(db: Database) -> bool:
@@ -152,21 +142,12 @@ async def _calm_done(db: Database) -> bool:
     return waiting == 0 and await _written(db, "calm") == 4
 
 
-async def _busy_held(db: Database, n: int) -> bool:
-    return (
-        await count(
-            db, "SELECT count(*) FROM news.candidates WHERE shard = 'busy' AND state = 'held'"
-        )
-        == n
-    )
-
-
 async def test_a_new_shard_of_30_feeds_by_10_items_is_written_within_three_passes(
     db: Database, fresh_db_url: str, prefix: str, model: ModelStandIn, tmp_path: Path
 ) -> None:
-    """The default limits (queue 250 per stage and shard, MAX_AI_REVIEWS 25, the offline
-    rules): 300 new candidates, over the queue limit at fetch. The stages take the limit's
-    worth and the rest drains, oldest first — all 300 written within three passes."""
+    """The default limits (queue 250 per shard, MAX_AI_REVIEWS 25, the offline rules): 300
+    new candidates, over the queue limit. The first pass admits the limit's worth and the next
+    the rest, oldest first — all 300 written within three passes."""
     env = pipeline_env(fresh_db_url, prefix, model, tmp_path)
     for name in ("NEWS_AI_BASE_URL", "NEWS_AI_MODEL", "MAX_AI_REVIEWS"):
         env.pop(name)  # the defaults: no model, MAX_AI_REVIEWS 25
@@ -232,15 +213,15 @@ async def test_a_failed_translation_in_pipeline_mode_is_retried_by_a_later_pass(
     db: Database, fresh_db_url: str, prefix: str, tmp_path: Path
 ) -> None:
     """The review stage's translation fails: the article is written untranslated (the backlog).
-    A pass works the backlog (as the inline run does) under a short PostgreSQL lease: while the
-    model still fails it stays; a pass that finds the lease held elsewhere leaves it; the next
-    pass once the model answers translates it."""
+    A pass works the backlog (as the inline run does) under the shard lock: while the model
+    still fails it stays; a pass that finds the lock held elsewhere is skipped and leaves it;
+    the next pass once the model answers translates it."""
     with TranslatingModel() as model, FeedFarm(feeds=1, items=3, thumbnails=True) as farm:
         env = pipeline_env(fresh_db_url, prefix, model, tmp_path)
         await add_farm_sources(db, farm)
         async with pipeline_runtime(env, db) as runtime:
-            await _pass(runtime)
             async with worker_running(runtime):
+                await _pass(runtime)
                 await wait_for(lambda: _settled(db), within=60, what="3 articles written")
             assert await _written(db) == 3 and await _untranslated(db) == 3
             assert model.translation_requests == 3  # the review stage's, all failed
@@ -250,7 +231,7 @@ async def test_a_failed_translation_in_pipeline_mode_is_retried_by_a_later_pass(
 
             model.translation_down = False
             leases = runtime.news_adapters().leases
-            other = await leases.acquire(upkeep_lease_name("s"), 60)  # another pass's upkeep
+            other = await leases.acquire(shard_lock_name("s"), 60)  # another pass or run
             assert other is not None
             await _pass(runtime)
             assert model.translation_requests == 6 and await _untranslated(db) == 3

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
-from nightcrew.news import worker as news_worker
-from nightcrew.news.inline import run_shard
-from nightcrew.news.pipeline import run_pass
+from nightcrew.news.engines.inline import run_shard
+from nightcrew.news.engines.pipeline import worker as news_worker
+from nightcrew.news.engines.pipeline.passes import run_pass
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,

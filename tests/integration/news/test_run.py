@@ -20,10 +20,10 @@ from nightcrew.adapters.reviewer import OfflineReviewer
 from nightcrew.adapters.storage import open_store
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.news.inline import run_shard
-from nightcrew.news.leases import shard_lock_name
+from nightcrew.news.engines.inline import run_shard
 from nightcrew.news.report import SUPERSEDED_REASON
-from nightcrew.news.sources import add_source
+from nightcrew.news.sources.registry import add_source
+from nightcrew.news.steps.leases import shard_lock_name
 from nightcrew.runtime import Runtime
 from tests.conftest import NOW, make_runtime, parsers_for_test
 from tests.integration.news.conftest import LOOPBACK

@@ -26,10 +26,10 @@ from werkzeug import Request, Response
 from nightcrew.adapters.addresses import FetchLimits, UntrustedHttp
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.news.fetch import MAX_FEED_BYTES
-from nightcrew.news.images import MAX_PAGE_BYTES
-from nightcrew.news.inline import run_shard
-from nightcrew.news.sources import add_source
+from nightcrew.news.engines.inline import run_shard
+from nightcrew.news.sources.registry import add_source
+from nightcrew.news.steps.fetch import MAX_FEED_BYTES
+from nightcrew.news.steps.images import MAX_PAGE_BYTES
 from tests.conftest import NOW
 from tests.integration.news.test_run import deps_for, rss, runtime_for
 from tests.support.servers import RecordingServer
@@ -204,9 +204,9 @@ _MEMORY_PROBE = textwrap.dedent(
     import asyncio, json, resource, sys
     from datetime import UTC, datetime
     from nightcrew.adapters.addresses import AddressPolicy, new_client
-    from nightcrew.news.fetch import FeedRules, fetch_feed
-    from nightcrew.news.images import hydrate_image
-    from nightcrew.news.parse import ParserPool
+    from nightcrew.news.steps.fetch import FeedRules, fetch_feed
+    from nightcrew.news.steps.images import hydrate_image
+    from nightcrew.news.steps.parse import ParserPool
 
     async def main(base, copies):
         policy = AddressPolicy.parse("127.0.0.1")

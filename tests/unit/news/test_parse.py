@@ -8,7 +8,7 @@ from typing import Any
 import feedparser_rs
 import pytest
 
-from nightcrew.news.parse import parse_feed
+from nightcrew.news.steps.parse import parse_feed
 
 BASE = "https://news.example.com/feed.xml"
 

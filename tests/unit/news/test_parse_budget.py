@@ -21,9 +21,9 @@ import pytest
 
 from nightcrew.adapters.addresses import AddressPolicy
 from nightcrew.clock import FrozenClock
-from nightcrew.news import fetch
-from nightcrew.news.fetch import INLINE_PARSE_MAX_BYTES, FeedRules, ItemLimits, read_feed_body
-from nightcrew.news.parse import (
+from nightcrew.news.steps import fetch
+from nightcrew.news.steps.fetch import INLINE_PARSE_MAX_BYTES, FeedRules, ItemLimits, read_feed_body
+from nightcrew.news.steps.parse import (
     PARSE_WORKERS,
     ParseOverBudget,
     ParserDied,
@@ -246,7 +246,7 @@ async def test_a_pool_never_used_starts_nothing_and_closes_at_once() -> None:
 _LEFT_OPEN = textwrap.dedent(
     """
     import asyncio, os
-    from nightcrew.news.parse import ParserPool
+    from nightcrew.news.steps.parse import ParserPool
 
     async def main():
         pool = ParserPool()

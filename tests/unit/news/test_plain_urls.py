@@ -11,7 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nightcrew.adapters.addresses import PLAIN_URL, AddressPolicy
-from nightcrew.news import fetch
+from nightcrew.news.steps import fetch
 
 BASE = "https://news.example.com/feeds/main.xml"
 POLICY = AddressPolicy.parse("127.0.0.1,allowed.internal")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nightcrew.news.parse import parse_feed
+from nightcrew.news.steps.parse import parse_feed
 
 BASE = "https://news.example.com/feed.xml"
 # An entry without a link sends the whole document to feedparser (parse.py: a blanked link)

@@ -24,10 +24,10 @@ from typing import Any
 from nightcrew.adapters.processed import ProcessedUrls, ProcessedUrlsDown
 from nightcrew.db.database import Database, QueryError
 from nightcrew.log import describe_error, warning
-from nightcrew.news import candidates as held_candidates
-from nightcrew.news import sources as news_sources
-from nightcrew.news.candidates import Candidate, Fetched, refused_for_its_data
-from nightcrew.news.fetch import FetchResult
+from nightcrew.news.sources import registry as news_sources
+from nightcrew.news.steps import candidates as held_candidates
+from nightcrew.news.steps.candidates import Candidate, Fetched, refused_for_its_data
+from nightcrew.news.steps.fetch import FetchResult
 
 ProcessedDown = Callable[[ProcessedUrlsDown], None]
 

@@ -20,11 +20,11 @@ from nightcrew.db.database import Database, QueryError, Tx, json_param
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import NightcrewError
 from nightcrew.log import describe_error, event, warning
-from nightcrew.news import candidates as held_candidates
-from nightcrew.news import snapshot
-from nightcrew.news.candidates import refused_for_its_data
-from nightcrew.news.leases import StaleLease, Superseded, holds_fence
-from nightcrew.news.review import Reviewed, Verdicts
+from nightcrew.news.steps import candidates as held_candidates
+from nightcrew.news.steps import snapshot
+from nightcrew.news.steps.candidates import refused_for_its_data
+from nightcrew.news.steps.leases import StaleLease, Superseded, holds_fence
+from nightcrew.news.steps.review import Reviewed, Verdicts
 
 SQL = load_queries(__file__)
 

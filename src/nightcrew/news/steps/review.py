@@ -32,8 +32,8 @@ from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
 from nightcrew.log import warning
-from nightcrew.news.candidates import Candidate
-from nightcrew.news.fetch import FeedItem
+from nightcrew.news.steps.candidates import Candidate
+from nightcrew.news.steps.fetch import FeedItem
 
 SQL = load_queries(__file__)
 

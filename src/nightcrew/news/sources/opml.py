@@ -1,7 +1,7 @@
 """Feed lists in and out: OPML (what every feed reader exports) and plain URL lists.
 
 Pure: bytes in, entries with their line numbers out (and OPML text out); validating URLs against
-what is already a source is ``news/sources.py``'s. The file is untrusted. The XML goes through
+what is already a source is ``sources/registry.py``'s. The file is untrusted. The XML goes through
 expat with a DOCTYPE refused outright: the standard library never fetches external entities,
 but it does expand internal ones (a "billion laughs" document is a few hundred bytes), and an
 OPML file has no use for a DTD. The tree is ElementTree's, built from expat's events so that

@@ -1,9 +1,9 @@
 """``nightcrew news worker``: consume the pipeline's stage queues until told to stop.
 
-Each message is handled by its stage (``news/stages.py``) and acknowledged only after the
+Each message is handled by its stage (``stages.py``) and acknowledged only after the
 stage's effect is committed; one JSON event per message says what it came to. A candidate's
 attempts are counted in PostgreSQL when its stage takes it (a worker that dies mid-stage counts
-too, see ``stages``). A failure worth trying again (``stages.is_transient``) holds the candidate
+too, see ``attempts``). A failure worth trying again (``attempts.is_transient``) holds the candidate
 for a backoff — exponential, with jitter — and acknowledges the message; the housekeeping sends
 it again once the backoff has passed (a message with no candidate taken — a fetch — waits out
 its backoff here and is requeued). Any other failure, and the NEWS_MAX_DELIVERIES-th, is
@@ -45,7 +45,15 @@ from nightcrew.adapters.reviewer import TIMEOUT as MODEL_TIMEOUT
 from nightcrew.clock import Clock
 from nightcrew.errors import DatabaseUnavailableError, NightcrewError, QueueError
 from nightcrew.log import describe_error, event, warning
-from nightcrew.news import notes, pipeline, stages
+from nightcrew.news.engines.pipeline import metrics, notes, outbox, stages
+from nightcrew.news.engines.pipeline.attempts import (
+    Attempt,
+    Exhausted,
+    backoff_seconds,
+    is_transient,
+    patiently,
+)
+from nightcrew.news.engines.pipeline.heartbeat import Stopping
 from nightcrew.runtime import Runtime
 
 HOUSEKEEPING_SECONDS = 5.0
@@ -92,7 +100,7 @@ class Worker:
         self.ctx = stages.StageContext(
             runtime=runtime,
             clock=clock,
-            broker=pipeline.broker_of(runtime),
+            broker=outbox.broker_of(runtime),
             stopping=self._stopping,
         )
         self.stage_names = stage_names
@@ -110,7 +118,7 @@ class Worker:
         self._inflight: dict[asyncio.Task[Any], Delivery] = {}
         # messages to hand back at the stop rather than return (see the module's docstring)
         self._give_back: list[Delivery] = []
-        self._attempts: dict[Delivery, stages.Attempt] = {}  # each message's take, while held
+        self._attempts: dict[Delivery, Attempt] = {}  # each message's take, while held
 
     async def run(self, stop: asyncio.Event, *, grace: float = STOP_GRACE_SECONDS) -> WorkerSummary:
         await self.ctx.broker.connect()  # a broker that is not there at all: exit 2, one line
@@ -205,7 +213,7 @@ class Worker:
             return
         token = delivery.headers.get(ATTEMPT_TOKEN_HEADER)
         # this task's own: the stage counts its take there
-        attempt = stages.begin_attempt(str(token) if token else None)
+        attempt = Attempt.resuming(str(token) if token else None)
         self._attempts[delivery] = attempt
         try:
             await self._settle(stage, delivery, attempt)
@@ -213,11 +221,11 @@ class Worker:
             if delivery not in self._give_back:
                 self._attempts.pop(delivery, None)
 
-    async def _settle(self, stage: str, delivery: Delivery, attempt: stages.Attempt) -> None:
+    async def _settle(self, stage: str, delivery: Delivery, attempt: Attempt) -> None:
         started = time.perf_counter()
         try:
-            outcome = await self._patiently(stage, delivery.body)
-        except stages.Exhausted as exc:  # its attempts were spent before: nothing runs
+            outcome = await self._patiently(stage, attempt, delivery.body)
+        except Exhausted as exc:  # its attempts were spent before: nothing runs
             await self._dead_letter(
                 stage,
                 delivery,
@@ -228,7 +236,7 @@ class Worker:
             )
             return
         except Exception as exc:
-            stopped = isinstance(exc, DatabaseUnavailableError | stages.Stopping)
+            stopped = isinstance(exc, DatabaseUnavailableError | Stopping)
             if stopped and self._stopping.is_set():
                 # ``patiently`` waits an outage out until the stop, and a stopping worker starts
                 # no expensive step: not the message's failure
@@ -251,11 +259,15 @@ class Worker:
             **outcome.detail,
         )
 
-    async def _patiently(self, stage: str, body: dict[str, Any]) -> stages.Outcome:
+    async def _patiently(
+        self, stage: str, attempt: Attempt, body: dict[str, Any]
+    ) -> stages.Outcome:
         """The stage, run again while the database is unavailable before its expensive step
-        (after it, the stage itself waits to save its result: see ``stages.patiently``)."""
-        return await stages.patiently(
-            self.ctx, lambda: stages.STAGES[stage](self.ctx, body), what=stage
+        (after it, the stage itself waits to save its result: see ``attempts.patiently``)."""
+        return await patiently(
+            self.ctx.stopping,
+            lambda: stages.HANDLERS[stage](self.ctx, attempt, body),
+            what=stage,
         )
 
     async def _failed(
@@ -264,17 +276,17 @@ class Worker:
         delivery: Delivery,
         exc: Exception,
         started: float,
-        attempt: stages.Attempt,
+        attempt: Attempt,
     ) -> None:
         """A failure worth trying again is tried again after a backoff, until the delivery
         limit; any other is dead-lettered at once. A candidate's attempts are PostgreSQL's
         count (its take counted them); a message that took none (a fetch, a failure before the
         take) goes by the broker's."""
         error = describe_error(exc)
-        transient = stages.is_transient(exc)
+        transient = is_transient(exc)
         self.summary.failed[stage] += 1
         self._unflushed["failed"][stage] += 1
-        counted = attempt.open and attempt.fence is not None
+        counted = attempt.counted
         spent = attempt.attempts if counted else delivery.deliveries
         fields = {
             "stage": stage,
@@ -293,7 +305,7 @@ class Worker:
             return
         if counted:
             try:
-                delay = await stages.retry_later(self.ctx, attempt, error)
+                delay = await attempt.retry_later(self.ctx.runtime.db, self.ctx.clock, error)
             except NightcrewError as hold_error:  # not held: the broker retries it instead
                 await delivery.requeue()
                 warning("news.message", outcome="failed", retried=True, **fields)
@@ -308,7 +320,7 @@ class Worker:
                 **fields,
             )
             return
-        delay = stages.backoff_seconds(spent)
+        delay = backoff_seconds(spent)
         warning("news.message", outcome="retrying", retry_in=round(delay, 1), **fields)
         try:
             async with asyncio.timeout(delay):
@@ -405,28 +417,16 @@ class Worker:
     async def _relay(self) -> None:
         """Re-send admitted candidates whose backoff is over, then relay the outbox."""
         db, now = self.ctx.runtime.db, self.ctx.clock.now()
-        await pipeline.send_owed(self.ctx.broker, db, await pipeline.resend_due(db, now))
-        await pipeline.relay(self.ctx.broker, db, now)
+        await outbox.send_owed(self.ctx.broker, db, await outbox.resend_due(db, now))
+        await outbox.relay(self.ctx.broker, db, now)
 
     async def _flush(self) -> None:
-        counts = self._unflushed
-        names = sorted(set().union(*(c.keys() for c in counts.values())))
-        if not names:
-            return
-        snapshot = {k: Counter(v) for k, v in counts.items()}
-        for c in counts.values():
+        snapshot = {k: Counter(v) for k, v in self._unflushed.items()}
+        for c in self._unflushed.values():
             c.clear()
         try:
-            await self.ctx.runtime.db.execute(
-                pipeline.SQL["add_counters"],
-                {
-                    "stages": names,
-                    "processed": [snapshot["processed"][n] for n in names],
-                    "failed": [snapshot["failed"][n] for n in names],
-                    "dead": [snapshot["dead"][n] for n in names],
-                },
-            )
+            await metrics.add_counters(self.ctx.runtime.db, snapshot)
         except NightcrewError:
             for key, c in snapshot.items():  # kept for the next flush
-                counts[key].update(c)
+                self._unflushed[key].update(c)
             raise

@@ -18,7 +18,7 @@ from typing import Any
 from nightcrew.adapters.news import NewsAdapters
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
-from nightcrew.news.images import hydrate_image
+from nightcrew.news.steps.images import hydrate_image
 
 SQL = load_queries(__file__)
 

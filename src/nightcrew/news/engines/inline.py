@@ -10,7 +10,7 @@ When the database is over its article limit the run stops before the first expen
 saves a lightweight report that says why; over the queue limit it works through a bounded batch
 of the backlog — at most the limit, oldest first (``admission.decide``) — and, with a model, at
 most MAX_AI_REVIEWS model reviews of it (``review.within_budget``). Whatever a run does not
-write stays held in ``news.candidates`` (``news/candidates.py``) and goes first next time:
+write stays held in ``news.candidates`` (``steps/candidates.py``) and goes first next time:
 deferred means later. What it writes never becomes a row there: a new item is a row only once
 the run knows it will not write it (deferred, failed for now, refused). The fetch state that
 lets the next fetch skip an unchanged feed (ETag, Last-Modified, body hash) is saved only after
@@ -18,7 +18,7 @@ that, so a run that dies mid-way has saved none, and the next run fetches those 
 
 The steps are their own modules (``fetch``, ``items``, ``admission``, ``hydrate``, ``review``,
 ``write``, ``snapshot``, ``leases``, ``report``), shared with the pipeline engine
-(``pipeline.py``, ``stages.py``); this module holds only the order, the shard lease, and the
+(``engines/pipeline``); this module holds only the order, the shard lease, and the
 report it fills as it goes.
 """
 
@@ -36,12 +36,6 @@ from nightcrew.adapters.reviewer import Verdict
 from nightcrew.clock import Clock
 from nightcrew.errors import NightcrewError
 from nightcrew.log import describe_error, event, warning
-from nightcrew.news import admission, hydrate, items, leases, review, snapshot, write
-from nightcrew.news import candidates as held_candidates
-from nightcrew.news import sources as news_sources
-from nightcrew.news.admission import Admission, ArticleCount
-from nightcrew.news.candidates import Candidate, Fetched
-from nightcrew.news.fetch import feed_rules, fetch_sources
 from nightcrew.news.report import (
     SUPERSEDED_REASON,
     NewsReport,
@@ -52,7 +46,13 @@ from nightcrew.news.report import (
     locked_report,
     save_report,
 )
-from nightcrew.news.review import REVIEW_FAILED_FOR_NOW, Reviewed, Verdicts
+from nightcrew.news.sources import registry as news_sources
+from nightcrew.news.steps import admission, hydrate, items, leases, review, snapshot, write
+from nightcrew.news.steps import candidates as held_candidates
+from nightcrew.news.steps.admission import Admission, ArticleCount
+from nightcrew.news.steps.candidates import Candidate, Fetched
+from nightcrew.news.steps.fetch import feed_rules, fetch_sources
+from nightcrew.news.steps.review import REVIEW_FAILED_FOR_NOW, Reviewed, Verdicts
 from nightcrew.runtime import Runtime
 
 

@@ -7,7 +7,7 @@ and a total time budget (a server sending a byte every few seconds cannot hold a
 response-size cap (a hostile feed cannot exhaust memory), bounded redirects (a loop is an
 error, not a hang), and conditional GET (ETag / Last-Modified → 304, nothing to parse); a body
 identical to the last one (its SHA-256 is kept) is not parsed again either. 429 and 503 honour
-``Retry-After``. Parsing is ``news/parse.py``'s; a document that is no feed — an empty body, an
+``Retry-After``. Parsing is ``steps/parse.py``'s; a document that is no feed — an empty body, an
 HTML page, other XML — is a failure with a reason, counted toward parking. Parsing and building
 the items (``read_feed_body``) run in a parser worker process under ``NEWS_PARSE_BUDGET_SECONDS``
 (``rules.parsers``, the runtime's ``parse.ParserPool``): a feed over it is that feed's failure,
@@ -50,7 +50,7 @@ from nightcrew.adapters.addresses import (
 from nightcrew.config import Settings
 from nightcrew.errors import FetchError
 from nightcrew.log import describe_error
-from nightcrew.news.parse import (
+from nightcrew.news.steps.parse import (
     PARSE_BUDGET_SECONDS,
     ParsedFeed,
     ParserPool,

@@ -1,4 +1,4 @@
--- Dead letters: replay and purge (issue 13).
+-- Dead letters: replay and purge (dlq.py).
 
 -- name: requeue_candidate
 -- Replayed: queued again at the stage it waits for (which may be past the dead letter's own,

@@ -18,7 +18,7 @@ from nightcrew.adapters.broker import STAGES, DeadLetter
 from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
 from nightcrew.log import event
-from nightcrew.news import pipeline
+from nightcrew.news.engines.pipeline import outbox
 from nightcrew.runtime import Runtime
 
 SQL = load_queries(__file__)
@@ -32,7 +32,7 @@ async def list_dead(
     runtime: Runtime, stage: str | None = None, *, limit: int | None = None
 ) -> list[DeadLetter]:
     """The dead letters of ``stage`` (None: every stage), at most ``limit`` of each."""
-    broker = pipeline.broker_of(runtime)
+    broker = outbox.broker_of(runtime)
     letters: list[DeadLetter] = []
     for name in _stages(stage):
         letters += await broker.dead_letters(name, limit=limit)
@@ -59,7 +59,7 @@ async def replay(
 ) -> Replayed:
     """Replay the letter ``message_id`` (None: every letter) of ``stage`` (None: every stage);
     of each stage, only the first ``limit`` letters are looked at (None: all)."""
-    broker, db = pipeline.broker_of(runtime), runtime.db
+    broker, db = outbox.broker_of(runtime), runtime.db
     done = Replayed()
 
     async def take(letter: DeadLetter) -> bool:
@@ -78,7 +78,7 @@ async def replay(
                 )
                 if row is not None:
                     owed = await tx.fetch(
-                        pipeline.SQL["enqueue_fetch"],
+                        outbox.SQL["enqueue_fetch"],
                         {"source_id": row["id"], "shard": row["shard"], "now": now},
                     )
             elif "url" in letter.body:
@@ -87,7 +87,7 @@ async def replay(
                 )
                 if row is not None:  # else: written or rejected meanwhile, nothing owed
                     owed = await tx.fetch(
-                        pipeline.SQL["enqueue"],
+                        outbox.SQL["enqueue"],
                         {
                             "stage": row["stage"],
                             "url": row["url"],
@@ -95,7 +95,7 @@ async def replay(
                             "now": now,
                         },
                     )
-        await pipeline.send_owed(broker, db, owed)
+        await outbox.send_owed(broker, db, owed)
         if row is None:
             done.dropped.append(letter)
             event("news.dlq_dropped", stage=letter.stage, message_id=letter.message_id)
@@ -113,7 +113,7 @@ async def purge(
     runtime: Runtime, clock: Clock, stage: str, *, message_id: str | None = None
 ) -> list[DeadLetter]:
     """Purge the letter ``message_id`` of ``stage`` (None: every letter of it)."""
-    broker, db = pipeline.broker_of(runtime), runtime.db
+    broker, db = outbox.broker_of(runtime), runtime.db
     purged: list[DeadLetter] = []
 
     async def take(letter: DeadLetter) -> bool:

@@ -208,7 +208,7 @@ def _worker_context(*, spawn: bool) -> multiprocessing.context.BaseContext:
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
     ours = sorted(name for name in sys.modules if name.startswith("nightcrew."))
-    context.set_forkserver_preload(["nightcrew.news.fetch", *ours])
+    context.set_forkserver_preload(["nightcrew.news.steps.fetch", *ours])
     return context
 
 

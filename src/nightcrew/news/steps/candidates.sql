@@ -1,4 +1,4 @@
--- news.candidates: fetched, not yet written (issue 10).
+-- news.candidates: fetched, not yet written (candidates.py).
 
 -- name: hold
 -- Fetched items, minus what is already written; one already held keeps its place, and the

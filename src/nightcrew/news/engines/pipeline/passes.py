@@ -1,6 +1,5 @@
-"""The pipeline engine on RabbitMQ (NEWS_PIPELINE=rabbitmq): the pass, the outbox, and re-sending
-what was admitted; its stage consumers are ``stages.py`` (run by ``worker.py``), calling the same
-steps as the inline run (``inline.py``).
+"""The pipeline engine's pass (NEWS_PIPELINE=rabbitmq); its stage consumers are ``stages.py``
+(run by ``worker.py``), calling the same steps as the inline run (``engines/inline.py``).
 
 **The pass** (``news run`` in pipeline mode, and serve's news schedule) is spec 001's run with
 the expensive steps handed to the stage workers. Under the shard lock (a second run or pass of
@@ -13,29 +12,21 @@ queued at its stage with its message; the rest waits, with the reason, for a lat
 the no-thumbnail retries and the translation backlog, and the report of what the pass found
 and decided — the workers' results since the shard's previous report under ``workers``.
 
-PostgreSQL holds every candidate's stage and state (``news.candidates``); a broker message only
-says "work on this now". Whatever owes a message writes it to ``news.outbox`` in the same
-transaction as the state change that owes it; after the commit it is published (confirmed) and
-deleted, and the relay publishes what a crash or an absent broker left behind — so nothing is
-lost between the database and the broker, and a message sent twice finds its work done.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
 
-from nightcrew.adapters.broker import STAGES, Outgoing, PipelineBroker
 from nightcrew.adapters.locks import Lease
 from nightcrew.clock import Clock
-from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
-from nightcrew.errors import ConfigError, NightcrewError, QueueError
+from nightcrew.errors import QueueError
 from nightcrew.log import describe_error, event, warning
-from nightcrew.news import admission, hydrate, leases, notes, review
-from nightcrew.news import candidates as held_candidates
+from nightcrew.news.engines.pipeline.notes import read_for_pass
+from nightcrew.news.engines.pipeline.outbox import broker_of, relay, resend_due, send_owed
 from nightcrew.news.report import (
     NewsReport,
     PassFigures,
@@ -46,13 +37,12 @@ from nightcrew.news.report import (
     locked_report,
     save_report,
 )
+from nightcrew.news.steps import admission, hydrate, leases, review
+from nightcrew.news.steps import candidates as held_candidates
 from nightcrew.runtime import Runtime
 
 SQL = load_queries(__file__)
 
-RELAY_GRACE = timedelta(seconds=10)  # the publisher's own fast path gets this long first
-RELAY_BATCH = 500
-RESEND_BATCH = 500
 # A pass waits for the fetches it sent at most the fetch budget and this long (a worker's
 # queueing and its commit); what is not fetched by then goes to a later pass.
 FETCH_WAIT_GRACE_SECONDS = 15.0
@@ -69,74 +59,6 @@ NOTHING_DONE = PassFigures(
 )
 
 
-def broker_of(runtime: Runtime) -> PipelineBroker:
-    broker = runtime.news_adapters().pipeline
-    if broker is None:
-        raise ConfigError("the news pipeline needs NEWS_PIPELINE=rabbitmq and QUEUE_URL=amqp://…")
-    return broker
-
-
-# --- the outbox ---------------------------------------------------------------------------------
-def outgoing(rows: list[dict[str, Any]]) -> list[Outgoing]:
-    return [
-        Outgoing(message_id=str(r["message_id"]), stage=r["stage"], body=dict(r["body"]))
-        for r in rows
-    ]
-
-
-async def send_owed(broker: PipelineBroker, db: Database, rows: list[dict[str, Any]]) -> int:
-    """Publish outbox rows just committed, then delete them. A broker that refuses leaves them
-    for the relay: nothing is lost, the caller goes on. How many were sent (-1: refused)."""
-    if not rows:
-        return 0
-    try:
-        await broker.publish(outgoing(rows))
-    except QueueError as exc:
-        warning("news.outbox.publish_deferred", messages=len(rows), error=describe_error(exc))
-        return -1
-    await db.execute(SQL["delete_sent"], {"ids": [r["id"] for r in rows]})
-    return len(rows)
-
-
-async def relay(broker: PipelineBroker, db: Database, now: datetime) -> int:
-    """Publish whatever the outbox still holds from before ``now - RELAY_GRACE`` (a crash
-    between commit and publish, a broker that was away). Rows are locked while published, so
-    relays on many workers share the work."""
-    sent = 0
-    while True:
-        async with db.transaction() as tx:
-            rows = await tx.fetch(
-                SQL["unsent"], {"before": now - RELAY_GRACE, "limit": RELAY_BATCH}
-            )
-            if not rows:
-                return sent
-            await broker.publish(outgoing(rows))
-            await tx.execute(SQL["delete_sent"], {"ids": [r["id"] for r in rows]})
-        sent += len(rows)
-        event("news.outbox.relayed", messages=len(rows))
-        if len(rows) < RELAY_BATCH:
-            return sent
-
-
-# --- what was admitted, sent again ----------------------------------------------------------------
-async def resend_due(
-    db: Database, now: datetime, *, shard: str | None = None
-) -> list[dict[str, Any]]:
-    """Admitted candidates (of ``shard``, or of every shard) held for a backoff or a lease held
-    elsewhere, whose wait is over, queued again with a fresh message — every worker's
-    housekeeping does it, so a retry goes within seconds, and a pass for its shard. Admission is
-    not asked again: they were admitted. The outbox rows to send."""
-    owed: list[dict[str, Any]] = []
-    while True:
-        rows = await db.fetch(
-            SQL["resend_due"], {"now": now, "limit": RESEND_BATCH, "shard": shard}
-        )
-        owed += rows
-        if len(rows) < RESEND_BATCH:
-            return owed
-
-
-# --- the pass -----------------------------------------------------------------------------------
 async def run_pass(
     runtime: Runtime, clock: Clock, shard: str, *, trigger: Trigger = "manual"
 ) -> NewsReport:
@@ -238,9 +160,7 @@ class _Pass:
         unfetched = await self._await_fetches(broker_took_them=sent >= 0)
         admitted = await self._admit()
         await self._upkeep(stopped=admitted is None)
-        noted = await notes.read_for_pass(
-            db, shard=self.shard, began=self.began, now=self.clock.now()
-        )
+        noted = await read_for_pass(db, shard=self.shard, began=self.began, now=self.clock.now())
         self.draft.extend(fetch_errors=noted.fetch_errors, dropped_items=noted.dropped_items)
         self.draft.set(deferred_count=await held_candidates.count_held(db, self.shard))
         return PassFigures(
@@ -347,40 +267,3 @@ class _Pass:
             still_held=lambda: leases.extend_shard(deps.leases, settings, self.lease),
         )
         self.draft.add(translated_count=translated)
-
-
-# --- observability ------------------------------------------------------------------------------
-async def collect_metrics(runtime: Runtime, clock: Clock) -> None:
-    """Per stage: queued, held, in flight, ready, dead letters, oldest age and the workers'
-    totals — from PostgreSQL, and from the broker when it answers within its timeout."""
-    metrics, now = runtime.metrics, clock.now()
-    rows = {r["stage"]: r for r in await runtime.db.fetch(SQL["stage_metrics"])}
-    totals = {r["stage"]: r for r in await runtime.db.fetch(SQL["stage_counters"])}
-    broker = runtime.news_adapters().pipeline
-    for stage in STAGES:
-        row = rows.get(stage) or {"queued": 0, "held": 0, "oldest": None}
-        queued = int(row["queued"])
-        metrics.set("nightcrew_news_stage_queued", queued, stage=stage)
-        metrics.set("nightcrew_news_stage_held", int(row["held"]), stage=stage)
-        oldest = row["oldest"]
-        age = (now - oldest).total_seconds() if oldest is not None else 0.0
-        metrics.set("nightcrew_news_stage_oldest_age_seconds", max(0.0, age), stage=stage)
-        total = totals.get(stage) or {"processed": 0, "failed": 0, "dead_lettered": 0}
-        metrics.set_total("nightcrew_news_stage_processed_total", total["processed"], stage=stage)
-        metrics.set_total("nightcrew_news_stage_failed_total", total["failed"], stage=stage)
-        metrics.set_total(
-            "nightcrew_news_stage_dead_lettered_total", total["dead_lettered"], stage=stage
-        )
-        if broker is None:
-            continue
-        try:
-            async with asyncio.timeout(2):
-                ready = await broker.ready(stage)
-                dead = await broker.ready(stage, dlq=True)
-        except (TimeoutError, NightcrewError) as exc:
-            warning("news.metrics_broker_unavailable", error=describe_error(exc))
-            broker = None
-            continue
-        metrics.set("nightcrew_news_stage_ready", ready, stage=stage)
-        metrics.set("nightcrew_news_stage_in_flight", max(0, queued - ready), stage=stage)
-        metrics.set("nightcrew_news_stage_dead_letters", dead, stage=stage)

@@ -11,8 +11,14 @@ from nightcrew.db.database import Database, Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import NightcrewError
 from nightcrew.log import event, warning
-from nightcrew.news.fetch import FetchResult, next_check
-from nightcrew.news.opml import FeedEntry, FeedList, FileFormat, Skipped, SkipReason
+from nightcrew.news.sources.opml import (
+    FeedEntry,
+    FeedList,
+    FileFormat,
+    Skipped,
+    SkipReason,
+)
+from nightcrew.news.steps.fetch import FetchResult, next_check
 
 SQL = load_queries(__file__)
 
