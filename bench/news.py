@@ -12,9 +12,9 @@ medians of ``--repeat`` repetitions:
 
 * bare ``feedparser.parse`` of the same bytes, items per second — the baseline (parsing alone,
   with the parser nightcrew used before issue 10); bare ``feedparser_rs.parse`` for reference;
-* the first run — fetch, parse (``news/parse.py``: feedparser-rs, feedparser as fallback),
+* the first run — fetch, parse (``news/steps/parse.py``: feedparser-rs, feedparser as fallback),
   de-dupe, hold, count, review, fenced writes, snapshot, report — and its throughput over the
-  baseline's; how much of it ``parse_feed`` and ``fetch._items`` took (timed, not profiled);
+  baseline's; how much of it ``parse_feed`` and ``entries._items`` took (timed, not profiled);
 * the second run — every body unchanged: fetched, hashed, not parsed, nothing held — as a
   fraction of the bare feedparser time.
 
@@ -58,6 +58,7 @@ from nightcrew.log import configure_logging
 from nightcrew.news.engines.inline import run_shard
 from nightcrew.news.report import NewsReport
 from nightcrew.news.sources.registry import add_source
+from nightcrew.news.steps import entries as news_entries
 from nightcrew.news.steps import fetch as news_fetch
 from nightcrew.news.steps.parse import parse_feed
 from nightcrew.runtime import open_runtime
@@ -164,27 +165,31 @@ def time_parser(parse: Callable[[bytes], Any], bodies: list[bytes], total: int) 
 
 
 class Stopwatch:
-    """Wall time spent inside some synchronous functions of ``nightcrew.news.steps.fetch`` (wrapped
-    where ``_fetch`` looks them up), so the parser's share of a run is known without a
-    profiler's distortion. Disabled, it wraps nothing (a profile shows the code as it is)."""
+    """Wall time spent inside some synchronous functions of the fetch step (wrapped where they
+    are looked up: ``parse_fast_only`` in ``steps.fetch``, ``_items`` in ``steps.entries``), so
+    the parser's share of a run is known without a profiler's distortion. Disabled, it wraps
+    nothing (a profile shows the code as it is)."""
 
     # a small feed is parsed in place by parse_fast_only; others in a worker, not timed here
-    NAMES = ("parse_fast_only", "_items")
+    TARGETS = ((news_fetch, "parse_fast_only"), (news_entries, "_items"))
+    NAMES = tuple(name for _, name in TARGETS)
 
     def __init__(self, *, enabled: bool = True) -> None:
         self.seconds = dict.fromkeys(self.NAMES, 0.0)
         self._originals = (
-            {name: getattr(news_fetch, name) for name in self.NAMES} if enabled else {}
+            {(module, name): getattr(module, name) for module, name in self.TARGETS}
+            if enabled
+            else {}
         )
 
     def __enter__(self) -> Stopwatch:
-        for name, original in self._originals.items():
-            setattr(news_fetch, name, self._timed(name, original))
+        for (module, name), original in self._originals.items():
+            setattr(module, name, self._timed(name, original))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for name, original in self._originals.items():
-            setattr(news_fetch, name, original)
+        for (module, name), original in self._originals.items():
+            setattr(module, name, original)
 
     def _timed(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -298,20 +303,20 @@ def print_profile(rep: Repetition) -> None:
 
     idle = cumulative(lambda f, n: f == "~" and n.startswith("<method 'poll' of 'select."))
     shares = {
-        "news/parse.py:parse_feed (the whole parser step)": cumulative(
-            lambda f, n: f.endswith("news/parse.py") and n == "parse_feed"
+        "news/steps/parse.py:parse_feed (the whole parser step)": cumulative(
+            lambda f, n: f.endswith("news/steps/parse.py") and n == "parse_feed"
         ),
         "  feedparser_rs.parse (Rust, and building its Python objects)": cumulative(
             lambda f, n: f == "~" and "feedparser_rs" in n and n.endswith(".parse>")
         ),
-        "  news/parse.py:_from_result (reduction to RawEntry)": cumulative(
-            lambda f, n: f.endswith("news/parse.py") and n == "_from_result"
+        "  news/steps/parse.py:_from_result (reduction to RawEntry)": cumulative(
+            lambda f, n: f.endswith("news/steps/parse.py") and n == "_from_result"
         ),
         "  feedparser.parse (the fallback)": cumulative(
             lambda f, n: f.endswith("feedparser/api.py") and n == "parse"
         ),
-        "news/fetch.py:_items (sanitise, normalise, image policy)": cumulative(
-            lambda f, n: f.endswith("news/fetch.py") and n == "_items"
+        "news/steps/entries.py:_items (sanitise, normalise, image policy)": cumulative(
+            lambda f, n: f.endswith("news/steps/entries.py") and n == "_items"
         ),
         "event loop idle (waiting on sockets: PostgreSQL, the feed server)": idle,
     }
@@ -402,7 +407,7 @@ async def main() -> None:
     items_s = statistics.median(r.inside["_items"] for r in reps)
     print(
         f"   inside the first run:      parse_fast_only {parse_s:.3f} s ({parse_s / first_s:.1%}), "
-        f"items from entries (fetch._items) {items_s:.3f} s ({items_s / first_s:.1%})"
+        f"items from entries (entries._items) {items_s:.3f} s ({items_s / first_s:.1%})"
     )
     if args.profile:
         print_profile(profiled)

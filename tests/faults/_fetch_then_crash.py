@@ -1,6 +1,7 @@
-"""Run the pipeline's fetch stage for one source, in a process of its own, and die (``os._exit``,
-no cleanup, as a SIGKILL would) at the first publish — that is, right after the transaction
-that saved the candidates and their outgoing messages committed, before the broker has any.
+"""Run the pipeline's fetch stage for one source, then a pass, in a process of its own, and die
+(``os._exit``, no cleanup, as a SIGKILL would) at the first publish — that is, right after the
+transaction in which the pass admitted the candidates, with their outgoing messages, committed,
+before the broker has any.
 
 ``python -m tests.faults._fetch_then_crash ENV_JSON SOURCE_ID``
 """
@@ -17,7 +18,9 @@ from nightcrew.adapters.broker import PipelineBroker
 from nightcrew.clock import SystemClock
 from nightcrew.config import Settings
 from nightcrew.news.engines.pipeline import stages
+from nightcrew.news.engines.pipeline.attempts import Attempt
 from nightcrew.news.engines.pipeline.outbox import broker_of
+from nightcrew.news.engines.pipeline.passes import run_pass
 from nightcrew.runtime import open_runtime
 
 
@@ -31,8 +34,11 @@ async def main(env: dict[str, str], source_id: int) -> None:
     clock = SystemClock()
     async with open_runtime(Settings.model_validate(env), clock) as runtime:
         ctx = stages.StageContext(runtime=runtime, clock=clock, broker=broker_of(runtime))
-        await stages.fetch(ctx, {"source_id": source_id, "shard": "s"})
-    print("fetched without publishing anything", flush=True)
+        # the fetch holds what is new for the pass (it publishes nothing); the pass admits it,
+        # committing the candidates queued with their messages owed, and dies publishing them
+        await stages.fetch(ctx, Attempt(), {"source_id": source_id, "shard": "s"})
+        await run_pass(runtime, clock, "s")
+    print("admitted without publishing anything", flush=True)
 
 
 if __name__ == "__main__":

@@ -17,20 +17,23 @@ from typing import Any
 from nightcrew.clock import SystemClock
 from nightcrew.config import Settings
 from nightcrew.news.engines.pipeline import stages
+from nightcrew.news.engines.pipeline.attempts import Attempt
 from nightcrew.news.engines.pipeline.worker import Worker
 from nightcrew.runtime import open_runtime
 
 
 async def main(env: dict[str, str], poison: str) -> None:
-    review = stages.STAGES["review"]
+    review = stages.HANDLERS["review"]
 
-    async def deadly(ctx: stages.StageContext, body: dict[str, Any]) -> stages.Outcome:
+    async def deadly(
+        ctx: stages.StageContext, attempt: Attempt, body: dict[str, Any]
+    ) -> stages.Outcome:
         if body.get("url") == poison:
             print(f"killed by {poison}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-        return await review(ctx, body)
+        return await review(ctx, attempt, body)
 
-    stages.STAGES["review"] = deadly
+    stages.HANDLERS["review"] = deadly
     clock = SystemClock()
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

@@ -1,5 +1,5 @@
-"""Feed lists in and out (``news/opml.py``), and the checks an import makes before the database
-(``check_import``): no database here."""
+"""Feed lists in and out (``news/sources/opml.py``), and the checks an import makes before the
+database (``check_import``): no database here."""
 
 from __future__ import annotations
 
@@ -174,7 +174,7 @@ def test_a_file_that_is_no_feed_list_is_refused(doc: bytes, message: str) -> Non
 
 
 def test_an_oversized_file_is_refused() -> None:
-    from nightcrew.news.sources.registry import opml
+    from nightcrew.news.sources import opml
 
     with pytest.raises(FeedListError, match="larger than 64 MB"):
         parse_feed_list(b"#" * (opml.MAX_FILE_BYTES + 1))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from nightcrew.adapters.broker import STAGES
 from nightcrew.cli.common import (
     _fail,
     _run,
@@ -72,7 +73,7 @@ def news_worker(
     if settings.news_pipeline != "rabbitmq":
         _fail("news worker needs NEWS_PIPELINE=rabbitmq (and QUEUE_URL=amqp://…)", 2)
     clock = SystemClock()
-    stages = ["fetch", "enrich", "review", "write"] if stage is Stage.all else [stage.value]
+    stages = list(STAGES) if stage is Stage.all else [stage.value]
 
     async def work() -> dict[str, Any]:
         stop = asyncio.Event()

@@ -193,11 +193,14 @@ class ReportDraft:
     figures as its steps learn them, and ``build`` freezes the report once, at the end."""
 
     def __init__(self, settings: Settings, adapters: NewsAdapters, *, shard: str, trigger: str):
+        from nightcrew.news.steps.admission import limits
+
+        queue_limit, article_limit = limits(settings)
         self.report = NewsReport(
             shard=shard,
             trigger=trigger,
-            backpressure_queue_limit=settings.ingestion_backpressure_queue_limit,
-            backpressure_db_article_limit=settings.ingestion_backpressure_db_article_limit,
+            backpressure_queue_limit=queue_limit,
+            backpressure_db_article_limit=article_limit,
             redis_enabled=adapters.redis_configured,
             reviewer=reviewer_label(adapters),
         )
@@ -234,6 +237,13 @@ class ReportDraft:
         )
 
 
+def redis_down(exc: BaseException) -> None:
+    """A Redis call failed and PostgreSQL answered instead: said, once per failure. A run or a
+    pass counts it through ``RedisUse``; a stage worker's process breaker keeps it, and the
+    worker notes it for the next pass (``notes.note_redis_trouble``)."""
+    warning("worker.redis.unavailable", error=str(exc))
+
+
 class RedisUse:
     """Whether Redis served a run (or pass) throughout: false once a call failed — told by a
     fallback (``failed``), or seen by the process's Redis circuit breaker since the start (the
@@ -248,7 +258,7 @@ class RedisUse:
     def failed(self, exc: BaseException) -> None:
         """A Redis call failed and its PostgreSQL fallback answered (spec 001: the run goes on
         and says ``redisEnabled: false``)."""
-        warning("worker.redis.unavailable", error=str(exc))
+        redis_down(exc)
         self.failures.append(str(exc))
 
     def enabled(self) -> bool:

@@ -21,6 +21,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from nightcrew import actions
+from nightcrew.adapters.broker import STAGES
 from nightcrew.effects import outbox
 from nightcrew.errors import ConfigError, NightcrewError, QueueError
 from nightcrew.lifecycle.lanes import LANES
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 
 MAX_ACTION_BODY = 4096
 MAX_ACTION_FIELDS = 8
-STAGES = ("fetch", "enrich", "review", "write")
 # How long a "run now" waits for its run's row before answering; the run itself goes on in
 # the background (a daily run takes minutes), and the page links to it.
 RUN_START_WAIT_SECONDS = 30.0

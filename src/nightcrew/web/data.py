@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any
 
+from nightcrew.adapters.broker import STAGES
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects_outbox
@@ -738,9 +739,6 @@ async def dead_letters(runtime: Runtime | None) -> DeadLetters | None:
     except NightcrewError as exc:
         return DeadLetters(letters=letters, counts=counts, problem=describe_error(exc))
     return DeadLetters(letters=letters, counts=counts)
-
-
-STAGES = ("fetch", "enrich", "review", "write")
 
 
 async def live_values(db: Database) -> dict[str, int]:

@@ -21,12 +21,8 @@ from nightcrew.news.sources.registry import (
     record_fetch,
     set_enabled,
 )
-from nightcrew.news.steps.fetch import (
-    FeedRules,
-    fetch_feed,
-    normalize_url,
-    retry_after_seconds,
-)
+from nightcrew.news.steps.entries import normalize_url
+from nightcrew.news.steps.fetch import FeedRules, fetch_feed, retry_after_seconds
 from tests.conftest import NOW, parsers_for_test
 from tests.integration.news.conftest import LOOPBACK
 from tests.support.servers import RecordingServer

@@ -23,7 +23,7 @@ from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
 from nightcrew.news.engines.inline import run_shard
 from nightcrew.news.sources.registry import add_source
-from nightcrew.news.steps.fetch import (
+from nightcrew.news.steps.entries import (
     LINK_NOT_HTTP,
     LINK_TOO_LONG,
     MAX_SUMMARY_CHARS,

@@ -21,7 +21,7 @@ from nightcrew.adapters.reviewer import ReviewError
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database, QueryError
 from nightcrew.errors import DatabaseUnavailableError
-from nightcrew.news.engines.pipeline import dlq, stages
+from nightcrew.news.engines.pipeline import attempts, dlq
 from nightcrew.news.engines.pipeline.outbox import broker_of
 from nightcrew.news.engines.pipeline.passes import run_pass
 from nightcrew.news.steps.review import review_lock_name
@@ -93,14 +93,14 @@ async def test_a_take_left_unfinished_counts_across_parking_and_its_last_is_dead
         assert [(x.body["url"], x.reason, x.deliveries) for x in letters] == [
             (poison, "delivery_limit", 1)
         ]
-        assert letters[0].error == stages.WORKER_DIED
+        assert letters[0].error == attempts.WORKER_DIED
         assert summary.outcomes["parked"] == 1 and summary.dead_lettered == {"review": 1}
         assert poison not in model.reviews  # no worker ran it again
         assert set(model.reviews) == farm.article_urls() - {poison}
         row = await db.fetch_one(
             "SELECT state, last_error FROM news.candidates WHERE url = %(u)s", {"u": poison}
         )
-        assert row == {"state": "dead", "last_error": stages.WORKER_DIED}
+        assert row == {"state": "dead", "last_error": attempts.WORKER_DIED}
 
 
 async def test_an_unfinished_take_within_the_limit_is_counted_and_the_article_written(
@@ -266,12 +266,12 @@ def test_which_failures_are_tried_again_and_how_far_apart() -> None:
         KeyError("url"),
         ValueError("bad"),
     ]
-    assert [stages.is_transient(e) for e in transient] == [True] * len(transient)
-    assert [stages.is_transient(e) for e in permanent] == [False] * len(permanent)
-    base = stages.BACKOFF_BASE_SECONDS
+    assert [attempts.is_transient(e) for e in transient] == [True] * len(transient)
+    assert [attempts.is_transient(e) for e in permanent] == [False] * len(permanent)
+    base = attempts.BACKOFF_BASE_SECONDS
     for attempt in range(1, 12):
-        ceiling = min(base * 2 ** (attempt - 1), stages.BACKOFF_CAP_SECONDS)
-        waits = [stages.backoff_seconds(attempt) for _ in range(200)]
+        ceiling = min(base * 2 ** (attempt - 1), attempts.BACKOFF_CAP_SECONDS)
+        waits = [attempts.backoff_seconds(attempt) for _ in range(200)]
         assert all(ceiling / 2 <= w <= ceiling for w in waits)
         assert max(waits) - min(waits) > ceiling / 10  # spread out, not in step
 

@@ -13,7 +13,7 @@ from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
 from nightcrew.news.engines.pipeline import notes
 from nightcrew.news.engines.pipeline.passes import run_pass
-from nightcrew.news.steps.fetch import LINK_TOO_LONG, NO_LINK
+from nightcrew.news.steps.entries import LINK_TOO_LONG, NO_LINK
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,

@@ -1,10 +1,11 @@
 """serve's news schedule in pipeline mode (NEWS_PIPELINE=rabbitmq): the scheduled runner runs
-a pass — it enqueues the shard's due sources to the fetch queue and holds no shard lock (an
-inline run holding the shard does not stop it) — and records the run with the pass's report;
-another replica firing the same slot runs nothing."""
+a pass under the shard lock, as an inline run — an inline run holding the shard (on another
+machine, mid-switch) makes it a skipped pass, recorded as such, that enqueues nothing — and
+records the run with the pass's report; another replica firing the same slot runs nothing."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from nightcrew.clock import SystemClock
@@ -18,6 +19,7 @@ from tests.integration.news.pipeline_support import (
     count,
     pipeline_env,
     pipeline_runtime,
+    worker_running,
 )
 from tests.support.services import needs_rabbitmq
 from tests.support.standins import FeedFarm, ModelStandIn
@@ -25,7 +27,7 @@ from tests.support.standins import FeedFarm, ModelStandIn
 pytestmark = needs_rabbitmq
 
 
-async def test_the_scheduled_runner_enqueues_a_pass_without_the_shard_lock_and_records_it(
+async def test_the_scheduled_runner_runs_a_pass_under_the_shard_lock_and_records_it(
     db: Database, fresh_db_url: str, prefix: str, model: ModelStandIn, tmp_path: Path
 ) -> None:
     env = pipeline_env(
@@ -33,10 +35,11 @@ async def test_the_scheduled_runner_enqueues_a_pass_without_the_shard_lock_and_r
     )
     clock = SystemClock()
     slot = clock.now().replace(second=0, microsecond=0)
+    later = slot + timedelta(minutes=5)
     with FeedFarm(feeds=3, items=2) as farm:
         await add_farm_sources(db, farm)
         async with pipeline_runtime(env, db) as runtime:
-            # an inline run of the shard (on another machine, mid-switch) holds its lease
+            # an inline run of the shard (on another machine, mid-switch) holds its lock
             leases = runtime.news_adapters().leases
             held = await leases.acquire(shard_lock_name("s"), 600)
             assert held is not None
@@ -45,21 +48,30 @@ async def test_the_scheduled_runner_enqueues_a_pass_without_the_shard_lock_and_r
             scheduler = Scheduler(runtime, clock, (schedule,))
             assert await scheduler.fire(schedule.name, slot) is True
             assert await scheduler.fire(schedule.name, slot) is False  # the slot is taken
-            assert await broker_of(runtime).ready("fetch") == 3  # the due sources, once
-            # the lease was neither taken nor needed: still ours, untouched
-            assert await leases.extend(held, 600) is True
+            assert await broker_of(runtime).ready("fetch") == 0  # skipped: nothing enqueued
+            assert await leases.extend(held, 600) is True  # the lock is still the run's
             await leases.release(held)
+            async with worker_running(runtime, ["fetch"]):
+                assert await scheduler.fire(schedule.name, later) is True
 
     rows = await db.fetch(
         "SELECT lane, trigger, status, slot, report FROM nightcrew.runs ORDER BY id"
     )
     assert [(r["lane"], r["trigger"], r["status"], r["slot"]) for r in rows] == [
-        ("news:s", "scheduled", "completed", slot)
+        ("news:s", "scheduled", "completed", slot),
+        ("news:s", "scheduled", "completed", later),
     ]
-    report = rows[0]["report"]
-    assert report["pipeline"] == "rabbitmq" and report["trigger"] == "scheduled"
-    assert report["skipped"] is False and report["lockedCount"] == 0
-    assert report["enqueuedSources"] == 3
-    assert await count(db, "SELECT count(*) FROM news.sources WHERE fetch_queued_at IS NULL") == 0
-    saved = await db.fetch("SELECT trigger, report FROM news.worker_reports WHERE shard = 's'")
-    assert [(r["trigger"], r["report"]["enqueuedSources"]) for r in saved] == [("scheduled", 3)]
+    skipped, ran = (r["report"] for r in rows)
+    assert skipped["pipeline"] == "rabbitmq" and skipped["trigger"] == "scheduled"
+    assert skipped["skipped"] is True and skipped["lockedCount"] == 1
+    assert skipped["enqueuedSources"] == 0
+    assert ran["skipped"] is False and ran["lockedCount"] == 0
+    assert ran["enqueuedSources"] == 3 and ran["admittedCount"] == 6
+    assert await count(db, "SELECT count(*) FROM news.sources WHERE fetch_queued_at IS NULL") == 3
+    saved = await db.fetch(
+        "SELECT trigger, report FROM news.worker_reports WHERE shard = 's' ORDER BY id"
+    )
+    assert [(r["trigger"], r["report"]["enqueuedSources"]) for r in saved] == [
+        ("scheduled", 0),
+        ("scheduled", 3),
+    ]

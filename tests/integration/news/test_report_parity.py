@@ -27,7 +27,7 @@ from nightcrew.news.engines.inline import run_shard
 from nightcrew.news.engines.pipeline.passes import run_pass
 from nightcrew.news.report import SPEC_FIELDS
 from nightcrew.news.sources.registry import add_source
-from nightcrew.news.steps.fetch import LINK_TOO_LONG
+from nightcrew.news.steps.entries import LINK_TOO_LONG
 from nightcrew.runtime import Runtime
 from tests.integration.news.pipeline_support import (
     add_farm_sources,

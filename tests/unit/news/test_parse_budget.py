@@ -21,8 +21,9 @@ import pytest
 
 from nightcrew.adapters.addresses import AddressPolicy
 from nightcrew.clock import FrozenClock
-from nightcrew.news.steps import fetch
-from nightcrew.news.steps.fetch import INLINE_PARSE_MAX_BYTES, FeedRules, ItemLimits, read_feed_body
+from nightcrew.news.steps import entries, fetch
+from nightcrew.news.steps.entries import ItemLimits, read_feed_body
+from nightcrew.news.steps.fetch import INLINE_PARSE_MAX_BYTES, FeedRules
 from nightcrew.news.steps.parse import (
     PARSE_WORKERS,
     ParseOverBudget,
@@ -196,9 +197,9 @@ def test_what_is_read_in_place_is_cheap_whatever_it_holds(shape: str) -> None:
     body = WORST_SMALL[shape]
     assert len(body) <= INLINE_PARSE_MAX_BYTES
     started = time.thread_time()  # this thread's CPU: other work on the machine does not count
-    fast = parse_fast_only(fetch._clean_char_refs(body), BASE)
+    fast = parse_fast_only(entries.clean_char_refs(body), BASE)
     if fast is not None:
-        fetch._feed_read(fast, BASE, POLICY, LIMITS)
+        entries.feed_read(fast, BASE, POLICY, LIMITS)
     # about 25 ms measured for the worst of these; the event loop can afford a few at once
     assert time.thread_time() - started < 0.1
 

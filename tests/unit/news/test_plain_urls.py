@@ -11,7 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nightcrew.adapters.addresses import PLAIN_URL, AddressPolicy
-from nightcrew.news.steps import fetch
+from nightcrew.news.steps import entries
 
 BASE = "https://news.example.com/feeds/main.xml"
 POLICY = AddressPolicy.parse("127.0.0.1,allowed.internal")
@@ -71,8 +71,8 @@ _links = st.one_of(_urls, _text, _urls.map(lambda u: f"  {u}\n"))
 @example("//news.example.com/story/1")
 @example("/story/1")
 def test_an_article_link_is_stored_as_the_split_and_join_stores_it(link: str) -> None:
-    absolute = fetch._absolute(link.strip(), BASE)
-    assert fetch._article_url(link, BASE) == fetch._article_url_split(absolute)
+    absolute = entries._absolute(link.strip(), BASE)
+    assert entries._article_url(link, BASE) == entries._article_url_split(absolute)
 
 
 @settings(max_examples=1000, deadline=None)

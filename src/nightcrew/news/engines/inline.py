@@ -83,7 +83,8 @@ async def run_shard(
         leases=deps.leases,
         lease=lease,
         draft=draft,
-        processed=deps.processed if draft.report.redis_enabled else deps.fallback_processed,
+        redis=redis,
+        processed=deps.processed if redis.configured else deps.fallback_processed,
     )
     status: Status = "completed"
     try:
@@ -122,6 +123,7 @@ class _Run:
     leases: Leases
     lease: Lease
     draft: ReportDraft  # the run's report, filled as it goes and built once at the end
+    redis: RedisUse  # whether Redis served the whole run
     processed: ProcessedUrls  # Redis's set while it answers this run, then PostgreSQL's
     # The new items this run fetched, held in memory until each is written, dropped (written
     # meanwhile) or stored as a row (``_store``: deferred, failed for now): a row is a promise
@@ -162,8 +164,7 @@ class _Run:
     def _redis_failed(self, exc: ProcessedUrlsDown) -> None:
         """Redis failed a call: this run says so (``redisEnabled: false``) and goes on with the
         PostgreSQL leases and processed set its adapters provide (spec 001)."""
-        warning("worker.redis.unavailable", error=str(exc))
-        self.draft.set(redis_enabled=False)
+        self.redis.failed(exc)
 
     async def _extend(self) -> bool:
         return await leases.extend_shard(self.leases, self.runtime.settings, self.lease)
@@ -391,7 +392,7 @@ class _Run:
                 rejected_count=len(given) - accepted,
             )
             if transient:
-                draft.defer(f"{len(transient)} reviews failed for now; {REVIEW_FAILED_FOR_NOW}")
+                draft.defer(f"{len(transient)} reviews failed for now; retried next run")
                 await self._defer(transient, REVIEW_FAILED_FOR_NOW, attempted=True)
 
             # 10. writes, fenced. The write takes the candidates in memory: it writes them, or

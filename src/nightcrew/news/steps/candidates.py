@@ -20,7 +20,8 @@ from nightcrew.adapters.reviewer import Verdict
 from nightcrew.db.database import Database, QueryError, Tx, json_param
 from nightcrew.db.queries import load_queries
 from nightcrew.news.sources import registry as news_sources
-from nightcrew.news.steps.fetch import FeedItem, FetchResult, next_check
+from nightcrew.news.steps.entries import FeedItem
+from nightcrew.news.steps.fetch import FetchResult, next_check
 
 SQL = load_queries(__file__)
 

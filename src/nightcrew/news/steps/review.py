@@ -33,7 +33,7 @@ from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
 from nightcrew.log import warning
 from nightcrew.news.steps.candidates import Candidate
-from nightcrew.news.steps.fetch import FeedItem
+from nightcrew.news.steps.entries import FeedItem
 
 SQL = load_queries(__file__)
 

@@ -38,6 +38,7 @@ from nightcrew.news.engines.pipeline.attempts import (
     patiently,
 )
 from nightcrew.news.engines.pipeline.heartbeat import Heartbeat, LeaseLost, Stopping, guarded
+from nightcrew.news.report import redis_down
 from nightcrew.news.sources import registry as news_sources
 from nightcrew.news.steps import admission, hydrate, items, leases, snapshot
 from nightcrew.news.steps.candidates import refused_for_its_data, verdict_to_json
@@ -131,7 +132,7 @@ async def _fetch_source(ctx: StageContext, source: dict[str, Any], now: datetime
     )
     ids = {"source_id": source["id"]}
     if result.outcome in ("failed", "retry_later"):
-        await news_sources.record_fetch(db, source, result, now)
+        await items.record_failures(db, [(source, result, [])], now)
         await db.execute(SQL["unqueue_source"], {"id": source["id"]})
         return Outcome("fetch_failed", {**ids, "error": result.error, "status": result.status})
     # new by the inline run's rule (the processed-URL set), held with the fetch state, waiting
@@ -140,7 +141,7 @@ async def _fetch_source(ctx: StageContext, source: dict[str, Any], now: datetime
         adapters.processed,
         adapters.fallback_processed,
         [(source, result)],
-        lambda exc: warning("worker.redis.unavailable", error=str(exc)),
+        redis_down,
     )
     held = await items.hold_fetched(db, source["shard"], fetched, now)
     if held.fetch_errors:  # not held for a reason not the items': fetched again later
@@ -401,7 +402,7 @@ async def _write(
         adapters.processed,
         adapters.fallback_processed,
         list(ids),
-        lambda exc: warning("worker.redis.unavailable", error=str(exc)),
+        redis_down,
     )
     return Outcome("written" if ids else "skipped", {"url": url, "status": reviewed.status})
 
