@@ -31,6 +31,7 @@ import pytest
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
+from nightcrew.news.engines.pipeline.attempts import BACKOFF_BASE_SECONDS
 from nightcrew.news.engines.pipeline.outbox import broker_of
 from nightcrew.news.engines.pipeline.passes import run_pass
 from tests.faults.test_news_pipeline_faults import workers
@@ -246,7 +247,7 @@ async def test_a_serialization_failure_in_the_write_stage_is_retried_with_backof
         assert len(attempts) == failures + 1
         gaps = [b - a for a, b in itertools.pairwise(attempts)]
         # each wait at least half its exponential ceiling (4 s, 8 s, 16 s): 2, 4, 8 s
-        floors = [attempts.BACKOFF_BASE_SECONDS * 2**n / 2 for n in range(failures)]
+        floors = [BACKOFF_BASE_SECONDS * 2**n / 2 for n in range(failures)]
         assert all(gap >= floor - 0.2 for gap, floor in zip(gaps, floors, strict=True)), gaps
         assert summary.failed["write"] == failures and summary.dead_lettered == {}
         assert await count(db, "SELECT count(*) FROM news.candidates") == 0

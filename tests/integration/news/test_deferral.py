@@ -18,6 +18,7 @@ from nightcrew.db.database import Database
 from nightcrew.news.engines.inline import run_shard
 from nightcrew.news.sources.registry import add_source
 from nightcrew.news.steps.leases import shard_lock_name
+from nightcrew.news.steps.review import REVIEW_FAILED_FOR_NOW
 from tests.conftest import NOW
 from tests.integration.news.model_reviewer import RulesModel
 from tests.integration.news.test_run import deps_for, page_requests, rss, runtime_for, site
@@ -181,7 +182,7 @@ async def test_a_transient_review_failure_is_held_and_reviewed_next_run_despite_
     assert first["processedCount"] == 1 and first["deferredCount"] == 2
     assert "2 reviews failed for now; retried next run" in first["deferredReasons"]
     held = await db.fetch("SELECT reason, attempts FROM news.candidates")
-    assert [(r["reason"], r["attempts"]) for r in held] == [("the model failed for now", 1)] * 2
+    assert [(r["reason"], r["attempts"]) for r in held] == [(REVIEW_FAILED_FOR_NOW, 1)] * 2
     clock.advance(timedelta(hours=1))
     second = (
         await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
