@@ -43,8 +43,9 @@ def news_run(
 ) -> None:
     """Run one shard of the news worker once and print its report.
 
-    With NEWS_PIPELINE=rabbitmq this is a pass: the shard's due sources go to the fetch queue,
-    held candidates are released into stages with room, and the stage workers do the rest.
+    With NEWS_PIPELINE=rabbitmq this is a pass, under the shard lock as a run: the shard's due
+    sources go to the fetch queue and the pass waits for them, then admits at most the queue
+    limit of what waits, oldest first; the stage workers do the rest.
     A run fenced out by a newer holder of the shard's lease ends as superseded (exit 0)."""
     from nightcrew.actions import CLI, run_lane_now
     from nightcrew.news.schedule import run_or_enqueue, shard_lane

@@ -89,15 +89,16 @@ def _fields_json(record: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class WorkerResults:
-    """What the pipeline's stage workers did for the shard in the window (``since``, the pass]
-    — reported by the pass after it, as theirs."""
+    """What the pipeline's stage workers did for the shard in the window (``since``,
+    ``until``] — reported by the next pass, as theirs."""
 
-    since: datetime | None  # the shard's previous report (None: the start)
+    since: datetime | None  # where the shard's previous report stopped (None: the start)
+    until: datetime | None = None  # when this report read them (the next window starts there)
     processed_count: int = 0  # articles written
     ai_reviewed_count: int = 0  # verdicts written with them
     accepted_count: int = 0
     rejected_count: int = 0
-    translated_count: int = 0  # with their review, or from the backlog
+    translated_count: int = 0  # with their review (the backlog's: the pass that translated)
     redis_ai_review_lock_skipped_count: int = 0  # parked: their review lease held elsewhere
     fetch_lease_skipped_count: int = 0  # fetches put off: their source's lease held elsewhere
     review_retry_count: int = 0  # candidates waiting for another review (model failed)

@@ -388,3 +388,40 @@ async def test_an_outage_between_the_take_and_the_model_spends_no_attempt(
     [url] = farm.article_urls()
     assert model.reviews == {url: 1}
     assert summary.outcomes["parked"] == 0 and summary.dead_lettered == {}, summary.to_json()
+
+
+async def test_a_review_failed_for_now_waits_for_a_pass_even_once_a_copy_parked_it(
+    db: Database,
+) -> None:
+    """The model failed a review for now while a copy of the message (a redelivery) found the
+    review lease held and parked the candidate: the failure still sends it back to waiting for
+    a pass, its attempt counted — not left admitted, to be re-sent outside the cost bound — and
+    a replayed dead letter is admitted, counted in its shard's load."""
+    from nightcrew.news.engines.pipeline.stages import SQL as STAGES_SQL
+    from nightcrew.news.sources.registry import add_source
+    from nightcrew.news.steps.review import REVIEW_FAILED_FOR_NOW
+
+    now = SystemClock().now()
+    source = await add_source(db, url="https://feeds.example/a", name="a", shard="s", now=now)
+    await db.execute(
+        "INSERT INTO news.candidates (url, source_id, shard, title, summary, stage, state,"
+        " reason, fence, admitted_at, not_before, created_at, updated_at) VALUES"
+        " ('https://x.example/1', %(s)s, 's', 't', 's', 'review', 'held', 'parked', 3,"
+        " %(now)s, %(now)s + interval '30 seconds', %(now)s, %(now)s)",
+        {"s": source["id"], "now": now},
+    )
+    saved = await db.fetch_one(
+        STAGES_SQL["review_later"],
+        {"url": "https://x.example/1", "fence": 3, "reason": REVIEW_FAILED_FOR_NOW, "now": now},
+    )
+    row = await db.fetch_one("SELECT state, admitted_at, attempts, reason FROM news.candidates")
+    assert saved is not None and row == {
+        "state": "held",
+        "admitted_at": None,
+        "attempts": 1,
+        "reason": REVIEW_FAILED_FOR_NOW,
+    }
+    await db.execute("UPDATE news.candidates SET state = 'dead'")
+    await db.fetch_one(dlq.SQL["requeue_candidate"], {"url": "https://x.example/1", "now": now})
+    replayed = await db.fetch_one("SELECT state, admitted_at FROM news.candidates")
+    assert replayed == {"state": "queued", "admitted_at": now}

@@ -156,3 +156,26 @@ async def _written(db: Database, n: int) -> bool:
     return await _articles(db, "s") == n and not await count(
         db, "SELECT count(*) FROM news.candidates WHERE state IN ('queued', 'held')"
     )
+
+
+async def test_a_pass_waits_for_its_own_fetches_not_for_an_earlier_passs_lost_one(
+    db: Database, fresh_db_url: str, prefix: str, model: ModelStandIn, tmp_path: Path
+) -> None:
+    """One source's fetch message from an earlier pass is lost (it is still owed, and will be
+    sent again only after NEWS_RESEND_AFTER_SECONDS): a pass waits for the fetches it sent
+    itself, not for that one, and admits what they found within seconds."""
+    env = pipeline_env(fresh_db_url, prefix, model, tmp_path)
+    with FeedFarm(feeds=2, items=2) as farm:
+        await add_farm_sources(db, farm, "s")
+        await db.execute(
+            "UPDATE news.sources SET fetch_queued_at = now()"
+            " WHERE id = (SELECT min(id) FROM news.sources)"
+        )
+        async with pipeline_runtime(env, db) as runtime, worker_running(runtime):
+            started = asyncio.get_running_loop().time()
+            report = (await run_pass(runtime, SystemClock(), "s")).to_json()
+            took = asyncio.get_running_loop().time() - started
+
+    assert report["enqueuedSources"] == 1 and report["unfetchedSources"] == 0
+    assert report["queuedCount"] == 2 and report["admittedCount"] == 2
+    assert took < 10, took

@@ -6,6 +6,7 @@ reported, with the pass and the workers going on."""
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime
 from pathlib import Path
 
@@ -219,3 +220,27 @@ async def test_a_fetch_put_off_behind_another_workers_lease_is_the_workers_not_t
     assert first["lockedCount"] == 0 and first["status"] == "completed"
     assert second["lockedCount"] == 0 and second["workers"]["fetchLeaseSkippedCount"] == 1
     assert third["workers"]["fetchLeaseSkippedCount"] == 0
+
+
+async def test_passes_back_to_back_report_each_workers_result_once(
+    db: Database, fresh_db_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """Passes run one after another while the workers write, so writes land during passes:
+    each pass's window of the workers' results starts where the previous one stopped reading,
+    and the windows add up to exactly what was written and reviewed — nothing twice, nothing
+    missed."""
+    with ModelStandIn(delay=0.2) as model, FeedFarm(feeds=2, items=6, thumbnails=True) as farm:
+        env = pipeline_env(fresh_db_url, prefix, model, tmp_path)
+        await add_farm_sources(db, farm)
+        reports = []
+        async with pipeline_runtime(env, db) as runtime, worker_running(runtime, concurrency=1):
+            while await count(db, "SELECT count(*) FROM news.articles") < 12:
+                reports.append((await run_pass(runtime, SystemClock(), "s")).to_json())
+            reports.append((await run_pass(runtime, SystemClock(), "s")).to_json())
+
+    workers = [r["workers"] for r in reports]
+    assert len(reports) > 3, "the writes should have spread over several passes"
+    assert sum(w["processedCount"] for w in workers) == 12, workers
+    assert sum(w["aiReviewedCount"] for w in workers) == 12
+    # each window starts where the one before it stopped
+    assert all(b["since"] == a["until"] for a, b in itertools.pairwise(workers))

@@ -5,8 +5,8 @@ again later — spec 001's no-thumbnail retry (``retriedCount``).
 Both engines hydrate through ``hydrate_one``: the inline run a batch at a time
 (``hydrate_images``), the pipeline's enrich stage one candidate per message. Both retry the
 accepted articles still without a thumbnail (``thumbnail_retries``, ``retry_thumbnails``): the
-inline run under its shard lease once its batch is admitted, the pipeline's pass under a short
-lease of its own (``pipeline.upkeep``).
+inline run under its shard lock once its batch is admitted, the pipeline's pass under the same
+lock after its admission.
 """
 
 from __future__ import annotations

@@ -3,11 +3,12 @@
 -- name: requeue_candidate
 -- Replayed: queued again at the stage it waits for (which may be past the dead letter's own,
 -- if the letter was a stale duplicate).
--- Its attempts start again from none: the cause is fixed, so the operator says.
+-- Its attempts start again from none: the cause is fixed, so the operator says. A replayed
+-- candidate is admitted (the operator's say-so), and counts in its shard's load.
 UPDATE news.candidates
    SET state = 'queued', last_error = NULL, reason = 'replayed from the dead letters',
        stage_attempts = 0, stage_taken_at = NULL, not_before = NULL,
-       updated_at = %(now)s
+       admitted_at = coalesce(admitted_at, %(now)s), updated_at = %(now)s
  WHERE url = %(url)s AND state IN ('dead', 'queued', 'held')
 RETURNING url, shard, stage;
 

@@ -108,6 +108,7 @@ async def worker_results(
     assert results is not None and waits is not None  # aggregates: always one row
     return WorkerResults(
         since=since,
+        until=now,
         processed_count=int(results["written"]),
         ai_reviewed_count=int(results["reviewed"]),
         accepted_count=int(results["accepted"]),
@@ -125,11 +126,15 @@ async def worker_results(
 
 
 async def read_for_pass(db: Database, *, shard: str, began: datetime, now: datetime) -> Noted:
-    """The shard's notes are taken (deleted as read: two passes never report one twice), and
-    the workers' Redis failures older than a day forgotten."""
+    """What a pass reports of what happened since the shard's previous report stopped reading:
+    its fetches' errors and dropped items, and the workers' results. The shard's notes are
+    taken (deleted as read: two passes never report one twice), and the workers' Redis failures
+    older than a day forgotten."""
     previous = await db.fetch_one(SQL["previous_report"], {"shard": shard, "now": began})
     since: datetime | None = previous["at"] if previous is not None else None
     window = {"shard": shard, "since": since or datetime.min.replace(tzinfo=now.tzinfo), "now": now}
+    # the pass's own fetches, and any failure the previous report did not see
+    fetched_since = {"shard": shard, "since": min(since or began, began), "now": now}
     dropped: list[dict[str, Any]] = []
     fetch_locked, redis_failed = 0, False
     for note in await db.fetch(SQL["pass_notes"], window):
@@ -146,7 +151,7 @@ async def read_for_pass(db: Database, *, shard: str, began: datetime, now: datet
     return Noted(
         fetch_errors=[
             {"source": r["source"], "error": r["error"]}
-            for r in await db.fetch(SQL["fetch_errors_since"], {"shard": shard, "since": began})
+            for r in await db.fetch(SQL["fetch_errors_since"], fetched_since)
         ],
         dropped_items=dropped,
         stages=stages,

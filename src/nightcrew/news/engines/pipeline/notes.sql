@@ -2,11 +2,18 @@
 -- a pass reports as theirs (notes.py).
 
 -- name: previous_report
--- Where a pass's window of the workers' results starts: the shard's previous report (a
--- pass's or an inline run's) — not a skipped one, which reported no results.
-SELECT max(started_at) AS at FROM news.worker_reports
+-- Where a pass's window of the workers' results starts: where the shard's previous report
+-- (not a skipped one, which read nothing) stopped — a pass's when it read the workers'
+-- results (workers.until), an inline run's when it ended (its start and its duration, for its
+-- own writes are its own) — so no result is reported twice, and none is missed.
+SELECT coalesce((report -> 'workers' ->> 'until')::timestamptz,
+                started_at + make_interval(
+                    secs => coalesce((report ->> 'durationMs')::float8, 0) / 1000)) AS at
+  FROM news.worker_reports
  WHERE shard = %(shard)s AND started_at < %(now)s
-   AND (report ->> 'skipped') IS DISTINCT FROM 'true';
+   AND (report ->> 'skipped') IS DISTINCT FROM 'true'
+ ORDER BY started_at DESC, id DESC
+ LIMIT 1;
 
 -- name: shard_stages
 -- A pass's report: the shard's candidates by stage and state.
@@ -42,9 +49,11 @@ SELECT count(*) FILTER (WHERE attempts > 0) AS review_retries,
  WHERE shard = %(shard)s AND stage = 'review' AND state IN ('held', 'queued');
 
 -- name: fetch_errors_since
--- A pass's fetchErrors: the shard's feeds whose fetch since the pass began failed.
+-- A pass's fetchErrors: the shard's feeds whose last fetch failed since the previous report
+-- stopped reading (its own fetches', and a fetch that failed after that report read).
 SELECT name AS source, last_error AS error FROM news.sources
- WHERE shard = %(shard)s AND last_error IS NOT NULL AND last_fetched_at >= %(since)s
+ WHERE shard = %(shard)s AND last_error IS NOT NULL
+   AND last_fetched_at > %(since)s AND last_fetched_at <= %(now)s
  ORDER BY name, id;
 
 -- name: pass_write_errors
@@ -56,8 +65,8 @@ SELECT url, reason AS error FROM news.candidates
  ORDER BY updated_at, id;
 
 -- name: pass_notes
--- What the stage workers noted: items dropped (by source and reason), backlog translations,
--- fetches put off behind another worker's lease — the shard's own notes TAKEN (deleted as they
+-- What the stage workers noted: items dropped (by source and reason), fetches put off behind
+-- another worker's lease — the shard's own notes TAKEN (deleted as they
 -- are read, whenever a worker stamped them: a fetch stamps its start, and may commit after a
 -- pass has read; two passes at once each take different ones, never the same twice) — and the
 -- Redis failures in the window (shard NULL: seen by a worker that serves every shard, read by

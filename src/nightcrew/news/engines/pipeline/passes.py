@@ -21,6 +21,7 @@ import time
 from datetime import datetime
 
 from nightcrew.adapters.locks import Lease
+from nightcrew.adapters.processed import ProcessedUrlsDown
 from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import QueueError
@@ -109,8 +110,7 @@ REDIS_PROBE = "nightcrew:redis-probe"
 
 
 async def _probe_redis(runtime: Runtime, redis: RedisUse) -> None:
-    from nightcrew.adapters.processed import ProcessedUrlsDown
-
+    """The pass itself reads no processed URL: one lookup asks whether Redis answers now."""
     try:
         await runtime.news_adapters().processed.seen([REDIS_PROBE])
     except ProcessedUrlsDown as exc:
@@ -154,10 +154,12 @@ class _Pass:
         sent = await send_owed(self.broker, db, resent + sources)
         try:
             relayed = await relay(self.broker, db, now)
-        except QueueError as exc:
-            relayed, sent = 0, -1
+        except QueueError as exc:  # older messages wait for the next relay; ours were sent
+            relayed = 0
             warning("news.outbox.relay_failed", error=describe_error(exc))
-        unfetched = await self._await_fetches(broker_took_them=sent >= 0)
+        unfetched = await self._await_fetches(
+            [int(r["body"]["source_id"]) for r in sources], broker_took_them=sent >= 0
+        )
         admitted = await self._admit()
         await self._upkeep(stopped=admitted is None)
         noted = await read_for_pass(db, shard=self.shard, began=self.began, now=self.clock.now())
@@ -173,27 +175,39 @@ class _Pass:
             workers=noted.workers,
         )
 
-    async def _await_fetches(self, *, broker_took_them: bool) -> int:
-        """Wait for the shard's sent fetches (its own and any earlier pass's) to be done, at
-        most the fetch budget and a grace; how many are not. A broker that refused them is not
-        waited for: nothing will fetch them before the relay sends them."""
+    async def _await_fetches(self, source_ids: list[int], *, broker_took_them: bool) -> int:
+        """Wait for the fetches this pass sent to be done, at most the fetch budget and a grace
+        (the shard lock extended as the wait goes on); how many are not. An earlier pass's
+        fetch that is still out is not waited for: what it finds waits for the pass after it.
+        A broker that refused them is not waited for: nothing fetches them before the relay
+        sends them."""
         db, settings = self.runtime.db, self.runtime.settings
+        deps = self.runtime.news_adapters()
         within = settings.news_fetch_budget_seconds + FETCH_WAIT_GRACE_SECONDS
-        deadline = time.monotonic() + within
-        while True:
-            row = await db.fetch_one(SQL["unfetched"], {"shard": self.shard})
+        started = time.monotonic()
+        extended = started
+        while source_ids:
+            row = await db.fetch_one(SQL["unfetched"], {"ids": source_ids})
             left = int(row["n"]) if row else 0
             if not left:
                 return 0
-            if not broker_took_them or time.monotonic() > deadline:
-                break
+            now = time.monotonic()
+            if not broker_took_them or now - started > within:
+                why = (
+                    "the broker is unreachable"
+                    if not broker_took_them
+                    else f"not within {within:g} s"
+                )
+                self.draft.defer(
+                    f"{left} sources not fetched ({why}; is a fetch worker running?): their"
+                    " items wait for a later pass"
+                )
+                return left
+            if now - extended > leases.shard_renewal_seconds(settings):
+                await leases.extend_shard(deps.leases, settings, self.lease)
+                extended = now
             await asyncio.sleep(FETCH_POLL_SECONDS)
-        why = "the broker is unreachable" if not broker_took_them else f"not within {within:g} s"
-        self.draft.defer(
-            f"{left} sources not fetched ({why}; is a fetch worker running?): their items wait"
-            " for a later pass"
-        )
-        return left
+        return 0
 
     async def _admit(self) -> int | None:
         """The inline run's admission (``admission.decide``), with what earlier passes admitted

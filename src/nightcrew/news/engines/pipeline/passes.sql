@@ -1,8 +1,9 @@
 -- The pass (passes.py).
 
 -- name: unfetched
--- The shard's sources whose fetch message is owed or in flight: what a pass waits for.
-SELECT count(*) AS n FROM news.sources WHERE shard = %(shard)s AND fetch_queued_at IS NOT NULL;
+-- Of the sources a pass sent to the fetch stage, those whose fetch is not done yet.
+SELECT count(*) AS n FROM news.sources
+ WHERE id = ANY(%(ids)b::bigint[]) AND fetch_queued_at IS NOT NULL;
 
 -- name: resend_stale
 -- Queued so long ago that its message must be gone (a purged queue, a broker that lost it):

@@ -59,6 +59,8 @@ from nightcrew.runtime import Runtime
 
 SQL = load_queries(__file__)
 
+REFUSED_BY_THE_DATABASE = "refused by the database"
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
@@ -147,10 +149,15 @@ async def _fetch_source(ctx: StageContext, source: dict[str, Any], now: datetime
     if held.fetch_errors:  # not held for a reason not the items': fetched again later
         await db.execute(SQL["unqueue_source"], {"id": source["id"]})
         return Outcome("fetch_failed", {**ids, "error": held.fetch_errors[0]["error"]})
+    # the pass that sent the fetch reports these as its droppedItems: the items the feed
+    # listed that cannot be kept, and those the database refused to hold for their own data
+    # (each logged by the hold; an inline run reports those in its writeErrors)
+    dropped = dict(result.dropped)
+    if held.write_errors:
+        dropped[REFUSED_BY_THE_DATABASE] = len(held.write_errors)
     async with db.transaction() as tx:
-        # the pass that sent the fetch reports these as its droppedItems
         await notes.note_dropped(
-            tx, shard=source["shard"], source=source["name"], dropped=result.dropped, now=now
+            tx, shard=source["shard"], source=source["name"], dropped=dropped, now=now
         )
         await tx.execute(SQL["unqueue_source"], {"id": source["id"]})
     new = fetched[0][2]
@@ -319,8 +326,10 @@ async def review(ctx: StageContext, attempt: Attempt, body: dict[str, Any]) -> O
                 lambda: db.fetch_one(SQL["review_later"], {**waits, "now": ctx.clock.now()}),
                 what="review",
             )
-            attempt.closed()
-            return Outcome("deferred" if saved else "skipped", {"url": url, "why": "model"})
+            if saved is None:  # taken over meanwhile (its fence moved on): nothing to defer
+                return Outcome("skipped", {"url": url, "why": "taken over meanwhile"})
+            attempt.closed()  # ``review_later`` says so in the row
+            return Outcome("deferred", {"url": url, "why": "model"})
         await patiently(
             ctx.stopping,
             lambda: _hand_on(

@@ -38,12 +38,13 @@ RETURNING url;
 
 -- name: review_later
 -- The model failed for now (review.review_again_later): the candidate waits for a later pass
--- to admit it again — as an inline run defers it to the next run — its attempt counted.
+-- to admit it again — as an inline run defers it to the next run — its attempt counted. Also
+-- when a copy of its message parked it meanwhile (held, under the same fence).
 UPDATE news.candidates
    SET state = 'held', admitted_at = NULL, reason = %(reason)s, attempts = attempts + 1,
        last_error = 'the model failed for now', stage_attempts = 0, stage_taken_at = NULL,
        not_before = NULL, updated_at = %(now)s
- WHERE url = %(url)s AND stage = 'review' AND fence = %(fence)s AND state = 'queued'
+ WHERE url = %(url)s AND stage = 'review' AND fence = %(fence)s AND state IN ('queued', 'held')
 RETURNING url;
 
 -- name: drop
