@@ -146,7 +146,7 @@ def daily_sentences(report: dict[str, Any], name: Name = short_name) -> list[str
 
 def news_sentences(stored: Any) -> list[str]:
     """A news shard run (inline) or pass (pipeline): one report, the same fields either way
-    (a pass's counts are the workers' results since the shard's previous report)."""
+    (what a pass's workers wrote since the shard's previous report is under ``workers``)."""
     report = _d(stored)
     status = report.get("status")
     if report.get("skipped") is True or status == "skipped":
@@ -157,13 +157,18 @@ def news_sentences(stored: Any) -> list[str]:
             "superseded: a newer holder of the shard's lease wrote first, so this run stopped"
             " (not a failure); what it did not write waits for the newer one."
         )
-    window = " by the workers since the last report" if report.get("pipeline") == "rabbitmq" else ""
+    # a pipeline pass writes nothing itself: its workers' results since the last report
+    workers = _d(report.get("workers")) if report.get("pipeline") == "rabbitmq" else {}
+    done = workers or report
+    window = " by the workers since the last report" if workers else ""
     lines.append(
         f"{_n(report.get('queuedCount'))} story(ies) waiting, "
-        f"{_n(report.get('processedCount'))} written{window}, "
-        f"{_n(report.get('acceptedCount'))} accepted, "
-        f"{_n(report.get('rejectedCount'))} rejected."
+        f"{_n(done.get('processedCount'))} written{window}, "
+        f"{_n(done.get('acceptedCount'))} accepted, "
+        f"{_n(done.get('rejectedCount'))} rejected."
     )
+    if workers:
+        lines.append(f"{_n(report.get('admittedCount'))} admitted into the stages by this pass.")
     if translated := _n(report.get("translatedCount")):
         lines.append(f"{translated} summary(ies) translated.")
     if deferred := _n(report.get("deferredCount")):

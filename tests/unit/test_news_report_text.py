@@ -170,3 +170,15 @@ def test_a_superseded_run_says_so_and_is_not_a_failure(capsys: pytest.CaptureFix
     )
     assert news_sentences(report.to_json())[0].startswith("superseded: a newer holder")
     assert not report.skipped and report.to_json()["skipped"] is False
+
+
+def test_a_pass_is_told_with_its_workers_results_as_theirs() -> None:
+    """The run history's sentences for a pipeline pass: what its workers wrote since the last
+    report, named as theirs, and what the pass admitted."""
+    body = NewsReport(shard="s", trigger="scheduled", pipeline=_pass_figures()).to_json()
+    lines = news_sentences(body)
+    assert lines[0] == (
+        "0 story(ies) waiting, 4 written by the workers since the last report, 0 accepted,"
+        " 0 rejected."
+    )
+    assert "2 admitted into the stages by this pass." in lines

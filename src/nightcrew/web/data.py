@@ -661,9 +661,15 @@ _RUN_COUNTS = (
 )
 
 
+_DONE_COUNTS = ("processedCount", "acceptedCount", "rejectedCount")
+
+
 def _recent_run(row: dict[str, Any]) -> dict[str, Any]:
     """One of a shard's recent runs, read defensively (a report is stored JSON)."""
     report = row["report"] if isinstance(row["report"], dict) else {}
+    # a pipeline pass writes nothing itself: what was written, its workers' since the last one
+    workers = report.get("workers")
+    done: dict[str, Any] = workers if isinstance(workers, dict) else report
     errors = report.get("fetchErrors")
     return {
         "started_at": row["started_at"],
@@ -672,7 +678,8 @@ def _recent_run(row: dict[str, Any]) -> dict[str, Any]:
         "counts": {
             label: int(v)
             for key, label in _RUN_COUNTS
-            if isinstance(v := report.get(key), int) and not isinstance(v, bool)
+            if isinstance(v := (done if key in _DONE_COUNTS else report).get(key), int)
+            and not isinstance(v, bool)
         },
         "fetch_errors": len(errors) if isinstance(errors, list) else 0,
         "duration_ms": _float(report.get("durationMs")),

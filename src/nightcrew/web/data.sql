@@ -183,7 +183,9 @@ SELECT DISTINCT shard FROM news.sources ORDER BY shard;
 SELECT s.shard, w.started_at,
        nightcrew.report_number(w.report, 'queuedCount') AS queued,
        nightcrew.report_number(w.report, 'deferredCount') AS deferred,
-       nightcrew.report_number(w.report, 'processedCount') AS processed
+       -- a pipeline pass writes nothing itself: its workers' results since the last report
+       nightcrew.report_number(coalesce(w.report -> 'workers', w.report), 'processedCount')
+           AS processed
   FROM unnest(%(shards)s::text[]) AS s (shard)
  CROSS JOIN LATERAL (
      SELECT started_at, report FROM news.worker_reports w
