@@ -583,23 +583,26 @@ class _SlowFarm(FeedFarm):
         return super().respond(method, path, body)
 
 
-@with_settings(UPSTASH_REDIS_WORKER_LOCK_TTL_SECONDS="1")
 async def test_a_shard_lease_lost_before_the_expensive_steps_stops_them(
     engine: Engine, db: Database, model: ModelStandIn
 ) -> None:
-    """The shard lock is extended (holder-only) before the expensive steps: with a 1 s TTL and
-    feeds that take 2 s, the lease runs out during the fetch and another holder takes it, so
-    the extension is refused and nothing expensive runs — no page, no model call, nothing
-    written — and the report says why; every candidate waits for a later round."""
+    """The shard lock is extended (holder-only) before the expensive steps: when it ran out
+    during the fetch (feeds that take 2 s; here made to run out at once) and another holder
+    took it, the extension is refused and nothing expensive runs — no page, no model call,
+    nothing written — and the report says why; every candidate waits for a later round."""
     with _SlowFarm(feeds=2, items=3) as farm:
         farm.delay = 2.0
         await add_farm_sources(db, farm, SHARD)
         leases = engine.runtime.news_adapters().leases
 
         async def thief() -> None:
-            await asyncio.sleep(1.5)  # past the round's 1 s lease, before its fetch is back
+            await asyncio.sleep(1.0)  # the round is fetching: its lease runs out, another takes it
+            await db.execute(
+                "UPDATE nightcrew.leases SET expires_at = '-infinity' WHERE name = %(n)s",
+                {"n": shard_lock_name(SHARD)},
+            )
             taken = await leases.acquire(shard_lock_name(SHARD), LOCK_TTL)
-            assert taken is not None, "the round's lease should have run out"
+            assert taken is not None, "the round's lease should be free to take"
 
         stealing = asyncio.create_task(thief())
         report = await engine.round(SHARD)

@@ -103,8 +103,10 @@ async def test_a_pass_reports_what_it_found_and_the_workers_results_since_the_la
         first_saved = await db.fetch_one(
             "SELECT started_at FROM news.worker_reports WHERE shard = 's' ORDER BY id LIMIT 1"
         )
-        assert first_saved is not None  # the window runs from the first pass to this one
-        assert workers["since"] == first_saved["started_at"].isoformat()
+        assert first_saved is not None
+        # the window runs from where the first pass stopped reading to this pass's reading
+        assert workers["since"] == first["workers"]["until"]
+        assert workers["since"] > first_saved["started_at"].isoformat()
         assert workers["processedCount"] == 6 and workers["aiReviewedCount"] == 6
         assert workers["acceptedCount"] == accepted
         assert workers["acceptedCount"] + workers["rejectedCount"] == 6
