@@ -259,22 +259,18 @@ class _Run:
         The queue over its limit does not: the run takes a bounded batch of the backlog, the
         limit's worth, oldest first, and the rest wait behind it."""
         draft, queued = self.draft, self.draft.report.queued_count
-        admitted = admission.decide(
-            self.runtime.settings, waiting=queued, load=0, articles=articles
+        admitted = admission.decide_and_say(
+            draft,
+            self.runtime.settings,
+            waiting=queued,
+            load=0,
+            articles=articles,
+            shard=self.shard,
         )
-        if admitted.reason is not None:
-            draft.defer(admitted.reason)
-            warning(
-                "worker.backpressure.deferred",
-                shard=self.shard,
-                reasons=draft.report.deferred_reasons,
-                processing=admitted.room,
-                queued=queued,
-            )
-            if admitted.room == 0:
-                draft.set(deferred_count=queued)
-                await self._defer_all_but([], admitted.reason)
-                return None
+        if admitted.reason is not None and admitted.room == 0:
+            draft.set(deferred_count=queued)
+            await self._defer_all_but([], admitted.reason)
+            return None
         if not await self._extend():
             warning("worker.redis.worker_lock_extend_failed", shard=self.shard)
             lost = "the shard lease was lost before the expensive steps"

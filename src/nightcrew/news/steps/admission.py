@@ -27,6 +27,7 @@ from nightcrew.config import Settings
 from nightcrew.db.database import Database, QueryError
 from nightcrew.db.queries import load_queries
 from nightcrew.log import describe_error, warning
+from nightcrew.news.report import ReportDraft
 
 SQL = load_queries(__file__)
 
@@ -117,3 +118,27 @@ def decide(
         articles.n,
         articles.error,
     )
+
+
+def decide_and_say(
+    draft: ReportDraft,
+    settings: Settings,
+    *,
+    waiting: int,
+    load: int,
+    articles: ArticleCount,
+    shard: str,
+) -> Admission:
+    """``decide``, for a run or a pass: why the rest waits, if any, said in its report and
+    logged (``worker.backpressure.deferred``)."""
+    admitted = decide(settings, waiting=waiting, load=load, articles=articles, shard=shard)
+    if admitted.reason is not None:
+        draft.defer(admitted.reason)
+        warning(
+            "worker.backpressure.deferred",
+            shard=shard,
+            reasons=draft.report.deferred_reasons,
+            processing=admitted.room,
+            queued=waiting,
+        )
+    return admitted

@@ -225,24 +225,13 @@ class _Pass:
         )
         waiting = await held_candidates.count_held(db, self.shard)
         load = await held_candidates.admission_load(db, self.shard)
-        decided = admission.decide(
-            settings, waiting=waiting, load=load, articles=articles, shard=self.shard
+        decided = admission.decide_and_say(
+            draft, settings, waiting=waiting, load=load, articles=articles, shard=self.shard
         )
-        if decided.reason is not None:
-            draft.defer(decided.reason)
-            warning(
-                "worker.backpressure.deferred",
-                shard=self.shard,
-                reasons=draft.report.deferred_reasons,
-                processing=decided.room,
-                queued=waiting,
-            )
-            if decided.room == 0:  # the article limit, or no room left in the queue
+        if decided.room == 0:  # nothing waits, or the article limit, or no room in the queue
+            if decided.reason is not None:
                 await held_candidates.defer_all_but(db, self.shard, [], decided.reason, self.began)
-                stopped = admission.over_article_limit(settings, articles) is not None
-                return None if stopped else 0
-        if decided.room == 0:
-            return 0
+            return None if admission.over_article_limit(settings, articles) else 0
         if not await leases.extend_shard(deps.leases, settings, self.lease):
             warning("worker.redis.worker_lock_extend_failed", shard=self.shard)
             draft.defer("the shard lease was lost before the expensive steps")
