@@ -15,8 +15,9 @@ engine.round(shard)``: the report JSON (spec 001's camelCase fields) of one roun
   queue empty on the broker — seen on two polls in a row. What is left waits for a pass, as the
   inline run's leftovers wait for the next run. The round's report is the pass's — what it
   found and decided — with the counts of what the expensive steps did (``DONE``) taken from
-  the workers' results for the shard since the pass (``notes.worker_results``), which the next
-  pass reports as the workers'. So both engines' rounds are compared by the same names.
+  what the workers noted in the round: before the pass read them (its ``workers``) and after
+  (taken at the round's end, ``notes.worker_results``, as the next pass would take them). So
+  both engines' rounds are compared by the same names.
 
 Both engines share their settings (``pipeline_env``, the test's ``settings_env``) and the clock
 (``ShiftedClock``): rounds are spaced on it like scheduled runs — the feeds' check interval and
@@ -131,7 +132,6 @@ class PipelineEngine(Engine):
     summary: WorkerSummary | None = None
 
     async def _run(self, shard: str) -> list[dict[str, Any]]:
-        since = self.clock.now()
         report = (await run_pass(self.runtime, self.clock, shard)).to_json()
         idle_polls = 0
 
@@ -141,12 +141,16 @@ class PipelineEngine(Engine):
             return idle_polls >= 2
 
         await wait_for(settled, IDLE_WITHIN, f"the stages idle for shard {shard}", poll=0.1)
-        workers = (
+        # what the workers did in this round: noted before the pass read (its ``workers``) and
+        # after it, taken here as the next pass would take them (so it starts from none)
+        later = (
             await notes.worker_results(
-                self.runtime.db, shard=shard, since=since, now=self.clock.now()
+                self.runtime.db, shard=shard, now=self.clock.now(), take=True
             )
         ).to_json()
-        view = {**report, **{name: workers[name] for name in DONE}}
+        view = {**report}
+        for name in DONE:
+            view[name] = report["workers"][name] + later[name]
         view["translatedCount"] += report["translatedCount"]  # the pass's own backlog
         return [view]
 

@@ -7,12 +7,11 @@ reported, with the pass and the workers going on."""
 from __future__ import annotations
 
 import itertools
-from datetime import datetime
 from pathlib import Path
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
-from nightcrew.news.engines.pipeline import notes
+from nightcrew.news.engines.pipeline import notes, stages
 from nightcrew.news.engines.pipeline.passes import run_pass
 from nightcrew.news.steps.entries import LINK_TOO_LONG, NO_LINK
 from tests.integration.news.pipeline_support import (
@@ -71,7 +70,6 @@ async def test_a_pass_reports_what_it_found_and_the_workers_results_since_the_la
             # the pass wrote nothing itself: the workers did, after it
             assert first["processedCount"] == first["aiReviewedCount"] == 0
             assert first["workers"]["since"] is None
-            assert first["workers"]["processedCount"] == 0
             assert first["backpressureDbArticleCount"] == 0
             assert first["backpressureDbArticleCountError"] is None
             assert first["redisEnabled"] is False and first["lockedCount"] == 0
@@ -84,12 +82,16 @@ async def test_a_pass_reports_what_it_found_and_the_workers_results_since_the_la
             await _candidate(db, f"{farm.url}/extra/1")
             await _candidate(db, f"{farm.url}/extra/2")
             await _candidate(db, f"{farm.url}/extra/3", attempts=1)
-            await _candidate(
-                db,
-                f"{farm.url}/extra/4",
-                reason="its review lease is held elsewhere; sent again once it is free",
-                not_before=datetime(2999, 1, 1, tzinfo=now.tzinfo),
-                admitted_at=now,
+            await _candidate(db, f"{farm.url}/extra/4", state="queued", admitted_at=now)
+            await db.execute(  # as the review stage parks it, finding its lease held elsewhere
+                stages.SQL["park"],
+                {
+                    "url": f"{farm.url}/extra/4",
+                    "stage": "review",
+                    "reason": "its review lease is held elsewhere; sent again once it is free",
+                    "wait": 3600,
+                    "now": now,
+                },
             )
             second = (await run_pass(runtime, SystemClock(), "s")).to_json()
 
@@ -107,9 +109,15 @@ async def test_a_pass_reports_what_it_found_and_the_workers_results_since_the_la
         # the window runs from where the first pass stopped reading to this pass's reading
         assert workers["since"] == first["workers"]["until"]
         assert workers["since"] > first_saved["started_at"].isoformat()
-        assert workers["processedCount"] == 6 and workers["aiReviewedCount"] == 6
-        assert workers["acceptedCount"] == accepted
-        assert workers["acceptedCount"] + workers["rejectedCount"] == 6
+        # the workers' writes, reported once: what they noted before the first pass read its
+        # notes (it ran beside them), and the rest by this one
+        both = {
+            name: first["workers"][name] + workers[name]
+            for name in ("processedCount", "aiReviewedCount", "acceptedCount", "rejectedCount")
+        }
+        assert both["processedCount"] == 6 and both["aiReviewedCount"] == 6
+        assert both["acceptedCount"] == accepted
+        assert both["acceptedCount"] + both["rejectedCount"] == 6
         assert workers["reviewRetryCount"] == 1 and workers["redisAiReviewLockSkippedCount"] == 1
         assert workers["writeErrors"] == [] and workers["redisEnabled"] is True
         # retriedCount is the no-thumbnail retry's (none due)

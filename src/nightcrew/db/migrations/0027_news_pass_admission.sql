@@ -23,3 +23,13 @@ DROP TABLE news.review_budgets;
 ALTER TABLE news.sources DROP COLUMN watermark_at, DROP COLUMN watermark_urls;
 CREATE INDEX idx_news_candidates_waiting ON news.candidates (shard, created_at, id)
     WHERE state = 'held' AND admitted_at IS NULL;
+
+-- What the stage workers did is noted in the transaction that does it, and taken by the next
+-- pass (exactly once, whenever it commits): an article written (reason: its status; source:
+-- 'translated' when its summary was translated with its review), a write refused (source: the
+-- URL, reason: the error), a review parked behind a review lease held elsewhere.
+ALTER TABLE news.report_notes
+    DROP CONSTRAINT report_notes_kind_check,
+    ADD CONSTRAINT report_notes_kind_check CHECK (kind IN (
+        'dropped_items', 'translated', 'fetch_locked', 'redis_failed', 'written',
+        'write_refused', 'review_lock_skipped'));

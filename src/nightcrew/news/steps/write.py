@@ -195,13 +195,22 @@ async def write_candidate(
     reviewed: Reviewed,
     now: datetime,
 ) -> dict[str, int]:
-    """One candidate's article and review, its candidate row gone and its shard's snapshot
-    marked stale, in one transaction — only under ``fence`` (else Superseded: a newer worker
-    took it). {url: article id} when written now; empty when it was written already."""
+    """One candidate's article and review, its candidate row gone, the write noted for the next
+    pass's report and its shard's snapshot marked stale, in one transaction — only under
+    ``fence`` (else Superseded: a newer worker took it). {url: article id} when written now;
+    empty when it was written already."""
     async with db.transaction() as tx:
         ids = await insert_articles(tx, shard, fence, [reviewed], {}, now)
         gone = await tx.fetch_one(
-            SQL["drop_written_candidate"], {"url": reviewed.url, "fence": fence}
+            SQL["drop_written_candidate"],
+            {
+                "url": reviewed.url,
+                "fence": fence,
+                "written": reviewed.url in ids,
+                "status": reviewed.status,
+                "translated": "translated" if reviewed.translation else None,
+                "now": now,
+            },
         )
         if gone is None:
             raise Superseded(f"{reviewed.url}: taken over while being written")

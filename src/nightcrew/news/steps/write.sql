@@ -23,5 +23,13 @@ SELECT r.article_id, r.reviewer, r.accepted, x.reasons, r.summary, r.translation
   JOIN jsonb_array_elements(%(reasons)s::jsonb) WITH ORDINALITY AS x (reasons, n) USING (n);
 
 -- name: drop_written_candidate
--- The pipeline's write stage: its candidate, gone with the article's write (under its fence).
-DELETE FROM news.candidates WHERE url = %(url)s AND fence = %(fence)s RETURNING url;
+-- The pipeline's write stage: its candidate, gone with the article's write (under its fence),
+-- and, when the article was written now, the write noted for the next pass's report (the
+-- workers' results: reason the status, source 'translated' when translated with its review).
+WITH gone AS (
+    DELETE FROM news.candidates WHERE url = %(url)s AND fence = %(fence)s RETURNING url, shard
+), noted AS (
+    INSERT INTO news.report_notes (shard, kind, source, reason, n, at)
+    SELECT shard, 'written', %(translated)s, %(status)s, 1, %(now)s FROM gone WHERE %(written)s
+)
+SELECT url FROM gone;

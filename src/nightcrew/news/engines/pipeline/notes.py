@@ -1,12 +1,14 @@
 """What the pipeline's stage workers leave for the passes' reports.
 
 A pass reports what it found and decided itself (``report.NewsReport``); the stage workers do
-the expensive steps after it, in other processes. What they did is read back from PostgreSQL by
-the shard's next pass and reported under ``workers`` (``report.WorkerResults``): most of it is
-rows already there (articles, reviews, rejected candidates), and what leaves no row is noted
-in ``news.report_notes`` by the worker that saw it — items a fetch dropped (the pass that sent
-the fetch reports them as its own ``droppedItems``), fetches put off behind another worker's
-lease, a Redis failure (shard NULL: a worker serves every shard).
+the expensive steps after it, in other processes. What they did is noted in
+``news.report_notes`` in the transaction that does it — an article written (with its status,
+and whether it was translated), a write refused, a review parked behind a lease held elsewhere,
+items a fetch dropped (the pass that sent the fetch reports them as its own ``droppedItems``),
+a fetch put off behind another worker's lease, a Redis failure (shard NULL: a worker serves
+every shard) — and the shard's next pass takes the notes as it reads them, and reports them
+under ``workers`` (``report.WorkerResults``). A note is reported once, whenever its work
+commits: no window of time can miss a slow commit or count one twice.
 """
 
 from __future__ import annotations
@@ -91,59 +93,82 @@ class Noted:
     stages: dict[str, dict[str, int]]
 
 
-async def worker_results(
-    db: Database,
-    *,
-    shard: str,
-    since: datetime | None,
-    now: datetime,
-    fetch_locked: int = 0,
-    redis_failed: bool = False,
-) -> WorkerResults:
-    """What the stage workers did for ``shard`` in the window (``since``, ``now``], from the
-    rows they wrote (reading only: the notes are ``read_for_pass``'s)."""
-    window = {"shard": shard, "since": since or datetime.min.replace(tzinfo=now.tzinfo), "now": now}
-    results = await db.fetch_one(SQL["pass_results"], window)
-    waits = await db.fetch_one(SQL["pass_review_waits"], window)
-    assert results is not None and waits is not None  # aggregates: always one row
-    return WorkerResults(
+def _tally(
+    notes: list[dict[str, Any]], *, since: datetime | None, until: datetime, review_retries: int
+) -> tuple[WorkerResults, list[dict[str, Any]]]:
+    """The workers' results from their notes, and the items dropped at fetch."""
+    written: dict[str, int] = {}
+    translated = lock_skipped = fetch_locked = 0
+    redis_failed = False
+    write_errors: list[dict[str, Any]] = []
+    dropped: list[dict[str, Any]] = []
+    for note in notes:
+        kind, n = note["kind"], int(note["n"])
+        if kind == "written":
+            written[note["reason"]] = written.get(note["reason"], 0) + n
+            translated += n if note["source"] == "translated" else 0
+        elif kind == "write_refused":
+            write_errors.append({"url": note["source"], "error": note["reason"]})
+        elif kind == "review_lock_skipped":
+            lock_skipped += n
+        elif kind == "dropped_items":
+            dropped.append({"source": note["source"], "reason": note["reason"], "count": n})
+        elif kind == "fetch_locked":
+            fetch_locked += n
+        elif kind == "redis_failed":
+            redis_failed = True
+    accepted, rejected = written.get("accepted", 0), written.get("rejected", 0)
+    results = WorkerResults(
         since=since,
-        until=now,
-        processed_count=int(results["written"]),
-        ai_reviewed_count=int(results["reviewed"]),
-        accepted_count=int(results["accepted"]),
-        rejected_count=int(results["rejected"]),
-        translated_count=int(results["translated"]),
-        redis_ai_review_lock_skipped_count=int(waits["lock_skipped"]),
+        until=until,
+        processed_count=sum(written.values()),
+        ai_reviewed_count=accepted + rejected,  # every verdict ("unreviewed": the model failed)
+        accepted_count=accepted,
+        rejected_count=rejected,
+        translated_count=translated,
+        redis_ai_review_lock_skipped_count=lock_skipped,
         fetch_lease_skipped_count=fetch_locked,
-        review_retry_count=int(waits["review_retries"]),
+        review_retry_count=review_retries,
         redis_enabled=not redis_failed,
-        write_errors=[
-            {"url": r["url"], "error": r["error"]}
-            for r in await db.fetch(SQL["pass_write_errors"], window)
-        ],
+        write_errors=write_errors,
     )
+    return results, dropped
+
+
+async def _review_retries(db: Database, shard: str) -> int:
+    row = await db.fetch_one(SQL["pass_review_waits"], {"shard": shard})
+    return int(row["review_retries"]) if row else 0
+
+
+async def worker_results(
+    db: Database, *, shard: str, now: datetime, take: bool = False
+) -> WorkerResults:
+    """What the stage workers have noted for ``shard`` that no pass has taken yet: left in
+    place, or taken as a pass takes them (``read_for_pass``) when ``take``."""
+    window = {"shard": shard, "since": now, "now": now}  # (no shared Redis note: an empty one)
+    notes = await db.fetch(SQL["pass_notes" if take else "peek_notes"], window)
+    results, _ = _tally(
+        notes, since=None, until=now, review_retries=await _review_retries(db, shard)
+    )
+    return results
 
 
 async def read_for_pass(db: Database, *, shard: str, began: datetime, now: datetime) -> Noted:
-    """What a pass reports of what happened since the shard's previous report stopped reading:
-    its fetches' errors and dropped items, and the workers' results. The shard's notes are
-    taken (deleted as read: two passes never report one twice), and the workers' Redis failures
-    older than a day forgotten."""
+    """What a pass reports of what happened since the shard's previous report: its fetches'
+    errors and dropped items, and the workers' results. The shard's notes are taken (deleted
+    as read: each is reported once, by the first pass to read it after it committed), and the
+    workers' Redis failures older than a day forgotten."""
     previous = await db.fetch_one(SQL["previous_report"], {"shard": shard, "now": began})
     since: datetime | None = previous["at"] if previous is not None else None
     window = {"shard": shard, "since": since or datetime.min.replace(tzinfo=now.tzinfo), "now": now}
     # the pass's own fetches, and any failure the previous report did not see
     fetched_since = {"shard": shard, "since": min(since or began, began), "now": now}
-    dropped: list[dict[str, Any]] = []
-    fetch_locked, redis_failed = 0, False
-    for note in await db.fetch(SQL["pass_notes"], window):
-        if note["kind"] == "dropped_items":
-            dropped.append({"source": note["source"], "reason": note["reason"], "count": note["n"]})
-        elif note["kind"] == "fetch_locked":
-            fetch_locked += int(note["n"])
-        elif note["kind"] == "redis_failed":
-            redis_failed = True
+    workers, dropped = _tally(
+        await db.fetch(SQL["pass_notes"], window),
+        since=since,
+        until=now,
+        review_retries=await _review_retries(db, shard),
+    )
     await db.execute(SQL["forget_notes"], {"now": now})
     stages: dict[str, dict[str, int]] = {s: {} for s in ("enrich", "review", "write")}
     for row in await db.fetch(SQL["shard_stages"], {"shard": shard}):
@@ -155,12 +180,5 @@ async def read_for_pass(db: Database, *, shard: str, began: datetime, now: datet
         ],
         dropped_items=dropped,
         stages=stages,
-        workers=await worker_results(
-            db,
-            shard=shard,
-            since=since,
-            now=now,
-            fetch_locked=fetch_locked,
-            redis_failed=redis_failed,
-        ),
+        workers=workers,
     )

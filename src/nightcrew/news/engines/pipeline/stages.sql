@@ -20,10 +20,16 @@ UPDATE news.sources
 -- Its lease is held elsewhere (a worker busy with it, or one that died holding it — a stage
 -- lease outlives its worker by NEWS_STAGE_LEASE_SECONDS at most): held, so the housekeeping
 -- (or a pass) sends it again once the lease is free. Its attempts count on: they are here.
-UPDATE news.candidates
-   SET state = 'held', reason = %(reason)s, updated_at = %(now)s,
-       not_before = %(now)s + make_interval(secs => %(wait)s)
- WHERE url = %(url)s AND stage = %(stage)s AND state = 'queued';
+-- A review parked so is noted for the next pass's report (redisAiReviewLockSkippedCount).
+WITH parked AS (
+    UPDATE news.candidates
+       SET state = 'held', reason = %(reason)s, updated_at = %(now)s,
+           not_before = %(now)s + make_interval(secs => %(wait)s)
+     WHERE url = %(url)s AND stage = %(stage)s AND state = 'queued'
+    RETURNING shard, stage
+)
+INSERT INTO news.report_notes (shard, kind, n, at)
+SELECT shard, 'review_lock_skipped', 1, %(now)s FROM parked WHERE stage = 'review';
 
 -- name: advance
 -- A stage's result, saved only under the fence its worker drew; queued for the next stage.
@@ -58,6 +64,13 @@ UPDATE news.candidates
  WHERE url = %(url)s AND stage = %(stage)s AND state IN ('queued', 'held');
 
 -- name: reject
-UPDATE news.candidates
-   SET state = 'rejected', reason = %(reason)s, stage_taken_at = NULL, updated_at = %(now)s
- WHERE url = %(url)s;
+-- The write stage: the database refused the article for its own data. Noted for the next
+-- pass's report (the workers' writeErrors).
+WITH rejected AS (
+    UPDATE news.candidates
+       SET state = 'rejected', reason = %(reason)s, stage_taken_at = NULL, updated_at = %(now)s
+     WHERE url = %(url)s
+    RETURNING url, shard
+)
+INSERT INTO news.report_notes (shard, kind, source, reason, n, at)
+SELECT shard, 'write_refused', url, %(reason)s, 1, %(now)s FROM rejected;
