@@ -11,7 +11,14 @@ import pytest
 
 from nightcrew.cli.news import _print_report
 from nightcrew.narrate import news_sentences
-from nightcrew.news.report import SPEC_FIELDS, NewsReport, PassFigures, ReportDraft, WorkerResults
+from nightcrew.news.report import (
+    SPEC_FIELDS,
+    WORK_FIELDS,
+    NewsReport,
+    PassFigures,
+    ReportDraft,
+    WorkerResults,
+)
 
 SPEC_001 = {
     "queuedCount",
@@ -182,3 +189,10 @@ def test_a_pass_is_told_with_its_workers_results_as_theirs() -> None:
         " 0 rejected."
     )
     assert "2 admitted into the stages by this pass." in lines
+
+
+def test_the_workers_results_carry_every_field_a_pass_leaves_to_them() -> None:
+    """What an inline run counts of its expensive steps, a pass's workers count by the same
+    names: each of WORK_FIELDS is a spec field, and one of the workers' results."""
+    workers = WorkerResults(since=None).to_json()
+    assert set(WORK_FIELDS) <= set(SPEC_FIELDS) and set(WORK_FIELDS) <= set(workers)

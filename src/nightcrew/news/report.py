@@ -179,8 +179,18 @@ class NewsReport:
 
 # The fields every report carries, whichever engine made it (the parity suite checks both).
 SPEC_FIELDS = tuple(NewsReport(shard="", trigger="manual").to_json())
-# The counts a pass leaves to its workers (their results are in the next pass's ``workers``).
-WORKERS_FIELDS = tuple(_camel(f.name) for f in dataclasses.fields(WorkerResults))
+# Spec 001's fields that count what the expensive steps did: an inline run's are its own; a
+# pass does none of it (its own are 0 or empty) and reports its workers' by the same names
+# under ``workers``.
+WORK_FIELDS = (
+    "processedCount",
+    "aiReviewedCount",
+    "acceptedCount",
+    "rejectedCount",
+    "translatedCount",
+    "redisAiReviewLockSkippedCount",
+    "writeErrors",
+)
 
 
 def reviewer_label(adapters: NewsAdapters) -> str:

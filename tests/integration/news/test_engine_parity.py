@@ -48,7 +48,7 @@ from nightcrew.news.engines.pipeline import worker as news_worker
 from nightcrew.news.engines.pipeline.outbox import broker_of
 from nightcrew.news.engines.pipeline.passes import run_pass
 from nightcrew.news.engines.pipeline.worker import WorkerSummary
-from nightcrew.news.report import SPEC_FIELDS
+from nightcrew.news.report import SPEC_FIELDS, WORK_FIELDS
 from nightcrew.news.sources.registry import CHECK_INTERVAL
 from nightcrew.news.steps.leases import shard_lock_name
 from nightcrew.news.steps.review import review_lock_name
@@ -117,15 +117,7 @@ class InlineEngine(Engine):
 
 
 # what the expensive steps did: a pass hands them to its workers (their results, by name)
-DONE = (
-    "processedCount",
-    "aiReviewedCount",
-    "acceptedCount",
-    "rejectedCount",
-    "translatedCount",
-    "redisAiReviewLockSkippedCount",
-    "writeErrors",
-)
+DONE = WORK_FIELDS
 
 
 class PipelineEngine(Engine):

@@ -25,7 +25,7 @@ from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
 from nightcrew.news.engines.inline import run_shard
 from nightcrew.news.engines.pipeline.passes import run_pass
-from nightcrew.news.report import SPEC_FIELDS
+from nightcrew.news.report import SPEC_FIELDS, WORK_FIELDS
 from nightcrew.news.sources.registry import add_source
 from nightcrew.news.steps.entries import LINK_TOO_LONG
 from nightcrew.runtime import Runtime
@@ -127,15 +127,7 @@ FOUND = (
 # What the expensive steps did: the inline run's own field equals the workers' results, which
 # the passes report under ``workers`` — the first pass what they noted before it read, the next
 # the rest (a pass itself does none of it: its own are 0 or empty).
-DONE = (
-    "processedCount",
-    "aiReviewedCount",
-    "acceptedCount",
-    "rejectedCount",
-    "translatedCount",
-    "redisAiReviewLockSkippedCount",
-    "writeErrors",
-)
+DONE = WORK_FIELDS
 DIFFERENT = {
     "shard": "each engine runs a shard of its own here (the URLs are unique per shard)",
     "pipeline": "the engine's name",
