@@ -34,6 +34,12 @@ async def mark_stale(tx: Tx, shard: str, now: datetime) -> None:
     await tx.execute(SQL["stale_snapshot"], {"shard": shard, "now": now})
 
 
+async def any_due(db: Database, now: datetime, *, debounce_seconds: float) -> bool:
+    """Whether a stale snapshot is due (``refresh_stale`` would publish one)."""
+    row = await db.fetch_one(SQL["any_due"], {"now": now, "debounce": debounce_seconds})
+    return bool(row and row["due"])
+
+
 async def refresh_stale(
     db: Database, store: ObjectStore, now: datetime, *, debounce_seconds: float
 ) -> int:

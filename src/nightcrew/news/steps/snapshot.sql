@@ -11,6 +11,14 @@ SELECT url, title, summary, image_url, published_at, created_at
 INSERT INTO news.snapshots AS s (shard, stale_since) VALUES (%(shard)s, %(now)s)
 ON CONFLICT (shard) DO UPDATE SET stale_since = coalesce(s.stale_since, excluded.stale_since);
 
+-- name: any_due
+-- Whether claim_snapshots would find a shard (the article count is read only then).
+SELECT EXISTS (SELECT 1 FROM news.snapshots
+                WHERE stale_since IS NOT NULL
+                  AND (published_at IS NULL
+                       OR published_at <= %(now)s - make_interval(secs => %(debounce)s)))
+       AS due;
+
 -- name: claim_snapshots
 -- Shards whose snapshot is stale and was not published within the debounce interval.
 UPDATE news.snapshots SET stale_since = NULL, published_at = %(now)s

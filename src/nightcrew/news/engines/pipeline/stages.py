@@ -440,11 +440,13 @@ async def refresh_snapshots(ctx: StageContext, *, force: bool = False) -> int:
     """Publish every stale shard snapshot not published within NEWS_SNAPSHOT_DEBOUNCE_SECONDS
     (the write stage marks them stale): many writes, one snapshot per interval. ``force``: a
     stopping worker publishes what it made stale without waiting out the interval."""
+    db, now = ctx.runtime.db, ctx.clock.now()
     debounce = 0.0 if force else ctx.runtime.settings.news_snapshot_debounce_seconds
-    if not await admission.allows_expensive(ctx.runtime.db, ctx.runtime.settings):
+    # every few seconds in every worker: the article count is read only when one is due
+    if not await snapshot.any_due(db, now, debounce_seconds=debounce):
+        return 0
+    if not await admission.allows_expensive(db, ctx.runtime.settings):
         # spec 001 defers snapshot refresh with every expensive step; they stay stale
         warning("worker.backpressure.snapshot_deferred")
         return 0
-    return await snapshot.refresh_stale(
-        ctx.runtime.db, ctx.runtime.store, ctx.clock.now(), debounce_seconds=debounce
-    )
+    return await snapshot.refresh_stale(db, ctx.runtime.store, now, debounce_seconds=debounce)
