@@ -212,7 +212,6 @@ class ReportDraft:
             trigger=trigger,
             backpressure_queue_limit=queue_limit,
             backpressure_db_article_limit=article_limit,
-            redis_enabled=adapters.redis_configured,
             reviewer=reviewer_label(adapters),
         )
 
@@ -239,11 +238,12 @@ class ReportDraft:
         redis_enabled: bool,
         pipeline: PassFigures | None = None,
     ) -> NewsReport:
+        """The report, frozen; ``redis_enabled`` is the run's ``RedisUse.enabled()``."""
         return dataclasses.replace(
             self.report,
             status=status,
             duration_ms=duration_ms,
-            redis_enabled=self.report.redis_enabled and redis_enabled,
+            redis_enabled=redis_enabled,
             pipeline=pipeline,
         )
 

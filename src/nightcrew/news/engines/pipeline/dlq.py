@@ -86,14 +86,8 @@ async def replay(
                     SQL["requeue_candidate"], {"url": str(letter.body["url"]), "now": now}
                 )
                 if row is not None:  # else: written or rejected meanwhile, nothing owed
-                    owed = await tx.fetch(
-                        outbox.SQL["enqueue"],
-                        {
-                            "stage": row["stage"],
-                            "url": row["url"],
-                            "shard": row["shard"],
-                            "now": now,
-                        },
+                    owed = await outbox.enqueue(
+                        tx, stage=row["stage"], url=row["url"], shard=row["shard"], now=now
                     )
         await outbox.send_owed(broker, db, owed)
         if row is None:
