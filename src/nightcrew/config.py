@@ -73,6 +73,14 @@ class Settings(BaseSettings):
     news_ai_api_key: Annotated[SecretStr | None, Field(alias="NEWS_AI_API_KEY")] = None
     news_ai_model: Annotated[str | None, Field(alias="NEWS_AI_MODEL")] = None
     max_ai_reviews: Annotated[int, Field(alias="MAX_AI_REVIEWS", ge=0)] = 25
+    # model calls (reviews and translations) one process has in flight, whatever the engine
+    news_ai_concurrency: Annotated[int, Field(alias="NEWS_AI_CONCURRENCY", ge=1, le=1024)] = 8
+    # unset: no limit; shared by every process on the same Redis when REDIS_URL is set
+    news_ai_requests_per_minute: Annotated[
+        int | None, Field(alias="NEWS_AI_REQUESTS_PER_MINUTE", ge=1)
+    ] = None
+    # retries inside one model call (429, 5xx, network), honouring Retry-After
+    news_ai_max_retries: Annotated[int, Field(alias="NEWS_AI_MAX_RETRIES", ge=0, le=10)] = 2
     news_shards: Annotated[str, Field(alias="NEWS_SHARDS")] = ""
     news_run_interval_minutes: Annotated[
         int, Field(alias="NEWS_RUN_INTERVAL_MINUTES", ge=1, le=60)

@@ -51,6 +51,11 @@ METRICS: dict[str, tuple[Kind, str]] = {
         "1 when PostgreSQL answered the last check (every /ready and /metrics request), else 0.",
     ),
     # the news pipeline (NEWS_PIPELINE=rabbitmq), read from PostgreSQL and the broker at scrape
+    "nightcrew_ai_tokens_total": (
+        "counter",
+        "Tokens the news model's answers used (kind: prompt or completion), as the news run and "
+        "pass reports saved by this process account for them.",
+    ),
     "nightcrew_news_stage_queued": (
         "gauge",
         "Candidates queued for a stage: waiting in its queue, in the outbox, or being worked on.",

@@ -14,7 +14,8 @@ import os
 import signal
 import sys
 
-from nightcrew.adapters.reviewer import Article, OpenAICompatibleReviewer, Verdict
+from nightcrew.adapters.model_reviewer import ChatReviewer
+from nightcrew.adapters.reviewer import Article, CallScope, Verdict
 from nightcrew.clock import SystemClock
 from nightcrew.config import Settings
 from nightcrew.news.engines.pipeline.worker import Worker
@@ -24,18 +25,20 @@ ASKED_SECONDS = 0.3  # the request is at the model by then (its stand-in answers
 
 
 async def main(env: dict[str, str], poison: str) -> None:
-    review = OpenAICompatibleReviewer.review
+    review = ChatReviewer.review
 
-    async def deadly(self: OpenAICompatibleReviewer, article: Article) -> Verdict:
+    async def deadly(
+        self: ChatReviewer, article: Article, scope: CallScope | None = None
+    ) -> Verdict:
         if article.url != poison:
-            return await review(self, article)
-        call = asyncio.create_task(review(self, article))
+            return await review(self, article, scope)
+        call = asyncio.create_task(review(self, article, scope))
         await asyncio.sleep(ASKED_SECONDS)
         print(f"killed mid-call by {poison}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
         return await call  # never reached
 
-    OpenAICompatibleReviewer.review = deadly  # type: ignore[method-assign]
+    ChatReviewer.review = deadly  # type: ignore[method-assign]
     clock = SystemClock()
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

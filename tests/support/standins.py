@@ -12,8 +12,12 @@ import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from typing import Any
 from xml.sax.saxutils import escape
+
+# (status, content type, body) or, with headers to add, (status, content type, body, headers)
+Answer = tuple[int, str, bytes] | tuple[int, str, bytes, dict[str, str]]
 
 
 class _Server:
@@ -41,7 +45,7 @@ class _Server:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def respond(self, method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
+    def respond(self, method: str, path: str, body: bytes) -> Answer:
         raise NotImplementedError
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
@@ -56,9 +60,11 @@ class _Server:
             def _answer(self, method: str) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                status, ctype, payload = server.respond(method, self.path, body)
+                status, ctype, payload, *more = server.respond(method, self.path, body)
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
+                for name, value in (more[0] if more else {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
@@ -135,6 +141,18 @@ class FeedFarm(_Server):
         return 404, "text/plain", b"not found"
 
 
+@dataclass(frozen=True, slots=True)
+class ModelCall:
+    """One request the model stand-in received: when (monotonic), how many were in flight with
+    it (itself included), what it asked, and what it was answered."""
+
+    at: float
+    in_flight: int
+    kind: str  # "review" or "translation"
+    request: dict[str, Any]
+    status: int
+
+
 class ModelStandIn(_Server):
     """An OpenAI-compatible chat-completions endpoint that accepts every article after
     ``delay`` seconds, and counts the reviews it was asked for, per article URL (``fail``
@@ -142,7 +160,15 @@ class ModelStandIn(_Server):
     it). With a ``summary``, each verdict carries it, so the worker asks for its translation
     too: those answered are counted in ``translations``, not ``reviews``
     (``fail_first_translation``: the first request for each text answers 500;
-    ``translations_down``: every translation request answers 500 while it is set)."""
+    ``translations_down``: every translation request answers 500 while it is set).
+
+    Every request is recorded (``calls``: its arrival, the calls in flight with it, the body,
+    the status answered) and ``most_in_flight`` kept. On command: ``throttle(seconds,
+    retry_after)`` answers 429 with that ``Retry-After`` to every request arriving in the next
+    ``seconds``; ``refuse_json_schema`` answers 400 to a ``response_format`` of ``json_schema``
+    (as servers without structured outputs do); ``verdict_text`` replaces the verdict's text.
+    Each answer reports its usage: prompt tokens = the request's characters // 4, completion
+    tokens = the answer's // 4 (summed in ``prompt_tokens``/``completion_tokens``)."""
 
     def __init__(
         self, delay: float = 0.1, *, summary: str = "", fail_first_translation: bool = False
@@ -158,25 +184,65 @@ class ModelStandIn(_Server):
         self.fail: set[str] = set()
         self.fail_once: set[str] = set()
         self.translations_down = False
+        self.refuse_json_schema = False
+        self.verdict_text: str | None = None
+        self.calls: list[ModelCall] = []
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self._throttled_until = 0.0
+        self._retry_after = "1"
 
     @property
     def base_url(self) -> str:
         return self.url + "/v1"
 
-    def respond(self, method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
+    def throttle(self, seconds: float, retry_after: float) -> None:
+        with self.lock:
+            self._throttled_until = time.monotonic() + seconds
+            self._retry_after = f"{retry_after:g}"
+
+    def respond(self, method: str, path: str, body: bytes) -> Answer:
         if method != "POST" or not path.endswith("/chat/completions"):
             return 404, "text/plain", b"not found"
         request = json.loads(body)
+        translation = request["messages"][0]["content"].startswith("Translate")
+        with self.lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            at, in_flight = time.monotonic(), self.in_flight
+        answer: Answer = (500, "application/json", b'{"error": "unanswered"}')
+        try:
+            answer = self._answer(request, translation)
+            return answer
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+                kind = "translation" if translation else "review"
+                self.calls.append(ModelCall(at, in_flight, kind, request, answer[0]))
+
+    def _answer(self, request: dict[str, Any], translation: bool) -> Answer:
         user = request["messages"][-1]["content"]
-        if request["messages"][0]["content"].startswith("Translate"):
+        with self.lock:
+            throttled = time.monotonic() < self._throttled_until
+        if throttled:
+            error = {"error": {"message": "rate limited", "type": "rate_limit"}}
+            body = json.dumps(error).encode()
+            return 429, "application/json", body, {"Retry-After": self._retry_after}
+        if translation:
             with self.lock:
                 self.translation_requests[user] += 1
                 first = self.translation_requests[user] == 1
                 if self.translations_down or (self.fail_first_translation and first):
                     return 500, "application/json", b'{"error": "down"}'
                 self.translations += 1
-            return self._completion(f"(translated) {user}")
-        url = next((line[5:].strip() for line in user.splitlines() if line.startswith("URL: ")), "")
+            return self._completion(request, f"(translated) {user}")
+        response_format = (request.get("response_format") or {}).get("type")
+        if self.refuse_json_schema and response_format == "json_schema":
+            error = {"error": {"message": "response_format json_schema is not supported"}}
+            return 400, "application/json", json.dumps(error).encode()
+        url = str(json.loads(user)["url"])
         with self.lock:
             self.reviews[url] += 1
             first = self.reviews[url] == 1
@@ -185,15 +251,35 @@ class ModelStandIn(_Server):
             return 500, "application/json", b'{"error": "down"}'
         with self.lock:
             self.answered[url] += 1
+        if self.verdict_text is not None:
+            return self._completion(request, self.verdict_text)
         # the article's own summary (so each translation request is its own text)
         summary = f"{self.summary} [{url}]" if self.summary else ""
         verdict = {"accept": True, "reason": "news", "summary": summary}
-        return self._completion(json.dumps(verdict))
+        return self._completion(request, json.dumps(verdict))
 
-    def _completion(self, content: str) -> tuple[int, str, bytes]:
+    def _completion(self, request: dict[str, Any], content: str) -> Answer:
+        prompt = sum(len(m["content"]) for m in request["messages"]) // 4
+        completion = len(content) // 4
+        with self.lock:
+            self.prompt_tokens += prompt
+            self.completion_tokens += completion
         answer = {
             "id": "c",
             "object": "chat.completion",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}],
+            "created": 0,
+            "model": request.get("model", ""),
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": content},
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            },
         }
         return 200, "application/json", json.dumps(answer).encode()

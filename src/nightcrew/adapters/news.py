@@ -11,11 +11,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from nightcrew.adapters.addresses import AddressPolicy, UntrustedHttp, new_client
 from nightcrew.adapters.broker import PipelineBroker
 from nightcrew.adapters.locks import Leases, PairedLeases, PostgresLeases
+from nightcrew.adapters.model_calls import ModelCalls, Pacer
 from nightcrew.adapters.processed import (
     PostgresProcessedUrls,
     ProcessedUrls,
@@ -23,7 +22,6 @@ from nightcrew.adapters.processed import (
 )
 from nightcrew.adapters.redis_breaker import RedisBreaker
 from nightcrew.adapters.reviewer import Reviewer, make_reviewer
-from nightcrew.adapters.tls import tls_context
 from nightcrew.clock import Clock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
@@ -69,6 +67,7 @@ def news_adapters(
     policy: AddressPolicy,
     redis: Any = None,
     pipeline: PipelineBroker | None = None,
+    breaker: RedisBreaker | None = None,
 ) -> NewsAdapters:
     """The adapters over ``redis`` (a client) when given, else PostgreSQL alone; ``parsers``
     stays the caller's to close.
@@ -91,7 +90,7 @@ def news_adapters(
             policy=policy,
             pipeline=pipeline,
         )
-    breaker = RedisBreaker()
+    breaker = breaker or RedisBreaker()
     return NewsAdapters(
         leases=PairedLeases(authority, redis, breaker),
         processed=RedisProcessedUrls(redis, breaker=breaker),
@@ -116,11 +115,13 @@ async def open_news_adapters(
 ) -> AsyncIterator[NewsAdapters]:
     """Redis when REDIS_URL is set — not contacted here: each run finds out, and falls back to
     PostgreSQL leases and the database de-dupe for that run when Redis fails (``redisEnabled:
-    false``). The reviewer gets its own client: the model's address is the operator's, not a
-    feed's, so the address policy does not apply to it. ``reviewer`` and ``policy`` replace
-    the configured ones (the demo's offline rules and its loopback sample feeds). The parser
-    pool is made here and closed on the way out, its workers (if any started) stopped."""
+    false``). The reviewer's model calls are held to NEWS_AI_CONCURRENCY and
+    NEWS_AI_REQUESTS_PER_MINUTE (``model_calls``; the rate shared through Redis, under the same
+    circuit breaker). ``reviewer`` and ``policy`` replace the configured ones (the demo's
+    offline rules and its loopback sample feeds). The parser pool is made here and closed on
+    the way out, its workers (if any started) stopped."""
     redis: Any = None
+    breaker: RedisBreaker | None = None
     if settings.redis_url:
         import redis.asyncio as aioredis
 
@@ -129,6 +130,7 @@ async def open_news_adapters(
             socket_connect_timeout=REDIS_CONNECT_TIMEOUT_SECONDS,
             socket_timeout=REDIS_TIMEOUT_SECONDS,
         )
+        breaker = RedisBreaker()
     if policy is None:
         policy = AddressPolicy.parse(settings.news_allowed_private_hosts)
     pipeline = (  # connected on first use: a command that never touches it never waits for it
@@ -140,24 +142,40 @@ async def open_news_adapters(
         if settings.news_pipeline == "rabbitmq"
         else None
     )
+    own_reviewer = reviewer is None
+    if reviewer is None:
+        reviewer = make_reviewer(settings, model_calls(settings, breaker))
     try:
-        async with (
-            ParserPool() as parsers,
-            new_client(policy) as http,
-            httpx.AsyncClient(verify=tls_context(trust_env=True)) as model_http,
-        ):
+        async with ParserPool() as parsers, new_client(policy) as http:
             yield news_adapters(
                 db,
                 clock,
                 http=http,
                 parsers=parsers,
-                reviewer=reviewer or make_reviewer(settings, model_http),
+                reviewer=reviewer,
                 policy=policy,
                 redis=redis,
                 pipeline=pipeline,
+                breaker=breaker,
             )
     finally:
+        if own_reviewer:
+            await reviewer.aclose()
         if pipeline is not None:
             await pipeline.close()
         if redis is not None:
             await redis.aclose()
+
+
+def model_calls(settings: Settings, breaker: RedisBreaker | None) -> ModelCalls:
+    """The process's limits on model calls; the rate (when set) keyed by the model's address
+    and name, so the processes sharing a Redis and a model share it."""
+    pacer = None
+    if settings.news_ai_requests_per_minute is not None:
+        pacer = Pacer(
+            settings.news_ai_requests_per_minute,
+            key=f"{settings.news_ai_base_url}|{settings.news_ai_model}",
+            redis_url=settings.redis_url,
+            breaker=breaker,
+        )
+    return ModelCalls(settings.news_ai_concurrency, pacer)

@@ -22,6 +22,9 @@ admitted to the stage workers:
   retry; at most NO_THUMBNAIL_RETRY_MAX) — tried by the run or pass unless a limit stopped it;
 * ``lockedCount``: 1 when another run or pass held the shard's lock, so this one did nothing
   (``status: skipped``); else 0;
+* ``aiPromptTokens``/``aiCompletionTokens`` (added, not spec 001's): the tokens the model's
+  answers used for this run's reviews and translations (a pass: its backlog translations; its
+  workers' under ``workers``) — the spend MAX_AI_REVIEWS protects;
 * ``redisEnabled``: Redis configured and never failing during the run (or pass);
 * ``backpressureDbArticleCount`` (or ``…Error``): the article count the DB limit saw, or why it
   could not be read (the run goes on without the DB limit);
@@ -51,6 +54,7 @@ from nightcrew.log import warning
 if TYPE_CHECKING:
     from nightcrew.adapters.news import NewsAdapters
     from nightcrew.config import Settings
+    from nightcrew.metrics import Metrics
 
 SQL = load_queries(__file__)
 
@@ -102,6 +106,8 @@ class WorkerResults:
     redis_ai_review_lock_skipped_count: int = 0  # parked: their review lease held elsewhere
     fetch_lease_skipped_count: int = 0  # fetches put off: their source's lease held elsewhere
     review_retry_count: int = 0  # candidates waiting for another review (model failed)
+    ai_prompt_tokens: int = 0  # the model's usage on the workers' review stage
+    ai_completion_tokens: int = 0
     redis_enabled: bool = True  # no worker noted a Redis failure in the window
     write_errors: list[dict[str, Any]] = field(default_factory=list)
 
@@ -150,6 +156,10 @@ class NewsReport:
     redis_ai_review_lock_skipped_count: int = 0
     redis_enabled: bool = False
     translated_count: int = 0
+    # the tokens the model's answers used (reviews and translations): what MAX_AI_REVIEWS
+    # protects, in the unit a provider bills; 0 with the offline rules (not in spec 001; added)
+    ai_prompt_tokens: int = 0
+    ai_completion_tokens: int = 0
     # who gave the verdicts counted in aiReviewedCount: "model" or "offline rules" (no AI)
     reviewer: str = "model"
     fetch_errors: list[dict[str, Any]] = field(default_factory=list)
@@ -190,6 +200,8 @@ WORK_FIELDS = (
     "translatedCount",
     "redisAiReviewLockSkippedCount",
     "writeErrors",
+    "aiPromptTokens",
+    "aiCompletionTokens",
 )
 
 
@@ -246,6 +258,19 @@ class ReportDraft:
             redis_enabled=redis_enabled,
             pipeline=pipeline,
         )
+
+
+def count_spend(metrics: Metrics, report: NewsReport) -> None:
+    """The tokens a saved report accounts for — its own and, for a pass, its workers' — added
+    to this process's ``nightcrew_ai_tokens_total``: each token is reported by exactly one
+    report, so the counter counts each once."""
+    workers = report.pipeline.workers if report.pipeline is not None else WorkerResults(since=None)
+    for kind, n in (
+        ("prompt", report.ai_prompt_tokens + workers.ai_prompt_tokens),
+        ("completion", report.ai_completion_tokens + workers.ai_completion_tokens),
+    ):
+        if n:
+            metrics.inc("nightcrew_ai_tokens_total", float(n), kind=kind)
 
 
 def redis_down(exc: BaseException) -> None:

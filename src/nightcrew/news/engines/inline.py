@@ -4,7 +4,8 @@ spec 001's steps in the spec's order.
 lock → fetch RSS candidates → processed-URL lookup (Redis set + database, in bulk) → the new
 candidates kept in memory → queued counts by source and shard → article count → backpressure
 check → extend the lease → image hydration → per-article AI review locks → review +
-translation → writes (fenced) → each source's fetch state saved, with any of its candidates
+translation (concurrently, within NEWS_AI_CONCURRENCY, the lease renewed meanwhile) → writes
+(fenced) → each source's fetch state saved, with any of its candidates
 not yet a row → snapshot → report.
 When the database is over its article limit the run stops before the first expensive step and
 saves a lightweight report that says why; over the queue limit it works through a bounded batch
@@ -32,7 +33,7 @@ from typing import Any
 from nightcrew.adapters.locks import Lease, Leases
 from nightcrew.adapters.news import NewsAdapters
 from nightcrew.adapters.processed import ProcessedUrls, ProcessedUrlsDown
-from nightcrew.adapters.reviewer import Verdict
+from nightcrew.adapters.reviewer import Spend, Verdict
 from nightcrew.clock import Clock
 from nightcrew.errors import NightcrewError
 from nightcrew.log import describe_error, event, warning
@@ -43,6 +44,7 @@ from nightcrew.news.report import (
     ReportDraft,
     Status,
     Trigger,
+    count_spend,
     locked_report,
     save_report,
 )
@@ -98,10 +100,15 @@ async def run_shard(
         draft.set(deferred_count=await held_candidates.count_held(runtime.db, shard))
     finally:
         await deps.leases.release(lease)
+    draft.set(
+        ai_prompt_tokens=work.spend.prompt_tokens,
+        ai_completion_tokens=work.spend.completion_tokens,
+    )
     report = draft.build(
         status=status, duration_ms=_ms_since(started), redis_enabled=redis.enabled()
     )
     await save_report(runtime.db, started_at=began, report=report)
+    count_spend(runtime.metrics, report)
     event(
         "worker.run_completed",
         **{k: v for k, v in report.to_json().items() if isinstance(v, int | bool | str)},
@@ -136,6 +143,7 @@ class _Run:
     # when the run started: every row it stores is held as of then, as one hold would have
     # held them all (the shard's queue is oldest first, then in the order stored)
     started: datetime | None = None
+    spend: Spend = field(default_factory=Spend)  # the model's tokens, this run's calls
 
     async def run(self) -> None:
         """Spec 001's order, one named step each."""
@@ -174,7 +182,7 @@ class _Run:
         db = self.runtime.db
         backlog = await review.translation_backlog(db, self.shard, self.runtime.settings)
         translated = await review.translate_backlog(
-            db, self.deps.reviewer, backlog, still_held=self._extend
+            db, self.deps.reviewer, backlog, still_held=self._extend, spend=self.spend
         )
         self.draft.add(translated_count=translated)
 
@@ -354,33 +362,32 @@ class _Run:
             await held_candidates.drop(db, sorted(done))
             for url in done:
                 self.unstored.pop(url, None)
-            verdicts: Verdicts = []
-            given: list[Verdict] = []  # the verdicts this run's reviews gave (a failed one: none)
-            transient: list[Candidate] = []
-            last_extend = time.monotonic()
             pending = [c for c in held if c.url not in done]
-            for index, candidate in enumerate(pending):
-                if candidate.reviewed:  # the pipeline's review stage judged it already
-                    verdicts.append(Reviewed(candidate, candidate.verdict, candidate.translation))
-                    continue
-                if time.monotonic() - last_extend > leases.shard_renewal_seconds(settings):
-                    # a long review batch keeps its shard lease alive
-                    if not await self._extend():
-                        lost = "the shard lease was lost during review"
-                        warning("worker.redis.worker_lock_extend_failed", shard=self.shard)
-                        draft.defer(lost)
-                        await self._defer(pending[index:], lost)
-                        break
-                    last_extend = time.monotonic()
-                verdict, translation, failed_for_now = await review.review_item(
-                    deps.reviewer, candidate.item
-                )
-                if verdict is not None:
-                    given.append(verdict)
-                if review.review_again_later(candidate, failed_for_now):
-                    transient.append(candidate)
-                    continue
-                verdicts.append(Reviewed(candidate, verdict, translation))
+            # the pipeline's review stage judged some already; the rest go to the model, as
+            # many at once as NEWS_AI_CONCURRENCY lets, the shard lease renewed meanwhile
+            verdicts: Verdicts = [
+                Reviewed(c, c.verdict, c.translation) for c in pending if c.reviewed
+            ]
+            batch = await review.review_batch(
+                deps.reviewer,
+                [c for c in pending if not c.reviewed],
+                spend=self.spend,
+                keep_alive=self._extend,
+                renew_every=leases.shard_renewal_seconds(settings),
+            )
+            if batch.cut_off:
+                lost = "the shard lease was lost during review"
+                warning("worker.redis.worker_lock_extend_failed", shard=self.shard)
+                draft.defer(lost)
+                await self._defer(batch.cut_off, lost)
+            # the verdicts this run's reviews gave (a failed one: none)
+            given: list[Verdict] = [r.verdict for r in batch.done if r.verdict is not None]
+            transient: list[Candidate] = []
+            for r in batch.done:
+                if review.review_again_later(r.candidate, r.failed_for_now):
+                    transient.append(r.candidate)
+                else:
+                    verdicts.append(Reviewed(r.candidate, r.verdict, r.translation))
             accepted = sum(1 for v in given if v.accepted)
             draft.add(
                 ai_reviewed_count=len(given),

@@ -21,13 +21,22 @@ it again within its own bound, so a retry is never a model call outside the boun
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nightcrew.adapters.locks import Lease, Leases
-from nightcrew.adapters.reviewer import Article, OfflineReviewer, Reviewer, ReviewError, Verdict
+from nightcrew.adapters.reviewer import (
+    Article,
+    CallScope,
+    OfflineReviewer,
+    Reviewer,
+    ReviewError,
+    Spend,
+    Verdict,
+)
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
@@ -82,14 +91,15 @@ Verdicts = list[Reviewed]
 
 
 async def review_item(
-    reviewer: Reviewer, item: FeedItem
+    reviewer: Reviewer, item: FeedItem, scope: CallScope | None = None
 ) -> tuple[Verdict | None, str | None, bool]:
     """(verdict, translation of an accepted one's summary, transient failure). A permanent
     failure means the article is written unreviewed; a transient one (429, 5xx, network)
-    means try again later."""
+    means try again later. The calls' tokens go to ``scope.spend``."""
+    scope = scope or CallScope()
     try:
         verdict = await reviewer.review(
-            Article(url=item.url, title=item.title, summary=item.summary)
+            Article(url=item.url, title=item.title, summary=item.summary), scope
         )
     except ReviewError as exc:
         warning("worker.ai_review_failed", url=item.url, error=str(exc), transient=exc.transient)
@@ -97,10 +107,91 @@ async def review_item(
     translation = None
     if verdict.accepted and reviewer.translation_enabled and verdict.summary:
         try:
-            translation = await reviewer.translate(verdict.summary, TRANSLATION_LANGUAGE)
+            translation = await reviewer.translate(verdict.summary, TRANSLATION_LANGUAGE, scope)
         except ReviewError as exc:
             warning("worker.translation_failed", url=item.url, error=str(exc))
     return verdict, translation, False
+
+
+# --- the inline run's batch, concurrently -------------------------------------------------------
+class ShardLeaseLost(Exception):
+    """The shard lease could not be renewed while a batch was reviewed: the calls still in
+    flight are cancelled and what they had not reviewed waits for the lease's next holder."""
+
+
+@dataclass(frozen=True, slots=True)
+class ItemReview:
+    candidate: Candidate
+    verdict: Verdict | None
+    translation: str | None
+    failed_for_now: bool
+
+
+@dataclass(kw_only=True, slots=True)
+class BatchReview:
+    """A batch's reviews, in the batch's order; ``cut_off``: the candidates not reviewed
+    because the shard lease was lost (their calls cancelled, or never started)."""
+
+    done: list[ItemReview] = field(default_factory=list)
+    cut_off: list[Candidate] = field(default_factory=list)
+
+
+async def review_batch(
+    reviewer: Reviewer,
+    batch: list[Candidate],
+    *,
+    spend: Spend,
+    keep_alive: Callable[[], Awaitable[bool]],
+    renew_every: float,
+) -> BatchReview:
+    """Every candidate of ``batch`` reviewed (and an accepted one's summary translated),
+    concurrently: the reviewer holds its calls to NEWS_AI_CONCURRENCY in flight (and the rate),
+    so this starts them all and lets the limits pace them. The shard lease is renewed every
+    ``renew_every`` seconds while they run (``keep_alive``); a renewal refused cancels the
+    calls still in flight (structured: a TaskGroup) and leaves their candidates in ``cut_off``.
+    A cancellation from outside (SIGTERM) cancels every call too, and propagates. The offline
+    rules are asked one after another: they cost nothing, and their duplicate-title rule reads
+    the batch in order."""
+    results: dict[int, ItemReview] = {}
+
+    async def one(index: int, candidate: Candidate) -> None:
+        verdict, translation, failed = await review_item(
+            reviewer, candidate.item, CallScope(spend=spend)
+        )
+        results[index] = ItemReview(candidate, verdict, translation, failed)
+
+    async def renew() -> None:
+        while True:
+            await asyncio.sleep(renew_every)
+            if not await keep_alive():
+                raise ShardLeaseLost("the shard lease was lost during review")
+
+    lost = False
+    if not calls_a_model(reviewer):
+        for index, candidate in enumerate(batch):
+            await one(index, candidate)
+    else:
+        try:
+            async with asyncio.TaskGroup() as group:
+                renewer = group.create_task(renew())
+                await asyncio.gather(*(group.create_task(one(i, c)) for i, c in enumerate(batch)))
+                renewer.cancel()
+        except BaseExceptionGroup as failed:
+            others = failed.subgroup(lambda e: not isinstance(e, ShardLeaseLost))
+            if others is not None:  # not the lease: the first error, as itself
+                raise _first(others) from failed
+            lost = True
+    return BatchReview(
+        done=[results[i] for i in sorted(results)],
+        cut_off=[c for i, c in enumerate(batch) if i not in results] if lost else [],
+    )
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
 
 
 def review_again_later(candidate: Candidate, failed_for_now: bool) -> bool:
@@ -173,18 +264,20 @@ async def translate_backlog(
     backlog: list[dict[str, Any]],
     *,
     still_held: Callable[[], Awaitable[bool]] | None = None,
+    spend: Spend | None = None,
 ) -> int:
     """Each summary of ``backlog`` translated and saved; one the model fails stays in the
     backlog for the next run (or pass). ``still_held``, asked before each translation, keeps a
     short lease alive and stops the work when it answers False (the lease was lost: someone
-    else may be translating now). How many were translated."""
+    else may be translating now). How many were translated; the tokens go to ``spend``."""
     translated = 0
+    scope = CallScope(spend=spend if spend is not None else Spend())
     for row in backlog:
         if still_held is not None and not await still_held():
             warning("worker.translation_lease_lost", article_id=row["article_id"])
             break
         try:
-            text = await reviewer.translate(row["summary"], TRANSLATION_LANGUAGE)
+            text = await reviewer.translate(row["summary"], TRANSLATION_LANGUAGE, scope)
         except ReviewError as exc:
             warning("worker.translation_failed", article_id=row["article_id"], error=str(exc))
             continue

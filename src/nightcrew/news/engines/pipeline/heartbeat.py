@@ -14,7 +14,7 @@ import asyncio
 import time
 
 from nightcrew.adapters.locks import Lease, Leases
-from nightcrew.adapters.reviewer import Article, Reviewer, ReviewError, Verdict
+from nightcrew.adapters.reviewer import Article, CallScope, Reviewer, ReviewError, Verdict
 from nightcrew.errors import NightcrewError
 from nightcrew.log import describe_error, warning
 from nightcrew.news.steps.review import calls_a_model
@@ -87,24 +87,44 @@ class Heartbeat:
 
 class _Guarded:
     """A model reviewer asked only while the stage lease is held: a lost lease (or a stopping
-    worker) stops the review before the model is called, and a translation is left to the
-    translation backlog rather than asked for without the lease."""
+    worker) stops the review before the model is called — checked again once the call has its
+    slot (NEWS_AI_CONCURRENCY), since it may have waited for one — and a translation is left to
+    the translation backlog rather than asked for without the lease."""
 
     def __init__(self, inner: Reviewer, beat: Heartbeat) -> None:
         self._inner, self._beat = inner, beat
         self.name = inner.name
         self.translation_enabled = inner.translation_enabled
 
-    async def review(self, article: Article) -> Verdict:
-        self._beat.check()
-        return await self._inner.review(article)
+    async def aclose(self) -> None:
+        return None  # the inner reviewer is the runtime's to close
 
-    async def translate(self, text: str, language: str) -> str | None:
-        if self._beat.lost:
-            raise ReviewError(
-                "the review lease was lost: translation left for later", transient=True
-            )
-        return await self._inner.translate(text, language)
+    async def review(self, article: Article, scope: CallScope | None = None) -> Verdict:
+        scope = scope or CallScope()
+        self._beat.check()
+
+        def ready() -> None:
+            scope.ready()
+            self._beat.check()
+
+        return await self._inner.review(article, CallScope(spend=scope.spend, ready=ready))
+
+    async def translate(
+        self, text: str, language: str, scope: CallScope | None = None
+    ) -> str | None:
+        scope = scope or CallScope()
+
+        def ready() -> None:
+            scope.ready()
+            if self._beat.lost:
+                raise ReviewError(
+                    "the review lease was lost: translation left for later", transient=True
+                )
+
+        ready()
+        return await self._inner.translate(
+            text, language, CallScope(spend=scope.spend, ready=ready)
+        )
 
 
 def guarded(reviewer: Reviewer, beat: Heartbeat) -> Reviewer:

@@ -5,10 +5,11 @@ the expensive steps after it, in other processes. What they did is noted in
 ``news.report_notes`` in the transaction that does it — an article written (with its status,
 and whether it was translated), a write refused, a review parked behind a lease held elsewhere,
 items a fetch dropped (the pass that sent the fetch reports them as its own ``droppedItems``),
-a fetch put off behind another worker's lease, a Redis failure (shard NULL: a worker serves
-every shard) — and the shard's next pass takes the notes as it reads them, and reports them
-under ``workers`` (``report.WorkerResults``). A note is reported once, whenever its work
-commits: no window of time can miss a slow commit or count one twice.
+a fetch put off behind another worker's lease, the model's tokens a review used, a Redis
+failure (shard NULL: a worker serves every shard) — and the shard's next pass takes the notes
+as it reads them, and reports them under ``workers`` (``report.WorkerResults``). A note is
+reported once, whenever its work commits: no window of time can miss a slow commit or count
+one twice.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from nightcrew.adapters.reviewer import Spend
 from nightcrew.db.database import Database, Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.news.report import WorkerResults
@@ -46,6 +48,24 @@ async def note_dropped(
             "source": source,
             "reasons": reasons,
             "counts": [int(dropped[r]) for r in reasons],
+            "now": now,
+        },
+    )
+
+
+async def note_tokens(db: Database | Tx, *, shard: str, spend: Spend, now: datetime) -> None:
+    """The model's tokens one review used, for the workers' ``aiPromptTokens`` and
+    ``aiCompletionTokens``; in the transaction that saves the review's result."""
+    if not (spend.prompt_tokens or spend.completion_tokens):
+        return
+    await db.execute(
+        SQL["note_many"],
+        {
+            "shard": shard,
+            "kind": "ai_tokens",
+            "source": None,
+            "reasons": ["prompt", "completion"],
+            "counts": [spend.prompt_tokens, spend.completion_tokens],
             "now": now,
         },
     )
@@ -99,6 +119,7 @@ def _tally(
     """The workers' results from their notes, and the items dropped at fetch."""
     written: dict[str, int] = {}
     translated = lock_skipped = fetch_locked = 0
+    tokens = {"prompt": 0, "completion": 0}
     redis_failed = False
     write_errors: list[dict[str, Any]] = []
     dropped: list[dict[str, Any]] = []
@@ -117,6 +138,8 @@ def _tally(
             fetch_locked += n
         elif kind == "redis_failed":
             redis_failed = True
+        elif kind == "ai_tokens":
+            tokens[note["reason"]] = tokens.get(note["reason"], 0) + n
     accepted, rejected = written.get("accepted", 0), written.get("rejected", 0)
     results = WorkerResults(
         since=since,
@@ -129,6 +152,8 @@ def _tally(
         redis_ai_review_lock_skipped_count=lock_skipped,
         fetch_lease_skipped_count=fetch_locked,
         review_retry_count=review_retries,
+        ai_prompt_tokens=tokens["prompt"],
+        ai_completion_tokens=tokens["completion"],
         redis_enabled=not redis_failed,
         write_errors=write_errors,
     )

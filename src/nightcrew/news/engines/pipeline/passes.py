@@ -22,6 +22,7 @@ from datetime import datetime
 
 from nightcrew.adapters.locks import Lease
 from nightcrew.adapters.processed import ProcessedUrlsDown
+from nightcrew.adapters.reviewer import Spend
 from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import QueueError
@@ -35,6 +36,7 @@ from nightcrew.news.report import (
     ReportDraft,
     Trigger,
     WorkerResults,
+    count_spend,
     locked_report,
     save_report,
 )
@@ -94,6 +96,7 @@ async def run_pass(
             pipeline=figures,
         )
     await save_report(runtime.db, started_at=began, report=report)
+    count_spend(runtime.metrics, report)
     event(
         "news.pass_completed",
         shard=shard,
@@ -263,10 +266,16 @@ class _Pass:
         if not deps.reviewer.translation_enabled:
             return
         backlog = await review.translation_backlog(db, self.shard, settings)
+        spend = Spend()
         translated = await review.translate_backlog(
             db,
             deps.reviewer,
             backlog,
             still_held=lambda: leases.extend_shard(deps.leases, settings, self.lease),
+            spend=spend,
         )
-        self.draft.add(translated_count=translated)
+        self.draft.add(
+            translated_count=translated,
+            ai_prompt_tokens=spend.prompt_tokens,
+            ai_completion_tokens=spend.completion_tokens,
+        )

@@ -24,6 +24,7 @@ from typing import Any
 
 from nightcrew.adapters.broker import PipelineBroker
 from nightcrew.adapters.locks import Lease, Leases
+from nightcrew.adapters.reviewer import CallScope, Spend
 from nightcrew.clock import Clock
 from nightcrew.db.database import QueryError, json_param
 from nightcrew.db.queries import load_queries
@@ -174,9 +175,11 @@ async def _hand_on(
     image_url: str | None = None,
     verdict: dict[str, Any] | None = None,
     translation: str | None = None,
+    spend: Spend | None = None,
 ) -> None:
     """Save this stage's result under the fence and queue the candidate, with its message, for
-    ``next_stage``. It was admitted by its pass: it is not admitted again."""
+    ``next_stage``. It was admitted by its pass: it is not admitted again. ``spend``: the
+    model's tokens for it, noted with it for the next pass's report."""
     db, now = ctx.runtime.db, ctx.clock.now()
     async with db.transaction() as tx:
         saved = await tx.fetch_one(
@@ -195,6 +198,8 @@ async def _hand_on(
         )
         if saved is None:
             raise Superseded(f"{taken.candidate.url}: taken over while in {stage}")
+        if spend is not None:
+            await notes.note_tokens(tx, shard=taken.shard, spend=spend, now=now)
         owed = await outbox.enqueue(
             tx, stage=next_stage, url=taken.candidate.url, shard=taken.shard, now=now
         )
@@ -315,17 +320,24 @@ async def review(ctx: StageContext, attempt: Attempt, body: dict[str, Any]) -> O
         reviewer = ctx.runtime.news_adapters().reviewer
         # no model call without the lease (nor once the worker is stopping)
         beat.check()
+        spend = Spend()
         verdict, translation, transient = await review_item(
-            guarded(reviewer, beat), taken.candidate.item
+            guarded(reviewer, beat), taken.candidate.item, CallScope(spend=spend)
         )
         if review_again_later(taken.candidate, transient):
             # the inline run's rule: a later pass admits it again, within its cost bound
             waits = {"url": url, "fence": taken.fence, "reason": REVIEW_FAILED_FOR_NOW}
-            saved = await patiently(
-                ctx.stopping,
-                lambda: db.fetch_one(SQL["review_later"], {**waits, "now": ctx.clock.now()}),
-                what="review",
-            )
+
+            async def wait_for_later() -> dict[str, Any] | None:
+                async with db.transaction() as tx:
+                    row = await tx.fetch_one(SQL["review_later"], {**waits, "now": ctx.clock.now()})
+                    if row is not None:
+                        await notes.note_tokens(
+                            tx, shard=taken.shard, spend=spend, now=ctx.clock.now()
+                        )
+                    return row
+
+            saved = await patiently(ctx.stopping, wait_for_later, what="review")
             if saved is None:  # taken over meanwhile (its fence moved on): nothing to defer
                 return Outcome("skipped", {"url": url, "why": "taken over meanwhile"})
             attempt.closed()  # ``review_later`` says so in the row
@@ -340,6 +352,7 @@ async def review(ctx: StageContext, attempt: Attempt, body: dict[str, Any]) -> O
                 "write",
                 verdict=verdict_to_json(verdict) or {},
                 translation=translation,
+                spend=spend,
             ),
             what="review",
             transient_tries=SAVE_TRIES,

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nightcrew.adapters.broker import STAGES, Delivery, Outgoing, parse_stage_prefetch
-from nightcrew.adapters.reviewer import TIMEOUT as MODEL_TIMEOUT
+from nightcrew.adapters.reviewer import CALL_SECONDS
 from nightcrew.clock import Clock
 from nightcrew.errors import DatabaseUnavailableError, NightcrewError, QueueError
 from nightcrew.log import describe_error, event, warning
@@ -57,10 +57,10 @@ from nightcrew.news.engines.pipeline.heartbeat import Stopping
 from nightcrew.runtime import Runtime
 
 HOUSEKEEPING_SECONDS = 5.0
-# One model call at most: its connect and read timeouts (reviewer.TIMEOUT). A review in hand
-# makes two (the verdict, then the translation of an accepted one's summary); the default grace
-# lets both end, so a SIGTERM never pays for a call twice.
-MODEL_CALL_SECONDS = (MODEL_TIMEOUT.connect or 5.0) + (MODEL_TIMEOUT.read or 60.0)
+# One model call at most, its retries included (reviewer.CALL_SECONDS). A review in hand makes
+# two (the verdict, then the translation of an accepted one's summary); the default grace lets
+# both end, so a SIGTERM never pays for a call twice.
+MODEL_CALL_SECONDS = CALL_SECONDS
 STOP_GRACE_SECONDS = 2 * MODEL_CALL_SECONDS + 10.0
 # a handed-back copy's header: its original's attempt token (an open take is resumed with it)
 ATTEMPT_TOKEN_HEADER = "x-attempt-token"

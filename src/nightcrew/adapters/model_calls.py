@@ -1,0 +1,140 @@
+"""How many model calls one process makes at once, and how fast: the two limits a model
+provider enforces, kept on our side so the provider never has to refuse us.
+
+* ``NEWS_AI_CONCURRENCY``: at most that many calls (reviews and translations, either engine,
+  every stage consumer) in flight in this process — a semaphore held for the whole call,
+  retries included. A worker's prefetch only decides how many messages wait for a slot.
+* ``NEWS_AI_REQUESTS_PER_MINUTE``: at most that many requests *started* (every retry is a
+  request) — the ``limits`` library's moving window, kept in Redis when ``REDIS_URL`` is set so
+  that every process sharing that Redis shares the one limit, and in memory otherwise. A Redis
+  that fails sends the limit back to memory (per process) for the breaker's half-minute: it is
+  logged, and the process's Redis circuit breaker is told, so the run reports
+  ``redisEnabled: false``.
+
+The window is the rate at its finest whole granularity: 1,200 a minute is 20 in any one second
+(not a burst of 1,200 and then a minute of silence), 90 a minute is 3 in any two seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import random
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from limits import RateLimitItem, RateLimitItemPerSecond
+from limits.aio.storage import MemoryStorage, RedisStorage
+from limits.aio.strategies import MovingWindowRateLimiter
+from limits.errors import StorageError
+
+from nightcrew.adapters.redis_breaker import RedisBreaker
+from nightcrew.log import warning
+
+# A Redis in trouble answers within a second or not at all (as the news adapters' own client).
+REDIS_TIMEOUT_SECONDS = 1.0
+KEY_PREFIX = "nightcrew:ai-rate"
+
+
+def window_of(per_minute: int) -> RateLimitItem:
+    """``per_minute`` as the smallest whole window that expresses it exactly: ``amount`` requests
+    per ``seconds`` seconds with seconds = 60 / gcd(per_minute, 60)."""
+    seconds = 60 // math.gcd(per_minute, 60)
+    return RateLimitItemPerSecond(per_minute * seconds // 60, seconds)
+
+
+class Pacer:
+    """NEWS_AI_REQUESTS_PER_MINUTE: ``wait`` returns when one more request may start."""
+
+    def __init__(
+        self,
+        per_minute: int,
+        *,
+        key: str,
+        redis_url: str | None = None,
+        breaker: RedisBreaker | None = None,
+    ) -> None:
+        self.item = window_of(per_minute)
+        self._key = hashlib.sha256(key.encode()).hexdigest()[:24]
+        self._local = MovingWindowRateLimiter(MemoryStorage())
+        self._shared: MovingWindowRateLimiter | None = None
+        if redis_url:
+            self._shared = MovingWindowRateLimiter(
+                RedisStorage(
+                    "async+" + redis_url,
+                    implementation="redispy",
+                    wrap_exceptions=True,
+                    key_prefix=KEY_PREFIX,
+                    socket_timeout=REDIS_TIMEOUT_SECONDS,
+                    socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
+                )
+            )
+        self._breaker = breaker
+        self.local_since: float | None = None  # when the shared limit last fell back to memory
+
+    @property
+    def shared(self) -> bool:
+        return self._shared is not None
+
+    def _limiter(self) -> MovingWindowRateLimiter:
+        if self._shared is None or (self._breaker is not None and self._breaker.is_open):
+            return self._local
+        return self._shared
+
+    async def wait(self) -> None:
+        while True:
+            limiter = self._limiter()
+            try:
+                if await limiter.hit(self.item, self._key):
+                    if limiter is self._shared and self._breaker is not None:
+                        self._breaker.success()
+                    return
+                stats = await limiter.get_window_stats(self.item, self._key)
+            except StorageError as exc:  # only the shared (Redis) storage raises it
+                self._fall_back(exc)
+                continue
+            # the oldest request in the window leaves it at reset_time; a little jitter so the
+            # waiters do not all wake in the same millisecond
+            delay = max(stats.reset_time - time.time(), 0.005) + random.uniform(0, 0.02)
+            await asyncio.sleep(min(delay, float(self.item.get_expiry())))
+
+    def _fall_back(self, exc: StorageError) -> None:
+        error = f"{type(exc.storage_error).__name__}: {exc.storage_error}"
+        if self._breaker is not None:
+            self._breaker.failure(error)
+        else:  # no breaker to hold it open: no shared limit for this process from now on
+            self._shared = None
+        self.local_since = time.monotonic()
+        warning("news.ai_rate_limit_local", error=error, per_minute=self.per_minute)
+
+    @property
+    def per_minute(self) -> int:
+        return self.item.amount * 60 // self.item.get_expiry()
+
+
+class ModelCalls:
+    """The process's model calls: ``slot()`` around each call (NEWS_AI_CONCURRENCY), ``pace()``
+    before each request of it (NEWS_AI_REQUESTS_PER_MINUTE, when set)."""
+
+    def __init__(self, concurrency: int, pacer: Pacer | None = None) -> None:
+        self.concurrency = concurrency
+        self._slots = asyncio.Semaphore(concurrency)
+        self.pacer = pacer
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        async with self._slots:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            try:
+                yield
+            finally:
+                self.in_flight -= 1
+
+    async def pace(self) -> None:
+        if self.pacer is not None:
+            await self.pacer.wait()
