@@ -283,3 +283,16 @@ class ModelStandIn(_Server):
             },
         }
         return 200, "application/json", json.dumps(answer).encode()
+
+
+def chat_reviewer(base_url: str, *, model: str = "stand-in", **settings: Any) -> Any:
+    """The production model reviewer (``ChatReviewer``) for ``base_url``, as NEWS_AI_* would
+    configure it (``settings``: more of them, by name); the caller closes it (``aclose``)."""
+    from nightcrew.adapters.news import model_calls
+    from nightcrew.adapters.reviewer import make_reviewer
+    from nightcrew.config import Settings
+
+    config = Settings.model_validate(
+        {"NEWS_AI_BASE_URL": base_url, "NEWS_AI_MODEL": model, **settings}
+    )
+    return make_reviewer(config, model_calls(config, None))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from nightcrew.adapters.reviewer import Article, OfflineReviewer, Verdict
+from nightcrew.adapters.reviewer import Article, CallScope, OfflineReviewer, Verdict
 
 
 class RulesModel:
@@ -19,10 +19,15 @@ class RulesModel:
         self._rules = OfflineReviewer()
         self.reviews: Counter[str] = Counter()
 
-    async def review(self, article: Article) -> Verdict:
+    async def aclose(self) -> None:
+        return None
+
+    async def review(self, article: Article, scope: CallScope | None = None) -> Verdict:
         self.reviews[article.url] += 1
         verdict = await self._rules.review(article)
         return Verdict(accepted=verdict.accepted, reasons=verdict.reasons, reviewer=self.name)
 
-    async def translate(self, text: str, language: str) -> str | None:
+    async def translate(
+        self, text: str, language: str, scope: CallScope | None = None
+    ) -> str | None:
         return None

@@ -61,6 +61,10 @@ def pipeline_env(
         "STORAGE_URL": f"file://{store}",
         "NEWS_SNAPSHOT_DEBOUNCE_SECONDS": "0.5",
         "MAX_AI_REVIEWS": "1000",
+        # a model that fails is the engines' to retry in these tests (a later run, pass or
+        # delivery); the SDK's own retries inside one call have their tests (test_review.py,
+        # test_model_speed.py), which keep the default of 2
+        "NEWS_AI_MAX_RETRIES": "0",
         # a worker that dies of a signal (one CI run saw -6 at a SIGTERM stop) leaves every
         # thread's Python stack in its log, for the assertion that shows the log's tail
         "PYTHONFAULTHANDLER": "1",

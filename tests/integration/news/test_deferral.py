@@ -157,7 +157,7 @@ class FlakyReviewer(OfflineReviewer):
         super().__init__()
         self.failures = failures
 
-    async def review(self, article: Any) -> Any:
+    async def review(self, article: Any, scope: Any = None) -> Any:
         if self.failures > 0:
             self.failures -= 1
             raise ReviewError("the model answered 503", transient=True)
@@ -260,7 +260,7 @@ class _StuckReviewer(OfflineReviewer):
         self.calls = 0
         self.stuck = asyncio.Event()
 
-    async def review(self, article: Any) -> Any:
+    async def review(self, article: Any, scope: Any = None) -> Any:
         self.calls += 1
         if self.calls > 1:
             self.stuck.set()

@@ -477,6 +477,8 @@ SPEC_TYPES: dict[str, Any] = {
     "redisAiReviewLockSkippedCount": int,
     "redisEnabled": bool,
     "translatedCount": int,
+    "aiPromptTokens": int,
+    "aiCompletionTokens": int,
     "reviewer": str,
     "fetchErrors": [{"source": str, "error": str}],
     "writeErrors": [{"url": str, "error": str}],

@@ -291,7 +291,7 @@ async def test_redis_killed_mid_run_costs_nothing_and_the_next_run_falls_back(
     )
 
     class KillingReviewer(OfflineReviewer):
-        async def review(self, article: Any) -> Any:
+        async def review(self, article: Any, scope: Any = None) -> Any:
             if server.returncode is None:
                 server.kill()
                 await server.wait()

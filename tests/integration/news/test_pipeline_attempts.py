@@ -138,21 +138,14 @@ class _Timed(ModelStandIn):
 
     def __init__(self, delay: float) -> None:
         super().__init__(delay)
-        self.calls: list[tuple[str, float, float]] = []
+        self.timed: list[tuple[str, float, float]] = []
 
-    def respond(self, method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
+    def respond(self, method: str, path: str, body: bytes) -> Any:
         started = time.monotonic()
         answer = super().respond(method, path, body)
-        url = next(
-            (
-                line[5:].strip()
-                for line in json.loads(body)["messages"][-1]["content"].splitlines()
-                if line.startswith("URL: ")
-            ),
-            "",
-        )
+        url = str(json.loads(json.loads(body)["messages"][-1]["content"])["url"])
         with self.lock:
-            self.calls.append((url, started, time.monotonic()))
+            self.timed.append((url, started, time.monotonic()))
         return answer
 
 
@@ -172,12 +165,12 @@ async def test_a_suspect_runs_alone_so_a_poison_takes_no_companion_down_with_it_
             )
             async with worker_running(runtime, ["review"], concurrency=4):
                 await wait_for(lambda: _at_write(db, 6), within=30, what="all six reviewed")
-        assert sorted(u for u, _, _ in model.calls) == sorted(farm.article_urls())
-        for url, start, end in model.calls:
+        assert sorted(u for u, _, _ in model.timed) == sorted(farm.article_urls())
+        for url, start, end in model.timed:
             if url in suspects:  # nothing else was asked while a suspect was
-                others = [(u, s, e) for u, s, e in model.calls if u != url]
-                assert all(e <= start or s >= end for _, s, e in others), (url, model.calls)
-        ordinary = [(s, e) for u, s, e in model.calls if u not in suspects]
+                others = [(u, s, e) for u, s, e in model.timed if u != url]
+                assert all(e <= start or s >= end for _, s, e in others), (url, model.timed)
+        ordinary = [(s, e) for u, s, e in model.timed if u not in suspects]
         overlapping = any(
             s1 < e2 and s2 < e1 for i, (s1, e1) in enumerate(ordinary) for s2, e2 in ordinary[:i]
         )
@@ -359,7 +352,7 @@ class _OutageBeforeTheModel:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    async def review(self, article: Any) -> Any:
+    async def review(self, article: Any, scope: Any = None) -> Any:
         if not self.outages:
             self.outages += 1
             raise DatabaseUnavailableError("lost PostgreSQL (the test's)")

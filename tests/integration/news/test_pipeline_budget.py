@@ -185,10 +185,9 @@ class TranslatingModel(ModelStandIn):
             return 404, "text/plain", b"not found"
         messages = json.loads(body)["messages"]
         if not messages[0]["content"].startswith("Translate"):
-            user = messages[-1]["content"]
-            url = next(line[5:] for line in user.splitlines() if line.startswith("URL: "))
+            url = str(json.loads(messages[-1]["content"])["url"])  # the article, as data
             with self.lock:
-                self.reviews[url.strip()] += 1
+                self.reviews[url] += 1
             return _completion({"accept": True, "reason": "news", "summary": f"About {url}"})
         with self.lock:
             self.translation_requests += 1

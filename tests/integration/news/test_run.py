@@ -239,7 +239,7 @@ class FenceBumpingReviewer(OfflineReviewer):
         super().__init__()
         self.db = db
 
-    async def review(self, article: Any) -> Any:
+    async def review(self, article: Any, scope: Any = None) -> Any:
         await self.db.execute(
             "INSERT INTO news.shard_fences VALUES ('s1', 1000)"
             " ON CONFLICT (shard) DO UPDATE SET fence = excluded.fence"
@@ -432,7 +432,7 @@ class ClockJumpingReviewer(OfflineReviewer):
         self.seen_expiry: Any = None
         self.jumped = False
 
-    async def review(self, article: Any) -> Any:
+    async def review(self, article: Any, scope: Any = None) -> Any:
         if not self.jumped:
             self.jumped = True
             row = await self.db.fetch_one(
@@ -497,7 +497,7 @@ class CountingReviewer(OfflineReviewer):
         super().__init__()
         self.asked: list[str] = []
 
-    async def review(self, article: Any) -> Any:
+    async def review(self, article: Any, scope: Any = None) -> Any:
         self.asked.append(article.url)
         return await super().review(article)
 
@@ -553,7 +553,7 @@ async def test_a_model_reviews_translates_and_the_backlog_is_caught_up(
     stripe_server: RecordingServer,
     http: UntrustedHttp,
 ) -> None:
-    from nightcrew.adapters.reviewer import OpenAICompatibleReviewer
+    from tests.support.standins import chat_reviewer
 
     llm = stripe_server  # a second loopback recorder plays the model
 
@@ -569,9 +569,8 @@ async def test_a_model_reviews_translates_and_the_backlog_is_caught_up(
     llm.responder = model
     site(feed_server, {"/feeds/a": rss(feed_server.url, 2)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
-    # the model's own client, as production gives it (its address is the operator's)
-    async with httpx.AsyncClient() as model_http:
-        reviewer = OpenAICompatibleReviewer(model_http, base_url=llm.url, model="m")
+    reviewer = chat_reviewer(llm.url, model="m")
+    try:
         runtime = runtime_for(db, clock, fresh_db_url)
         report = (
             await run_shard(
@@ -595,6 +594,8 @@ async def test_a_model_reviews_translates_and_the_backlog_is_caught_up(
         assert again["processedCount"] == 0 and again["translatedCount"] == 2
         rows = await db.fetch("SELECT translation FROM news.reviews")
         assert {r["translation"] for r in rows} == {"Übersetzt."}
+    finally:
+        await reviewer.aclose()
 
 
 @needs_redis
@@ -657,7 +658,7 @@ async def test_a_malformed_link_is_skipped_and_a_transient_review_failure_retrie
             super().__init__()
             self.calls = 0
 
-        async def review(self, article: Any) -> Any:
+        async def review(self, article: Any, scope: Any = None) -> Any:
             self.calls += 1
             if self.calls == 1:
                 raise ReviewError("the model answered 503", transient=True)

@@ -1,3 +1,5 @@
+-- nightcrew:scope nightcrew
+--
 -- The model's token usage on the pipeline's review stage, noted with the review's result (in
 -- the transaction that hands the candidate on, or puts it back to wait) and taken by the next
 -- pass into its report's workers.aiPromptTokens / aiCompletionTokens (reason: 'prompt' or
