@@ -72,16 +72,26 @@ class Pacer:
                 )
             )
         self._breaker = breaker
-        self.local_since: float | None = None  # when the shared limit last fell back to memory
+        self._local_said = False  # the fall back to memory logged (once per episode)
 
     @property
     def shared(self) -> bool:
         return self._shared is not None
 
     def _limiter(self) -> MovingWindowRateLimiter:
-        if self._shared is None or (self._breaker is not None and self._breaker.is_open):
+        if self._shared is None:
             return self._local
+        if self._breaker is not None and self._breaker.is_open:
+            # Redis failed (here, or for the leases or the processed set): per process for now
+            self._say_local(self._breaker.last_error or "Redis is failing")
+            return self._local
+        self._local_said = False
         return self._shared
+
+    def _say_local(self, error: str) -> None:
+        if not self._local_said:
+            self._local_said = True
+            warning("news.ai_rate_limit_local", error=error, per_minute=self.per_minute)
 
     async def wait(self) -> None:
         while True:
@@ -106,8 +116,7 @@ class Pacer:
             self._breaker.failure(error)
         else:  # no breaker to hold it open: no shared limit for this process from now on
             self._shared = None
-        self.local_since = time.monotonic()
-        warning("news.ai_rate_limit_local", error=error, per_minute=self.per_minute)
+        self._say_local(error)
 
     @property
     def per_minute(self) -> int:

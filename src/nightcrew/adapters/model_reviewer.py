@@ -179,7 +179,9 @@ class ChatReviewer:
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": article_message(article)},
         ]
-        content = await self._ask_for_verdict(messages, scope)
+        async with self.calls.slot():
+            scope.ready()  # a lease lost (a worker stopping) while the call waited: no call
+            content = await self._ask_for_verdict(messages, scope)
         try:
             answer = parse_verdict(content)
         except ValidationError as exc:
@@ -198,13 +200,14 @@ class ChatReviewer:
         self, messages: list[ChatCompletionMessageParam], scope: CallScope
     ) -> str:
         """The answer in the best format the server takes: a 400/422 to a structured format is
-        asked again in the next; the first format answered becomes the process's own."""
+        asked again in the next; the first format answered becomes the process's own. Read
+        once the call has its slot, so the calls that waited for one use what the first found."""
         first = tried = self._format
         refused: ReviewError | None = None
         while True:
             name, response_format = FORMATS[tried]
             try:
-                content = await self._chat(messages, scope, response_format)
+                content = await self._request(messages, scope, response_format)
             except ReviewError as exc:
                 if exc.status not in (400, 422) or tried == len(FORMATS) - 1:
                     raise
@@ -224,48 +227,48 @@ class ChatReviewer:
     async def translate(
         self, text: str, language: str, scope: CallScope | None = None
     ) -> str | None:
-        answer = await self._chat(
-            [
-                {"role": "system", "content": translation_prompt(language)},
-                {"role": "user", "content": text},
-            ],
-            scope or CallScope(),
-            None,
-        )
+        scope = scope or CallScope()
+        messages: list[ChatCompletionMessageParam] = [
+            {"role": "system", "content": translation_prompt(language)},
+            {"role": "user", "content": text},
+        ]
+        async with self.calls.slot():
+            scope.ready()
+            answer = await self._request(messages, scope, None)
         return answer.strip() or None
 
-    async def _chat(
+    async def _request(
         self,
         messages: list[ChatCompletionMessageParam],
         scope: CallScope,
         response_format: dict[str, Any] | None,
     ) -> str:
+        """One chat completion (the SDK's retries inside it), cut at the call's time bound; the
+        answer's usage added to ``scope.spend``. Called holding a slot."""
         extra: dict[str, Any] = {}
         if response_format is not None:
             extra["response_format"] = response_format
-        async with self.calls.slot():
-            scope.ready()  # a lease lost (a worker stopping) while the call waited: no call
-            try:
-                async with asyncio.timeout(self._call_seconds):
-                    completion: ChatCompletion = await self._client.chat.completions.create(
-                        model=self._model, messages=messages, temperature=0, **extra
-                    )
-            except TimeoutError as exc:
-                raise ReviewError(
-                    f"the model gave no answer within {self._call_seconds:g} s", transient=True
-                ) from exc
-            except openai.APIStatusError as exc:
-                status = exc.status_code
-                raise ReviewError(
-                    f"the model answered {status}: {_message_of(exc)}",
-                    transient=status in TRANSIENT_STATUSES or status >= 500,
-                    status=status,
-                ) from exc
-            except openai.APIConnectionError as exc:  # the SDK's timeouts too
-                raise ReviewError(f"the model could not be reached: {exc}", transient=True) from exc
-            except openai.APIError as exc:
-                unusable = f"the model's answer is unusable: {exc}"
-                raise ReviewError(unusable, transient=False) from exc
+        try:
+            async with asyncio.timeout(self._call_seconds):
+                completion: ChatCompletion = await self._client.chat.completions.create(
+                    model=self._model, messages=messages, temperature=0, **extra
+                )
+        except TimeoutError as exc:
+            raise ReviewError(
+                f"the model gave no answer within {self._call_seconds:g} s", transient=True
+            ) from exc
+        except openai.APIStatusError as exc:
+            status = exc.status_code
+            raise ReviewError(
+                f"the model answered {status}: {_message_of(exc)}",
+                transient=status in TRANSIENT_STATUSES or status >= 500,
+                status=status,
+            ) from exc
+        except openai.APIConnectionError as exc:  # the SDK's timeouts too
+            raise ReviewError(f"the model could not be reached: {exc}", transient=True) from exc
+        except openai.APIError as exc:
+            unusable = f"the model's answer is unusable: {exc}"
+            raise ReviewError(unusable, transient=False) from exc
         usage = getattr(completion, "usage", None)
         if usage is not None:
             scope.spend.add(int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0))

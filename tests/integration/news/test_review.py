@@ -4,6 +4,7 @@ validation, the article as data, retries that honour Retry-After, tokens counted
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import AsyncIterator
@@ -304,7 +305,7 @@ async def test_retries_inside_a_call_wait_what_retry_after_says(llm: RecordingSe
     reviewer = await reviewer_for(llm, NEWS_AI_MAX_RETRIES=2)
     assert (await reviewer.review(STORY)).reasons == ["advert"]
     assert len(arrivals) == 3
-    gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
     assert all(0.95 <= g < 1.6 for g in gaps), gaps
     await reviewer.aclose()
 
