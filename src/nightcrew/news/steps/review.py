@@ -177,7 +177,7 @@ async def review_batch(
                 await asyncio.gather(*(group.create_task(one(i, c)) for i, c in enumerate(batch)))
                 renewer.cancel()
         except BaseExceptionGroup as failed:
-            others = failed.subgroup(lambda e: not isinstance(e, ShardLeaseLost))
+            _, others = failed.split(ShardLeaseLost)
             if others is not None:  # not the lease: the first error, as itself
                 raise _first(others) from failed
             lost = True

@@ -1,0 +1,116 @@
+"""The inline run's review batch: concurrent within the process's slots, the shard lease renewed
+while it runs, and cut short — calls in flight cancelled — when a renewal is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from nightcrew.adapters.model_calls import ModelCalls
+from nightcrew.adapters.reviewer import Article, CallScope, Spend, Verdict
+from nightcrew.news.steps.candidates import Candidate
+from nightcrew.news.steps.entries import FeedItem
+from nightcrew.news.steps.review import review_batch
+
+pytestmark = pytest.mark.unit
+
+
+class SlowModel:
+    """A reviewer the engines treat as a model: each review takes ``delay`` seconds in one of
+    ``calls``' slots, spends 10 + 2 tokens, and is counted as it starts and as it ends."""
+
+    name = "chat:slow"
+    translation_enabled = False
+
+    def __init__(self, delay: float, calls: ModelCalls) -> None:
+        self.delay, self.calls = delay, calls
+        self.started: list[str] = []
+        self.finished: list[str] = []
+
+    async def aclose(self) -> None:
+        return None
+
+    async def review(self, article: Article, scope: CallScope | None = None) -> Verdict:
+        scope = scope or CallScope()
+        async with self.calls.slot():
+            scope.ready()
+            self.started.append(article.url)
+            await asyncio.sleep(self.delay)
+            scope.spend.add(10, 2)
+            self.finished.append(article.url)
+        return Verdict(accepted=True, reviewer=self.name)
+
+    async def translate(
+        self, text: str, language: str, scope: CallScope | None = None
+    ) -> str | None:
+        return None
+
+
+def batch(n: int) -> list[Candidate]:
+    return [
+        Candidate(
+            source_id=1,
+            source_label="S (s)",
+            item=FeedItem(url=f"u{i}", title="t", summary="s", published=None, image_url=None),
+            reason="new",
+            attempts=0,
+        )
+        for i in range(n)
+    ]
+
+
+async def test_a_batch_runs_within_the_slots_and_keeps_its_order() -> None:
+    calls = ModelCalls(4)
+    model = SlowModel(0.05, calls)
+    spend = Spend()
+    renewals = 0
+
+    async def keep_alive() -> bool:
+        nonlocal renewals
+        renewals += 1
+        return True
+
+    started = time.monotonic()
+    done = await review_batch(
+        model, batch(20), spend=spend, keep_alive=keep_alive, renew_every=0.04
+    )
+    elapsed = time.monotonic() - started
+    assert [r.candidate.url for r in done.done] == [f"u{i}" for i in range(20)]
+    assert done.cut_off == [] and calls.most_in_flight == 4
+    assert 0.25 <= elapsed < 0.6  # 20 calls of 0.05 s over 4 slots, not one at a time (1 s)
+    assert (spend.prompt_tokens, spend.completion_tokens) == (200, 40)
+    assert renewals >= 3  # renewed while it ran, not after
+
+
+async def test_a_lease_lost_mid_batch_cancels_the_calls_in_flight() -> None:
+    calls = ModelCalls(4)
+    model = SlowModel(0.2, calls)
+
+    async def lost() -> bool:
+        return False
+
+    done = await review_batch(model, batch(12), spend=Spend(), keep_alive=lost, renew_every=0.3)
+    # the first wave of 4 finished (0.2 s), the second was cut at 0.3 s; the third never began
+    assert [r.candidate.url for r in done.done] == ["u0", "u1", "u2", "u3"]
+    assert [c.url for c in done.cut_off] == [f"u{i}" for i in range(4, 12)]
+    assert len(model.started) == 8 and model.finished == ["u0", "u1", "u2", "u3"]
+    assert calls.in_flight == 0  # every slot given back
+
+
+async def test_a_cancelled_batch_cancels_its_calls_and_propagates() -> None:
+    calls = ModelCalls(2)
+    model = SlowModel(0.5, calls)
+
+    async def alive() -> bool:
+        return True
+
+    task = asyncio.create_task(
+        review_batch(model, batch(6), spend=Spend(), keep_alive=alive, renew_every=1.0)
+    )
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(model.started) == 2 and model.finished == [] and calls.in_flight == 0
