@@ -15,7 +15,9 @@ measured processes' time and GIL are nightcrew's alone. Then, each on a fresh da
   is written — and another pass should the workers finish with articles fetched after the
   first pass stopped waiting for them.
 
-Reported: seconds and articles per second for each, the speed-up of N workers over one, and one
+The inline run and each worker have the same model calls in flight (``NEWS_AI_CONCURRENCY`` =
+``--concurrency``), as before the inline run reviewed concurrently. Reported: seconds and
+articles per second for each, the speed-up of N workers over one, and one
 worker against the inline run. Targets (issue 13): 4 workers >= 3x one worker; one worker within
 1.2x the inline run (articles per second >= inline / 1.2). Needs RabbitMQ on 127.0.0.1:5672
 (``NIGHTCREW_BENCH_AMQP_URL``) and PostgreSQL (``DATABASE_URL``, else pgserver).
@@ -79,7 +81,9 @@ class Result:
         return self.articles / self.seconds
 
 
-def _settings(url: str, model: str, prefix: str, store: Path, total: int, pipeline: str) -> Any:
+def _settings(
+    url: str, model: str, prefix: str, store: Path, total: int, pipeline: str, calls: int
+) -> Any:
     return {
         "DATABASE_URL": url,
         "QUEUE_URL": AMQP_URL,
@@ -92,6 +96,10 @@ def _settings(url: str, model: str, prefix: str, store: Path, total: int, pipeli
         "INGESTION_BACKPRESSURE_QUEUE_LIMIT": str(total * 2),
         "INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT": str(total * 10),
         "MAX_AI_REVIEWS": str(total * 2),
+        # like for like: the inline run and each worker with the same calls in flight (a
+        # worker's are bounded by its prefetch, --concurrency, too); bench.news_model measures
+        # what more calls in flight buy
+        "NEWS_AI_CONCURRENCY": str(calls),
         "NIGHTCREW_LOG_LEVEL": "warning",
     }
 
@@ -121,10 +129,12 @@ async def _in_flight(db: Database) -> int:
     return int(row["n"]) if row else 0
 
 
-async def inline(admin: str, feeds: list[str], model: str, total: int, store: Path) -> Result:
+async def inline(
+    admin: str, feeds: list[str], model: str, total: int, store: Path, conc: int
+) -> Result:
     url, db = await _fresh(admin, feeds)
     try:
-        env = _settings(url, model, "unused", store, total, "inline")
+        env = _settings(url, model, "unused", store, total, "inline", conc)
         clock = SystemClock()
         async with open_runtime(Settings.model_validate(env), clock, db=db) as runtime:
             started = time.perf_counter()
@@ -142,7 +152,7 @@ async def pipeline(
 ) -> Result:
     url, db = await _fresh(admin, feeds)
     prefix = f"bench-{uuid4().hex[:8]}"
-    env = _settings(url, model, prefix, store, total, "rabbitmq")
+    env = _settings(url, model, prefix, store, total, "rabbitmq", conc)
     nightcrew = str(Path(sys.executable).parent / "nightcrew")
     procs: list[asyncio.subprocess.Process] = []
     try:
@@ -211,7 +221,7 @@ async def main(args: argparse.Namespace) -> None:
         with admin_url() as admin:
             for _ in range(args.repeat):
                 if not args.no_inline:
-                    r = await inline(admin, feeds, model, total, store)
+                    r = await inline(admin, feeds, model, total, store, args.concurrency)
                     results.setdefault("inline", []).append(r)
                     print(f"  {r.label:<42} {r.seconds:8.1f} s  {r.rate:7.1f} articles/s")
                 for n in counts:
