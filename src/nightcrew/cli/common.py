@@ -12,6 +12,7 @@ import contextlib
 import faulthandler
 import json
 import re
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import date, datetime
@@ -162,6 +163,8 @@ def _run(work: Callable[[], Awaitable[T]], settings: Settings) -> T:
         _fail(scrub.text(str(exc)), 1)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
+    except asyncio.CancelledError:  # SIGTERM (``_call``)
+        _fail("terminated (SIGTERM): the work in hand was cancelled", 143)
     except Exception as exc:  # last resort: still one line, never a traceback
         _fail(scrub.text(f"unexpected error: {describe_error(exc)}"), 1)
 
@@ -190,7 +193,15 @@ def _run_and_print(
 
 
 async def _call(work: Callable[[], Awaitable[T]]) -> T:
-    return await work()
+    """``work`` as the main task, which SIGTERM cancels as Ctrl-C does: what is in hand is
+    cancelled cleanly — a news run's model calls, its review locks released — not killed."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    if task is not None:
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await work()
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _json_default(value: object) -> str:
