@@ -105,6 +105,8 @@ class Pacer:
             except StorageError as exc:  # only the shared (Redis) storage raises it
                 self._fall_back(exc)
                 continue
+            if stats.remaining > 0:  # the window emptied since the hit: try again now
+                continue
             # the oldest request in the window leaves it at reset_time; a little jitter so the
             # waiters do not all wake in the same millisecond
             delay = max(stats.reset_time - time.time(), 0.005) + random.uniform(0, 0.02)
@@ -117,6 +119,13 @@ class Pacer:
         else:  # no breaker to hold it open: no shared limit for this process from now on
             self._shared = None
         self._say_local(error)
+
+    async def aclose(self) -> None:
+        """The shared limit's Redis connections closed (the memory one holds none)."""
+        if self._shared is not None:
+            client = getattr(getattr(self._shared.storage, "bridge", None), "storage", None)
+            if client is not None:
+                await client.aclose()
 
     @property
     def per_minute(self) -> int:
@@ -147,3 +156,7 @@ class ModelCalls:
     async def pace(self) -> None:
         if self.pacer is not None:
             await self.pacer.wait()
+
+    async def aclose(self) -> None:
+        if self.pacer is not None:
+            await self.pacer.aclose()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Coroutine
 from typing import Any
 
 import httpx2
@@ -148,9 +149,12 @@ class ChatReviewer:
         key = reveal(settings.news_ai_api_key)
 
         async def before_request(request: httpx2.Request) -> None:
-            if key is None:  # the SDK insists on a key; a server that wants none gets none
+            if not key:  # the SDK insists on a key; a server that wants none gets none
                 request.headers.pop("Authorization", None)
-            await calls.pace()  # every request, retries included
+            # a retry is a request too: paced here, inside the call's time (its first request
+            # was paced before the call's deadline started, ``ChatReviewer._bounded``)
+            if request.headers.get("x-stainless-retry-count", "0") != "0":
+                await calls.pace()
 
         http = openai.DefaultAsyncHttpxClient(
             verify=tls_context(trust_env=True),
@@ -168,6 +172,7 @@ class ChatReviewer:
 
     async def aclose(self) -> None:
         await self._client.close()
+        await self.calls.aclose()
 
     @property
     def verdict_format(self) -> str:
@@ -181,7 +186,7 @@ class ChatReviewer:
         ]
         async with self.calls.slot():
             scope.ready()  # a lease lost (a worker stopping) while the call waited: no call
-            content = await self._ask_for_verdict(messages, scope)
+            content = await self._bounded(self._ask_for_verdict(messages, scope))
         try:
             answer = parse_verdict(content)
         except ValidationError as exc:
@@ -234,8 +239,25 @@ class ChatReviewer:
         ]
         async with self.calls.slot():
             scope.ready()
-            answer = await self._request(messages, scope, None)
+            answer = await self._bounded(self._request(messages, scope, None))
         return answer.strip() or None
+
+    async def _bounded(self, call: Coroutine[Any, Any, str]) -> str:
+        """One call: its first request paced (NEWS_AI_REQUESTS_PER_MINUTE), then everything
+        else — the SDK's retries and their waits, a verdict's format fallbacks — within
+        CALL_SECONDS. Waiting for the rate is not the model's time."""
+        try:
+            await self.calls.pace()
+        except BaseException:
+            call.close()
+            raise
+        try:
+            async with asyncio.timeout(self._call_seconds):
+                return await call
+        except TimeoutError as exc:
+            raise ReviewError(
+                f"the model gave no answer within {self._call_seconds:g} s", transient=True
+            ) from exc
 
     async def _request(
         self,
@@ -243,20 +265,15 @@ class ChatReviewer:
         scope: CallScope,
         response_format: dict[str, Any] | None,
     ) -> str:
-        """One chat completion (the SDK's retries inside it), cut at the call's time bound; the
-        answer's usage added to ``scope.spend``. Called holding a slot."""
+        """One chat completion (the SDK's retries inside it); the answer's usage added to
+        ``scope.spend``. Called holding a slot, within the call's time (``_bounded``)."""
         extra: dict[str, Any] = {}
         if response_format is not None:
             extra["response_format"] = response_format
         try:
-            async with asyncio.timeout(self._call_seconds):
-                completion: ChatCompletion = await self._client.chat.completions.create(
-                    model=self._model, messages=messages, temperature=0, **extra
-                )
-        except TimeoutError as exc:
-            raise ReviewError(
-                f"the model gave no answer within {self._call_seconds:g} s", transient=True
-            ) from exc
+            completion: ChatCompletion = await self._client.chat.completions.create(
+                model=self._model, messages=messages, temperature=0, **extra
+            )
         except openai.APIStatusError as exc:
             status = exc.status_code
             raise ReviewError(
@@ -269,9 +286,7 @@ class ChatReviewer:
         except openai.APIError as exc:
             unusable = f"the model's answer is unusable: {exc}"
             raise ReviewError(unusable, transient=False) from exc
-        usage = getattr(completion, "usage", None)
-        if usage is not None:
-            scope.spend.add(int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0))
+        scope.spend.add(*_usage_of(completion))
         try:
             content = completion.choices[0].message.content
         except (AttributeError, IndexError, TypeError) as exc:
@@ -280,6 +295,19 @@ class ChatReviewer:
         if not isinstance(content, str):
             raise ReviewError("the model's answer has no content", transient=False)
         return content
+
+
+def _usage_of(completion: ChatCompletion) -> tuple[int, int]:
+    """(prompt, completion) tokens of an answer; (0, 0) when it says none, or says it in a
+    shape the SDK did not check (it builds its objects without validating them): a server's
+    odd bookkeeping must not fail the article it answered for."""
+    usage = getattr(completion, "usage", None)
+    try:
+        prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
+        answered = int(getattr(usage, "completion_tokens", 0) or 0)
+    except (TypeError, ValueError):
+        return 0, 0
+    return max(prompt, 0), max(answered, 0)
 
 
 def _message_of(exc: openai.APIStatusError) -> str:

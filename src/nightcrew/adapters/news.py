@@ -142,10 +142,10 @@ async def open_news_adapters(
         if settings.news_pipeline == "rabbitmq"
         else None
     )
-    own_reviewer = reviewer is None
-    if reviewer is None:
-        reviewer = make_reviewer(settings, model_calls(settings, breaker))
+    own: Reviewer | None = None
     try:
+        if reviewer is None:
+            reviewer = own = make_reviewer(settings, model_calls(settings, breaker))
         async with ParserPool() as parsers, new_client(policy) as http:
             yield news_adapters(
                 db,
@@ -159,8 +159,8 @@ async def open_news_adapters(
                 breaker=breaker,
             )
     finally:
-        if own_reviewer:
-            await reviewer.aclose()
+        if own is not None:
+            await own.aclose()
         if pipeline is not None:
             await pipeline.close()
         if redis is not None:

@@ -336,3 +336,32 @@ async def test_the_reviewer_follows_the_configuration() -> None:
     chat_reviewer = make_reviewer(settings("http://127.0.0.1:11434/v1"), ModelCalls(1))
     assert offline.name == "offline-rules" and chat_reviewer.name == "chat:llama3"
     await chat_reviewer.aclose()
+
+
+async def test_odd_usage_bookkeeping_fails_nothing(llm: RecordingServer) -> None:
+    def respond(request: Request) -> tuple[int, dict[str, Any]]:
+        status, answer = chat(json.dumps(VERDICT))(request)
+        answer["usage"] = {"prompt_tokens": "n/a", "completion_tokens": None}
+        return status, answer
+
+    llm.responder = respond
+    reviewer = await reviewer_for(llm)
+    spend = Spend()
+    assert (await reviewer.review(STORY, CallScope(spend=spend))).reasons == ["advert"]
+    assert (spend.prompt_tokens, spend.completion_tokens) == (0, 0)
+    await reviewer.aclose()
+
+
+async def test_waiting_for_the_rate_is_not_the_models_time(llm: RecordingServer) -> None:
+    """60 requests a minute is one a second: the third review waits ~2 s for its turn, longer
+    than the call's 0.5 s bound — and is not cut, because the bound starts once it is sent."""
+    llm.responder = chat(json.dumps(VERDICT))
+    config = settings(llm.url + "/v1", NEWS_AI_REQUESTS_PER_MINUTE=60)
+    paced = make_reviewer(config, model_calls(config, None))
+    assert isinstance(paced, ChatReviewer)
+    reviewer = ChatReviewer(paced._client, model="llama3", calls=paced.calls, call_seconds=0.5)
+    started = time.monotonic()
+    for _ in range(3):
+        assert (await reviewer.review(STORY)).reasons == ["advert"]
+    assert time.monotonic() - started >= 1.9  # paced: one a second
+    await reviewer.aclose()

@@ -181,6 +181,11 @@ async def review_batch(
             if others is not None:  # not the lease: the first error, as itself
                 raise _first(others) from failed
             lost = True
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            # a SIGTERM that came as the lease was lost: the TaskGroup raised the lease, but
+            # the cancellation is still owed to whoever asked for it
+            raise asyncio.CancelledError
     return BatchReview(
         done=[results[i] for i in sorted(results)],
         cut_off=[c for i, c in enumerate(batch) if i not in results] if lost else [],
