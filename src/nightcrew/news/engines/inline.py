@@ -388,8 +388,6 @@ class _Run:
                     transient.append(r.candidate)
                 else:
                     verdicts.append(Reviewed(r.candidate, r.verdict, r.translation))
-            order = {c.url: i for i, c in enumerate(pending)}  # written in the queue's order
-            verdicts.sort(key=lambda r: order[r.url])
             accepted = sum(1 for v in given if v.accepted)
             draft.add(
                 ai_reviewed_count=len(given),

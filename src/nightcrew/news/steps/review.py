@@ -152,12 +152,17 @@ async def review_batch(
     A cancellation from outside (SIGTERM) cancels every call too, and propagates. The offline
     rules are asked one after another: they cost nothing, and their duplicate-title rule reads
     the batch in order."""
+    scope = CallScope(spend=spend)  # one for the batch: every call adds to the run's spend
+    if not calls_a_model(reviewer):
+        done = []
+        for candidate in batch:
+            verdict, translation, failed = await review_item(reviewer, candidate.item, scope)
+            done.append(ItemReview(candidate, verdict, translation, failed))
+        return BatchReview(done=done)
     results: dict[int, ItemReview] = {}
 
     async def one(index: int, candidate: Candidate) -> None:
-        verdict, translation, failed = await review_item(
-            reviewer, candidate.item, CallScope(spend=spend)
-        )
+        verdict, translation, failed = await review_item(reviewer, candidate.item, scope)
         results[index] = ItemReview(candidate, verdict, translation, failed)
 
     async def renew() -> None:
@@ -167,25 +172,21 @@ async def review_batch(
                 raise ShardLeaseLost("the shard lease was lost during review")
 
     lost = False
-    if not calls_a_model(reviewer):
-        for index, candidate in enumerate(batch):
-            await one(index, candidate)
-    else:
-        try:
-            async with asyncio.TaskGroup() as group:
-                renewer = group.create_task(renew())
-                await asyncio.gather(*(group.create_task(one(i, c)) for i, c in enumerate(batch)))
-                renewer.cancel()
-        except BaseExceptionGroup as failed:
-            _, others = failed.split(ShardLeaseLost)
-            if others is not None:  # not the lease: the first error, as itself
-                raise _first(others) from failed
-            lost = True
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
-            # a SIGTERM that came as the lease was lost: the TaskGroup raised the lease, but
-            # the cancellation is still owed to whoever asked for it
-            raise asyncio.CancelledError
+    try:
+        async with asyncio.TaskGroup() as group:
+            renewer = group.create_task(renew())
+            await asyncio.gather(*(group.create_task(one(i, c)) for i, c in enumerate(batch)))
+            renewer.cancel()
+    except BaseExceptionGroup as failed:
+        _, others = failed.split(ShardLeaseLost)
+        if others is not None:  # not the lease: the first error, as itself
+            raise _first(others) from failed
+        lost = True
+    current = asyncio.current_task()
+    if current is not None and current.cancelling():
+        # a SIGTERM that came as the lease was lost: the TaskGroup raised the lease, but the
+        # cancellation is still owed to whoever asked for it
+        raise asyncio.CancelledError
     return BatchReview(
         done=[results[i] for i in sorted(results)],
         cut_off=[c for i, c in enumerate(batch) if i not in results] if lost else [],
