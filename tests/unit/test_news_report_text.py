@@ -196,3 +196,19 @@ def test_the_workers_results_carry_every_field_a_pass_leaves_to_them() -> None:
     names: each of WORK_FIELDS is a spec field, and one of the workers' results."""
     workers = WorkerResults(since=None).to_json()
     assert set(WORK_FIELDS) <= set(SPEC_FIELDS) and set(WORK_FIELDS) <= set(workers)
+
+
+def test_a_model_report_shows_its_tokens_and_the_offline_rules_none(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    model = NewsReport(shard="s1", trigger="manual", ai_prompt_tokens=1200, ai_completion_tokens=90)
+    _print_report(model.to_json())
+    assert "  model tokens (prompt/completion) 1200 / 90\n" in capsys.readouterr().out
+    offline = NewsReport(shard="s1", trigger="manual", reviewer="offline rules")
+    _print_report(offline.to_json())
+    assert "model tokens" not in capsys.readouterr().out
+    piped = NewsReport(shard="s", trigger="manual", pipeline=_pass_figures())
+    body = piped.to_json()
+    body["workers"] |= {"aiPromptTokens": 700, "aiCompletionTokens": 40}
+    _print_report(body)
+    assert "    model tokens (prompt/completion) 700 / 40\n" in capsys.readouterr().out

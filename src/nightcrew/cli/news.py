@@ -106,6 +106,7 @@ def _print_report(report: dict[str, Any]) -> None:
         ("accepted", report["acceptedCount"]),
         ("rejected", report["rejectedCount"]),
         ("translated", report.get("translatedCount", 0)),
+        *_tokens_row(report, reviewer),
         ("deferred", report["deferredCount"]),
         ("retried (no thumbnail)", report["retriedCount"]),
         ("locked", report["lockedCount"]),
@@ -150,7 +151,18 @@ def _print_report(report: dict[str, Any]) -> None:
             ("waiting for a review retry", "reviewRetryCount"),
         ):
             typer.echo(f"    {label:<30} {workers[name]}")
+        for label, value in _tokens_row(workers, reviewer):
+            typer.echo(f"    {label:<30} {value}")
         if not workers["redisEnabled"]:
             typer.echo("    Redis                          failed in a worker")
         for failure in workers["writeErrors"]:
             typer.echo(f"    ! {failure['url']}: {failure['error']}")
+
+
+def _tokens_row(figures: dict[str, Any], reviewer: str) -> list[tuple[str, object]]:
+    """The model's tokens (prompt / completion), for a model's report only: the offline rules
+    spend none."""
+    if reviewer != "model":
+        return []
+    prompt, answer = figures.get("aiPromptTokens", 0), figures.get("aiCompletionTokens", 0)
+    return [("model tokens (prompt/completion)", f"{prompt} / {answer}")]
