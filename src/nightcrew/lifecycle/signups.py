@@ -26,7 +26,8 @@ UNCONFIRMED_USER_RETENTION_DAYS = 7
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SignupsReport:
     deleted: int
-    skipped: int
+    # users the platform's function left (they own an account): counted, not a skipped job
+    reap_skipped: int
     retention_days: int = UNCONFIRMED_USER_RETENTION_DAYS
 
     @property
@@ -34,7 +35,7 @@ class SignupsReport:
         return []
 
     def counts(self) -> dict[str, int]:
-        return {"users_reaped": self.deleted, "users_reap_skipped": self.skipped}
+        return {"users_reaped": self.deleted, "users_reap_skipped": self.reap_skipped}
 
     def to_json(self) -> dict[str, Any]:
         return {**self.counts(), "retention_days": self.retention_days}
@@ -47,11 +48,11 @@ async def reap_unconfirmed_users(runtime: Runtime, clock: Clock) -> SignupsRepor
         {"retention_days": UNCONFIRMED_USER_RETENTION_DAYS, "now": clock.now()},
     )
     assert row is not None  # the function always returns one row
-    report = SignupsReport(deleted=int(row["deleted"]), skipped=int(row["skipped"]))
+    report = SignupsReport(deleted=int(row["deleted"]), reap_skipped=int(row["skipped"]))
     event(
         "unconfirmed_users_reaped",
         deleted=report.deleted,
-        skipped=report.skipped,
+        skipped=report.reap_skipped,
         retention_days=report.retention_days,
     )
     return report

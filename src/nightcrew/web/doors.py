@@ -3,7 +3,8 @@
 One ASGI middleware, so that a route added later, Starlette's own 404/405 and the static files
 cannot forget it: every response carries the security headers below (a route may set its own
 ``Cache-Control`` or ``Content-Security-Policy``), and with a dashboard every request but the
-liveness probes must name this dashboard in its ``Host`` (see access.py) or get a 421.
+liveness probes and the bearer-guarded ``/reconcile`` must name this dashboard in its ``Host``
+(see access.py) or get a 421.
 """
 
 from __future__ import annotations
@@ -29,8 +30,11 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
 }
-# An orchestrator's liveness probe names the pod's address, not ours, and learns only "ok".
-HOST_UNCHECKED = frozenset({"/health", "/_health"})
+# Outside the Host check: an orchestrator's liveness probe names the pod's address, not ours,
+# and learns only "ok"; `/reconcile` is guarded by its own bearer (RECONCILER_SECRET), which a
+# page that rebinds its name to 127.0.0.1 cannot know — and a same-host reverse proxy forwards
+# the public name in Host (spec 000's dry-run-then-apply calls go through one).
+HOST_UNCHECKED = frozenset({"/health", "/_health", "/reconcile"})
 
 
 class Doors:

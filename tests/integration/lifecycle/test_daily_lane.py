@@ -129,7 +129,7 @@ async def test_reaper_deletes_only_old_unconfirmed_uninvited_free_users(
     await f.account(db, owner_user_id=held)
     with capture_logs() as logs:
         report = await reap_unconfirmed_users(runtime, clock)
-    assert (report.deleted, report.skipped) == (2, 1)
+    assert (report.deleted, report.reap_skipped) == (2, 1)
     assert logs == [
         {
             "event": "unconfirmed_users_reaped",
@@ -142,6 +142,22 @@ async def test_reaper_deletes_only_old_unconfirmed_uninvited_free_users(
     left = {r["id"] for r in await db.fetch("SELECT id::text FROM auth.users")}
     assert left == {young, invited, confirmed, held}
     assert gone not in left and on_the_edge not in left
+
+
+async def test_a_reaper_that_left_a_user_is_an_ok_job_that_counts_it(
+    db: Database, runtime: Runtime, clock: FrozenClock
+) -> None:
+    """Spec 000: the reaper's run is ok; the users it skipped are counted
+    (users_reap_skipped), never a job status of "skipped" (that is a job that did not run)."""
+    from nightcrew.lifecycle.lanes import DAILY, _isolated
+
+    held = await f.user(db, created_at=OLD)
+    await f.account(db, owner_user_id=held)
+    [job] = [j for j in DAILY.jobs if j.run is reap_unconfirmed_users]
+    outcome = await _isolated(job, runtime, clock)
+    assert outcome.status == "ok" and outcome.skipped is None
+    assert outcome.count("users_reap_skipped") == 1
+    assert outcome.to_json()["status"] == "ok"
 
 
 @pytest.mark.parametrize("ahead", [timedelta(days=-2), timedelta(0), timedelta(days=30)])
@@ -157,7 +173,7 @@ async def test_the_reaper_cut_off_is_nightcrews_clock_through_the_spec_signature
     due = await f.user(db, created_at=cut_off - timedelta(minutes=1))
     kept = await f.user(db, created_at=cut_off + timedelta(minutes=1))
     report = await reap_unconfirmed_users(runtime, clock)
-    assert (report.deleted, report.skipped) == (1, 0)
+    assert (report.deleted, report.reap_skipped) == (1, 0)
     left = {r["id"] for r in await db.fetch("SELECT id::text FROM auth.users")}
     assert kept in left and due not in left
 

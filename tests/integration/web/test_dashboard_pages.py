@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 
 import httpx
 import pytest
@@ -380,3 +381,35 @@ async def test_news_reports_json_is_under_the_dashboards_access(
         assert (await c.get("/news/reports", headers=bearer)).status_code == 200
     async with client(db, clock, Access.for_bind("127.0.0.1", None), "evil.example") as c:
         assert (await c.get("/news/reports")).status_code == 421
+
+
+async def test_reconcile_behind_a_same_host_proxy_is_guarded_by_its_bearer_not_the_host(
+    db: Database, clock: FrozenClock
+) -> None:
+    """Spec 000's dry-run-then-apply calls POST /reconcile through a reverse proxy on the same
+    host, which forwards the public name: the bearer decides (200 with RECONCILER_SECRET, 401
+    without), whatever the Host; the dashboard's pages still refuse that Host (421)."""
+    access = Access.for_bind("127.0.0.1", None)
+    asked: list[Any] = []
+
+    async def reconcile(options: Any) -> dict[str, Any]:
+        asked.append(options)
+        return {"dry_run": True}
+
+    app = create_app(
+        Metrics(),
+        reconcile=reconcile,
+        reconciler_secret="s3cret-bearer",
+        dashboard=DashboardContext(db=db, clock=clock, access=access),
+    )
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
+    public = "http://lifecycle-manager.example.test"
+    async with httpx.AsyncClient(transport=transport, base_url=public) as c:
+        allowed = await c.post("/reconcile", headers={"Authorization": "Bearer s3cret-bearer"})
+        refused = await c.post("/reconcile")
+        wrong = await c.post("/reconcile", headers={"Authorization": "Bearer guess"})
+        page = await c.get("/runs")
+    assert allowed.status_code == 200 and allowed.json() == {"dry_run": True}
+    assert (refused.status_code, wrong.status_code) == (401, 401)
+    assert len(asked) == 1
+    assert page.status_code == 421
