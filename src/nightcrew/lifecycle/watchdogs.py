@@ -1,16 +1,17 @@
 """The minute lane's self-healing sweeps (spec 000 "Fast lane" and the media_jobs watchdog).
 
 Each sweep is a function of (Runtime, Clock) → a frozen report. It claims its rows in one
-statement (see watchdogs.sql), commits, then sends. A send that fails after a committed claim is
-logged and retried by a later tick: the claim only bumped a timestamp, so the row becomes due
-again after the cooldown, and the consumers ack-skip a duplicate.
+statement (see watchdogs.sql; another replica's claim skips them), commits, then sends. A send
+that fails is logged and its claim undone — the timestamp the claim bumped is put back — so the
+next tick finds the row due again instead of a whole threshold later; the consumers ack-skip a
+duplicate.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from nightcrew.adapters.queues import EXTERNAL_EPISODE_LINK, PODCAST_IMPORTS
@@ -123,7 +124,9 @@ async def sweep_stalled_imports(runtime: Runtime, clock: Clock) -> StalledImport
             count=len(rescued),
             import_item_ids=[str(r["import_item_id"]) for r in rescued],
         )
-    sent = await _resend_items(runtime, rescued, "import_watchdog_rescue_resend_failed", errors)
+    sent = await _resend_items(
+        runtime, rescued, "import_watchdog_rescue_resend_failed", errors, now
+    )
 
     pending: list[dict[str, Any]] = []
     if len(rescued) < STALLED_IMPORT_MAX_RESEND:
@@ -155,7 +158,7 @@ async def sweep_stalled_imports(runtime: Runtime, clock: Clock) -> StalledImport
     ]
     for summary in imports:
         event("import_watchdog_found_stalled", **summary.to_json())
-    sent += await _resend_items(runtime, pending, "import_watchdog_resend_failed", errors)
+    sent += await _resend_items(runtime, pending, "import_watchdog_resend_failed", errors, now)
 
     return StalledImportsReport(
         items_requeued=sent, items_rescued=len(rescued), imports=imports, errors=errors
@@ -163,9 +166,15 @@ async def sweep_stalled_imports(runtime: Runtime, clock: Clock) -> StalledImport
 
 
 async def _resend_items(
-    runtime: Runtime, rows: list[dict[str, Any]], failure_event: str, errors: list[Failure]
+    runtime: Runtime,
+    rows: list[dict[str, Any]],
+    failure_event: str,
+    errors: list[Failure],
+    now: datetime,
 ) -> int:
+    """Each claimed row's message sent; the claims of those that failed undone together."""
     sent = 0
+    failed: list[dict[str, Any]] = []
     for row in rows:
         body = {
             "import_id": str(row["import_id"]),
@@ -179,6 +188,16 @@ async def _resend_items(
             failure = {"event": failure_event, **body, "error": describe_error(exc)}
             warning(**failure)
             errors.append(failure)
+            failed.append(row)
+    if failed:
+        await runtime.db.execute(
+            SQL["unclaim_import_items"],
+            {
+                "ids": [r["import_item_id"] for r in failed],
+                "claimed_from": [r["claimed_from"] for r in failed],
+                "now": now,
+            },
+        )
     return sent
 
 
@@ -216,6 +235,7 @@ async def sweep_stalled_external_links(runtime: Runtime, clock: Clock) -> Stalle
     )
     sent = null_next = no_target = 0
     errors: list[Failure] = []
+    failed: list[dict[str, Any]] = []
     for row in rows:
         ids = {"episode_id": str(row["episode_id"]), "podcast_id": str(row["podcast_id"])}
         if row["previous_next_attempt_at"] is None:
@@ -243,6 +263,16 @@ async def sweep_stalled_external_links(runtime: Runtime, clock: Clock) -> Stalle
             }
             warning(**failure)
             errors.append(failure)
+            failed.append(row)
+    if failed:  # due again on the next tick, not a cooldown later
+        await runtime.db.execute(
+            SQL["unclaim_external_links"],
+            {
+                "ids": [r["episode_id"] for r in failed],
+                "previous": [r["previous_next_attempt_at"] for r in failed],
+                "claimed_until": now + timedelta(seconds=STALLED_LINK_RESEND_COOLDOWN_SECONDS),
+            },
+        )
     if sent:
         event("external_link_watchdog_resent", count=sent)
     return StalledLinksReport(

@@ -33,7 +33,8 @@ UPDATE public.import_items ii
  WHERE ii.id = c.id
    AND pi.id = ii.import_id
    AND ii.status = 'processing'
-RETURNING ii.id AS import_item_id, ii.import_id, pi.podcast_id, ii.attempts, c.stale_since;
+RETURNING ii.id AS import_item_id, ii.import_id, pi.podcast_id, ii.attempts, c.stale_since,
+          c.stale_since AS claimed_from;
 
 
 -- name: claim_stalled_pending_items
@@ -44,7 +45,7 @@ RETURNING ii.id AS import_item_id, ii.import_id, pi.podcast_id, ii.attempts, c.s
 --   attempts >= 5                      -> updated_at older than the safety cap
 -- and, always, updated_at outside the resend cooldown.
 WITH candidates AS (
-    SELECT ii.id,
+    SELECT ii.id, ii.updated_at AS claimed_from,
            CASE WHEN ii.attempts = 0 AND pi.dispatch_end_at IS NOT NULL
                 THEN pi.dispatch_end_at ELSE ii.updated_at END AS stale_since
       FROM public.podcast_imports pi
@@ -73,7 +74,21 @@ UPDATE public.import_items ii
  WHERE ii.id = c.id
    AND pi.id = ii.import_id
    AND ii.status = 'pending'
-RETURNING ii.id AS import_item_id, ii.import_id, pi.podcast_id, ii.attempts, c.stale_since;
+RETURNING ii.id AS import_item_id, ii.import_id, pi.podcast_id, ii.attempts, c.stale_since,
+          c.claimed_from;
+
+
+-- name: unclaim_import_items
+-- Sends that failed: each claim's bump undone (updated_at back to what the claim found), so
+-- the next tick finds the row due again rather than a whole threshold later. Only where the
+-- bump is still this claim's (updated_at = now, still pending): a consumer that moved the row
+-- since keeps its own.
+UPDATE public.import_items ii
+   SET updated_at = u.claimed_from
+  FROM unnest(%(ids)s::uuid[], %(claimed_from)s::timestamptz[]) AS u (id, claimed_from)
+ WHERE ii.id = u.id
+   AND ii.updated_at = %(now)s
+   AND ii.status = 'pending';
 
 
 -- name: claim_stalled_external_links
@@ -100,6 +115,17 @@ UPDATE public.episodes e
    AND e.external_link_status = 'pending'
 RETURNING e.id AS episode_id, e.podcast_id, c.external_link_attempt AS attempt,
           c.external_link_next_attempt_at AS previous_next_attempt_at, c.target_published_at;
+
+
+-- name: unclaim_external_links
+-- Sends that failed: next_attempt_at back to what the claim found (NULL included), so the next
+-- tick finds the link overdue again; only where the claim's push is still in place.
+UPDATE public.episodes e
+   SET external_link_next_attempt_at = u.previous
+  FROM unnest(%(ids)s::uuid[], %(previous)s::timestamptz[]) AS u (id, previous)
+ WHERE e.id = u.id
+   AND e.external_link_next_attempt_at = %(claimed_until)s
+   AND e.external_link_status = 'pending';
 
 
 -- name: cancel_stuck_hosting_migration_previews

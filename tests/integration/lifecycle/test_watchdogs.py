@@ -426,11 +426,14 @@ async def test_wedged_media_jobs_are_notified_and_finished_ones_untouched(
     assert row == {"status": "completed"}
 
 
-async def test_a_failed_send_is_reported_and_retried_after_the_cooldown(
-    db: Database, runtime: Runtime, clock: FrozenClock
+@pytest.mark.parametrize(("attempts", "threshold"), [(0, 0), (4, 410), (9, 600)])
+async def test_a_failed_send_is_reported_undone_and_retried_on_the_next_tick(
+    db: Database, runtime: Runtime, clock: FrozenClock, attempts: int, threshold: int
 ) -> None:
+    """Send, then bump: a send that fails undoes its claim, so the next tick (a minute later)
+    sends it — not the item's whole threshold later (410 s at attempt 4, 600 s past it)."""
     podcast, imp = await _running_import(db, dispatch_end_at=ago(3600))
-    item = await f.import_item(db, imp, attempts=0, updated_at=ago(3600))
+    item = await f.import_item(db, imp, attempts=attempts, updated_at=ago(3600))
     down = replace(
         runtime, queues=MemoryQueueProducer(clock, failing_queues=frozenset({PODCAST_IMPORTS}))
     )
@@ -440,10 +443,77 @@ async def test_a_failed_send_is_reported_and_retried_after_the_cooldown(
     assert report.errors[0]["event"] == "import_watchdog_resend_failed"
     failed = [e for e in logs if e["event"] == "import_watchdog_resend_failed"]
     assert failed[0]["import_item_id"] == item and "refusing" in failed[0]["error"]
+    assert (await _item(db, item))["updated_at"] == ago(3600)  # the claim undone
 
-    clock.advance(timedelta(seconds=59))  # still inside the resend cooldown
-    assert (await wd.sweep_stalled_imports(runtime, clock)).items_requeued == 0
-    clock.advance(timedelta(seconds=2))
+    clock.advance(timedelta(seconds=60))  # the next tick
     assert (await wd.sweep_stalled_imports(runtime, clock)).items_requeued == 1
     [message] = await f.queue_messages(db, PODCAST_IMPORTS)
     assert message["body"] == {"import_id": imp, "import_item_id": item, "podcast_id": podcast}
+    # sent: claimed for good, so the tick after leaves it to the consumer
+    clock.advance(timedelta(seconds=60))
+    assert (await wd.sweep_stalled_imports(runtime, clock)).items_requeued == 0
+
+
+async def test_a_rescued_item_whose_send_fails_is_sent_on_the_next_tick(
+    db: Database, runtime: Runtime, clock: FrozenClock
+) -> None:
+    _podcast, imp = await _running_import(db)
+    item = await f.import_item(db, imp, status="processing", attempts=2, updated_at=ago(3600))
+    down = replace(
+        runtime, queues=MemoryQueueProducer(clock, failing_queues=frozenset({PODCAST_IMPORTS}))
+    )
+    report = await wd.sweep_stalled_imports(down, clock)
+    assert report.items_rescued == 1 and report.items_requeued == 0
+    row = await _item(db, item)
+    assert (row["status"], row["updated_at"]) == ("pending", ago(3600))
+    clock.advance(timedelta(seconds=60))
+    assert (await wd.sweep_stalled_imports(runtime, clock)).items_requeued == 1
+    [message] = await f.queue_messages(db, PODCAST_IMPORTS)
+    assert message["body"]["import_item_id"] == item
+
+
+async def test_an_external_link_whose_send_fails_is_sent_on_the_next_tick(
+    db: Database, runtime: Runtime, clock: FrozenClock
+) -> None:
+    _podcast, episode = await _external_episode(db, external_link_next_attempt_at=ago(3600))
+    down = replace(
+        runtime,
+        queues=MemoryQueueProducer(clock, failing_queues=frozenset({EXTERNAL_EPISODE_LINK})),
+    )
+    report = await wd.sweep_stalled_external_links(down, clock)
+    assert report.links_requeued == 0 and report.counts()["links_resend_failed"] == 1
+    row = await db.fetch_one("SELECT * FROM public.episodes WHERE id = %(id)s", {"id": episode})
+    assert row is not None and row["external_link_next_attempt_at"] == ago(3600)
+    clock.advance(timedelta(seconds=60))  # inside the 90 s cooldown a claim would have set
+    assert (await wd.sweep_stalled_external_links(runtime, clock)).links_requeued == 1
+    [message] = await f.queue_messages(db, EXTERNAL_EPISODE_LINK)
+    assert message["body"]["episode_id"] == episode
+
+
+async def test_four_concurrent_minute_runs_dispatch_each_stalled_item_once(
+    db: Database, runtime: Runtime, clock: FrozenClock, fresh_db_url: str
+) -> None:
+    """Four replicas' sweeps at the same tick, each on its own connections: every stalled item
+    and link is sent exactly once (the claim is one statement; SKIP LOCKED keeps them apart)."""
+    import asyncio
+
+    from tests.conftest import make_runtime
+
+    _, imp = await _running_import(db, dispatch_end_at=ago(3600))
+    items = [await f.import_item(db, imp, attempts=1, updated_at=ago(3600)) for _ in range(60)]
+    links = [
+        (await _external_episode(db, external_link_next_attempt_at=ago(3600)))[1] for _ in range(20)
+    ]
+    dbs = [await Database.open(fresh_db_url) for _ in range(4)]
+    try:
+        replicas = [make_runtime(d, clock, fresh_db_url) for d in dbs]
+        await asyncio.gather(
+            *(wd.sweep_stalled_imports(r, clock) for r in replicas),
+            *(wd.sweep_stalled_external_links(r, clock) for r in replicas),
+        )
+    finally:
+        for d in dbs:
+            await d.close()
+    imports = [m["body"]["import_item_id"] for m in await f.queue_messages(db, PODCAST_IMPORTS)]
+    linked = [m["body"]["episode_id"] for m in await f.queue_messages(db, EXTERNAL_EPISODE_LINK)]
+    assert sorted(imports) == sorted(items) and sorted(linked) == sorted(links)
