@@ -103,10 +103,18 @@ class Effect:
 
 
 async def record(
-    tx: Database | Tx, *, kind: Kind, key: str, payload: dict[str, Any], now: datetime
+    tx: Database | Tx,
+    *,
+    kind: Kind,
+    key: str,
+    payload: dict[str, Any],
+    now: datetime,
+    held_until: datetime | None = None,
 ) -> Effect:
     """Owe an effect, inside the caller's transaction. The same (kind, key) twice is one
-    effect: the second call returns the first one's row, delivered or not."""
+    effect: the second call returns the first one's row, delivered or not. ``held_until``: not
+    due before then unless ``release``d sooner (what must wait for other work first)."""
+    due = held_until or now
     row = await tx.fetch_one(
         SQL["record"],
         {
@@ -114,13 +122,23 @@ async def record(
             "key": key,
             "payload": json_param(payload),
             "now": now,
-            "expires_at": now + MAX_AGE[kind],
+            "due": due,
+            "expires_at": due + MAX_AGE[kind],
         },
     )
     if row is None:
         row = await tx.fetch_one(SQL["by_key"], {"kind": kind, "key": key})
         assert row is not None  # the conflicting row exists: it is what stopped the insert
     return Effect.from_row(row)
+
+
+async def release(db: Database | Tx, ids: Sequence[int], now: datetime) -> list[Effect]:
+    """Held effects among ``ids`` made due now; those released (one in flight, settled or
+    already due is left as it is)."""
+    if not ids:
+        return []
+    rows = await db.fetch(SQL["release"], {"ids": list(ids), "now": now})
+    return [Effect.from_row(r) for r in rows]
 
 
 async def claim_due(

@@ -4,8 +4,19 @@
 -- Inside the caller's transaction. One effect per (kind, key): a second caller owing the same
 -- effect (the other entry point, a re-run) gets the existing row instead of a second send.
 INSERT INTO nightcrew.effects (kind, key, payload, created_at, next_attempt_at, expires_at)
-VALUES (%(kind)s, %(key)s, %(payload)s, %(now)s, %(now)s, %(expires_at)s)
+VALUES (%(kind)s, %(key)s, %(payload)s, %(now)s, %(due)s, %(expires_at)s)
 ON CONFLICT ON CONSTRAINT effects_one_per_key DO NOTHING
+RETURNING *;
+
+-- name: release
+-- Held effects (recorded with a later due time: a hard delete's feed invalidation waits for
+-- its storage cleanup) made due now; the age they may reach is counted from now. One in
+-- flight or settled is left as it is.
+UPDATE nightcrew.effects
+   SET next_attempt_at = %(now)s, expires_at = %(now)s + (expires_at - next_attempt_at)
+ WHERE id = ANY(%(ids)s::bigint[])
+   AND delivered_at IS NULL AND dead_at IS NULL AND claimed_until IS NULL
+   AND next_attempt_at > %(now)s
 RETURNING *;
 
 -- name: by_key

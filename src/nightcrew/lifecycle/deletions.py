@@ -6,8 +6,11 @@ effect (``rss-invalidation`` queue, the feed worker's endpoint if the queue refu
 commit:
 
 1. every object under ``podcasts/{id}/`` is deleted, in pages of 1000, then re-listed;
-2. the invalidation effect gets its first attempt; the minute lane retries it within minutes
-   until it is confirmed.
+2. the invalidation effect — held until now (spec 000's order: DELETE → R2 cleanup → RSS
+   invalidation), so the minute lane cannot deliver it while the cleanup runs — is released
+   and gets its first attempt; the minute lane retries it within minutes until it is
+   confirmed. A run that dies mid-cleanup leaves it held: the next daily run finishes the
+   cleanup and releases it (and, should no daily run come, it is due after CLEANUP_HOLD).
 
 A storage or invalidation failure never undoes the database deletion. It is logged under the
 spec's event, reported, and left on the record; every later daily run retries the storage and
@@ -21,7 +24,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from nightcrew.adapters.queues import RSS_INVALIDATION
@@ -45,6 +48,12 @@ DELETION_FOLLOWUP_MAX = 200
 FAILED_KEY_SAMPLE = 20
 # HEADs at once when a crashed cleanup's in-flight page is settled (at most one page of keys).
 IN_FLIGHT_HEAD_CONCURRENCY = 10
+
+
+# How long a deletion's feed invalidation is held for its storage cleanup at most: the cleanup
+# releases it when it ends; a run that died mid-cleanup leaves it to the next daily run (a day
+# later), and should none come, the minute lane delivers it after this.
+CLEANUP_HOLD = timedelta(days=2)
 
 
 def podcast_prefix(podcast_id: str) -> str:
@@ -140,7 +149,9 @@ async def hard_delete_expired_podcasts(runtime: Runtime, clock: Clock) -> Deleti
                 await _clean_storage(runtime, cleanup, errors)
             else:
                 cleanup.storage_done = True
-            await _follow_invalidation(runtime, clock, cleanup, record, errors)
+            await _release_invalidation(runtime, clock, cleanup, errors)  # if still held
+            if cleanup.invalidated_via is None and cleanup.invalidation_state is None:
+                await _follow_invalidation(runtime, clock, cleanup, record, errors)
             await _record(runtime, now, cleanup, errors)
         retried.append(cleanup)
         if not cleanup.storage_done or cleanup.invalidated_via is None:
@@ -203,14 +214,30 @@ async def _delete_one(
     )
     cleanup = Cleanup(podcast_id=podcast_id, slug=slug, invalidation_effect_id=owed.id)
     await _clean_storage(runtime, cleanup, errors)
-    [delivery] = await deliver_now(runtime, clock, [owed])
-    _invalidation_outcome(cleanup, delivery, now, errors)
+    await _release_invalidation(runtime, clock, cleanup, errors)
     await _record(runtime, now, cleanup, errors)
     return cleanup
 
 
-async def _owe_invalidation(tx: Tx, podcast_id: str, slug: str, now: datetime) -> effects.Effect:
-    """The feed invalidation a deletion owes, recorded in the deletion's transaction."""
+async def _release_invalidation(
+    runtime: Runtime, clock: Clock, cleanup: Cleanup, errors: list[Failure]
+) -> None:
+    """The cleanup has finished (or failed and been recorded): the held invalidation made due,
+    and given its first attempt here."""
+    if cleanup.invalidation_effect_id is None:
+        return
+    now = clock.now()
+    released = await effects.release(runtime.db, [cleanup.invalidation_effect_id], now)
+    if released:
+        [delivery] = await deliver_now(runtime, clock, released)
+        _invalidation_outcome(cleanup, delivery, now, errors)
+
+
+async def _owe_invalidation(
+    tx: Tx, podcast_id: str, slug: str, now: datetime, *, held: bool = True
+) -> effects.Effect:
+    """The feed invalidation a deletion owes, recorded in the deletion's transaction — held
+    (``held``) until its storage cleanup is over (``_release_invalidation``)."""
     owed = await effects.record(
         tx,
         kind="queue",
@@ -221,6 +248,7 @@ async def _owe_invalidation(tx: Tx, podcast_id: str, slug: str, now: datetime) -
             "fallback_invalidate": podcast_id,
         },
         now=now,
+        held_until=now + CLEANUP_HOLD if held else None,
     )
     await tx.execute(SQL["link_invalidation_effect"], {"id": podcast_id, "effect_id": owed.id})
     return owed
@@ -265,7 +293,9 @@ async def _follow_invalidation(
     elif record["invalidation_effect_id"] is None:
         try:
             async with runtime.db.transaction() as tx:
-                owed = await _owe_invalidation(tx, cleanup.podcast_id, cleanup.slug, clock.now())
+                owed = await _owe_invalidation(
+                    tx, cleanup.podcast_id, cleanup.slug, clock.now(), held=False
+                )
         except DatabaseUnavailableError:
             raise
         except Exception as exc:

@@ -305,3 +305,57 @@ async def test_a_podcast_another_run_is_cleaning_is_left_to_that_run(
     assert await db.fetch_one("SELECT objects_deleted FROM nightcrew.podcast_deletions") == {
         "objects_deleted": 10
     }
+
+
+class BlockingStore(HalfFailingStore):
+    """The real store, whose deletes wait for ``go`` (a long cleanup, caught in the middle)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        import asyncio
+
+        self.deleting = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def delete(self, keys: Sequence[str]) -> DeleteOutcome:
+        self.deleting.set()
+        await self.go.wait()
+        return await self._inner.delete(keys)
+
+
+@pytest.mark.parametrize("crash", [False, True])
+async def test_the_feed_is_invalidated_only_after_the_storage_cleanup(
+    db: Database, clock: FrozenClock, fresh_db_url: str, crash: bool
+) -> None:
+    """Spec 000's order: DELETE → R2 cleanup → RSS invalidation. The minute lane's drain runs
+    while the cleanup is in the middle: the invalidation is not due yet. It goes once the
+    cleanup ends — or, for a run that died mid-cleanup, once the next daily run finishes it."""
+    import asyncio
+
+    store = open_store("memory://")
+    podcast = await _doomed_podcast(db, store, objects=3)
+    blocking = BlockingStore(store)
+    runtime = _runtime(db, clock, fresh_db_url, blocking)  # type: ignore[arg-type]
+    run = asyncio.create_task(hard_delete_expired_podcasts(runtime, clock))
+    await asyncio.wait_for(blocking.deleting.wait(), 10)
+    gone = await db.fetch_one("SELECT 1 FROM public.podcasts WHERE id = %(id)s", {"id": podcast})
+    assert gone is None  # the row is deleted, the cleanup under way
+    drained = await deliver_effects(runtime, clock)  # the minute lane, meanwhile
+    assert drained.delivered == 0 and await f.queue_messages(db, RSS_INVALIDATION) == []
+    if crash:
+        run.cancel()  # the daily run dies mid-cleanup
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        clock.advance(timedelta(minutes=5))
+        assert (await deliver_effects(runtime, clock)).delivered == 0  # still held
+        clock.advance(timedelta(days=1))  # the next daily run finishes the cleanup
+        blocking.go.set()
+        report = await hard_delete_expired_podcasts(runtime, clock)
+        assert report.retried[0]["storage_cleaned"] is True
+    else:
+        blocking.go.set()
+        report = await run
+        assert report.deleted[0]["invalidated_via"] == "queue"
+    assert await _keys(store, f"podcasts/{podcast}/") == []
+    [message] = await f.queue_messages(db, RSS_INVALIDATION)
+    assert message["body"]["podcast_id"] == podcast
