@@ -208,13 +208,42 @@ class LaneReport:
         }
 
 
-async def _isolated(job: Job, runtime: Runtime, clock: Clock) -> JobOutcome:
+# After a daily job lost its connection: how long the lane asks the database whether it still
+# answers before it stops (a cut session is not a database that is gone).
+DATABASE_CHECK_SECONDS = 5.0
+DATABASE_CHECK_PAUSE_SECONDS = 0.5
+
+
+async def _database_answers(runtime: Runtime) -> bool:
+    """Whether the database answers on a fresh connection (the pool drops a broken one)
+    within DATABASE_CHECK_SECONDS."""
+    try:
+        async with asyncio.timeout(DATABASE_CHECK_SECONDS):
+            while True:
+                try:
+                    await runtime.db.fetch_one("SELECT 1")
+                    return True
+                except DatabaseUnavailableError:
+                    await asyncio.sleep(DATABASE_CHECK_PAUSE_SECONDS)
+    except TimeoutError:
+        return False
+
+
+async def _isolated(job: Job, runtime: Runtime, clock: Clock, lane: Lane) -> JobOutcome:
     started = time.perf_counter()
     try:
         report = await job.run(runtime, clock)
-    except DatabaseUnavailableError:
-        raise  # not this job's failure: the lane stops (run_jobs) and its slot is retried
     except Exception as exc:  # isolation is the point: one job never stops the others
+        # A daily job whose connection was cut (a pooler's lifetime, pg_terminate_backend)
+        # fails alone, as any failure, and the next job starts on a healthy connection (spec
+        # 000: a reconcile failure cannot block the rest of daily maintenance). A database
+        # that stays unreachable stops the lane (run_jobs), its slot retried — and the minute
+        # lane stops at once: its statements are short, its next tick a minute away, and its
+        # stop is bounded (the README's 30 s with a silent database).
+        if isinstance(exc, DatabaseUnavailableError) and (
+            lane.short_statements or not await _database_answers(runtime)
+        ):
+            raise
         message = describe_error(exc)
         error(job.failed_event, job=job.name, error=message)
         return JobOutcome(
@@ -250,7 +279,7 @@ async def run_jobs(
         nonlocal done
         if progress is not None:
             progress(job.name, done, len(lane.jobs))
-        outcome = await _isolated(job, runtime, clock)
+        outcome = await _isolated(job, runtime, clock, lane)
         done += 1
         if progress is not None:
             progress(job.name, done, len(lane.jobs))

@@ -154,7 +154,7 @@ async def test_a_reaper_that_left_a_user_is_an_ok_job_that_counts_it(
     held = await f.user(db, created_at=OLD)
     await f.account(db, owner_user_id=held)
     [job] = [j for j in DAILY.jobs if j.run is reap_unconfirmed_users]
-    outcome = await _isolated(job, runtime, clock)
+    outcome = await _isolated(job, runtime, clock, DAILY)
     assert outcome.status == "ok" and outcome.skipped is None
     assert outcome.count("users_reap_skipped") == 1
     assert outcome.to_json()["status"] == "ok"

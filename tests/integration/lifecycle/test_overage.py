@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -520,3 +521,55 @@ async def test_the_scan_and_the_single_account_measurement_agree(
             assert {k: str(v) for k, v in single.items()} == {
                 k: str(v) for k, v in rows[account].items()
             }
+
+
+async def test_a_reconciler_whose_backend_is_terminated_fails_alone_and_the_escalation_runs(
+    db: Database,
+    fresh_db_url: str,
+    http: httpx.AsyncClient,
+    resend_server: RecordingServer,
+    feed_server: RecordingServer,
+) -> None:
+    """Spec 000: "a reconcile failure cannot block the rest of daily maintenance". The
+    reconciler's PostgreSQL backend is terminated under it (pg_terminate_backend, as an admin
+    or a pooler's lifetime would): scheduled_reconcile_failed is logged, and the overage
+    escalation still arms the over-cap account in the same run, on a fresh connection."""
+    from structlog.testing import capture_logs
+
+    from nightcrew.lifecycle.lanes import DAILY, Lane, run_jobs
+
+    account, _ = await _account(db)
+    clock = FrozenClock(NOW)
+    runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
+
+    async def reconcile_cut_under_it(runtime: Runtime, clock: FrozenClock) -> Any:
+        async with runtime.db.transaction() as tx:  # the reconciler's long session, cut
+            await tx.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        raise AssertionError("the terminated session went on")
+
+    jobs = tuple(
+        replace(j, run=reconcile_cut_under_it) if j.name == "runReconcile" else j
+        for j in DAILY.jobs
+        if j.name in ("runReconcile", "runOverageEscalation")
+    )
+    lane = Lane(
+        name="daily",
+        cron=DAILY.cron,
+        jobs=jobs,
+        concurrent=False,
+        completed_event=DAILY.completed_event,
+    )
+    with capture_logs() as logs:
+        report = await run_jobs(runtime, clock, lane)
+    outcomes = {j.name: j for j in report.jobs}
+    assert outcomes["runReconcile"].status == "failed"
+    assert [e for e in logs if e["event"] == "scheduled_reconcile_failed"]
+    assert outcomes["runOverageEscalation"].status == "ok"
+    assert outcomes["runOverageEscalation"].count("armed") == 1, outcomes[
+        "runOverageEscalation"
+    ].counts
+    armed = await db.fetch_one(
+        "SELECT content_overage_since FROM public.billing_accounts WHERE id = %(a)s",
+        {"a": account},
+    )
+    assert armed is not None and armed["content_overage_since"] is not None
