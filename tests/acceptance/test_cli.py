@@ -104,13 +104,21 @@ def test_unreachable_database_is_one_line_and_exit_2() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"postgresql://postgres:hunter2@127.0.0.1:{port}/prod"
-    for args in (("db", "migrate"), ("lifecycle", "run", "minute")):
+    for args in (("db", "migrate"), ("lifecycle", "run", "minute"), ("lifecycle", "run", "daily")):
         result = run(*args, env=_env(DATABASE_URL=url))
         assert result.returncode == 2
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1, result.stderr
-        assert lines[0].startswith(f"nightcrew: cannot reach PostgreSQL at 127.0.0.1:{port}/prod")
+        *events, last = result.stderr.strip().splitlines()
+        assert last.startswith(f"nightcrew: cannot reach PostgreSQL at 127.0.0.1:{port}/prod")
         assert "hunter2" not in result.stderr and "Traceback" not in result.stderr
+        if args[0] == "db":
+            assert events == [], result.stderr
+            continue
+        # a lane run that cannot start still says so in spec 000's events, for monitoring
+        logged = [json.loads(line) for line in events]
+        assert [e["event"] for e in logged] == ["lifecycle_cron_started", "lifecycle_cron_failed"]
+        cron = {"minute": "* * * * *", "daily": "0 4 * * *"}[args[2]]
+        assert logged[0]["cron"] == logged[1]["cron"] == cron
+        assert "cannot reach PostgreSQL" in logged[1]["error"]
 
 
 def test_a_server_that_refuses_us_is_not_called_unreachable(pg_admin_url: str) -> None:
@@ -134,9 +142,12 @@ def test_an_unreachable_rabbitmq_is_one_line_and_exit_2(fresh_db_url: str) -> No
     url = f"amqp://guest:hunter2@127.0.0.1:{port}/"
     result = run("lifecycle", "run", "minute", env=_env(DATABASE_URL=fresh_db_url, QUEUE_URL=url))
     assert result.returncode == 2
-    [line] = result.stderr.strip().splitlines()
+    *events, line = result.stderr.strip().splitlines()
     assert line.startswith(f"nightcrew: cannot reach RabbitMQ at 127.0.0.1:{port}/"), line
     assert "hunter2" not in result.stderr
+    # nothing of aio-pika's own: only the lane's run that could not start, in spec 000's events
+    names = [json.loads(e)["event"] for e in events]
+    assert names == ["lifecycle_cron_started", "lifecycle_cron_failed"], result.stderr
 
 
 def test_a_malformed_database_url_never_echoes_the_password() -> None:

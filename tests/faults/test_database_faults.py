@@ -758,3 +758,31 @@ async def test_a_sigkilled_daily_run_is_abandoned_and_its_slot_run_again(
     lines = scraped.text.splitlines()
     assert 'nightcrew_lane_runs_total{lane="daily",status="abandoned"} 1' in lines, lines
     assert 'nightcrew_lane_runs_total{lane="daily",status="completed"} 1' in lines, lines
+
+
+@pytest.mark.parametrize("lane", ["daily", "minute"])
+async def test_a_slot_whose_run_cannot_start_still_says_started_and_failed(
+    pdb: Database, proxy: TcpProxy, fresh_db_url: str, lane: str
+) -> None:
+    """`serve`'s scheduler fires a slot while the database refuses every connection: no run
+    record can be made, and still spec 000's lifecycle_cron_started and lifecycle_cron_failed
+    are logged, with the cron and the reason (besides the scheduler's own line)."""
+    clock = FrozenClock(NOW)
+    runtime = make_runtime(pdb, clock, fresh_db_url)
+    scheduler = Scheduler(runtime, clock, (lane_schedule(runtime, clock, lane),))
+    await proxy.cut()
+    with capture_logs() as logs:
+        won = await scheduler.fire(lane, NOW.replace(hour=4, minute=0, second=0, microsecond=0))
+    assert won is False
+    events = [e for e in logs if e["event"].startswith(("lifecycle_cron", "scheduler_fire"))]
+    assert [e["event"] for e in events] == [
+        "lifecycle_cron_started",
+        "lifecycle_cron_failed",
+        "scheduler_fire_failed",
+    ]
+    cron = {"daily": "0 4 * * *", "minute": "* * * * *"}[lane]
+    assert events[0]["cron"] == events[1]["cron"] == cron
+    assert events[0]["trigger"] == "scheduled" and events[0]["slot"].startswith(
+        NOW.date().isoformat()
+    )
+    assert "PostgreSQL" in events[1]["error"] and events[1]["started"] is False

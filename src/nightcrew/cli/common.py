@@ -175,15 +175,24 @@ def _run_and_print(
     now: str | None,
     as_json: bool,
     summary: Callable[[dict[str, Any]], None],
+    cannot_start: Callable[[BaseException], None] | None = None,
 ) -> None:
     """Run ``job`` on the runtime (one failure: one line and an exit code), then print its
-    report: as JSON, or ``summary`` for a person."""
+    report: as JSON, or ``summary`` for a person. ``cannot_start`` is told when the runtime
+    itself cannot open (the database unreachable), before the one line."""
     settings = _settings()
     clock = _clock(now)
 
     async def work() -> dict[str, Any]:
-        async with open_runtime(settings, clock) as runtime:
-            return await job(runtime, clock)
+        opened = False
+        try:
+            async with open_runtime(settings, clock) as runtime:
+                opened = True
+                return await job(runtime, clock)
+        except Exception as exc:
+            if not opened and cannot_start is not None:
+                cannot_start(exc)
+            raise
 
     report = _run(work, settings)
     if as_json:

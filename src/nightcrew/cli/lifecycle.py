@@ -42,7 +42,18 @@ def lifecycle_run(
         with _job_progress(f"{lane.value} lane") as progress:
             return await run_lane_now(runtime, clock, CLI, lane.value, progress=progress)
 
-    _run_and_print(job, now=now, as_json=as_json, summary=_print_lane_summary)
+    def cannot_start(exc: BaseException) -> None:
+        from nightcrew.lifecycle.lanes import could_not_start
+
+        could_not_start(lane.value, trigger="manual", slot=None, exc=exc)
+
+    _run_and_print(
+        job,
+        now=now,
+        as_json=as_json,
+        summary=_print_lane_summary,
+        cannot_start=None if dry_run else cannot_start,
+    )
 
 
 def _print_lane_summary(report: dict[str, Any]) -> None:

@@ -347,12 +347,22 @@ async def run_lane(
     # 60 s means two slots, whatever the timer's jitter.
     decide: Clock = SlotClock(claimed_slot, clock) if claimed_slot is not None else clock
 
+    started = False
+
     async def work(handle: runs.RunHandle) -> LaneReport:
+        nonlocal started
+        started = True
         _started(lane, trigger=trigger, run_id=handle.id, slot=slot)
         return replace(await run_jobs(runtime, decide, lane, progress), run_id=handle.id)
 
     def failed(handle: runs.RunHandle, exc: BaseException) -> None:
-        error("lifecycle_cron_failed", lane=lane.name, run_id=handle.id, error=describe_error(exc))
+        error(
+            "lifecycle_cron_failed",
+            cron=lane.cron,
+            lane=lane.name,
+            run_id=handle.id,
+            error=describe_error(exc),
+        )
         runtime.metrics.inc("nightcrew_lane_runs_total", lane=lane.name, status="failed")
 
     def abandoned(ids: list[int]) -> None:
@@ -361,19 +371,24 @@ async def run_lane(
         )
 
     deadline = runtime.settings.db_minute_statement_timeout_seconds
-    with statement_deadline(deadline if lane.short_statements else None):
-        report = await runs.recorded(
-            runtime.db,
-            clock,
-            lane=lane.name,
-            slot=claimed_slot,
-            work=work,
-            report_json=LaneReport.to_json,
-            on_failure=failed,
-            on_abandoned=abandoned,
-            requested_by=requested_by,
-            on_started=on_started,
-        )
+    try:
+        with statement_deadline(deadline if lane.short_statements else None):
+            report = await runs.recorded(
+                runtime.db,
+                clock,
+                lane=lane.name,
+                slot=claimed_slot,
+                work=work,
+                report_json=LaneReport.to_json,
+                on_failure=failed,
+                on_abandoned=abandoned,
+                requested_by=requested_by,
+                on_started=on_started,
+            )
+    except Exception as exc:
+        if not started and not isinstance(exc, runs.LaneBusy):
+            could_not_start(lane.name, trigger=trigger, slot=slot, exc=exc)
+        raise
     if report is not None:
         _record_metrics(runtime, clock, report)
     return report
@@ -405,6 +420,24 @@ def _record_metrics(runtime: Runtime, clock: Clock, report: LaneReport) -> None:
             metrics.inc("nightcrew_job_failures_total", lane=lane, job=job.name)
         for key, value in job.counts.items():
             metrics.inc("nightcrew_job_items_total", value, lane=lane, count=key)
+
+
+def could_not_start(
+    lane_name: str, *, trigger: Trigger, slot: datetime | None, exc: BaseException
+) -> None:
+    """A run that could not start (the database down at the slot: no run record, no claim)
+    still says what monitoring waits for: spec 000's lifecycle_cron_started, then
+    lifecycle_cron_failed with the cron and the reason."""
+    lane = LANES[lane_name]
+    _started(lane, trigger=trigger, run_id=None, slot=slot)
+    error(
+        "lifecycle_cron_failed",
+        cron=lane.cron,
+        lane=lane.name,
+        run_id=None,
+        error=describe_error(exc),
+        started=False,
+    )
 
 
 def _started(lane: Lane, *, trigger: Trigger, run_id: int | None, slot: datetime | None) -> None:
