@@ -31,6 +31,12 @@ class QueueUnavailableError(QueueError):
     """The queue backend could not be reached at start-up; the message names where."""
 
 
+class QueueMisconfiguredError(QueueError):
+    """The queue itself cannot be used — its table missing, the broker refusing the queue
+    (access refused, not found, declared otherwise): no retry will help until someone fixes
+    the configuration, so a sweep says so once and stops sending."""
+
+
 class StoreError(NightcrewError):
     """The object store failed an operation."""
 

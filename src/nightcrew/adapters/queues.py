@@ -11,6 +11,7 @@ behind a longer one).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,11 +19,12 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from nightcrew.clock import Clock
-from nightcrew.db.database import Database, json_param
+from nightcrew.db.database import Database, QueryError, json_param
 from nightcrew.errors import (
     DatabaseUnavailableError,
     NightcrewError,
     QueueError,
+    QueueMisconfiguredError,
     QueueUnavailableError,
 )
 
@@ -66,7 +68,13 @@ class PostgresQueueProducer:
             )
         except DatabaseUnavailableError:
             raise  # the database itself is gone: not a queue failure to log per message
-        except NightcrewError as exc:  # a refused statement
+        except QueryError as exc:  # a refused statement
+            if exc.sqlstate in MISCONFIGURED_SQLSTATES:
+                raise QueueMisconfiguredError(
+                    f"cannot enqueue to {queue}: {exc} (run `nightcrew db migrate`?)"
+                ) from exc
+            raise QueueError(f"could not enqueue to {queue}: {exc}") from exc
+        except NightcrewError as exc:
             raise QueueError(f"could not enqueue to {queue}: {exc}") from exc
 
 
@@ -97,6 +105,10 @@ class MemoryQueueProducer:
             )
         )
 
+
+# The in-database queue's table missing (undefined_table), or not ours to write
+# (insufficient_privilege): a configuration to fix, not a send to retry.
+MISCONFIGURED_SQLSTATES = frozenset({"42P01", "42501"})
 
 # aio-pika's robust channel makes a publish wait for the reconnection while the broker is away,
 # however long that takes: a send is bounded, and a timeout is an ordinary (retried) failure.
@@ -168,6 +180,20 @@ class RabbitQueueProducer:
         except QueueError:
             raise
         except Exception as exc:
+            from aiormq.exceptions import (
+                ChannelAccessRefused,
+                ChannelNotFoundEntity,
+                ChannelPreconditionFailed,
+            )
+
+            refused = (ChannelAccessRefused, ChannelNotFoundEntity, ChannelPreconditionFailed)
+            if isinstance(exc, refused):
+                # the broker closed the channel with its refusal: a new one for every other
+                # queue, or one bad queue would stop them all
+                self._declared.clear()
+                with contextlib.suppress(Exception):
+                    self._channel = await self._connection.channel(publisher_confirms=True)
+                raise QueueMisconfiguredError(f"cannot publish to {queue}: {exc}") from exc
             raise QueueError(f"could not publish to {queue}: {exc}") from exc
 
     async def close(self) -> None:

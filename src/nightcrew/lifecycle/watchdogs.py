@@ -17,8 +17,8 @@ from typing import Any
 from nightcrew.adapters.queues import EXTERNAL_EPISODE_LINK, PODCAST_IMPORTS
 from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
-from nightcrew.errors import QueueError
-from nightcrew.log import describe_error, event, warning
+from nightcrew.errors import QueueError, QueueMisconfiguredError
+from nightcrew.log import describe_error, error, event, warning
 from nightcrew.reports import Failure
 from nightcrew.runtime import Runtime
 
@@ -124,12 +124,12 @@ async def sweep_stalled_imports(runtime: Runtime, clock: Clock) -> StalledImport
             count=len(rescued),
             import_item_ids=[str(r["import_item_id"]) for r in rescued],
         )
-    sent = await _resend_items(
+    sent, usable = await _resend_items(
         runtime, rescued, "import_watchdog_rescue_resend_failed", errors, now
     )
 
     pending: list[dict[str, Any]] = []
-    if len(rescued) < STALLED_IMPORT_MAX_RESEND:
+    if usable and len(rescued) < STALLED_IMPORT_MAX_RESEND:
         pending = await runtime.db.fetch(
             SQL["claim_stalled_pending_items"],
             {
@@ -158,7 +158,8 @@ async def sweep_stalled_imports(runtime: Runtime, clock: Clock) -> StalledImport
     ]
     for summary in imports:
         event("import_watchdog_found_stalled", **summary.to_json())
-    sent += await _resend_items(runtime, pending, "import_watchdog_resend_failed", errors, now)
+    more, _ = await _resend_items(runtime, pending, "import_watchdog_resend_failed", errors, now)
+    sent += more
 
     return StalledImportsReport(
         items_requeued=sent, items_rescued=len(rescued), imports=imports, errors=errors
@@ -171,11 +172,14 @@ async def _resend_items(
     failure_event: str,
     errors: list[Failure],
     now: datetime,
-) -> int:
-    """Each claimed row's message sent; the claims of those that failed undone together."""
+) -> tuple[int, bool]:
+    """Each claimed row's message sent; the claims of those that failed undone together.
+    (sent, whether the queue is usable): a queue that cannot be used at all (its table missing,
+    the broker refusing it) is said once, as spec 000's import_watchdog_misconfigured, and
+    nothing more is sent this tick."""
     sent = 0
     failed: list[dict[str, Any]] = []
-    for row in rows:
+    for index, row in enumerate(rows):
         body = {
             "import_id": str(row["import_id"]),
             "import_item_id": str(row["import_item_id"]),
@@ -184,6 +188,10 @@ async def _resend_items(
         try:
             await runtime.queues.send(PODCAST_IMPORTS, body)
             sent += 1
+        except QueueMisconfiguredError as exc:
+            _misconfigured("import_watchdog_misconfigured", PODCAST_IMPORTS, exc, errors)
+            failed.extend(rows[index:])
+            break
         except QueueError as exc:
             failure = {"event": failure_event, **body, "error": describe_error(exc)}
             warning(**failure)
@@ -198,7 +206,13 @@ async def _resend_items(
                 "now": now,
             },
         )
-    return sent
+    return sent, not (errors and errors[-1]["event"] == "import_watchdog_misconfigured")
+
+
+def _misconfigured(name: str, queue: str, exc: QueueError, errors: list[Failure]) -> None:
+    failure: Failure = {"event": name, "queue": queue, "error": describe_error(exc)}
+    error(**failure)
+    errors.append(failure)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -236,7 +250,7 @@ async def sweep_stalled_external_links(runtime: Runtime, clock: Clock) -> Stalle
     sent = null_next = no_target = 0
     errors: list[Failure] = []
     failed: list[dict[str, Any]] = []
-    for row in rows:
+    for index, row in enumerate(rows):
         ids = {"episode_id": str(row["episode_id"]), "podcast_id": str(row["podcast_id"])}
         if row["previous_next_attempt_at"] is None:
             null_next += 1
@@ -255,6 +269,12 @@ async def sweep_stalled_external_links(runtime: Runtime, clock: Clock) -> Stalle
         try:
             await runtime.queues.send(EXTERNAL_EPISODE_LINK, body)
             sent += 1
+        except QueueMisconfiguredError as exc:
+            _misconfigured(
+                "external_link_watchdog_misconfigured", EXTERNAL_EPISODE_LINK, exc, errors
+            )
+            failed.extend(r for r in rows[index:] if r["target_published_at"] is not None)
+            break
         except QueueError as exc:
             failure = {
                 "event": "external_link_watchdog_resend_failed",

@@ -4,6 +4,7 @@ skipped when it is off or does not answer)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import uuid
@@ -74,3 +75,32 @@ async def test_an_unreachable_broker_is_one_clear_error() -> None:
         port = s.getsockname()[1]
     with pytest.raises(QueueUnavailableError, match=f"cannot reach RabbitMQ at 127.0.0.1:{port}"):
         await RabbitQueueProducer.connect(f"amqp://guest:guest@127.0.0.1:{port}/")
+
+
+@needs_rabbitmq
+async def test_a_queue_the_broker_refuses_is_misconfigured_not_a_retry() -> None:
+    """The queue exists on the broker declared otherwise (here: not durable, as another tool
+    made it): the broker refuses our declare (406 PRECONDITION_FAILED) — a configuration to
+    fix, QueueMisconfiguredError, not a send to retry; the producer goes on for other queues."""
+    import aio_pika
+
+    from nightcrew.errors import QueueMisconfiguredError
+
+    queue = f"nightcrew-test-{uuid.uuid4().hex[:8]}"
+    other = f"{queue}-other"
+    connection = await aio_pika.connect_robust(URL)
+    producer = await RabbitQueueProducer.connect(URL)
+    try:
+        channel = await connection.channel()
+        await channel.declare_queue(queue, durable=False, auto_delete=False)
+        with pytest.raises(QueueMisconfiguredError, match="PRECONDITION_FAILED"):
+            await producer.send(queue, {"n": 1})
+        await producer.send(other, {"n": 2})  # the channel recovers for the next queue
+        assert await _get(channel, other) == {"n": 2}
+    finally:
+        channel = await connection.channel()
+        for name in (queue, other):
+            with contextlib.suppress(Exception):
+                await channel.queue_delete(name)
+        await producer.close()
+        await connection.close()

@@ -517,3 +517,32 @@ async def test_four_concurrent_minute_runs_dispatch_each_stalled_item_once(
     imports = [m["body"]["import_item_id"] for m in await f.queue_messages(db, PODCAST_IMPORTS)]
     linked = [m["body"]["episode_id"] for m in await f.queue_messages(db, EXTERNAL_EPISODE_LINK)]
     assert sorted(imports) == sorted(items) and sorted(linked) == sorted(links)
+
+
+async def test_a_queue_that_cannot_be_used_is_misconfigured_once_and_the_other_sweeps_run(
+    db: Database, runtime: Runtime, clock: FrozenClock
+) -> None:
+    """The in-database queue's table is gone: the import and link watchdogs each say
+    spec 000's *_misconfigured once (not a failure per message), send nothing more, and leave
+    their rows due for when it is fixed; the minute lane's other sweeps run on."""
+    from nightcrew.lifecycle.lanes import MINUTE, run_jobs
+
+    _, imp = await _running_import(db, dispatch_end_at=ago(3600))
+    items = [await f.import_item(db, imp, attempts=1, updated_at=ago(3600)) for _ in range(3)]
+    _, episode = await _external_episode(db, external_link_next_attempt_at=ago(3600))
+    await db.execute("DROP TABLE nightcrew.queue_messages")
+    with capture_logs() as logs:
+        report = await run_jobs(runtime, clock, MINUTE)
+    names = [e["event"] for e in logs]
+    assert names.count("import_watchdog_misconfigured") == 1
+    assert names.count("external_link_watchdog_misconfigured") == 1
+    assert "import_watchdog_resend_failed" not in names
+    misconfigured = next(e for e in logs if e["event"] == "import_watchdog_misconfigured")
+    assert misconfigured["queue"] == PODCAST_IMPORTS and "db migrate" in misconfigured["error"]
+    jobs = {j.name: j for j in report.jobs}
+    assert all(j.status == "ok" for j in jobs.values()), {n: j.status for n, j in jobs.items()}
+    assert "import_watchdog_completed" in names  # the lane's own line: it ran to the end
+    for item in items:  # not sent: due again once the queue is fixed
+        assert (await _item(db, item))["updated_at"] == ago(3600)
+    row = await db.fetch_one("SELECT * FROM public.episodes WHERE id = %(id)s", {"id": episode})
+    assert row is not None and row["external_link_next_attempt_at"] == ago(3600)
