@@ -188,6 +188,9 @@ class DrainReport:
     pending: dict[str, int] = field(default_factory=dict)
     dead_by_kind: dict[str, int] = field(default_factory=dict)
     errors: list[Failure] = field(default_factory=list)
+    # (key, delivered at) of every email the drain delivered: a sent warning's stage is
+    # claimed by its sender (``overage.deliver_and_claim``)
+    mail_delivered: list[tuple[str, datetime]] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         return {
@@ -217,6 +220,7 @@ class _Tally:
     dead: int = 0
     released: int = 0
     errors: list[Failure] = field(default_factory=list)
+    mail_delivered: list[tuple[str, datetime]] = field(default_factory=list)
 
     def failed(self, event_name: str, effect: Effect, error: str, **detail: Any) -> None:
         """One effect's failed attempt: logged under ``event_name`` and kept for the report."""
@@ -249,6 +253,7 @@ class _Tally:
             pending=pending or {},
             dead_by_kind=dead_by_kind or {},
             errors=self.errors,
+            mail_delivered=self.mail_delivered,
         )
 
 
@@ -269,6 +274,8 @@ def _settlement(
     caller logs its own event for a delivery (``overage_email_sent``, …), the drain this one."""
     if delivery.status == "delivered":
         tally.delivered += 1
+        if effect.kind == "mail":
+            tally.mail_delivered.append((effect.key, now))
         if not runtime.dry_run:
             runtime.metrics.inc("nightcrew_effects_delivered_total", kind=effect.kind)
         if log_delivered:

@@ -20,7 +20,6 @@ import structlog
 from nightcrew import runs
 from nightcrew.clock import Clock, SlotClock
 from nightcrew.db.database import statement_deadline
-from nightcrew.effects.deliver import deliver_effects
 from nightcrew.errors import DatabaseUnavailableError
 from nightcrew.lifecycle import (
     deletions,
@@ -90,7 +89,9 @@ MINUTE = Lane(
         Job(
             name="deliverEffects",
             failed_event="effects_delivery_failed",
-            run=deliver_effects,
+            # the drain, and the overage stages its emails claim (spec 000: claims follow
+            # the send)
+            run=overage.deliver_and_claim,
         ),
     ),
 )

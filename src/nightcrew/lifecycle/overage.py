@@ -32,7 +32,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from nightcrew.adapters.queues import PUBLIC_API_INVALIDATION
@@ -40,7 +40,7 @@ from nightcrew.clock import Clock
 from nightcrew.db.database import Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects
-from nightcrew.effects.deliver import deliver_now
+from nightcrew.effects.deliver import DrainReport, deliver_effects, deliver_now
 from nightcrew.lifecycle import outbox as feed_outbox
 from nightcrew.lifecycle.overage_mail import Overage, render
 from nightcrew.log import event, warning
@@ -78,6 +78,57 @@ def stage_due(elapsed: timedelta) -> int:
 def idempotency_key(account_id: str, since: datetime, stage: int | str) -> str:
     """``overage:{account}:{since}:{stage}``, since in epoch milliseconds (DESIGN §6)."""
     return f"overage:{account_id}:{int(since.timestamp() * 1000)}:{stage}"
+
+
+def parse_key(key: str) -> tuple[str, datetime, int] | None:
+    """(account, since, stage) of a stage email's key; None for any other key."""
+    parts = key.split(":")
+    if len(parts) != 4 or parts[0] != "overage" or not parts[3].isdigit():
+        return None
+    try:
+        since = datetime.fromtimestamp(int(parts[2]) / 1000, tz=UTC)
+    except ValueError:
+        return None
+    return parts[1], since, int(parts[3])
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DrainAndClaims:
+    """The minute lane's ``deliverEffects``: the effects drain's report, and the overage stages
+    its emails claimed — an email the drain delivered (a retry after Resend failed the first
+    attempt) claims its stage then, as the sweep would have: ``emails_sent`` counts them."""
+
+    drain: DrainReport
+    claims: list[dict[str, Any]]
+    emails_sent: int
+
+    @property
+    def errors(self) -> list[Failure]:
+        return self.drain.errors
+
+    def counts(self) -> dict[str, int]:
+        return {**self.drain.counts(), "emails_sent": self.emails_sent}
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.drain.to_json(), "emails_sent": self.emails_sent, "claims": self.claims}
+
+
+async def deliver_and_claim(runtime: Runtime, clock: Clock) -> DrainAndClaims:
+    """The effects drain; then each stage email it delivered claims its stage, at the
+    delivery's time, with the sweep's conditional claim (the first claim wins; a stage never
+    goes back)."""
+    drain = await deliver_effects(runtime, clock)
+    tally = _Tally()
+    sent = 0
+    for key, delivered_at in drain.mail_delivered:
+        parsed = parse_key(key)
+        if parsed is None:
+            continue
+        account, since, stage = parsed
+        sent += 1
+        event("overage_email_sent", account_id=account, stage=stage, idempotency_key=key)
+        await _claim(runtime, account, since, stage, delivered_at, tally)
+    return DrainAndClaims(drain=drain, claims=tally.claims, emails_sent=sent)
 
 
 def sanction_set(

@@ -573,3 +573,41 @@ async def test_a_reconciler_whose_backend_is_terminated_fails_alone_and_the_esca
         {"a": account},
     )
     assert armed is not None and armed["content_overage_since"] is not None
+
+
+async def test_a_warning_the_minute_lane_delivers_is_claimed_then_and_counted_by_it(
+    db: Database,
+    fresh_db_url: str,
+    http: httpx.AsyncClient,
+    resend_server: RecordingServer,
+    feed_server: RecordingServer,
+) -> None:
+    """Resend answers 500 to the stage-0 email: the daily run leaves the stage unclaimed. The
+    minute lane's drain delivers it a few minutes later and claims stage 0 then — at the
+    delivery's time, counted as emails_sent in that run's report — and the next daily run
+    sends no second stage-0 email."""
+    from nightcrew.lifecycle.lanes import MINUTE, run_jobs
+
+    account, _ = await _account(db)
+    clock = FrozenClock(NOW)
+    runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
+    resend_server.status = 500
+    daily = await run_overage_escalation(runtime, clock)
+    assert daily.armed == 1 and daily.emails_sent == 0
+    assert (await _clock_columns(db, account))[2:] == (-1, None)  # stage, last nag: unclaimed
+
+    resend_server.reset()  # Resend answers again
+    clock.set(NOW + timedelta(minutes=5))
+    minute = await run_jobs(runtime, clock, MINUTE)
+    assert minute.total("emails_sent") == 1
+    assert [s[1] for s in _sent(resend_server)] == [
+        "Your account is over its plan limits — you have 30 days"
+    ]
+    stage, last_nag = (await _clock_columns(db, account))[2:]
+    assert (stage, last_nag) == (0, NOW + timedelta(minutes=5))
+
+    resend_server.reset()
+    clock.set(NOW + DAY)
+    again = await run_overage_escalation(runtime, clock)
+    assert again.emails_sent == 0 and _sent(resend_server) == []
+    assert (await _clock_columns(db, account))[2:] == (0, NOW + timedelta(minutes=5))
