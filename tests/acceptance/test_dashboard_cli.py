@@ -44,8 +44,13 @@ def test_serve_demo_without_a_demo_says_to_run_it(tmp_path: Path) -> None:
 def test_a_database_never_migrated_says_to_migrate(empty_db_url: str) -> None:
     result = run("lifecycle", "run", "minute", env=_env(DATABASE_URL=empty_db_url))
     assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "run `nightcrew db migrate` first" in lines[0], result.stderr
+    *events, last = result.stderr.strip().splitlines()
+    assert "run `nightcrew db migrate` first" in last, result.stderr
+    # the run could not start: spec 000's two events say so, as JSON, before the one line
+    assert [json.loads(e)["event"] for e in events] == [
+        "lifecycle_cron_started",
+        "lifecycle_cron_failed",
+    ]
 
 
 TOKEN = "0123456789abcdef0123456789abcdef-sign-in"

@@ -457,16 +457,19 @@ async def test_a_timed_out_but_delivered_email_is_retried_within_minutes_with_th
 
     resend.mode = "ok"
     await asyncio.sleep(SERVER_HANG_SECONDS + 0.1)  # the loopback server: one request at a time
-    await _minute(runtime, clock, MINUTE)
+    drained = await _minute(runtime, clock, MINUTE)
     [effect] = await _effects(db, "mail")
     assert effect["delivered_at"] is not None and effect["attempts"] == 2
     # the retry came a minute after the first attempt, not a day (Resend keeps a key 24 h)
     assert effect["last_attempt_at"] - effect["created_at"] == MINUTE
     assert resend.keys == [key, key] and resend.delivered[key] == 1  # one email in the inbox
+    # the minute run that delivered it claims the stage, and counts the email
+    assert drained["emails_sent"] == 1
+    assert drained["claims"] == [{"account_id": account, "stage": 0}]
 
-    clock.advance(DAY)  # the next daily run claims the stage without sending again
+    clock.advance(DAY)  # the next daily run: nothing to claim, nothing sent again
     report = await run_overage_escalation(runtime, clock)
-    assert report.claims == [{"account_id": account, "stage": 0}] and report.emails_sent == 0
+    assert report.claims == [] and report.emails_sent == 0
     assert resend.keys == [key, key]
 
 
