@@ -163,8 +163,9 @@ async def test_1200_requests_a_minute_is_20_a_second_after_the_first_burst(
             report, seconds = await timed_run(runtime, "s")
     assert report.processed_count == report.ai_reviewed_count == 80
     arrivals = sorted(c.at for c in model.calls)
-    # 80 calls at 20 a second: the last starts 3 s after the first, at the earliest
-    assert arrivals[-1] - arrivals[0] >= 3.0 - JITTER, arrivals
+    # 80 calls at 20 a second (a first burst of 20): the last starts 3 s after the first, at
+    # the earliest (unlimited, they all arrive within ~0.1 s)
+    assert arrivals[-1] - arrivals[0] >= 2.5, arrivals
     # after the first burst, ~20 a second: a batch sent late (an event loop that two busy
     # cores kept waiting) may still land beside the next, so up to half a batch more
     after_burst = busiest_second(model.calls, arrivals[0] + 1.0)
@@ -219,8 +220,8 @@ async def test_two_processes_sharing_redis_keep_the_rate_together(
         assert report["processedCount"] == 40 and report["redisEnabled"] is True, report
     arrivals = sorted(c.at for c in model.calls)
     assert len(reviews(model)) == 80
-    # 80 at 10 a second, shared: the last 7 s after the first; alone, each would take 3 s
-    assert arrivals[-1] - arrivals[0] >= 7.0 - JITTER, arrivals
+    # 80 at 10 a second, shared: the last 7 s after the first; each alone would take 3 s
+    assert arrivals[-1] - arrivals[0] >= 6.5, arrivals
     assert busiest_second(model.calls, arrivals[0] + 1.0) <= 15, arrivals
 
 
@@ -243,7 +244,7 @@ async def test_a_redis_that_is_gone_leaves_the_rate_per_process_and_says_so(
     assert report.processed_count == 30 and report.redis_enabled is False
     assert any(e["event"] == "news.ai_rate_limit_local" for e in logs)
     arrivals = sorted(c.at for c in model.calls)
-    assert arrivals[-1] - arrivals[0] >= 2.0 - JITTER, arrivals  # 30 at 10 a second
+    assert arrivals[-1] - arrivals[0] >= 1.5, arrivals  # 30 at 10 a second, a burst of 10
 
 
 # --- a provider's own limit -----------------------------------------------------------------------
