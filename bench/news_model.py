@@ -43,17 +43,14 @@ from uuid import uuid4
 
 from tests.support.standins import FeedFarm, ModelStandIn
 
-from bench._db import admin_url, drop, recreate
-from bench.news_pipeline import AMQP_URL, _delete
+from bench._db import admin_url, drop
+from bench.news_pipeline import _delete, _fresh, _settings, _written
 from nightcrew.clock import SystemClock
 from nightcrew.config import Settings
-from nightcrew.db.database import Database
-from nightcrew.db.migrate import migrate
 from nightcrew.gc_tuning import tune_for_bursts
 from nightcrew.log import configure_logging
 from nightcrew.news.engines.inline import run_shard
 from nightcrew.news.engines.pipeline.passes import run_pass
-from nightcrew.news.sources.registry import add_source
 from nightcrew.runtime import open_runtime
 
 DB_NAME = "nightcrew_bench_model"
@@ -113,45 +110,12 @@ class Result:
         )
 
 
-def _settings(url: str, model: str, store: Path, total: int, conc: int, **more: str) -> Any:
-    return {
-        "DATABASE_URL": url,
-        "QUEUE_URL": AMQP_URL,
-        "NEWS_PIPELINE": "inline",
-        "NEWS_ALLOWED_PRIVATE_HOSTS": "127.0.0.1",
-        "NEWS_AI_BASE_URL": model,
-        "NEWS_AI_MODEL": "stand-in",
-        "NEWS_AI_CONCURRENCY": str(conc),
-        "STORAGE_URL": f"file://{store}",
-        "INGESTION_BACKPRESSURE_QUEUE_LIMIT": str(total * 2),
-        "INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT": str(total * 10),
-        "MAX_AI_REVIEWS": str(total * 2),
-        "NIGHTCREW_LOG_LEVEL": "warning",
-        **more,
-    }
-
-
-async def _fresh(admin: str, feeds: list[str]) -> tuple[str, Database]:
-    url = recreate(admin, DB_NAME)
-    db = await Database.open(url)
-    await migrate(db)
-    now = SystemClock().now()
-    for n, feed in enumerate(feeds):
-        await add_source(db, url=feed, name=f"feed {n}", shard="bench", now=now)
-    return url, db
-
-
-async def _written(db: Database) -> int:
-    row = await db.fetch_one("SELECT count(*) AS n FROM news.articles")
-    return int(row["n"]) if row else 0
-
-
 async def inline(
     admin: str, feeds: list[str], model: str, store: Path, total: int, conc: int
 ) -> float:
-    url, db = await _fresh(admin, feeds)
+    url, db = await _fresh(admin, feeds, DB_NAME)
     try:
-        env = _settings(url, model, store, total, conc)
+        env = _settings(url, model, "unused", store, total, "inline", conc)
         clock = SystemClock()
         async with open_runtime(Settings.model_validate(env), clock, db=db) as runtime:
             started = time.perf_counter()
@@ -168,11 +132,9 @@ async def inline(
 async def pipeline(
     admin: str, feeds: list[str], model: str, store: Path, total: int, conc: int
 ) -> float:
-    url, db = await _fresh(admin, feeds)
+    url, db = await _fresh(admin, feeds, DB_NAME)
     prefix = f"bench-{uuid4().hex[:8]}"
-    env = _settings(
-        url, model, store, total, conc, NEWS_PIPELINE="rabbitmq", NEWS_QUEUE_PREFIX=prefix
-    )
+    env = _settings(url, model, prefix, store, total, "rabbitmq", conc)
     nightcrew = str(Path(sys.executable).parent / "nightcrew")
     worker: asyncio.subprocess.Process | None = None
     try:

@@ -104,8 +104,9 @@ def _settings(
     }
 
 
-async def _fresh(admin: str, feeds: list[str]) -> tuple[str, Database]:
-    url = recreate(admin, DB_NAME)
+async def _fresh(admin: str, feeds: list[str], name: str = DB_NAME) -> tuple[str, Database]:
+    """A new database ``name`` (migrated), ``feeds`` its shard "bench"'s sources."""
+    url = recreate(admin, name)
     db = await Database.open(url)
     await migrate(db)
     now = SystemClock().now()
