@@ -178,6 +178,7 @@ async def _resend_items(
     the broker refusing it) is said once, as spec 000's import_watchdog_misconfigured, and
     nothing more is sent this tick."""
     sent = 0
+    usable = True
     failed: list[dict[str, Any]] = []
     for index, row in enumerate(rows):
         body = {
@@ -191,6 +192,7 @@ async def _resend_items(
         except QueueMisconfiguredError as exc:
             _misconfigured("import_watchdog_misconfigured", PODCAST_IMPORTS, exc, errors)
             failed.extend(rows[index:])
+            usable = False
             break
         except QueueError as exc:
             failure = {"event": failure_event, **body, "error": describe_error(exc)}
@@ -206,7 +208,7 @@ async def _resend_items(
                 "now": now,
             },
         )
-    return sent, not (errors and errors[-1]["event"] == "import_watchdog_misconfigured")
+    return sent, usable
 
 
 def _misconfigured(name: str, queue: str, exc: QueueError, errors: list[Failure]) -> None:
