@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.acceptance.test_cli import _env, _nightcrew
+from tests.acceptance.test_cli import _env, _nightcrew, run
 from tests.support.standins import FeedFarm, ModelStandIn
 
 pytestmark = pytest.mark.acceptance
@@ -32,16 +32,9 @@ def test_sigterm_cancels_a_runs_model_calls_and_releases_its_locks(
             STORAGE_URL=f"file://{tmp_path}",
         )
         feed = farm.feed_urls()[0]
-        added = subprocess.run(
-            [_nightcrew(), "news", "sources", "add", feed, "--name", "F", "--shard", "s"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        added = run("news", "sources", "add", feed, "--name", "F", "--shard", "s", env=env)
         assert added.returncode == 0, added.stderr
-        run = subprocess.Popen(
+        running = subprocess.Popen(
             [_nightcrew(), "news", "run", "--shard", "s", "--json"],
             env=env,
             stdout=subprocess.PIPE,
@@ -52,9 +45,9 @@ def test_sigterm_cancels_a_runs_model_calls_and_releases_its_locks(
         while sum(model.reviews.values()) < 4 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert sum(model.reviews.values()) == 4, "four calls in flight"
-        run.send_signal(signal.SIGTERM)
-        out, err = run.communicate(timeout=30)
-        assert run.returncode == 143, (out, err)
+        running.send_signal(signal.SIGTERM)
+        out, err = running.communicate(timeout=30)
+        assert running.returncode == 143, (out, err)
         assert err.strip().splitlines()[-1] == (
             "nightcrew: terminated (SIGTERM): the work in hand was cancelled"
         )
@@ -68,13 +61,6 @@ def test_sigterm_cancels_a_runs_model_calls_and_releases_its_locks(
         assert locks == (0,) and written == (0,)
 
         model.delay = 0.0
-        again = subprocess.run(
-            [_nightcrew(), "news", "run", "--shard", "s", "--json"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        again = run("news", "run", "--shard", "s", "--json", env=env)
         assert again.returncode == 0, again.stderr
         assert json.loads(again.stdout)["processedCount"] == 12
