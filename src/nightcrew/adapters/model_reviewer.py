@@ -207,7 +207,7 @@ class ChatReviewer:
         """The answer in the best format the server takes: a 400/422 to a structured format is
         asked again in the next; the first format answered becomes the process's own. Read
         once the call has its slot, so the calls that waited for one use what the first found."""
-        first = tried = self._format
+        tried = self._format
         refused: ReviewError | None = None
         while True:
             name, response_format = FORMATS[tried]
@@ -219,7 +219,7 @@ class ChatReviewer:
                 refused = refused or exc
                 tried += 1
                 continue
-            if tried != first and tried > self._format:
+            if tried > self._format:  # a fallback this call found first
                 event(
                     "news.ai_response_format_fallback",
                     refused=FORMATS[self._format][0],
