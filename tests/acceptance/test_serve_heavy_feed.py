@@ -23,7 +23,9 @@ from tests.support.servers import RecordingServer, free_port
 
 pytestmark = pytest.mark.acceptance
 
-PARSE_BUDGET = 3
+# feedparser reads the 50,000 linkless items in about 1.8 s on an idle 2-core machine: a 3 s
+# budget was met once in CI, so the budget sits well under the parse
+PARSE_BUDGET = 1
 
 
 def test_serve_stays_responsive_while_a_shard_parses_a_feed_over_its_budget(
@@ -118,7 +120,7 @@ def test_serve_stays_responsive_while_a_shard_parses_a_feed_over_its_budget(
     # sampled all through the heavy parse, and never slow
     assert heavy_served, "the heavy feed was never fetched"
     during = [took for when, took in health if when >= heavy_served[0]]
-    assert len(during) >= PARSE_BUDGET * 2, during
+    assert len(during) >= 3, during
     assert max(took for _, took in health) < 2.0, max(health, key=lambda h: h[1])
     assert max(pages) < 4.0, max(pages)
     assert serve.returncode == 0, "".join(stderr_lines[-20:])
