@@ -3,7 +3,8 @@
 One listing of ``podcasts/`` — partitioned by podcast prefix, RECONCILE_LIST_CONCURRENCY
 partitions in flight — streams into a session temp table (COPY, one page of 1000 at a time), so
 every job is a join and the store sees about N/1000 + prefixes list requests plus one request
-per candidate: a HEAD per missing-object candidate (it may have been uploaded after the listing
+per candidate: a HEAD per enclosure key outside ``podcasts/`` (a legacy layout the listing
+cannot cover), a HEAD per missing-object candidate (it may have been uploaded after the listing
 passed it) and a delete per batch of at most 1000 orphans. Memory stays flat: nothing holds more
 than OVERLAP_PAGES listing pages or a batch of candidates.
 
@@ -14,7 +15,8 @@ lives in one rolled-back transaction that no second connection can read, so per-
 joins would have to stop and restart the COPY on this one, for what is left after the keys:
 at 100k the joins after the listing take 0.3 s of a 3.8 s dry run (bench.reconcile).
 
-1. size backfill  — measured sizes where the recorded one is NULL or wrong (+ outbox intent for
+1. size backfill  — every enclosure's object, listed or HEADed, whatever its key's layout:
+                    measured sizes where the recorded one is NULL or wrong (+ outbox intent for
                     a published episode), SIZE_WRITE_BATCH rows a statement and transaction;
                     a row the cap trigger refuses (23514) is listed, never fatal, and the rest
                     of its batch is written.
@@ -159,6 +161,29 @@ class BlockedWrite:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ForeignUrl:
+    """An episode whose audio_url is not under R2_PUBLIC_URL: no key, so no size measured."""
+
+    episode_id: str
+    audio_url: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"episodeId": self.episode_id, "audioUrl": self.audio_url}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Measured:
+    """How the enclosures' objects were measured: by the listing of ``podcasts/`` (every layout
+    under it), by a HEAD per key outside it (legacy keys), and which URLs name no key of ours."""
+
+    by_listing: int = 0
+    by_head: int = 0
+    heads: int = 0  # HEAD requests: one per distinct key outside the listing
+    not_under_public_url: int = 0
+    not_under_public_url_sample: tuple[ForeignUrl, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SizeBackfill:
     checked: int = 0
     mismatched: int = 0
@@ -166,12 +191,20 @@ class SizeBackfill:
     blocked_over_cap: tuple[BlockedWrite, ...] = ()
     sample: tuple[SizeSample, ...] = ()
     cap_bypass_fallback: bool | None = None  # None: the bypass was not asked for
+    measured: Measured = field(default_factory=Measured)
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
             "checked": self.checked,
             "mismatched": self.mismatched,
             "written": self.written,
+            "measuredByListing": self.measured.by_listing,
+            "measuredByHead": self.measured.by_head,
+            "heads": self.measured.heads,
+            "notUnderPublicUrl": self.measured.not_under_public_url,
+            "notUnderPublicUrlSample": [
+                u.to_json() for u in self.measured.not_under_public_url_sample
+            ],
             "blockedOverCap": [b.to_json() for b in self.blocked_over_cap],
             "sample": [s.to_json() for s in self.sample],
         }
@@ -456,8 +489,13 @@ async def run_reconcile(
                 listing = await _load_listing(
                     conn, store, tick, concurrency, meanwhile=derive_episode_keys
                 )
+            with _timed(phases, "heads"):
+                heads = await _head_unlisted(conn, store, tick)
             with _timed(phases, "sizeBackfill"):
-                size_backfill = await _size_backfill(runtime, conn, options, prefix, now, tick)
+                measured = await _measured(conn, prefix, heads)
+                size_backfill = await _size_backfill(
+                    runtime, conn, options, prefix, now, tick, measured
+                )
             with _timed(phases, "missing"):
                 missing = await _missing(runtime, conn, options, prefix, now, tick)
             if options.apply:
@@ -617,6 +655,55 @@ def _listing_phase(objects: int, done: int, partitions: int, started: float) -> 
     return f"listing ({rate:,.0f} objects/s, {done:,}/{partitions:,} podcasts{eta})"
 
 
+async def _head_unlisted(conn: Tx, store: ObjectStore, tick: Progress) -> int:
+    """HEAD every enclosure key the listing of ``podcasts/`` cannot cover (spec 000: "for every
+    episode with audio_url, derive the R2 key and HEAD it"), HEAD_CONCURRENCY at a time, and add
+    the objects found to the listing as kind 'headed': the size backfill then joins them like
+    listed ones, the missing check does not HEAD them again, and no sweep selects them.
+    Returns the HEAD requests made."""
+    gate = asyncio.Semaphore(HEAD_CONCURRENCY)
+    after, heads = "", 0
+
+    async def head(key: str) -> StoredObject | None:
+        async with gate:
+            return await store.head(key)
+
+    while keys := [
+        r["key"]
+        for r in await conn.fetch(SQL["unlisted_keys"], {"after": after, "limit": LIST_PAGE})
+    ]:
+        found = [o for o in await asyncio.gather(*(head(k) for k in keys)) if o is not None]
+        heads += len(keys)
+        after = keys[-1]
+        if found:
+            await conn.execute(
+                SQL["add_headed"],
+                {
+                    "keys": [o.key for o in found],
+                    "sizes": [o.size for o in found],
+                    "modified": [o.last_modified for o in found],
+                },
+            )
+        tick("keys outside the listing", heads)
+    return heads
+
+
+async def _measured(conn: Tx, prefix: str, heads: int) -> Measured:
+    [counts] = await conn.fetch(SQL["measured"])
+    foreign = await conn.fetch(
+        SQL["not_under_public_url"], {"prefix": prefix, "sample": SAMPLE_KEYS}
+    )
+    return Measured(
+        by_listing=counts["by_listing"],
+        by_head=counts["by_head"],
+        heads=heads,
+        not_under_public_url=foreign[0]["total"] if foreign else 0,
+        not_under_public_url_sample=tuple(
+            ForeignUrl(episode_id=str(r["id"]), audio_url=r["audio_url"]) for r in foreign
+        ),
+    )
+
+
 async def _size_backfill(
     runtime: Runtime,
     conn: Tx,
@@ -624,6 +711,7 @@ async def _size_backfill(
     prefix: str,
     now: datetime,
     tick: Progress,
+    measured: Measured,
 ) -> SizeBackfill:
     checked = mismatched = written = 0
     blocked: list[BlockedWrite] = []
@@ -685,6 +773,7 @@ async def _size_backfill(
         blocked_over_cap=tuple(blocked),
         sample=tuple(sample),
         cap_bypass_fallback=fallback if options.bypass_cap_for_backfill else None,
+        measured=measured,
     )
 
 

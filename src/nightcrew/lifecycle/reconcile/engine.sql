@@ -50,13 +50,53 @@ ANALYZE reconcile_objects;
 -- name: drop_listing
 DROP TABLE IF EXISTS reconcile_objects;
 
+-- name: unlisted_keys
+-- The enclosures' keys the listing of podcasts/ cannot cover (a legacy key outside it): each
+-- is HEADed and its object, when present, joins the listing as kind 'headed', which no sweep
+-- selects. A flat podcasts/{p}/e/{file} key is listed (kind 'other'), so it needs no HEAD.
+-- A page at a time after the last key (keyset): no cursor stays open while the page's objects
+-- are added to the listing on the same session.
+SELECT DISTINCT r.key
+  FROM reconcile_refs r
+ WHERE r.enclosure
+   AND r.key IS NOT NULL
+   AND left(r.key, 9) <> 'podcasts/'
+   AND r.key > %(after)s
+ ORDER BY r.key
+ LIMIT %(limit)s;
+
+-- name: add_headed
+INSERT INTO reconcile_objects (key, kind, size, last_modified)
+SELECT key, 'headed', size, last_modified
+  FROM unnest(%(keys)s::text[], %(sizes)s::bigint[], %(modified)s::timestamptz[])
+       AS t (key, size, last_modified);
+
+-- name: measured
+-- How many enclosures have a measured object, by listing and by HEAD.
+SELECT count(*) FILTER (WHERE o.kind <> 'headed') AS by_listing,
+       count(*) FILTER (WHERE o.kind = 'headed') AS by_head
+  FROM reconcile_refs r
+  JOIN reconcile_objects o ON o.key = r.key
+ WHERE r.enclosure;
+
+-- name: not_under_public_url
+-- Episodes whose audio_url is not under R2_PUBLIC_URL: no key can be derived, so no size is
+-- measured; counted and sampled for the report, never guessed at.
+SELECT count(*) OVER () AS total, id, audio_url
+  FROM public.episodes
+ WHERE audio_url IS NOT NULL
+   AND left(audio_url, length(%(prefix)s)) <> %(prefix)s
+ ORDER BY id
+ LIMIT %(sample)s;
+
 -- name: size_candidates
--- Episodes whose object exists but whose recorded size is NULL or differs.
+-- Episodes whose object exists but whose recorded size is NULL or differs: whatever the key's
+-- layout (podcasts/{p}/e/{e}/{file}, a flat podcasts/{p}/e/{file}, or a legacy key HEADed
+-- into the listing), the object the enclosure names is what its size measures.
 SELECT r.id, r.podcast_id, r.status, r.audio_url, r.recorded, o.size AS actual, o.key
   FROM reconcile_refs r
   JOIN reconcile_objects o ON o.key = r.key
  WHERE r.enclosure
-   AND o.kind = 'audio'
    AND r.recorded IS DISTINCT FROM o.size
  ORDER BY r.id;
 
