@@ -16,7 +16,14 @@ class ConfigError(NightcrewError):
 
 
 class DatabaseUnavailableError(NightcrewError):
-    """PostgreSQL could not be reached; the message names the host, never the password."""
+    """PostgreSQL could not be reached; the message names the host, never the password.
+
+    ``silent``: nothing answered in time (a statement's deadline, the pool's checkout): the
+    database itself is gone or frozen, not one session cut under a job."""
+
+    def __init__(self, message: str, *, silent: bool = False) -> None:
+        super().__init__(message)
+        self.silent = silent
 
 
 class MigrationError(NightcrewError):

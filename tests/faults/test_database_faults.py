@@ -786,3 +786,48 @@ async def test_a_slot_whose_run_cannot_start_still_says_started_and_failed(
         NOW.date().isoformat()
     )
     assert "PostgreSQL" in events[1]["error"] and events[1]["started"] is False
+
+
+async def test_a_minute_sweep_whose_backend_is_terminated_fails_alone_and_the_others_run(
+    db: Database, fresh_db_url: str
+) -> None:
+    """The stalled-import sweep's claim waits on a lock the test holds; an admin terminates its
+    backend (pg_terminate_backend, found in pg_stat_activity). The database still answers, so
+    that sweep fails alone with import_watchdog_failed, the lane's other sweeps and its
+    effects drain report as usual, and the run completes with the failure counted."""
+    await _stalled_items(db, 5)
+    dbname = urlsplit(fresh_db_url).path.lstrip("/")
+    clock = FrozenClock(NOW)
+    runtime = make_runtime(db, clock, fresh_db_url)
+    async with await psycopg.AsyncConnection.connect(fresh_db_url) as locker:
+        await locker.execute("LOCK TABLE public.import_items IN ACCESS EXCLUSIVE MODE")
+        with capture_logs() as logs:
+            lane = asyncio.create_task(run_lane(runtime, clock, "minute"))
+            assert await _eventually(lambda: _lock_waiter(db, dbname), within=30)
+            terminated = await db.fetch(
+                "SELECT pg_terminate_backend(pid) AS t FROM pg_stat_activity"
+                " WHERE datname = %(db)s AND wait_event_type = 'Lock'",
+                {"db": dbname},
+            )
+            await locker.rollback()
+            async with asyncio.timeout(BOUND):
+                report = await lane
+    assert terminated == [{"t": True}]
+    assert report is not None
+    outcomes = {j.name: j.status for j in report.jobs}
+    assert outcomes == {
+        "sweepStalledImports": "failed",
+        "sweepStalledExternalLinks": "ok",
+        "sweepStuckHostingMigrationPreviews": "ok",
+        "sweepWedgedMediaJobs": "ok",
+        "deliverEffects": "ok",
+    }
+    [failed] = [e for e in logs if e["event"] == "import_watchdog_failed"]
+    assert "PostgreSQL" in failed["error"], failed
+    [completed] = [e for e in logs if e["event"] == "import_watchdog_completed"]
+    assert completed["errors"] == 1
+    assert await _sent_item_ids(db) == Counter()  # the claim never committed
+    row = await db.fetch_one(
+        "SELECT status FROM nightcrew.runs WHERE id = %(id)s", {"id": report.run_id}
+    )
+    assert row == {"status": "completed"}, row

@@ -209,17 +209,19 @@ class LaneReport:
         }
 
 
-# After a daily job lost its connection: how long the lane asks the database whether it still
-# answers before it stops (a cut session is not a database that is gone).
+# After a job lost its connection: how long the lane asks the database whether it still
+# answers before it stops (a cut session is not a database that is gone). The minute lane asks
+# for less: its stop with a silent database is bounded (10 s a statement, 30 s a run).
 DATABASE_CHECK_SECONDS = 5.0
+MINUTE_DATABASE_CHECK_SECONDS = 3.0
 DATABASE_CHECK_PAUSE_SECONDS = 0.5
 
 
-async def _database_answers(runtime: Runtime) -> bool:
+async def _database_answers(runtime: Runtime, within: float) -> bool:
     """Whether the database answers on a fresh connection (the pool drops a broken one)
-    within DATABASE_CHECK_SECONDS."""
+    within ``within`` seconds."""
     try:
-        async with asyncio.timeout(DATABASE_CHECK_SECONDS):
+        async with asyncio.timeout(within):
             while True:
                 try:
                     await runtime.db.fetch_one("SELECT 1")
@@ -235,14 +237,16 @@ async def _isolated(job: Job, runtime: Runtime, clock: Clock, lane: Lane) -> Job
     try:
         report = await job.run(runtime, clock)
     except Exception as exc:  # isolation is the point: one job never stops the others
-        # A daily job whose connection was cut (a pooler's lifetime, pg_terminate_backend)
-        # fails alone, as any failure, and the next job starts on a healthy connection (spec
-        # 000: a reconcile failure cannot block the rest of daily maintenance). A database
-        # that stays unreachable stops the lane (run_jobs), its slot retried — and the minute
-        # lane stops at once: its statements are short, its next tick a minute away, and its
-        # stop is bounded (the README's 30 s with a silent database).
+        # A job whose connection was cut (a pooler's lifetime, pg_terminate_backend) fails
+        # alone, as any failure, and the next job starts on a healthy connection (spec 000: a
+        # reconcile failure cannot block the rest of daily maintenance; the minute lane's
+        # sweeps each have their own catch). A database that stays unreachable stops the
+        # lane (run_jobs), its slot retried.
+        # A silent database (no reply in time) stops the lane at once: asking it again would
+        # only add the check's own wait to the minute lane's bounded stop.
+        within = MINUTE_DATABASE_CHECK_SECONDS if lane.short_statements else DATABASE_CHECK_SECONDS
         if isinstance(exc, DatabaseUnavailableError) and (
-            lane.short_statements or not await _database_answers(runtime)
+            exc.silent or not await _database_answers(runtime, within)
         ):
             raise
         message = describe_error(exc)

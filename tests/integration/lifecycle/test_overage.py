@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from dataclasses import replace
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from nightcrew.adapters.feedcache import HttpFeedCache
 from nightcrew.adapters.mail import ResendMailer
 from nightcrew.adapters.queues import PUBLIC_API_INVALIDATION
+from nightcrew.adapters.storage import ObjectStore, open_store
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
 from nightcrew.lifecycle.overage import (
@@ -529,41 +531,57 @@ async def test_a_reconciler_whose_backend_is_terminated_fails_alone_and_the_esca
     http: httpx.AsyncClient,
     resend_server: RecordingServer,
     feed_server: RecordingServer,
+    tmp_path: Path,
 ) -> None:
-    """Spec 000: "a reconcile failure cannot block the rest of daily maintenance". The
-    reconciler's PostgreSQL backend is terminated under it (pg_terminate_backend, as an admin
-    or a pooler's lifetime would): scheduled_reconcile_failed is logged, and the overage
-    escalation still arms the over-cap account in the same run, on a fresh connection."""
+    """Spec 000: "a reconcile failure cannot block the rest of daily maintenance". The daily
+    lane runs the real reconciler; while its listing is in flight, an admin connection
+    terminates its PostgreSQL backend (pg_terminate_backend, found by its application_name, as
+    an operator or a pooler's lifetime would): scheduled_reconcile_failed is logged, and the
+    overage escalation still arms the over-cap account in the same run, on a fresh
+    connection."""
     from structlog.testing import capture_logs
 
-    from nightcrew.lifecycle.lanes import DAILY, Lane, run_jobs
+    from nightcrew.lifecycle.lanes import run_lane
+    from nightcrew.lifecycle.reconcile.engine import SESSION_NAME
 
     account, _ = await _account(db)
     clock = FrozenClock(NOW)
-    runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
-
-    async def reconcile_cut_under_it(runtime: Runtime, clock: FrozenClock) -> Any:
-        async with runtime.db.transaction() as tx:  # the reconciler's long session, cut
-            await tx.execute("SELECT pg_terminate_backend(pg_backend_pid())")
-        raise AssertionError("the terminated session went on")
-
-    jobs = tuple(
-        replace(j, run=reconcile_cut_under_it) if j.name == "runReconcile" else j
-        for j in DAILY.jobs
-        if j.name in ("runReconcile", "runOverageEscalation")
+    store = _HeldListing(open_store(f"file://{tmp_path}"))
+    runtime = make_runtime(
+        db,
+        clock,
+        fresh_db_url,
+        env={"PUBLIC_APP_URL": "https://app.example", "R2_PUBLIC_URL": "https://media.example"},
+        mail=ResendMailer(
+            http, api_base=resend_server.url, api_key="re_test_key", from_email="b@podcasts.example"
+        ),
+        feedcache=HttpFeedCache(http, feed_server.url, "feed-secret"),
+        store=store,
     )
-    lane = Lane(
-        name="daily",
-        cron=DAILY.cron,
-        jobs=jobs,
-        concurrent=False,
-        completed_event=DAILY.completed_event,
-    )
+
+    async def terminate_the_reconciler() -> list[dict[str, Any]]:
+        await asyncio.wait_for(store.listing.wait(), 30)
+        try:
+            async with await psycopg.AsyncConnection.connect(fresh_db_url) as admin:
+                cur = await admin.execute(
+                    "SELECT pg_terminate_backend(pid) AS terminated FROM pg_stat_activity"
+                    " WHERE application_name = %s AND datname = current_database()",
+                    (SESSION_NAME,),
+                )
+                return [dict(zip(["terminated"], r, strict=True)) for r in await cur.fetchall()]
+        finally:
+            store.proceed.set()
+
     with capture_logs() as logs:
-        report = await run_jobs(runtime, clock, lane)
+        report, terminated = await asyncio.gather(
+            run_lane(runtime, clock, "daily"), terminate_the_reconciler()
+        )
+    assert terminated == [{"terminated": True}]
+    assert report is not None
     outcomes = {j.name: j for j in report.jobs}
     assert outcomes["runReconcile"].status == "failed"
-    assert [e for e in logs if e["event"] == "scheduled_reconcile_failed"]
+    [failed] = [e for e in logs if e["event"] == "scheduled_reconcile_failed"]
+    assert "terminat" in failed["error"] or "lost PostgreSQL" in failed["error"], failed
     assert outcomes["runOverageEscalation"].status == "ok"
     assert outcomes["runOverageEscalation"].count("armed") == 1, outcomes[
         "runOverageEscalation"
@@ -573,6 +591,24 @@ async def test_a_reconciler_whose_backend_is_terminated_fails_alone_and_the_esca
         {"a": account},
     )
     assert armed is not None and armed["content_overage_since"] is not None
+    assert [e["event"] for e in logs][-1] == "lifecycle_cron_completed"
+
+
+class _HeldListing:
+    """A real store whose listing of podcasts/ tells the test it started, then waits for it."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self._inner = inner
+        self.listing = asyncio.Event()
+        self.proceed = asyncio.Event()
+
+    async def list_children(self, prefix: str) -> Any:
+        self.listing.set()
+        await self.proceed.wait()
+        return await self._inner.list_children(prefix)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 async def test_a_warning_the_minute_lane_delivers_is_claimed_then_and_counted_by_it(

@@ -53,7 +53,8 @@ async def test_flat_and_legacy_keys_get_their_sizes_and_are_never_swept(
     assert sizes["notUnderPublicUrlSample"] == [{"episodeId": foreign_ep, "audioUrl": FOREIGN}]
     # the flat episode is published: its feed's enclosure length changed
     intents = await db.fetch(
-        "SELECT podcast_id::text FROM public.feed_invalidation_outbox WHERE reason = 'size_backfill'"
+        "SELECT podcast_id::text FROM public.feed_invalidation_outbox"
+        " WHERE reason = 'size_backfill'"
     )
     assert intents == [{"podcast_id": w.podcast}]
     # the absent legacy object is the missing check's, HEADed again there, not measured

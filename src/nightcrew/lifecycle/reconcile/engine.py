@@ -35,7 +35,7 @@ import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -76,6 +76,9 @@ LIST_PAGE = 1000
 # million times (size backfill 15.5 → 7.8 s, missing 17.4 → 7.4 s). The connection is closed
 # afterwards, so no pooled backend keeps the memory or the settings.
 JOIN_SETTINGS = {"temp_buffers": "512MB", "work_mem": "64MB", "enable_nestloop": "off"}
+# How an operator finds the reconciler's long session in pg_stat_activity (the pool's
+# connections are "nightcrew").
+SESSION_NAME = "nightcrew-reconcile"
 REMOTE_LIST_CONCURRENCY = 16
 # Listing pages buffered while the session derives the episodes' keys before its COPY starts:
 # 64 pages of 1,000 objects, ~20 MB, enough for the listers to run through that work (100k
@@ -176,11 +179,16 @@ class Measured:
     """How the enclosures' objects were measured: by the listing of ``podcasts/`` (every layout
     under it), by a HEAD per key outside it (legacy keys), and which URLs name no key of ours."""
 
-    by_listing: int = 0
+    keyed: int = 0  # enclosures under R2_PUBLIC_URL whose key could be derived
     by_head: int = 0
+    unmeasured: int = 0  # keyed, neither listed nor found by a HEAD: the missing check's
     heads: int = 0  # HEAD requests: one per distinct key outside the listing
     not_under_public_url: int = 0
     not_under_public_url_sample: tuple[ForeignUrl, ...] = ()
+
+    @property
+    def by_listing(self) -> int:
+        return self.keyed - self.by_head - self.unmeasured
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -226,6 +234,7 @@ class MissingSample:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Missing:
     count: int = 0
+    candidates: int = 0  # not in the listing, each HEADed: the missing and the late uploads
     quarantined: int = 0
     sample: tuple[MissingSample, ...] = ()
     failures: tuple[Failure, ...] = ()  # one per episode whose quarantine rolled back
@@ -471,33 +480,48 @@ async def run_reconcile(
     # the listing's COPY and the joins over a million rows are long work, not a lane's statement
     long_work = runtime.settings.db_long_statement_timeout_seconds
     async with runtime.db.session(
-        statement_timeout=long_work, settings=JOIN_SETTINGS, discard=True
+        statement_timeout=long_work,
+        settings={**JOIN_SETTINGS, "application_name": SESSION_NAME},
+        discard=True,
     ) as conn:
         await conn.execute(SQL["drop_listing"])
         await conn.execute(SQL["drop_refs"])
+        await conn.execute(SQL["drop_unlisted"])
         await conn.execute(SQL["create_listing"])
+        # the URLs no key can be derived from, on a pooled connection meanwhile
+        foreign = asyncio.create_task(
+            runtime.db.fetch(SQL["not_under_public_url"], {"prefix": prefix, "sample": SAMPLE_KEYS})
+        )
         try:
             concurrency = list_concurrency(runtime.settings.reconcile_list_concurrency, store)
+            keyed = 0
 
             async def derive_episode_keys() -> None:
+                nonlocal keyed
                 with _timed(phases, "episodeKeys"):  # inside the listing's time
                     await conn.execute(SQL["create_refs"], {"prefix": prefix})
                     await conn.execute(SQL["index_refs"])
                     await conn.execute(SQL["analyze_refs"])
+                    await conn.execute(SQL["create_unlisted"])
+                    [row] = await conn.fetch(SQL["keyed_enclosures"])
+                    keyed = row["keyed"]
 
             with _timed(phases, "listing"):
                 listing = await _load_listing(
                     conn, store, tick, concurrency, meanwhile=derive_episode_keys
                 )
             with _timed(phases, "heads"):
-                heads = await _head_unlisted(conn, store, tick)
+                heads, by_head = await _head_unlisted(conn, store, tick)
+            measured = _measured(keyed, heads, by_head, await foreign)
             with _timed(phases, "sizeBackfill"):
-                measured = await _measured(conn, prefix, heads)
                 size_backfill = await _size_backfill(
                     runtime, conn, options, prefix, now, tick, measured
                 )
             with _timed(phases, "missing"):
                 missing = await _missing(runtime, conn, options, prefix, now, tick)
+            size_backfill = replace(
+                size_backfill, measured=replace(measured, unmeasured=missing.candidates)
+            )
             if options.apply:
                 with _timed(phases, "outbox"):
                     outbox = await drain_feed_outbox(runtime, clock, now)
@@ -516,6 +540,11 @@ async def run_reconcile(
                 with _timed(phases, f"sweep:{spec.kind}"):
                     sweeps.append(await _sweep(context, spec))
         finally:
+            if not foreign.done():
+                foreign.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await foreign  # a failure here is the run's failure already being raised
+            await conn.execute(SQL["drop_unlisted"])
             await conn.execute(SQL["drop_refs"])
             await conn.execute(SQL["drop_listing"])
 
@@ -655,47 +684,42 @@ def _listing_phase(objects: int, done: int, partitions: int, started: float) -> 
     return f"listing ({rate:,.0f} objects/s, {done:,}/{partitions:,} podcasts{eta})"
 
 
-async def _head_unlisted(conn: Tx, store: ObjectStore, tick: Progress) -> int:
+async def _head_unlisted(conn: Tx, store: ObjectStore, tick: Progress) -> tuple[int, int]:
     """HEAD every enclosure key the listing of ``podcasts/`` cannot cover (spec 000: "for every
     episode with audio_url, derive the R2 key and HEAD it"), HEAD_CONCURRENCY at a time, and add
     the objects found to the listing as kind 'headed': the size backfill then joins them like
     listed ones, the missing check does not HEAD them again, and no sweep selects them.
-    Returns the HEAD requests made."""
+    Returns (HEAD requests, enclosures whose object a HEAD found)."""
     gate = asyncio.Semaphore(HEAD_CONCURRENCY)
-    after, heads = "", 0
+    after, heads, by_head = "", 0, 0
 
     async def head(key: str) -> StoredObject | None:
         async with gate:
             return await store.head(key)
 
-    while keys := [
-        r["key"]
-        for r in await conn.fetch(SQL["unlisted_keys"], {"after": after, "limit": LIST_PAGE})
-    ]:
-        found = [o for o in await asyncio.gather(*(head(k) for k in keys)) if o is not None]
-        heads += len(keys)
-        after = keys[-1]
-        if found:
+    while page := await conn.fetch(SQL["unlisted_keys"], {"after": after, "limit": LIST_PAGE}):
+        found = await asyncio.gather(*(head(r["key"]) for r in page))
+        heads += len(page)
+        by_head += sum(r["episodes"] for r, o in zip(page, found, strict=True) if o is not None)
+        after = page[-1]["key"]
+        present = [o for o in found if o is not None]
+        if present:
             await conn.execute(
                 SQL["add_headed"],
                 {
-                    "keys": [o.key for o in found],
-                    "sizes": [o.size for o in found],
-                    "modified": [o.last_modified for o in found],
+                    "keys": [o.key for o in present],
+                    "sizes": [o.size for o in present],
+                    "modified": [o.last_modified for o in present],
                 },
             )
         tick("keys outside the listing", heads)
-    return heads
+    return heads, by_head
 
 
-async def _measured(conn: Tx, prefix: str, heads: int) -> Measured:
-    [counts] = await conn.fetch(SQL["measured"])
-    foreign = await conn.fetch(
-        SQL["not_under_public_url"], {"prefix": prefix, "sample": SAMPLE_KEYS}
-    )
+def _measured(keyed: int, heads: int, by_head: int, foreign: list[dict[str, Any]]) -> Measured:
     return Measured(
-        by_listing=counts["by_listing"],
-        by_head=counts["by_head"],
+        keyed=keyed,
+        by_head=by_head,
         heads=heads,
         not_under_public_url=foreign[0]["total"] if foreign else 0,
         not_under_public_url_sample=tuple(
@@ -903,7 +927,11 @@ async def _missing(
                     quarantined += 1
         tick("missing objects", candidates)
     return Missing(
-        count=count, quarantined=quarantined, sample=tuple(sample), failures=tuple(failures)
+        count=count,
+        candidates=candidates,
+        quarantined=quarantined,
+        sample=tuple(sample),
+        failures=tuple(failures),
     )
 
 

@@ -50,19 +50,32 @@ ANALYZE reconcile_objects;
 -- name: drop_listing
 DROP TABLE IF EXISTS reconcile_objects;
 
--- name: unlisted_keys
--- The enclosures' keys the listing of podcasts/ cannot cover (a legacy key outside it): each
--- is HEADed and its object, when present, joins the listing as kind 'headed', which no sweep
+-- name: create_unlisted
+-- The enclosures' keys the listing of podcasts/ cannot cover (a legacy key outside it), with
+-- how many enclosures name each: derived while the store is listed. Each is HEADed after the
+-- listing, and its object, when present, joins the listing as kind 'headed', which no sweep
 -- selects. A flat podcasts/{p}/e/{file} key is listed (kind 'other'), so it needs no HEAD.
+CREATE TEMP TABLE reconcile_unlisted ON COMMIT PRESERVE ROWS AS
+SELECT key, count(*) AS episodes
+  FROM reconcile_refs
+ WHERE enclosure
+   AND key IS NOT NULL
+   AND left(key, 9) <> 'podcasts/'
+ GROUP BY key;
+
+-- name: drop_unlisted
+DROP TABLE IF EXISTS reconcile_unlisted;
+
+-- name: keyed_enclosures
+SELECT count(*) AS keyed FROM reconcile_refs WHERE enclosure AND key IS NOT NULL;
+
+-- name: unlisted_keys
 -- A page at a time after the last key (keyset): no cursor stays open while the page's objects
 -- are added to the listing on the same session.
-SELECT DISTINCT r.key
-  FROM reconcile_refs r
- WHERE r.enclosure
-   AND r.key IS NOT NULL
-   AND left(r.key, 9) <> 'podcasts/'
-   AND r.key > %(after)s
- ORDER BY r.key
+SELECT key, episodes
+  FROM reconcile_unlisted
+ WHERE key > %(after)s
+ ORDER BY key
  LIMIT %(limit)s;
 
 -- name: add_headed
@@ -71,17 +84,10 @@ SELECT key, 'headed', size, last_modified
   FROM unnest(%(keys)s::text[], %(sizes)s::bigint[], %(modified)s::timestamptz[])
        AS t (key, size, last_modified);
 
--- name: measured
--- How many enclosures have a measured object, by listing and by HEAD.
-SELECT count(*) FILTER (WHERE o.kind <> 'headed') AS by_listing,
-       count(*) FILTER (WHERE o.kind = 'headed') AS by_head
-  FROM reconcile_refs r
-  JOIN reconcile_objects o ON o.key = r.key
- WHERE r.enclosure;
-
 -- name: not_under_public_url
 -- Episodes whose audio_url is not under R2_PUBLIC_URL: no key can be derived, so no size is
--- measured; counted and sampled for the report, never guessed at.
+-- measured; counted and sampled for the report, never guessed at. On a pooled connection of its
+-- own while the store is listed: it needs neither the listing nor the session's keys.
 SELECT count(*) OVER () AS total, id, audio_url
   FROM public.episodes
  WHERE audio_url IS NOT NULL
