@@ -59,6 +59,10 @@ def wall_now(clock: Clock) -> datetime:
     return clock.wall_now() if isinstance(clock, SlotClock) else clock.now()
 
 
+EARLIEST_YEAR = 1970
+LATEST_YEAR = 9000
+
+
 def parse_instant(text: str) -> datetime:
     """Parse an ISO 8601 instant with an explicit offset (``Z`` or ``+02:00``).
 
@@ -70,7 +74,13 @@ def parse_instant(text: str) -> datetime:
     except ValueError as exc:
         raise ValueError(f"not an ISO 8601 instant: {text!r}") from exc
     if value.tzinfo is None or value.utcoffset() is None:
-        raise ValueError(f"{text!r} has no UTC offset; write it as e.g. {text}Z or {text}+00:00")
+        # the hint is itself accepted: a date alone gets its midnight ("2026-11-29Z" is not ISO)
+        shown = value.isoformat()
+        raise ValueError(f"{text!r} has no UTC offset; write it as e.g. {shown}Z or {shown}+00:00")
+    if not EARLIEST_YEAR <= value.year <= LATEST_YEAR:
+        # a run's schedule, backoffs and retention windows add days to it: near datetime's
+        # limits they overflow deep inside a job instead of here
+        raise ValueError(f"{text!r} is outside the years {EARLIEST_YEAR}-{LATEST_YEAR}")
     return value.astimezone(UTC)
 
 

@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 from urllib.parse import unquote, urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from nightcrew.errors import ConfigError
@@ -93,6 +100,10 @@ class Settings(BaseSettings):
     news_parse_budget_seconds: Annotated[
         float, Field(alias="NEWS_PARSE_BUDGET_SECONDS", gt=0, le=600)
     ] = 10.0
+    # a feed's first items; the rest are dropped with a note (news/steps/parse.py)
+    news_max_items_per_feed: Annotated[
+        int, Field(alias="NEWS_MAX_ITEMS_PER_FEED", ge=1, le=1_000_000)
+    ] = 10_000
     news_max_title_chars: Annotated[int, Field(alias="NEWS_MAX_TITLE_CHARS", ge=16)] = 1024
     news_max_summary_chars: Annotated[int, Field(alias="NEWS_MAX_SUMMARY_CHARS", ge=16)] = 16384
     # the RabbitMQ pipeline; `inline` is the one-process run of spec 001
@@ -131,6 +142,14 @@ class Settings(BaseSettings):
     # reverse proxies whose X-Forwarded-For / X-Forwarded-Proto `serve` believes (addresses and
     # CIDRs, web/proxies.py); empty: nobody's
     trusted_proxies: Annotated[str, Field(alias="NIGHTCREW_TRUSTED_PROXIES")] = ""
+    # `serve`: a request must arrive whole within this long of its first byte; at most this
+    # many connections, the slowest closed first (web/connections.py)
+    http_read_timeout_seconds: Annotated[
+        float, Field(alias="NIGHTCREW_HTTP_READ_TIMEOUT_SECONDS", gt=0, le=300)
+    ] = 10.0
+    http_max_connections: Annotated[
+        int, Field(alias="NIGHTCREW_HTTP_MAX_CONNECTIONS", ge=16, le=100_000)
+    ] = 1000
     db_connect_timeout_seconds: Annotated[
         float, Field(alias="NIGHTCREW_DB_CONNECT_TIMEOUT_SECONDS", gt=0)
     ] = 5.0
@@ -204,6 +223,46 @@ class Settings(BaseSettings):
 
         parse_stage_prefetch(value)  # a ValueError names the entry it cannot read
         return value
+
+    @field_validator(
+        "news_ai_base_url",
+        "public_feed_url",
+        "public_app_url",
+        "r2_public_url",
+        "stripe_api_base",
+        "resend_api_base",
+        mode="after",
+    )
+    @classmethod
+    def _http_url(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None or value.strip() == "":
+            return None
+        parts = urlsplit(value.strip())
+        try:
+            host = parts.hostname
+            parts.port  # noqa: B018 - a port that is not a number raises here
+        except ValueError:
+            host = None
+        if parts.scheme not in ("http", "https") or not host or any(c.isspace() for c in value):
+            raise ValueError("must be an http(s)://host… URL")
+        if info.field_name == "news_ai_base_url" and (parts.username or parts.password):
+            # the SDK would send it as the key in place of NEWS_AI_API_KEY, and say nothing
+            raise ValueError("must not carry a user or password; put the key in NEWS_AI_API_KEY")
+        return value.strip()
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        if value is None or value.strip() == "":
+            return None
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        try:
+            parts.port  # noqa: B018 - a port that is not a number raises here
+        except ValueError as exc:
+            raise ValueError(f"must be a redis://host:port URL ({exc})") from None
+        return value.strip()
 
     @field_validator("database_url")
     @classmethod

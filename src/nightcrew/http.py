@@ -1,9 +1,11 @@
 """The HTTP door: health checks, metrics, and the secret-guarded storage reconciler.
 
 ``POST /reconcile`` checks ``Authorization: Bearer $RECONCILER_SECRET`` first, in constant time,
-and fails closed when the secret is unset — nothing about the request (not even its flags) is
-read before that. Then the flags (query parameters) are validated: an unknown flag or a bad
-value is a 400 that names it. The response is the reconciler's JSON report.
+under the sign-in throttle's rules (web/throttle.py: about two wrong bearers checked a second,
+each logged as ``reconcile_auth_failed``), and fails closed when the secret is unset — nothing
+about the request (not even its flags) is read before that. Then the flags (query parameters)
+are validated: an unknown flag or a bad value is a 400 that names it. The response is the
+reconciler's JSON report.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from nightcrew.log import describe_error, event, warning
 from nightcrew.metrics import Metrics
 from nightcrew.web.app import DashboardContext, dashboard_routes
 from nightcrew.web.doors import Doors
-from nightcrew.web.throttle import BUSY_RETRY_AFTER_SECONDS, Verdict
+from nightcrew.web.throttle import BUSY_RETRY_AFTER_SECONDS, SignInThrottle, Verdict
 
 HEALTH_BODY = {"status": "ok", "service": "lifecycle-manager"}
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -85,8 +87,10 @@ def create_app(
     readiness: Readiness | None = None,
     collect: Callable[[], Awaitable[None]] | None = None,
     dashboard: DashboardContext | None = None,
+    reconcile_throttle: SignInThrottle | None = None,
 ) -> Starlette:
     last_cause: str | None = None
+    reconcile_throttle = reconcile_throttle or SignInThrottle()
 
     async def database_up() -> str | None:
         """None when PostgreSQL answered; else why not, in words that name no address (the
@@ -137,7 +141,27 @@ def create_app(
         return JSONResponse({"status": "ready"})
 
     async def reconcile_endpoint(request: Request) -> JSONResponse:
-        if not authorized(request.headers.get("authorization"), reconciler_secret):
+        if not reconciler_secret:
+            return _unauthorized()  # the door is closed: there is nothing to guess
+        # a bearer is a guess like a sign-in's: the same throttle (its own instance), and each
+        # wrong one logged with the client it came from
+        client = request.client.host if request.client else None
+        header = request.headers.get("authorization")
+        verdict = await reconcile_throttle.attempt(
+            client, lambda: authorized(header, reconciler_secret)
+        )
+        if verdict is Verdict.BUSY:
+            return JSONResponse(
+                {"error": "a check from your address is in progress; retry"},
+                status_code=429,
+                headers={"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)},
+            )
+        if verdict is Verdict.REFUSED:
+            warning(
+                "reconcile_auth_failed",
+                client=client,
+                reason="no bearer" if header is None else "wrong bearer",
+            )
             return _unauthorized()
         repeated = [k for k in request.query_params if len(request.query_params.getlist(k)) > 1]
         if repeated:

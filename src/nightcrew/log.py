@@ -40,11 +40,38 @@ _LEVELS = {
 _logger = structlog.get_logger("nightcrew")
 
 
+# A secret cut by a truncation ("…Bearer re_live_ab" at character 200) is still most of it:
+# a text that ends in at least this much of a secret's beginning loses that end too.
+_CUT_SECRET_MIN = 8
+
+
+class SecretValues:
+    """The configured secrets' values, replaced wherever they appear in a text — whole, or cut
+    at the text's end by a truncation. (Not URL passwords: a stored feed URL keeps its own.)"""
+
+    def __init__(self, secrets: Iterable[str] = (), *, shortest: int = 4) -> None:
+        self._secrets = sorted({s for s in secrets if len(s) >= shortest}, key=len, reverse=True)
+
+    def __bool__(self) -> bool:
+        return bool(self._secrets)
+
+    def redact(self, text: str) -> str:
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, REDACTED)
+            elif len(secret) > _CUT_SECRET_MIN and text[-_CUT_SECRET_MIN:] in secret:
+                for cut in range(len(secret) - 1, _CUT_SECRET_MIN - 1, -1):
+                    if text.endswith(secret[:cut]):
+                        text = text[:-cut] + REDACTED
+                        break
+        return text
+
+
 class SecretScrubber:
     """A structlog processor that masks secret-named fields and scrubs known secret values."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
-        self._secrets = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
+        self._values = SecretValues(secrets)
 
     def __call__(
         self, logger: Any, method: str, event_dict: MutableMapping[str, Any]
@@ -63,10 +90,7 @@ class SecretScrubber:
 
     def _scrub(self, value: Any) -> Any:
         if isinstance(value, str):
-            for secret in self._secrets:
-                if secret in value:
-                    value = value.replace(secret, REDACTED)
-            return redact_url_passwords(value)
+            return redact_url_passwords(self._values.redact(value))
         if isinstance(value, dict):
             return {k: self._scrub(v) for k, v in value.items()}
         if isinstance(value, list | tuple):

@@ -98,6 +98,7 @@ def connection_policy(settings: Settings) -> ConnectionPolicy:
         tcp_user_timeout=settings.db_tcp_user_timeout_seconds,
         statement_timeout=settings.db_statement_timeout_seconds,
         idle_in_transaction_timeout=settings.db_idle_in_transaction_timeout_seconds,
+        secrets=tuple(settings.secret_values()),
     )
 
 

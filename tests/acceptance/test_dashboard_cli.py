@@ -9,7 +9,7 @@ import json
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,12 +97,25 @@ def serving(db_url: str, **env: str) -> Iterator[Served]:
         served.events.extend(json.loads(x) for x in stderr.splitlines() if x.startswith("{"))
 
 
+async def _wrong_sign_in(c: httpx.AsyncClient) -> httpx.Response:
+    return await c.post("/login", data={"token": "not it", "next": "/"})
+
+
+async def _wrong_bearer(c: httpx.AsyncClient) -> httpx.Response:
+    return await c.post("/reconcile", headers={"Authorization": "Bearer not-the-secret"})
+
+
 async def _guesses(
-    base: str, sources: list[str], *, per_source: int = 10**6, seconds: float = 600
+    base: str,
+    sources: list[str],
+    *,
+    per_source: int = 10**6,
+    seconds: float = 600,
+    guess: Callable[[httpx.AsyncClient], Awaitable[httpx.Response]] = _wrong_sign_in,
 ) -> tuple[list[tuple[int, float]], float]:
-    """Wrong sign-ins from each loopback source address, all sources at once, ``per_source``
-    each or for ``seconds``; each answer's status and when it came (seconds from the start),
-    and the whole attack's duration."""
+    """Wrong guesses (sign-ins, unless ``guess`` says) from each loopback source address, all
+    sources at once, ``per_source`` each or for ``seconds``; each answer's status and when it
+    came (seconds from the start), and the whole attack's duration."""
     started = time.monotonic()
     answers: list[tuple[int, float]] = []
 
@@ -112,7 +125,7 @@ async def _guesses(
             for _ in range(per_source):
                 if time.monotonic() - started > seconds:
                     break
-                response = await c.post("/login", data={"token": "not it", "next": "/"})
+                response = await guess(c)
                 answers.append((response.status_code, time.monotonic() - started))
                 if response.status_code == 429:
                     await asyncio.sleep(0.2)  # told to wait: a patient guesser, not a busy loop
@@ -160,3 +173,52 @@ async def test_sign_in_guesses_are_answered_at_most_twice_a_second(fresh_db_url:
         status, waited = await _sign_in_took(base, "127.0.0.1")
         print(f"the right token afterwards, same address: {status} after {waited:.1f} s")
         assert status == 303 and waited <= 8 + 1  # at most the address's capped backoff
+
+
+async def test_64_guessing_addresses_cannot_keep_the_operator_out(fresh_db_url: str) -> None:
+    """64 addresses guess the sign-in token without pause; the operator, from an address that
+    has not been guessing, signs in within 5 s (a first-come queue made them wait 32 s, or
+    answered 429 while the 64 held every slot)."""
+    with serving(fresh_db_url, NIGHTCREW_DASHBOARD_TOKEN=TOKEN) as served:
+        sources = [f"127.0.0.{i}" for i in range(2, 66)]
+        attack = asyncio.create_task(_guesses(served.base, sources, seconds=14))
+        await asyncio.sleep(6)  # every guesser has failed by now, most more than once
+        tries = []
+        for source in ("127.0.1.1", "127.0.1.2", "127.0.1.3"):
+            tries.append(await _sign_in_took(served.base, source))
+        answers, took = await attack
+    print(f"\nthe right token during 64 guessers: {tries}")
+    assert all(status == 303 and waited < 5.0 for status, waited in tries), tries
+    checked = [at for status, at in answers if status == 401]
+    assert len(checked) / took <= 2.5  # the overall rate held
+
+
+async def test_reconcile_bearer_guesses_are_throttled_and_each_logged(
+    fresh_db_url: str, tmp_path: Path
+) -> None:
+    """40 wrong bearers on POST /reconcile from 20 addresses, 20 at a time: about two checked
+    a second, each logged as reconcile_auth_failed with its client; the right bearer, from
+    another address, still gets the reconciler's report."""
+    secret = "0123456789abcdef0123456789abcdef-reconcile"
+    env = {
+        "RECONCILER_SECRET": secret,
+        "R2_PUBLIC_URL": "https://media.example",
+        "STORAGE_URL": "memory://",
+        "NIGHTCREW_DATA_DIR": str(tmp_path),
+    }
+    with serving(fresh_db_url, **env) as served:
+        sources = [f"127.0.0.{i}" for i in range(2, 22)]
+        answers, took = await _guesses(served.base, sources, per_source=2, guess=_wrong_bearer)
+        transport = httpx.AsyncHTTPTransport(local_address="127.0.1.1")
+        async with httpx.AsyncClient(transport=transport, base_url=served.base, timeout=60) as c:
+            right = await c.post("/reconcile", headers={"Authorization": f"Bearer {secret}"})
+    refused = [at for status, at in answers if status == 401]
+    assert len(refused) == 40 and {s for s, _ in answers} == {401}
+    print(f"\n40 wrong bearers from 20 addresses: {len(refused) / took:.2f} checked a second")
+    assert len(refused) / took <= 2.5
+    logged = [e for e in served.events if e.get("event") == "reconcile_auth_failed"]
+    assert len(logged) == 40
+    assert {e["client"] for e in logged} == set(sources)
+    assert {e["reason"] for e in logged} == {"wrong bearer"}
+    assert right.status_code == 200, right.text
+    assert right.json()["options"]["mode"] == "dryrun"

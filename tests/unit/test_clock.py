@@ -25,6 +25,24 @@ def test_a_naive_instant_is_refused_with_a_hint() -> None:
         parse_instant("2026-11-29T04:00:00")
 
 
+@pytest.mark.parametrize("text", ["2026-11-29", "2026-11-29T04:00", "2026-11-29T04:00:00.5"])
+def test_the_hint_for_a_naive_instant_is_itself_accepted(text: str) -> None:
+    with pytest.raises(ValueError, match="no UTC offset") as refused:
+        parse_instant(text)
+    hinted = str(refused.value).split("write it as e.g. ")[1].split(" or ")
+    assert len(hinted) == 2
+    for hint in hinted:
+        assert parse_instant(hint).replace(tzinfo=None) == datetime.fromisoformat(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["9999-12-31T23:59:59Z", "0001-01-01T00:00:00Z", "1969-12-31T23:59:59Z"]
+)
+def test_instants_outside_1970_to_9000_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="outside the years 1970-9000"):
+        parse_instant(text)
+
+
 def test_garbage_is_refused() -> None:
     with pytest.raises(ValueError, match="not an ISO 8601 instant"):
         parse_instant("yesterday")

@@ -39,6 +39,14 @@ def test_the_environment_names_are_the_contract(monkeypatch: pytest.MonkeyPatch)
         ("INGESTION_BACKPRESSURE_QUEUE_LIMIT", "lots", "INGESTION_BACKPRESSURE_QUEUE_LIMIT"),
         ("QUEUE_URL", "kafka://x", "unknown queue backend"),
         ("DATABASE_URL", "mysql://x", "DATABASE_URL"),
+        ("REDIS_URL", "not-a-url", "REDIS_URL: must be a redis://"),
+        ("REDIS_URL", "redis://host:port", "REDIS_URL: must be a redis://host:port URL"),
+        ("NEWS_AI_BASE_URL", "localhost:8080/v1", "NEWS_AI_BASE_URL: must be an http"),
+        ("NEWS_AI_BASE_URL", "http://user:key@127.0.0.1/v1", "put the key in NEWS_AI_API_KEY"),
+        ("PUBLIC_FEED_URL", "feeds.example", "PUBLIC_FEED_URL: must be an http"),
+        ("PUBLIC_FEED_URL", "https://feeds example", "PUBLIC_FEED_URL: must be an http"),
+        ("PUBLIC_APP_URL", "ftp://app.example", "PUBLIC_APP_URL: must be an http"),
+        ("R2_PUBLIC_URL", "https://:80", "R2_PUBLIC_URL: must be an http"),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_variable(

@@ -9,6 +9,7 @@ from nightcrew.web.access import (
     SESSION_CLOCK_SKEW_SECONDS,
     SESSION_MAX_AGE_SECONDS,
     Access,
+    check_secret,
     host_name,
     same_origin,
     secure_cookie,
@@ -101,6 +102,7 @@ def test_a_session_ends_after_its_max_age_and_with_a_new_token() -> None:
         # the issue time moved forward: the signature no longer covers it
         f"{int(NOW) + 3600}.{Access.for_bind('0.0.0.0', TOKEN).session_value(NOW)[11:]}",
         f"{int(NOW)}." + "0" * 64,
+        f"{int(NOW)}.{'0' * 32}." + "0" * 64,
         f"{int(NOW)}.{'A' * 64}",
         "٣" * 10 + "." + "0" * 64,  # digits, but not ASCII ones
         f"{'9' * 40}.{'0' * 64}",
@@ -111,10 +113,30 @@ def test_a_forged_or_altered_session_is_refused(forged: str | None) -> None:
     assert not access.cookie_valid(forged, NOW)
 
 
-def test_the_session_format_is_issue_time_dot_signature() -> None:
-    value = Access.for_bind("0.0.0.0", TOKEN).session_value(NOW)
-    issued, _, mac = value.partition(".")
-    assert issued == str(int(NOW)) and len(mac) == 64
+def test_the_session_format_is_issue_time_dot_nonce_dot_signature() -> None:
+    access = Access.for_bind("0.0.0.0", TOKEN)
+    value = access.session_value(NOW)
+    issued, nonce, mac = value.split(".")
+    assert issued == str(int(NOW)) and len(nonce) == 32 and len(mac) == 64
+    # two sessions of the same second are two cookies, each valid
+    other = access.session_value(NOW)
+    assert other != value and access.cookie_valid(other, NOW)
+    # the nonce is signed too: another one voids the signature
+    assert not access.cookie_valid(f"{issued}.{'0' * 32}.{mac}", NOW)
+
+
+@pytest.mark.parametrize("token", [" " * 40, "\t" * 40, "ab " * 12, " " * 30 + TOKEN[:20]])
+def test_a_token_of_blanks_or_too_few_other_characters_is_refused(token: str) -> None:
+    with pytest.raises(ConfigError, match="non-blank characters"):
+        Access.for_bind("127.0.0.1", token)
+
+
+def test_a_weak_reconciler_secret_is_refused_and_an_empty_one_closes_the_door() -> None:
+    with pytest.raises(ConfigError, match="RECONCILER_SECRET has 11 non-blank"):
+        check_secret("RECONCILER_SECRET", "short-token")
+    assert check_secret("RECONCILER_SECRET", "") is None
+    assert check_secret("RECONCILER_SECRET", None) is None
+    assert check_secret("RECONCILER_SECRET", TOKEN) == TOKEN
 
 
 @pytest.mark.parametrize(

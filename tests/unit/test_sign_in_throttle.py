@@ -130,3 +130,56 @@ async def test_memory_is_bounded_by_count_and_by_age() -> None:
 )
 def test_addresses_are_counted_per_host_and_per_ipv6_64(host: str | None, key: str) -> None:
     assert address_key(host) == key
+
+
+async def test_a_fresh_address_goes_before_64_addresses_that_keep_guessing() -> None:
+    """64 addresses, each with failures on record, guess again and again; a right token from
+    an address that never failed is checked at the next turn of the gate, not behind them."""
+    throttle = SignInThrottle(failure_delay=DELAY, backoff_max=DELAY, max_in_flight=80)
+    checked: list[float] = []
+    guessers = [f"10.0.{i // 250}.{i % 250 + 1}" for i in range(64)]
+    for address in guessers:  # each has failed once before: no longer fresh
+        throttle._failed(address)
+
+    async def keep_guessing(address: str) -> None:
+        while True:
+            await throttle.attempt(address, lambda: _wrong(checked))
+
+    attack = [asyncio.create_task(keep_guessing(a)) for a in guessers]
+    await asyncio.sleep(5 * DELAY)  # every guesser queued at the gate
+    started = time.monotonic()
+    assert await throttle.attempt("192.0.2.99", lambda: True) is Verdict.ACCEPTED
+    waited = time.monotonic() - started
+    for task in attack:
+        task.cancel()
+    await asyncio.gather(*attack, return_exceptions=True)
+    assert waited < 2 * DELAY + 0.05, waited  # one turn, not 64
+    gaps = [b - a for a, b in itertools.pairwise(checked)]
+    assert min(gaps) >= DELAY * 0.95  # the overall rate held all the while
+
+
+async def test_guessers_that_failed_cannot_take_the_room_kept_for_fresh_addresses() -> None:
+    throttle = SignInThrottle(failure_delay=DELAY, max_in_flight=6, fresh_reserve=2)
+    checked: list[float] = []
+    for i in range(1, 7):
+        await throttle.attempt(f"10.0.0.{i}", lambda: _wrong(checked))
+    verdicts = await asyncio.gather(
+        *(throttle.attempt(f"10.0.0.{i}", lambda: _wrong(checked)) for i in range(1, 7)),
+        throttle.attempt("192.0.2.1", lambda: True),
+        throttle.attempt("192.0.2.2", lambda: True),
+    )
+    assert verdicts[:6].count(Verdict.BUSY) == 2  # 4 of the 6 that failed got room
+    assert verdicts[6:] == [Verdict.ACCEPTED, Verdict.ACCEPTED]
+
+
+async def test_a_waiter_cancelled_at_the_gate_passes_its_turn_on() -> None:
+    throttle = SignInThrottle(failure_delay=DELAY)
+    checked: list[float] = []
+    first = asyncio.create_task(throttle.attempt("10.0.0.1", lambda: _wrong(checked)))
+    second = asyncio.create_task(throttle.attempt("10.0.0.2", lambda: _wrong(checked)))
+    await asyncio.sleep(DELAY / 4)  # the first holds the gate, the second waits for it
+    second.cancel()
+    await asyncio.gather(first, second, return_exceptions=True)
+    assert await asyncio.wait_for(throttle.attempt("10.0.0.3", lambda: True), 1) is (
+        Verdict.ACCEPTED
+    )

@@ -25,8 +25,12 @@ from nightcrew.errors import (
 )
 from nightcrew.log import configure_logging, event
 from nightcrew.runtime import open_runtime
-from nightcrew.web.access import Access
+from nightcrew.web.access import Access, check_secret
+from nightcrew.web.connections import BACKLOG, ServerGuards
 from nightcrew.web.proxies import uvicorn_proxy_options
+
+# uvicorn's default: an idle kept-alive connection is closed after this long
+KEEP_ALIVE_SECONDS = 5
 
 
 # --- demo ----------------------------------------------------------------------------------------
@@ -104,6 +108,9 @@ def _listen(host: str, port: int) -> socket.socket:
 
 async def _serve(settings: Settings, host: str, port: int, *, demo: bool) -> None:
     access = Access.for_bind(host, reveal(settings.dashboard_token))
+    # it unlocks mode=apply&quarantineMissing=true: refused at start when weak, as the
+    # dashboard's token is
+    check_secret("RECONCILER_SECRET", reveal(settings.reconciler_secret))
     listener = _listen(host, port)
     try:
         if demo:
@@ -140,7 +147,9 @@ async def _serve_on(
     clock = SystemClock()
     async with contextlib.AsyncExitStack() as stack:
         runtime = await stack.enter_async_context(open_runtime(settings, clock))
-        secret = None if demo else settings.reconciler_secret
+        secret = (
+            None if demo else check_secret("RECONCILER_SECRET", reveal(settings.reconciler_secret))
+        )
         schedules = () if demo else lifecycle_schedules(runtime, clock)
         if settings.news_shard_list and not demo:
             schedules = (*schedules, *news_schedules(runtime, clock))
@@ -155,12 +164,16 @@ async def _serve_on(
         async def ping_database() -> None:
             await runtime.db.fetch_one("SELECT 1")
 
+        guards = ServerGuards(
+            read_timeout=settings.http_read_timeout_seconds,
+            max_connections=settings.http_max_connections,
+        )
         server = _QuietServer(
             uvicorn.Config(
                 create_app(
                     runtime.metrics,
                     reconcile=reconcile,
-                    reconciler_secret=reveal(secret),
+                    reconciler_secret=secret,
                     news_reports=reports,
                     collect=(
                         (lambda: collect_metrics(runtime, clock))
@@ -183,6 +196,10 @@ async def _serve_on(
                 ),
                 host=host,
                 port=port,
+                # no connection held by a client that never finishes its request
+                http=guards.protocol(),
+                timeout_keep_alive=KEEP_ALIVE_SECONDS,
+                backlog=BACKLOG,
                 # X-Forwarded-For/-Proto believed from NIGHTCREW_TRUSTED_PROXIES only (none
                 # by default): they decide the throttle's client address and the cookie's Secure
                 **uvicorn_proxy_options(settings.trusted_proxy_networks),
@@ -195,6 +212,7 @@ async def _serve_on(
         # SIGTERM / SIGINT ask for a graceful stop: the HTTP server drains, the scheduler
         # lets in-flight runs finish, the pool closes, the process exits 0.
         loop = asyncio.get_running_loop()
+        loop.set_exception_handler(guards.loop_exception_handler(loop.get_exception_handler()))
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.request_exit)
         owed = await scheduler.owed()  # before the scheduler starts, and so runs them
@@ -223,7 +241,8 @@ async def _serve_on(
         if secret is None and not demo:
             warning(
                 "reconcile_endpoint_disabled",
-                reason="RECONCILER_SECRET is unset: POST /reconcile answers 401 to everyone",
+                reason="RECONCILER_SECRET is unset or empty: POST /reconcile answers 401 to"
+                " everyone",
             )
         try:
             await server.serve(sockets=[listener])

@@ -33,6 +33,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from nightcrew.errors import DatabaseUnavailableError, NightcrewError
+from nightcrew.log import SecretValues
 
 Row = dict[str, Any]
 Params = Mapping[str, Any] | None
@@ -94,6 +95,9 @@ def _translate(
     return QueryError(primary or str(exc).strip() or type(exc).__name__, sqlstate=sqlstate)
 
 
+STORED_SECRET_MIN = 16
+
+
 @dataclass(frozen=True, kw_only=True)
 class ConnectionPolicy:
     """How long nightcrew waits on PostgreSQL before it calls it lost (the NIGHTCREW_DB_*
@@ -111,6 +115,9 @@ class ConnectionPolicy:
     tcp_user_timeout: float = 15.0
     statement_timeout: float = 120.0
     idle_in_transaction_timeout: float = 60.0
+    # every configured secret's value: replaced in any text a statement is given to store (an
+    # upstream that echoes a key into its error, then into effects.last_error or a report)
+    secrets: tuple[str, ...] = ()
 
     def deadline(self, statement_timeout: float | None = None) -> float | None:
         """Our side's bound on one statement: the server's timeout, plus the time TCP takes
@@ -206,6 +213,22 @@ class _Severer:
 _SEVER_GRACE = 5.0
 
 
+def _without_secrets(value: Any, secrets: SecretValues) -> Any:
+    """``value`` with every secret's value replaced in its strings, the containers' types kept
+    (a list is an array to psycopg, a tuple is not)."""
+    if isinstance(value, str):
+        return secrets.redact(value)
+    if isinstance(value, Jsonb):
+        return Jsonb(_without_secrets(value.obj, secrets))
+    if isinstance(value, dict):
+        return {k: _without_secrets(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_secrets(v, secrets) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_without_secrets(v, secrets) for v in value)
+    return value
+
+
 class _Executor:
     """fetch/execute over one psycopg connection, translating its errors.
 
@@ -220,14 +243,21 @@ class _Executor:
         *,
         target: str = "the database",
         deadline: float | None = None,
+        secrets: SecretValues | None = None,
     ) -> None:
         self._conn = conn
         self._target = target
         self._deadline = deadline
+        self._secrets = secrets
+
+    def _params(self, params: Params) -> Params:
+        if not self._secrets or params is None:
+            return params
+        return _without_secrets(params, self._secrets)  # type: ignore[no-any-return]
 
     async def fetch(self, query: str, params: Params = None) -> list[Row]:
         async with self._bounded():
-            cur = await self._conn.execute(query, params)
+            cur = await self._conn.execute(query, self._params(params))
             return await cur.fetchall() if cur.description else []  # dict_row: dicts already
 
     async def fetch_one(self, query: str, params: Params = None) -> Row | None:
@@ -237,7 +267,7 @@ class _Executor:
     async def execute(self, query: str, params: Params = None) -> int:
         """Run a statement; returns the number of rows it touched."""
         async with self._bounded():
-            cur = await self._conn.execute(query, params)
+            cur = await self._conn.execute(query, self._params(params))
             return cur.rowcount
 
     def _severer(self) -> _Severer:
@@ -264,7 +294,8 @@ class _Executor:
 
     def _no_reply(self, severer: _Severer) -> DatabaseUnavailableError:
         return DatabaseUnavailableError(
-            f"lost PostgreSQL at {self._target}: no reply within {severer.deadline:g} s"
+            f"lost PostgreSQL at {self._target}: no reply within {severer.deadline:g} s",
+            silent=True,
         )
 
 
@@ -278,7 +309,7 @@ class Tx(_Executor):
         try:
             async with self._conn.transaction():
                 async with self._conn.cursor(name="nightcrew_stream") as cur:
-                    await cur.execute(query, params)
+                    await cur.execute(query, self._params(params))
                     while rows := await cur.fetchmany(batch):
                         yield [dict(row) for row in rows]
         except psycopg.Error as exc:
@@ -312,9 +343,12 @@ class Database(_Executor):
         self._pool = pool
         self.target = target
         self._policy = policy or ConnectionPolicy()
+        # not a short one: a DATABASE_URL password "postgres" would take that word out of every
+        # article stored; a secret worth the name is longer (the guarded doors ask for 32)
+        self._secrets = SecretValues(self._policy.secrets, shortest=STORED_SECRET_MIN)
 
     def _executor(self, conn: psycopg.AsyncConnection[DictRow]) -> Tx:
-        return Tx(conn, target=self.target, deadline=self._policy.deadline())
+        return Tx(conn, target=self.target, deadline=self._policy.deadline(), secrets=self._secrets)
 
     @classmethod
     async def open(
@@ -368,7 +402,8 @@ class Database(_Executor):
                 yield conn
         except PoolTimeout as exc:
             raise DatabaseUnavailableError(
-                f"lost PostgreSQL at {self.target}: no connection within {timeout:g} s"
+                f"lost PostgreSQL at {self.target}: no connection within {timeout:g} s",
+                silent=True,
             ) from exc
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailableError(
@@ -451,7 +486,7 @@ class Database(_Executor):
                 )
             deadline = self._policy.deadline(statement_timeout)
             try:
-                yield Tx(conn, target=self.target, deadline=deadline)
+                yield Tx(conn, target=self.target, deadline=deadline, secrets=self._secrets)
             finally:
                 if not discard and not conn.closed:
                     names = [*(settings or {})]

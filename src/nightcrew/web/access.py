@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import ipaddress
 import re
+import secrets
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -23,13 +24,29 @@ from nightcrew.errors import ConfigError
 
 COOKIE = "nightcrew_dashboard"
 MIN_TOKEN_LENGTH = 32
+
+
+def check_secret(name: str, value: str | None) -> str | None:
+    """A secret that guards a door: None when unset or empty (the door is closed), else at
+    least MIN_TOKEN_LENGTH characters that are not blank — a ConfigError naming it if not."""
+    if not value:
+        return None
+    strong = sum(1 for c in value if not c.isspace())
+    if strong < MIN_TOKEN_LENGTH:
+        raise ConfigError(
+            f"{name} has {strong} non-blank characters; use at least {MIN_TOKEN_LENGTH} "
+            "(e.g. `openssl rand -hex 32`)"
+        )
+    return value
+
+
 _TOKEN_CONTEXT = b"nightcrew dashboard session v1"
-_SESSION_KEY_CONTEXT = b"nightcrew dashboard session key v2"
+_SESSION_KEY_CONTEXT = b"nightcrew dashboard session key v3"
 # A night shift and its handover: a copied cookie is worth nothing after this long.
 SESSION_MAX_AGE_SECONDS = 8 * 3600
 # A session issued by a replica whose clock runs a little ahead is still good here.
 SESSION_CLOCK_SKEW_SECONDS = 60
-_SESSION = re.compile(r"^(?P<issued>[0-9]{1,12})\.(?P<mac>[0-9a-f]{64})$")
+_SESSION = re.compile(r"^(?P<issued>[0-9]{1,12})\.(?P<nonce>[0-9a-f]{32})\.(?P<mac>[0-9a-f]{64})$")
 # A Host header as browsers send it: a name or an IPv4 address, or an IPv6 address in
 # brackets, then an optional port — nothing else (no userinfo, no second colon).
 _HOST = re.compile(r"^(?P<name>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(?P<port>[0-9]{1,5}))?$")
@@ -73,11 +90,7 @@ class Access:
     @classmethod
     def for_bind(cls, host: str, token: str | None) -> Access:
         """What ``serve --host HOST`` requires; a ConfigError when it cannot be safe."""
-        if token and len(token) < MIN_TOKEN_LENGTH:
-            raise ConfigError(
-                f"NIGHTCREW_DASHBOARD_TOKEN is {len(token)} characters; use at least "
-                f"{MIN_TOKEN_LENGTH} (e.g. `openssl rand -hex 32`)"
-            )
+        token = check_secret("NIGHTCREW_DASHBOARD_TOKEN", token)
         if is_loopback(host):
             return cls(token=token or None, hosts=LOOPBACK_HOSTS | {_normal(host) or host})
         if not token:
@@ -89,11 +102,13 @@ class Access:
         return cls(token=token, hosts=None)
 
     def session_value(self, now: float) -> str:
-        """The cookie's value, issued at ``now`` (unix seconds): ``ISSUED.MAC``, signed with a
-        key derived from the token, so the cookie is not the token and a new token voids it."""
+        """The cookie's value, issued at ``now`` (unix seconds): ``ISSUED.NONCE.MAC``, signed
+        with a key derived from the token, so the cookie is not the token and a new token voids
+        it; the random nonce makes two sessions issued in the same second two cookies."""
         assert self.token is not None
         issued = int(now)
-        return f"{issued}.{self._session_mac(self.token, issued)}"
+        nonce = secrets.token_hex(16)
+        return f"{issued}.{nonce}.{self._session_mac(self.token, issued, nonce)}"
 
     def host_allowed(self, host_header: str | None) -> bool:
         if self.hosts is None:
@@ -103,9 +118,9 @@ class Access:
     def _derive(self, token: str) -> str:
         return hmac.new(token.encode(), _TOKEN_CONTEXT, hashlib.sha256).hexdigest()
 
-    def _session_mac(self, token: str, issued: int) -> str:
+    def _session_mac(self, token: str, issued: int, nonce: str) -> str:
         key = hmac.new(token.encode(), _SESSION_KEY_CONTEXT, hashlib.sha256).digest()
-        return hmac.new(key, str(issued).encode(), hashlib.sha256).hexdigest()
+        return hmac.new(key, f"{issued}.{nonce}".encode(), hashlib.sha256).hexdigest()
 
     def token_matches(self, offered: str) -> bool:
         """Compared as fixed-length digests, so the time taken says nothing of the length."""
@@ -129,7 +144,8 @@ class Access:
         if found is None:
             return False
         issued = int(found["issued"])
-        signed = hmac.compare_digest(found["mac"], self._session_mac(self.token, issued))
+        mac = self._session_mac(self.token, issued, found["nonce"])
+        signed = hmac.compare_digest(found["mac"], mac)
         fresh = now - SESSION_MAX_AGE_SECONDS < issued <= now + SESSION_CLOCK_SKEW_SECONDS
         return signed and fresh
 

@@ -16,25 +16,36 @@ about the token:
   wrong answer itself is held back that long too, so "no answer yet" is never faster news
   than the answer.
 
-At most ``MAX_IN_FLIGHT`` attempts are delayed or checked at once (more are answered 429),
-so the right token waits at most its own address's backoff plus ``MAX_IN_FLIGHT`` turns of the
-gate. State is this process's memory: at most ``MAX_ADDRESSES`` addresses, the least recently
-failed forgotten first, and an address forgotten ``FORGET_AFTER_SECONDS`` after its last failure.
+**The operator always gets in.** An address with no failure on record goes before every
+address that has failed, at the gate and for room: addresses that have failed may hold at most
+``MAX_IN_FLIGHT - FRESH_RESERVE`` of the ``MAX_IN_FLIGHT`` attempts delayed or checked at once
+(more are answered 429). So a right token from an address that has not been guessing waits
+one turn of the gate (``FAILED_LOGIN_DELAY_SECONDS``) behind any number of guessers that have
+failed — 64 of them queued 19 of 19 right tokens out with one first-come queue — while the
+overall rate of checks stays two a second: a guesser that rotates fresh addresses passes the
+same gate, and gets one early turn per address.
+
+State is this process's memory: at most ``MAX_ADDRESSES`` addresses, the least recently failed
+forgotten first, and an address forgotten ``FORGET_AFTER_SECONDS`` after its last failure.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
+import heapq
 import ipaddress
+import itertools
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 FAILED_LOGIN_DELAY_SECONDS = 0.5
 ADDRESS_BACKOFF_MAX_SECONDS = 8.0
 MAX_IN_FLIGHT = 64
+FRESH_RESERVE = 16
 MAX_ADDRESSES = 4096
 FORGET_AFTER_SECONDS = 15 * 60
 BUSY_RETRY_AFTER_SECONDS = 1
@@ -75,6 +86,7 @@ class SignInThrottle:
         failure_delay: float = FAILED_LOGIN_DELAY_SECONDS,
         backoff_max: float = ADDRESS_BACKOFF_MAX_SECONDS,
         max_in_flight: int = MAX_IN_FLIGHT,
+        fresh_reserve: int = FRESH_RESERVE,
         max_addresses: int = MAX_ADDRESSES,
         forget_after: float = FORGET_AFTER_SECONDS,
         monotonic: Callable[[], float] = time.monotonic,
@@ -82,14 +94,15 @@ class SignInThrottle:
         self._failure_delay = failure_delay
         self._backoff_max = backoff_max
         self._max_in_flight = max_in_flight
+        self._fresh_reserve = fresh_reserve
         self._max_addresses = max_addresses
         self._forget_after = forget_after
         self._monotonic = monotonic
         self._failures: OrderedDict[str, _Failures] = OrderedDict()
         self._in_flight: set[str] = set()
         self._next_check = 0.0
-        # created on first use, inside the serving event loop
-        self._gate: asyncio.Lock | None = None
+        self._gate = _Turns()
+        self._in_flight_failed = 0  # of _in_flight, addresses with a failure on record
 
     @property
     def addresses_remembered(self) -> int:
@@ -98,16 +111,21 @@ class SignInThrottle:
     async def attempt(self, client_host: str | None, check: Callable[[], bool]) -> Verdict:
         """Run ``check`` (the token comparison) under the rules above."""
         key = address_key(client_host)
-        if key in self._in_flight or len(self._in_flight) >= self._max_in_flight:
+        self._forget_old()
+        known = self._failures.get(key)
+        room = self._max_in_flight - (self._fresh_reserve if known is not None else 0)
+        if (
+            key in self._in_flight
+            or len(self._in_flight) >= self._max_in_flight
+            or (known is not None and self._in_flight_failed >= room)
+        ):
             return Verdict.BUSY
         self._in_flight.add(key)
+        self._in_flight_failed += known is not None
         try:
-            self._forget_old()
-            if (known := self._failures.get(key)) is not None:
+            if known is not None:
                 await asyncio.sleep(max(0.0, known.not_before - self._monotonic()))
-            if self._gate is None:
-                self._gate = asyncio.Lock()
-            async with self._gate:
+            async with self._gate.turn(first=known is None):
                 await asyncio.sleep(max(0.0, self._next_check - self._monotonic()))
                 accepted = check()
                 if not accepted:
@@ -120,6 +138,7 @@ class SignInThrottle:
             return Verdict.REFUSED
         finally:
             self._in_flight.discard(key)
+            self._in_flight_failed -= known is not None
 
     def _failed(self, key: str) -> None:
         now = self._monotonic()
@@ -138,3 +157,46 @@ class SignInThrottle:
             if oldest.last_at > horizon:
                 break
             self._failures.popitem(last=False)
+
+
+class _Turns:
+    """One holder at a time; waiters marked ``first`` are let in before the others, each group
+    in arrival order. A waiter that is cancelled gives up its place (or its turn, if it was
+    just granted one)."""
+
+    def __init__(self) -> None:
+        self._held = False
+        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._arrivals = itertools.count()
+
+    @contextlib.asynccontextmanager
+    async def turn(self, *, first: bool) -> AsyncIterator[None]:
+        await self._acquire(0 if first else 1)
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _acquire(self, rank: int) -> None:
+        if not self._held and not self._waiting:
+            self._held = True
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, (rank, next(self._arrivals), granted))
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self._release()  # granted as it was cancelled: pass the turn on
+            else:
+                self._waiting = [w for w in self._waiting if w[2] is not granted]
+                heapq.heapify(self._waiting)
+            raise
+
+    def _release(self) -> None:
+        while self._waiting:
+            _, _, granted = heapq.heappop(self._waiting)
+            if not granted.done():
+                granted.set_result(None)  # the turn passes on, held all along
+                return
+        self._held = False

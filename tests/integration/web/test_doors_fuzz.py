@@ -69,6 +69,7 @@ def _doors(db: Database, clock: FrozenClock, access: Access, run_ids: list[int])
         Metrics(),
         reconciler_secret=RECONCILER_SECRET,
         dashboard=DashboardContext(db=db, clock=clock, access=access, throttle=throttle),
+        reconcile_throttle=SignInThrottle(failure_delay=0.0, backoff_max=0.0),
     )
     paths = []
     for route in app.routes:
@@ -403,7 +404,11 @@ async def test_reconcile_flags_are_parsed_or_refused_by_name(
 ) -> None:
     """With the right secret (without it nothing is parsed): any flags are a 400 naming the
     one it could not use, or the reconciler's answer (here: not available, 503)."""
-    app = create_app(Metrics(), reconciler_secret=RECONCILER_SECRET)
+    app = create_app(
+        Metrics(),
+        reconciler_secret=RECONCILER_SECRET,
+        reconcile_throttle=SignInThrottle(failure_delay=0.0, backoff_max=0.0),
+    )
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
         authorized = await c.post(

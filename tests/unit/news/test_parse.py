@@ -56,10 +56,10 @@ def test_a_feed_the_fast_parser_reads_short_is_read_again_by_feedparser() -> Non
 def test_a_fast_parser_that_raises_falls_back_to_feedparser(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def panics(_body: bytes) -> Any:
+    def panics(_body: bytes, **_kw: Any) -> Any:
         raise RuntimeError("a Rust panic, as Python sees it")
 
-    monkeypatch.setattr(feedparser_rs, "parse", panics)
+    monkeypatch.setattr(feedparser_rs, "parse_with_limits", panics)
     parsed = parse_feed(WELL_FORMED, BASE)
     assert parsed.parser == "feedparser" and len(parsed.entries) == 2
 
@@ -80,3 +80,16 @@ def test_links_left_relative_under_a_private_xml_base_are_read_again() -> None:
 def test_no_entries_in_a_document_that_is_no_feed() -> None:
     parsed = parse_feed(b"<html><body>not a feed</body></html>", BASE)
     assert parsed.entries == [] and not parsed.is_feed
+
+
+def test_a_feed_past_the_item_cap_keeps_its_first_items_and_counts_the_rest() -> None:
+    items = b"".join(
+        b"<item><title>n%d</title><link>https://news.example/%d</link></item>" % (i, i)
+        for i in range(25)
+    )
+    doc = b'<rss version="2.0"><channel><title>t</title>' + items + b"</channel></rss>"
+    parsed = parse_feed(doc, BASE, max_items=10)
+    assert parsed.parser == "feedparser-rs" and parsed.problem is None
+    assert [e.title for e in parsed.entries] == [f"n{i}" for i in range(10)]
+    assert parsed.over_cap == 15
+    assert parse_feed(doc, BASE).over_cap == 0

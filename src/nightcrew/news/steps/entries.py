@@ -21,7 +21,10 @@ from urllib.parse import SplitResult, parse_qsl, urlencode, urljoin, urlsplit, u
 
 from nightcrew.adapters.addresses import PLAIN_URL, AddressPolicy, join_host, split_host
 from nightcrew.log import describe_error
-from nightcrew.news.steps.parse import ParsedFeed, RawEntry, parse_feed
+from nightcrew.news.steps.parse import MAX_ITEMS_PER_FEED, ParsedFeed, RawEntry, parse_feed
+
+# the note of a feed's items past NEWS_MAX_ITEMS_PER_FEED, in a report's dropped items
+OVER_ITEM_CAP = "past the feed's item cap (NEWS_MAX_ITEMS_PER_FEED)"
 
 TRACKING_PARAMS = ("utm_", "fbclid", "gclid", "mc_cid", "mc_eid")
 # Bounds on what one item may carry into the database, the snapshot and a model's prompt.
@@ -47,10 +50,13 @@ class FeedItem:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ItemLimits:
-    """How much of one item is kept (``NEWS_MAX_TITLE_CHARS``, ``NEWS_MAX_SUMMARY_CHARS``)."""
+    """How much of one feed and item is kept (``NEWS_MAX_ITEMS_PER_FEED``,
+    ``NEWS_MAX_TITLE_CHARS``, ``NEWS_MAX_SUMMARY_CHARS``)."""
 
     title_chars: int = MAX_TITLE_CHARS
     summary_chars: int = MAX_SUMMARY_CHARS
+    # a feed's first items (its newest); the rest are dropped with a note, not a failure
+    max_items: int = MAX_ITEMS_PER_FEED
 
 
 def normalize_url(url: str) -> str:
@@ -95,7 +101,8 @@ def read_feed_body(body: bytes, base: str, policy: AddressPolicy, limits: ItemLi
     """A feed's bytes → its items. Runs in a parser worker process (``ParserPool.run``); never
     raises: whatever breaks is this feed's failure alone."""
     try:
-        return feed_read(parse_feed(clean_char_refs(body), base), base, policy, limits)
+        parsed = parse_feed(clean_char_refs(body), base, limits.max_items)
+        return feed_read(parsed, base, policy, limits)
     except Exception as exc:  # untrusted bytes: whatever breaks is this feed's failure alone
         return FeedRead(error=f"could not read the feed: {describe_error(exc)}")
 
@@ -109,6 +116,8 @@ def feed_read(parsed: ParsedFeed, base: str, policy: AddressPolicy, limits: Item
         items, dropped = _items(parsed.entries, base, policy, limits)
     except Exception as exc:  # untrusted bytes: whatever breaks is this feed's failure alone
         return FeedRead(error=f"could not read the feed: {describe_error(exc)}")
+    if parsed.over_cap:
+        dropped[OVER_ITEM_CAP] = parsed.over_cap
     return FeedRead(items=items, dropped=dropped, parser=parsed.parser)
 
 

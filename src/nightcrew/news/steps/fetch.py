@@ -78,7 +78,7 @@ class FeedRules:
     budget_seconds: float = FETCH_BUDGET_SECONDS
     limits: ItemLimits = field(default_factory=ItemLimits)
     max_bytes: int = MAX_FEED_BYTES
-    # one parse in a worker process, within budget_seconds (which also covers waiting for one)
+    # one parse in a worker process, within budget_seconds (waiting for a worker is not counted)
     parse_budget_seconds: float = PARSE_BUDGET_SECONDS
 
 
@@ -128,10 +128,11 @@ async def fetch_feed(
     last_modified: str | None = None,
     body_hash: str | None = None,
 ) -> FetchResult:
-    """One feed, within ``rules.budget_seconds`` from the first byte sent to the last parsed."""
+    """One feed, within ``rules.budget_seconds`` of its own work: from the first byte sent to
+    the last parsed, less any wait for a parser worker (ParserPool.turn)."""
     try:
-        async with asyncio.timeout(rules.budget_seconds):
-            return await _fetch(client, url, now, rules, etag, last_modified, body_hash)
+        async with asyncio.timeout(rules.budget_seconds) as budget:
+            return await _fetch(client, url, now, rules, etag, last_modified, body_hash, budget)
     except TimeoutError:
         return FetchResult(
             outcome="failed",
@@ -147,6 +148,7 @@ async def _fetch(
     etag: str | None,
     last_modified: str | None,
     body_hash: str | None,
+    budget: asyncio.Timeout | None = None,
 ) -> FetchResult:
     headers = {
         "Accept": "application/rss+xml, application/atom+xml, application/xml;q=0.9, */*;q=0.5"
@@ -210,7 +212,7 @@ async def _fetch(
             body_hash=digest,
         )
     try:
-        read = await _read_feed(body, base, rules)
+        read = await _read_feed(body, base, rules, budget)
     except FetchError as exc:  # over the parse budget, or the parser process died
         return FetchResult(outcome="failed", status=status, error=str(exc))
     if read.error is not None:
@@ -227,10 +229,12 @@ async def _fetch(
     )
 
 
-async def _read_feed(body: bytes, base: str, rules: FeedRules) -> FeedRead:
+async def _read_feed(
+    body: bytes, base: str, rules: FeedRules, budget: asyncio.Timeout | None = None
+) -> FeedRead:
     if len(body) <= INLINE_PARSE_MAX_BYTES:
         try:
-            fast = parse_fast_only(clean_char_refs(body), base)
+            fast = parse_fast_only(clean_char_refs(body), base, rules.limits.max_items)
         except Exception as exc:  # untrusted bytes: whatever breaks is this feed's failure
             return FeedRead(error=f"could not read the feed: {describe_error(exc)}")
         if fast is not None:
@@ -238,14 +242,15 @@ async def _read_feed(body: bytes, base: str, rules: FeedRules) -> FeedRead:
     # a worker process gets the policy without a test's (or anyone's) resolver: it only needs
     # the allowed hosts, to check image URLs, and a closure does not pickle (nor does the pool)
     portable = replace(rules.policy, resolver=system_resolver)
-    return await rules.parsers.run(
-        read_feed_body,
-        body,
-        base,
-        portable,
-        rules.limits,
-        budget_seconds=rules.parse_budget_seconds,
-    )
+    async with rules.parsers.turn(len(body), paused=budget):
+        return await rules.parsers.run(
+            read_feed_body,
+            body,
+            base,
+            portable,
+            rules.limits,
+            budget_seconds=rules.parse_budget_seconds,
+        )
 
 
 def next_check(now: datetime, result: FetchResult, interval: timedelta) -> datetime:
@@ -268,6 +273,7 @@ def feed_rules(settings: Settings, policy: AddressPolicy, parsers: ParserPool) -
         limits=ItemLimits(
             title_chars=settings.news_max_title_chars,
             summary_chars=settings.news_max_summary_chars,
+            max_items=settings.news_max_items_per_feed,
         ),
     )
 
