@@ -265,7 +265,10 @@ def explain(sample: Sample, minute: LaneReport, daily: LaneReport) -> list[str]:
     failures = [*minute.errors, *daily.errors]
     if failures:
         lines += ["", "Failures (each also logged under its event name):"]
-        lines += [f"  ! {f['event']}: {f['error']}" for f in failures]
+        lines += [
+            f"  ! {line}"
+            for line in narrate.grouped([f"{f['event']}: {f['error']}" for f in failures])
+        ]
     return lines
 
 
@@ -404,6 +407,16 @@ async def _run(
         "(default) embedded database, or see the README to point nightcrew at a real one.",
     ]
     return lines
+
+
+async def repoint_sample_feeds(db: Database, base: str) -> None:
+    """``serve --demo``: the demo's sample sources at the feeds served again, on ``base`` (the
+    run that added them served them on a port of its own, gone with it)."""
+    await db.execute(
+        "UPDATE news.sources SET feed_url = %(base)s || substring(feed_url from '/[^/]*$')"
+        " WHERE shard = 'demo' AND feed_url LIKE 'http://127.0.0.1:%%'",
+        {"base": base},
+    )
 
 
 async def _news(runtime: Runtime, clock: Clock, now: datetime) -> list[str]:

@@ -26,6 +26,15 @@ class DatabaseUnavailableError(NightcrewError):
         self.silent = silent
 
 
+class QueryError(NightcrewError):
+    """PostgreSQL refused a statement. ``sqlstate`` is its five-character error code. (Here,
+    not beside the driver: the command line catches it without importing psycopg.)"""
+
+    def __init__(self, message: str, *, sqlstate: str | None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
 class MigrationError(NightcrewError):
     """A migration could not be applied, or an applied one was edited afterwards."""
 

@@ -141,12 +141,13 @@ def create_app(
         return JSONResponse({"status": "ready"})
 
     async def reconcile_endpoint(request: Request) -> JSONResponse:
-        if not reconciler_secret:
-            return _unauthorized()  # the door is closed: there is nothing to guess
+        header = request.headers.get("authorization")
+        if not reconciler_secret or header is None:
+            # the door is closed, or nothing was offered: there is no guess to slow down
+            return _unauthorized()
         # a bearer is a guess like a sign-in's: the same throttle (its own instance), and each
         # wrong one logged with the client it came from
         client = request.client.host if request.client else None
-        header = request.headers.get("authorization")
         verdict = await reconcile_throttle.attempt(
             client, lambda: authorized(header, reconciler_secret)
         )
@@ -157,11 +158,7 @@ def create_app(
                 headers={"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)},
             )
         if verdict is Verdict.REFUSED:
-            warning(
-                "reconcile_auth_failed",
-                client=client,
-                reason="no bearer" if header is None else "wrong bearer",
-            )
+            warning("reconcile_auth_failed", client=client)
             return _unauthorized()
         repeated = [k for k in request.query_params if len(request.query_params.getlist(k)) > 1]
         if repeated:
@@ -362,6 +359,15 @@ OPENAPI: dict[str, Any] = {
                     },
                     "401": {
                         "description": "missing or wrong bearer token, or no secret set",
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                        },
+                    },
+                    "429": {
+                        "description": (
+                            "a bearer from this address is being checked: retry after the"
+                            " Retry-After seconds (wrong bearers are throttled as sign-ins are)"
+                        ),
                         "content": {
                             "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
                         },

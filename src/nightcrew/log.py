@@ -56,10 +56,12 @@ class SecretValues:
         return bool(self._secrets)
 
     def redact(self, text: str) -> str:
-        for secret in self._secrets:
+        for secret in self._secrets:  # the longest first
             if secret in text:
                 text = text.replace(secret, REDACTED)
-            elif len(secret) > _CUT_SECRET_MIN and text[-_CUT_SECRET_MIN:] in secret:
+        for secret in self._secrets:
+            # also when it appeared whole earlier: an error quoting a key twice, then cut
+            if len(secret) > _CUT_SECRET_MIN and text[-_CUT_SECRET_MIN:] in secret:
                 for cut in range(len(secret) - 1, _CUT_SECRET_MIN - 1, -1):
                     if text.endswith(secret[:cut]):
                         text = text[:-cut] + REDACTED

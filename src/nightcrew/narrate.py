@@ -8,6 +8,7 @@ calls it (the demo knows its sample's titles; the dashboard uses the slug the re
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -198,7 +199,17 @@ def lane_sentences(lane: str, stored: Any, name: Name = short_name) -> list[str]
         lines.append(f"the run failed: {crashed}.")
     if abandoned := report.get("abandoned"):
         lines.append(f"the run was abandoned: {abandoned}.")
-    for failure in map(_d, _l(report.get("errors"))):
-        if failure:
-            lines.append(f"failed — {failure.get('event', 'error')}: {failure.get('error', '')}")
+    failures = [
+        f"{failure.get('event', 'error')}: {failure.get('error', '')}"
+        for failure in map(_d, _l(report.get("errors")))
+        if failure
+    ]
+    lines += [f"failed — {line}" for line in grouped(failures)]
     return lines
+
+
+def grouped(lines: list[str]) -> list[str]:
+    """Repeated lines once, in order of first appearance, with how many times: "… (5 times)"
+    (one failure of five items was five identical lines on the run page and in the demo)."""
+    counts = Counter(lines)
+    return [line if counts[line] == 1 else f"{line} ({counts[line]} times)" for line in counts]

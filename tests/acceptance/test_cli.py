@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -415,3 +416,104 @@ def test_news_run_without_a_shard_says_which_it_runs_or_asks(fresh_db_url: str) 
     several = run("news", "run", env={**env, "NEWS_SHARDS": "eu,us"})
     assert several.returncode == 2
     assert "give --shard (NEWS_SHARDS names eu, us)" in several.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "named"),
+    [
+        ("REDIS_URL", "not-a-url", "REDIS_URL: must be a redis://"),
+        ("NEWS_AI_BASE_URL", "localhost:8080/v1", "NEWS_AI_BASE_URL: must be an http"),
+        ("PUBLIC_FEED_URL", "feeds.example", "PUBLIC_FEED_URL: must be an http"),
+        ("STORAGE_URL", "file://{tmp}/a-file/media", "STORAGE_URL: cannot create"),
+    ],
+)
+def test_a_bad_setting_is_exit_2_naming_it(
+    fresh_db_url: str, tmp_path: Path, setting: str, value: str, named: str
+) -> None:
+    (tmp_path / "a-file").write_text("not a directory")
+    env = _env(DATABASE_URL=fresh_db_url, **{setting: value.format(tmp=tmp_path)})
+    result = run("lifecycle", "run", "minute", env=env)
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert named in last, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_now_outside_the_years_it_can_mean_and_an_empty_shard_are_exit_2(
+    fresh_db_url: str,
+) -> None:
+    env = _env(DATABASE_URL=fresh_db_url)
+    far = run("lifecycle", "run", "minute", "--now", "9999-12-31T23:59:59Z", env=env)
+    assert far.returncode == 2 and "outside the years 1970-9000" in far.stderr, far.stderr
+    naive = run("lifecycle", "run", "minute", "--now", "2026-11-29", "--dry-run", env=env)
+    assert naive.returncode == 2, naive.stderr
+    hint = naive.stderr.split("write it as e.g. ")[1].split(" or ")[0]
+    assert hint == "2026-11-29T00:00:00Z"
+    hinted = run("lifecycle", "run", "minute", "--now", hint, "--dry-run", env=env)
+    assert hinted.returncode == 0, hinted.stderr
+    empty = run("news", "run", "--shard", "", env=env)
+    assert empty.returncode == 2 and "--shard is empty" in empty.stderr, empty.stderr
+
+
+def test_a_hand_typed_news_run_is_manual_and_a_cron_says_scheduled(
+    fresh_db_url: str, tmp_path: Path
+) -> None:
+    env = _env(DATABASE_URL=fresh_db_url, NIGHTCREW_DATA_DIR=str(tmp_path))
+    typed = run("news", "run", "--shard", "s", "--json", env=env)
+    assert typed.returncode == 0, typed.stderr
+    assert json.loads(typed.stdout)["trigger"] == "manual"
+    cron = run("news", "run", "--shard", "s", "--json", "--scheduled", env=env)
+    assert cron.returncode == 0, cron.stderr
+    assert json.loads(cron.stdout)["trigger"] == "scheduled"
+
+
+def _demo_interrupted(
+    tmp_path: Path, when: Callable[[Path], bool]
+) -> subprocess.CompletedProcess[str]:
+    """`nightcrew demo` in a session of its own, Ctrl-C'd (SIGINT to its whole process group,
+    as a terminal sends it) once ``when(events file)`` holds."""
+    data = tmp_path / "data"
+    proc = subprocess.Popen(
+        [_nightcrew(), "demo"],
+        env=_env(NIGHTCREW_DATA_DIR=str(data)),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    events = data / "demo" / "events.jsonl"
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and not when(events) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def _logged(events: Path, name: str) -> bool:
+    return events.exists() and name in events.read_text()
+
+
+@pytest.mark.parametrize(
+    "moment",
+    ["starting", "lanes running", "news parsing"],
+)
+def test_ctrl_c_during_the_demo_is_one_line_and_no_traceback(tmp_path: Path, moment: str) -> None:
+    started = time.monotonic()
+    when = {
+        "starting": lambda events: time.monotonic() - started > 1.0,
+        "lanes running": lambda events: _logged(events, "lifecycle_cron_started"),
+        # the news runs come after the daily lane: the parser workers start with their feeds
+        "news parsing": lambda events: _logged(events, "lifecycle_cron_completed"),
+    }[moment]
+    result = _demo_interrupted(tmp_path, when)
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output, output[-3000:]
+    assert "KeyboardInterrupt" not in output, output[-3000:]
+    # 130 when the demo sees the interrupt itself; 2 when it lands in the embedded
+    # PostgreSQL's initdb first, which then fails and says so (one line either way)
+    assert result.returncode in (130, 2, 0), (result.returncode, output[-2000:])
+    if result.returncode:
+        assert result.stderr.strip().splitlines()[-1].startswith("nightcrew: "), result.stderr

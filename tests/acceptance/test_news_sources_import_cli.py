@@ -219,3 +219,17 @@ def test_a_file_that_cannot_be_parsed_adds_nothing(fresh_db_url: str, tmp_path: 
         f"nightcrew: cannot read {tmp_path / 'nope.opml'}: No such file or directory"
     )
     assert _count_sources(env) == 0
+
+
+def test_a_feed_password_is_redacted_in_list_and_export_unless_asked(fresh_db_url: str) -> None:
+    env = _env(DATABASE_URL=fresh_db_url)
+    url = "https://reader:hunter2-feed-pass@feeds.example/private.xml"
+    added = run("news", "sources", "add", url, "--name", "Private", env=env)
+    assert added.returncode == 0, added.stderr
+    for command in (["list"], ["list", "--json"], ["export", "--opml"]):
+        shown = run("news", "sources", *command, env=env)
+        assert shown.returncode == 0, shown.stderr
+        assert "hunter2-feed-pass" not in shown.stdout, command
+        assert "reader:[redacted]@feeds.example" in shown.stdout, command
+        revealed = run("news", "sources", *command, "--show-secrets", env=env)
+        assert url in revealed.stdout.replace("&amp;", "&"), command

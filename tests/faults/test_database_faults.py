@@ -826,6 +826,9 @@ async def test_a_minute_sweep_whose_backend_is_terminated_fails_alone_and_the_ot
     assert "PostgreSQL" in failed["error"], failed
     [completed] = [e for e in logs if e["event"] == "import_watchdog_completed"]
     assert completed["errors"] == 1
+    # the spec's summary, each 0 on this tick, the failed sweep's own count included
+    assert completed["items_requeued"] == 0
+    assert completed["links_requeued"] == completed["previews_canceled"] == 0
     assert await _sent_item_ids(db) == Counter()  # the claim never committed
     row = await db.fetch_one(
         "SELECT status FROM nightcrew.runs WHERE id = %(id)s", {"id": report.run_id}

@@ -12,6 +12,7 @@ from hypothesis import settings
 from nightcrew.http import create_app
 from nightcrew.lifecycle.reconcile.core import ReconcileOptions
 from nightcrew.metrics import Metrics
+from nightcrew.web.throttle import SignInThrottle
 
 SECRET = "reconcile-secret-0123456789"
 
@@ -26,7 +27,10 @@ class Recorder:
 
 
 def client(recorder: Recorder, secret: str | None = SECRET) -> httpx.AsyncClient:
-    app = create_app(Metrics(), reconcile=recorder, reconciler_secret=secret)
+    fast = SignInThrottle(failure_delay=0.0, backoff_max=0.0)
+    app = create_app(
+        Metrics(), reconcile=recorder, reconciler_secret=secret, reconcile_throttle=fast
+    )
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://nc")
 
 
@@ -106,7 +110,14 @@ async def test_openapi_is_served() -> None:
 # responses must match the documented schemas and status codes, and nothing may answer 5xx.
 _recorder = Recorder()
 schema = schemathesis.openapi.from_asgi(
-    "/openapi.json", create_app(Metrics(), reconcile=_recorder, reconciler_secret=SECRET)
+    "/openapi.json",
+    create_app(
+        Metrics(),
+        reconcile=_recorder,
+        reconciler_secret=SECRET,
+        # the throttle's timing has its own tests; here it would only slow each case down
+        reconcile_throttle=SignInThrottle(failure_delay=0.0, backoff_max=0.0),
+    ),
 )
 # Every case carries the right bearer token (added below), so schemathesis must not also
 # generate the security header itself: a "missing Authorization" negative case would have the

@@ -116,3 +116,10 @@ def test_a_secret_cut_by_a_truncation_is_still_replaced() -> None:
     assert not _has_key(values.redact(cut))
     # a text that merely shares a short run of characters with the key is left alone
     assert values.redact("build re_live") == "build re_live"
+
+
+def test_a_secret_quoted_whole_and_then_cut_at_the_end_loses_both() -> None:
+    values = SecretValues([KEY])
+    text = (f"sent {KEY}, the proxy echoed {KEY}")[:-10]
+    redacted = values.redact(text)
+    assert not _has_key(redacted) and redacted.count(REDACTED) == 2

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+from typing import Any
+
 import pytest
 
 from nightcrew.errors import ConfigError
@@ -181,3 +184,28 @@ def test_the_cookie_is_secure_unless_plain_http_from_this_machine(
     scheme: str, client: str | None, secure: bool
 ) -> None:
     assert secure_cookie(scheme, client) is secure
+
+
+def _resolver(*addresses: str) -> Any:
+    def resolve(host: str, port: Any) -> list[tuple[Any, ...]]:
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, 0)) for a in addresses]
+
+    return resolve
+
+
+def test_a_bind_name_that_resolves_to_loopback_only_keeps_the_host_check() -> None:
+    # `--host myname` with myname in /etc/hosts as 127.0.1.1: a loopback bind, no token needed,
+    # and only loopback names (and its own) may name this dashboard in Host
+    access = Access.for_bind("myname", None, resolve=_resolver("127.0.1.1"))
+    assert access.hosts is not None and "myname" in access.hosts
+    assert not access.host_allowed("attacker.example")
+    with pytest.raises(ConfigError, match="NIGHTCREW_DASHBOARD_TOKEN"):
+        Access.for_bind("mixed", None, resolve=_resolver("127.0.0.1", "192.0.2.7"))
+
+
+def test_a_bind_name_that_does_not_resolve_is_not_taken_for_loopback() -> None:
+    def fails(host: str, port: Any) -> list[tuple[Any, ...]]:
+        raise socket.gaierror("no such name")
+
+    with pytest.raises(ConfigError, match="NIGHTCREW_DASHBOARD_TOKEN"):
+        Access.for_bind("nowhere", None, resolve=fails)

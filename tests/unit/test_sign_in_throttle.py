@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from nightcrew.web.throttle import SignInThrottle, Verdict, address_key
+from nightcrew.web.throttle import SignInThrottle, Verdict, address_key, network_key
 
 DELAY = 0.1
 
@@ -21,7 +21,7 @@ def _wrong(checked: list[float]) -> bool:
 
 
 async def test_wrong_tokens_from_many_addresses_are_checked_one_delay_apart() -> None:
-    throttle = SignInThrottle(failure_delay=DELAY, max_in_flight=64)
+    throttle = SignInThrottle(failure_delay=DELAY, max_in_flight=64, network_in_flight=64)
     checked: list[float] = []
     started = time.monotonic()
     verdicts = await asyncio.gather(
@@ -139,11 +139,12 @@ async def test_a_fresh_address_goes_before_64_addresses_that_keep_guessing() -> 
     checked: list[float] = []
     guessers = [f"10.0.{i // 250}.{i % 250 + 1}" for i in range(64)]
     for address in guessers:  # each has failed once before: no longer fresh
-        throttle._failed(address)
+        throttle._failed(address, network_key(address))
 
     async def keep_guessing(address: str) -> None:
         while True:
-            await throttle.attempt(address, lambda: _wrong(checked))
+            if await throttle.attempt(address, lambda: _wrong(checked)) is Verdict.BUSY:
+                await asyncio.sleep(DELAY / 4)  # told to wait: a patient guesser
 
     attack = [asyncio.create_task(keep_guessing(a)) for a in guessers]
     await asyncio.sleep(5 * DELAY)  # every guesser queued at the gate
@@ -183,3 +184,46 @@ async def test_a_waiter_cancelled_at_the_gate_passes_its_turn_on() -> None:
     assert await asyncio.wait_for(throttle.attempt("10.0.0.3", lambda: True), 1) is (
         Verdict.ACCEPTED
     )
+
+
+@pytest.mark.parametrize(
+    ("host", "network"),
+    [
+        ("192.0.2.7", "192.0.2.0/24"),
+        ("2001:db8:1:2:aaaa::1", "2001:db8:1::/48"),
+        ("::ffff:192.0.2.7", "192.0.2.0/24"),
+        ("testclient", "testclient"),
+    ],
+)
+def test_networks_are_ipv4_24s_and_ipv6_48s(host: str, network: str) -> None:
+    assert network_key(host) == network
+
+
+async def test_a_wave_of_first_guesses_queued_before_the_operator_ranks_behind_it() -> None:
+    """64 addresses of one network each send a first wrong token at once; the operator, on
+    another network, arrives after them and is checked within two turns, not behind 64."""
+    throttle = SignInThrottle(failure_delay=DELAY, max_in_flight=80, network_in_flight=80)
+    checked: list[float] = []
+    wave = [
+        asyncio.create_task(throttle.attempt(f"198.51.100.{i}", lambda: _wrong(checked)))
+        for i in range(1, 65)
+    ]
+    await asyncio.sleep(DELAY / 2)  # every guess is queued, the first one checked
+    started = time.monotonic()
+    assert await throttle.attempt("203.0.113.5", lambda: True) is Verdict.ACCEPTED
+    waited = time.monotonic() - started
+    for task in wave:
+        task.cancel()
+    await asyncio.gather(*wave, return_exceptions=True)
+    assert waited < 2 * DELAY + 0.05, waited
+
+
+async def test_one_network_holds_at_most_its_share_of_places() -> None:
+    throttle = SignInThrottle(failure_delay=DELAY, network_in_flight=3)
+    checked: list[float] = []
+    verdicts = await asyncio.gather(
+        *(throttle.attempt(f"198.51.100.{i}", lambda: _wrong(checked)) for i in range(1, 7)),
+        throttle.attempt("203.0.113.5", lambda: True),
+    )
+    assert verdicts[:6].count(Verdict.BUSY) == 3 and len(checked) == 3
+    assert verdicts[6] is Verdict.ACCEPTED

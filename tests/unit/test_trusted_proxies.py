@@ -117,3 +117,10 @@ async def test_a_client_cannot_prepend_an_address_of_its_choosing() -> None:
     headers = [(b"x-forwarded-for", b"198.51.100.1, 203.0.113.9, 10.0.0.7")]
     seen = await _seen_by_the_app("127.0.0.1,10.0.0.0/24", "127.0.0.1", headers)
     assert seen == ("203.0.113.9", "http")
+
+
+def test_a_url_with_a_password_is_refused_without_echoing_the_password() -> None:
+    with pytest.raises(ValueError, match="not an IP address or CIDR") as refused:
+        parse_trusted_proxies("10.0.0.1, http://proxy:s3cret-proxy-pass@10.0.0.2:8080")
+    assert "s3cret-proxy-pass" not in str(refused.value)
+    assert "[redacted]" in str(refused.value)

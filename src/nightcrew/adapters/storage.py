@@ -10,6 +10,7 @@ that is already gone counts as deleted.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -282,7 +283,13 @@ def open_store(url: str, *, credentials: dict[str, str] | None = None) -> Obstor
         return ObstoreStore(MemoryStore(), "memory://")
     if scheme == "file":
         path = Path(url.removeprefix("file://")).expanduser().resolve()
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"STORAGE_URL: cannot create {path}: {exc.strerror}") from exc
+        if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+            # found at start, not as an unexpected error at the first object written
+            raise ConfigError(f"STORAGE_URL: {path} is not a directory this process can write")
         return ObstoreStore(LocalStore(path, automatic_cleanup=True, mkdir=True), f"file://{path}")
     if scheme == "s3":
         parts = urlsplit(url)

@@ -17,25 +17,27 @@ import sys
 from collections.abc import Awaitable, Callable
 from datetime import date, datetime
 from enum import StrEnum
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 
 from nightcrew import __version__
 from nightcrew.clock import Clock, FrozenClock, SystemClock, parse_instant
-from nightcrew.config import Settings, load_settings
-from nightcrew.db.database import QueryError
 from nightcrew.errors import (
     MIGRATE_HINT,
     SCHEMA_MISSING_SQLSTATES,
     ConfigError,
     DatabaseUnavailableError,
     NightcrewError,
+    QueryError,
     QueueUnavailableError,
 )
 from nightcrew.gc_tuning import tune_for_bursts
 from nightcrew.log import SecretScrubber, configure_logging, describe_error
-from nightcrew.runtime import Runtime, open_runtime
+
+if TYPE_CHECKING:  # the commands import what they use when they run: `--help` imports none
+    from nightcrew.config import Settings
+    from nightcrew.runtime import Runtime
 
 T = TypeVar("T")
 
@@ -125,12 +127,29 @@ class EffectKind(StrEnum):
     feed_invalidate = "feed_invalidate"
 
 
+def open_runtime(settings: Settings, clock: Clock, **adapters: Any) -> Any:
+    """``nightcrew.runtime.open_runtime``, imported when a command runs: every adapter (the
+    database driver, the store, the SDKs) is a second of imports that `--help` never needs."""
+    from nightcrew.runtime import open_runtime as opened
+
+    return opened(settings, clock, **adapters)
+
+
+def open_database(settings: Settings) -> Any:
+    """``nightcrew.runtime.open_database``, imported when a command runs (see open_runtime)."""
+    from nightcrew.runtime import open_database as opened
+
+    return opened(settings)
+
+
 def _fail(message: str, code: int) -> NoReturn:
     typer.echo(f"nightcrew: {message}", err=True)
     raise typer.Exit(code)
 
 
 def _settings() -> Settings:
+    from nightcrew.config import load_settings
+
     try:
         settings = load_settings()
     except ConfigError as exc:

@@ -11,10 +11,8 @@ from nightcrew.cli.common import (
     _run,
     _settings,
     db_app,
+    open_database,
 )
-from nightcrew.db.check import check_schema
-from nightcrew.db.migrate import migrate
-from nightcrew.runtime import open_database
 
 
 # --- db ------------------------------------------------------------------------------------------
@@ -30,6 +28,8 @@ def db_migrate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Apply the numbered migrations that have not been applied yet."""
+    from nightcrew.db.migrate import migrate
+
     settings = _settings()
 
     async def work() -> dict[str, list[str]]:
@@ -55,6 +55,8 @@ def db_check(
     """Compare the database with what nightcrew needs: column types, function signatures,
     triggers, unique indexes, and what the role it connects as may do (grants, row-level
     security). One line per mismatch; exit 1 if any."""
+    from nightcrew.db.check import check_schema
+
     settings = _settings()
 
     async def work() -> dict[str, Any]:

@@ -14,9 +14,10 @@ from nightcrew.cli.common import (
     _run,
     _settings,
     effects_app,
+    open_database,
+    open_runtime,
 )
 from nightcrew.clock import SystemClock
-from nightcrew.runtime import open_database, open_runtime
 
 KindOption = Annotated[EffectKind | None, typer.Option("--kind", help="Only effects of this kind.")]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -13,7 +13,9 @@ from nightcrew.cli.common import Lane, NowOption, _fail, _run_and_print, lifecyc
 from nightcrew.clock import Clock
 from nightcrew.errors import NightcrewError
 from nightcrew.log import event
-from nightcrew.runtime import Runtime
+
+if TYPE_CHECKING:
+    from nightcrew.runtime import Runtime
 
 
 # --- lifecycle -----------------------------------------------------------------------------------

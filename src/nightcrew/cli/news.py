@@ -14,11 +14,11 @@ from nightcrew.cli.common import (
     _run,
     _settings,
     news_app,
+    open_runtime,
 )
-from nightcrew.runtime import open_runtime
 
 if TYPE_CHECKING:
-    pass
+    from nightcrew.news.report import Trigger
 
 
 @news_app.command("run")
@@ -38,6 +38,14 @@ def news_run(
             " a run of it is running; a held lock is answered with a skipped report).",
         ),
     ] = False,
+    scheduled: Annotated[
+        bool,
+        typer.Option(
+            "--scheduled",
+            help="Record the run as scheduled, not manual: for a cron or timer that calls this"
+            " command (a held lock is then a warning, as serve's own slots make it).",
+        ),
+    ] = False,
     now: NowOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
@@ -54,13 +62,16 @@ def news_run(
     clock = _clock(now)
     if shard is None:
         shard = _default_shard(settings.news_shard_list)
+    elif not shard.strip():
+        _fail("news run: --shard is empty; give a shard name (NEWS_SHARDS names them)", 2)
 
     async def work() -> dict[str, Any]:
         assert shard is not None  # chosen above; mypy cannot see into the closure
         async with open_runtime(settings, clock) as runtime:
             if manual:  # the dashboard's "run now": in the run history, one at a time
                 return await run_lane_now(runtime, clock, CLI, shard_lane(shard))
-            report = await run_or_enqueue(runtime, clock, shard, trigger="scheduled")
+            trigger: Trigger = "scheduled" if scheduled else "manual"
+            report = await run_or_enqueue(runtime, clock, shard, trigger=trigger)
             return report.to_json()
 
     report = _run(work, settings)

@@ -13,16 +13,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from nightcrew.adapters.broker import STAGES
 from nightcrew.cli.common import (
     _fail,
     _run,
     _settings,
     dlq_app,
     news_app,
+    open_runtime,
 )
 from nightcrew.clock import SystemClock
-from nightcrew.runtime import open_runtime
 
 if TYPE_CHECKING:
     pass
@@ -73,6 +72,8 @@ def news_worker(
     if settings.news_pipeline != "rabbitmq":
         _fail("news worker needs NEWS_PIPELINE=rabbitmq (and QUEUE_URL=amqp://…)", 2)
     clock = SystemClock()
+    from nightcrew.adapters.broker import STAGES
+
     stages = list(STAGES) if stage is Stage.all else [stage.value]
 
     async def work() -> dict[str, Any]:

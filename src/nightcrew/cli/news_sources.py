@@ -13,10 +13,11 @@ from nightcrew.cli.common import (
     _print_json,
     _run,
     _settings,
+    open_database,
     sources_app,
 )
 from nightcrew.clock import SystemClock
-from nightcrew.runtime import open_database
+from nightcrew.log import redact_url_passwords
 
 if TYPE_CHECKING:
     from nightcrew.news.sources.registry import ImportReport
@@ -60,12 +61,28 @@ def _warn_refused(urls: list[str], allowed_private_hosts: str) -> None:
         typer.echo(f"note: {hint}", err=True)
 
 
+ShowSecrets = Annotated[
+    bool,
+    typer.Option(
+        "--show-secrets", help="Show the passwords in feed URLs (https://user:password@…)."
+    ),
+]
+
+
+def _shown(row: dict[str, Any], show_secrets: bool) -> dict[str, Any]:
+    if show_secrets:
+        return row
+    return {**row, "feed_url": redact_url_passwords(row["feed_url"])}
+
+
 @sources_app.command("list")
 def news_sources_list(
     shard: Annotated[str | None, typer.Option("--shard", help="Only this shard.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the sources as JSON.")] = False,
+    show_secrets: ShowSecrets = False,
 ) -> None:
-    """List feed sources, with their fetch health."""
+    """List feed sources, with their fetch health (a feed URL's password shown as
+    [redacted] unless --show-secrets)."""
     from nightcrew.news.sources.registry import list_sources
 
     settings = _settings()
@@ -74,7 +91,7 @@ def news_sources_list(
         async with open_database(settings) as db:
             return await list_sources(db, shard=shard)
 
-    rows = _run(work, settings)
+    rows = [_shown(row, show_secrets) for row in _run(work, settings)]
     if as_json:
         _print_json(rows)
         return
@@ -203,9 +220,11 @@ def news_sources_export(
         bool, typer.Option("--opml", help="As an OPML 2.0 document (the one format so far).")
     ] = False,
     shard: Annotated[str | None, typer.Option("--shard", help="Only this shard.")] = None,
+    show_secrets: ShowSecrets = False,
 ) -> None:
     """Write the feed sources to stdout as OPML (disabled and parked ones too): any feed reader,
-    and `news sources import`, reads it back."""
+    and `news sources import`, reads it back. A feed URL's password is written as [redacted]
+    unless --show-secrets (a document to move the sources elsewhere needs it)."""
     from nightcrew.news.sources.opml import OpmlFeed, build_opml
     from nightcrew.news.sources.registry import list_sources
 
@@ -218,7 +237,7 @@ def news_sources_export(
         async with open_database(settings) as db:
             return await list_sources(db, shard=shard)
 
-    rows = _run(work, settings)
+    rows = [_shown(row, show_secrets) for row in _run(work, settings)]
     document = build_opml(
         (OpmlFeed(name=row["name"], feed_url=row["feed_url"]) for row in rows),
         title="nightcrew news sources" + (f" (shard {shard})" if shard else ""),

@@ -6,28 +6,27 @@ import asyncio
 import contextlib
 import signal
 import socket
-from collections.abc import Iterator
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-import uvicorn
 
 from nightcrew.cli.common import (
     _run,
     _settings,
     app,
+    open_runtime,
 )
 from nightcrew.clock import FrozenClock, SystemClock
-from nightcrew.config import Settings, reveal
 from nightcrew.errors import (
     ConfigError,
 )
 from nightcrew.log import configure_logging, event
-from nightcrew.runtime import open_runtime
 from nightcrew.web.access import Access, check_secret
-from nightcrew.web.connections import BACKLOG, ServerGuards
 from nightcrew.web.proxies import uvicorn_proxy_options
+
+if TYPE_CHECKING:
+    from nightcrew.config import Settings
 
 # uvicorn's default: an idle kept-alive connection is closed after this long
 KEEP_ALIVE_SECONDS = 5
@@ -107,6 +106,8 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 async def _serve(settings: Settings, host: str, port: int, *, demo: bool) -> None:
+    from nightcrew.config import reveal
+
     access = Access.for_bind(host, reveal(settings.dashboard_token))
     # it unlocks mode=apply&quarantineMissing=true: refused at start when weak, as the
     # dashboard's token is
@@ -115,9 +116,13 @@ async def _serve(settings: Settings, host: str, port: int, *, demo: bool) -> Non
     try:
         if demo:
             from nightcrew.demo import demo_database
+            from nightcrew.demo_support import serve_sample_feeds
 
-            with demo_database(settings) as demo_settings:
-                await _serve_on(demo_settings, listener, access, host, port, demo=True)
+            # the demo's sample feeds again, for the page's "Run shard now"
+            with demo_database(settings) as demo_settings, serve_sample_feeds() as feeds:
+                await _serve_on(
+                    demo_settings, listener, access, host, port, demo=True, demo_feeds=feeds
+                )
         else:
             await _serve_on(settings, listener, access, host, port, demo=False)
     finally:
@@ -132,9 +137,14 @@ async def _serve_on(
     port: int,
     *,
     demo: bool,
+    demo_feeds: str | None = None,
 ) -> None:
+    import uvicorn
+
+    from nightcrew.config import reveal
+    from nightcrew.demo import repoint_sample_feeds
     from nightcrew.http import Readiness, create_app
-    from nightcrew.lifecycle.lanes import lifecycle_schedules
+    from nightcrew.lifecycle.lanes import lane_schedule, lifecycle_schedules
     from nightcrew.lifecycle.reconcile.core import ReconcileOptions
     from nightcrew.lifecycle.reconcile.engine import run_reconcile
     from nightcrew.log import warning
@@ -143,14 +153,26 @@ async def _serve_on(
     from nightcrew.news.schedule import news_schedules
     from nightcrew.scheduler import Scheduler
     from nightcrew.web.app import DashboardContext
+    from nightcrew.web.connections import BACKLOG, QuietServer, ServerGuards
 
     clock = SystemClock()
     async with contextlib.AsyncExitStack() as stack:
+        if demo_feeds is not None:
+            # its feeds are on this machine: the one private address the demo may fetch
+            settings = settings.model_copy(update={"news_allowed_private_hosts": "127.0.0.1"})
         runtime = await stack.enter_async_context(open_runtime(settings, clock))
         secret = (
             None if demo else check_secret("RECONCILER_SECRET", reveal(settings.reconciler_secret))
         )
-        schedules = () if demo else lifecycle_schedules(runtime, clock)
+        if demo_feeds is not None:
+            await repoint_sample_feeds(runtime.db, demo_feeds)
+        # the demo's minute lane runs (a retried effect moves, /ready is ready); its daily lane
+        # is the demo's night, not scheduled again
+        schedules = (
+            (lane_schedule(runtime, clock, "minute"),)
+            if demo
+            else lifecycle_schedules(runtime, clock)
+        )
         if settings.news_shard_list and not demo:
             schedules = (*schedules, *news_schedules(runtime, clock))
         scheduler = Scheduler(runtime, clock, schedules)
@@ -168,7 +190,7 @@ async def _serve_on(
             read_timeout=settings.http_read_timeout_seconds,
             max_connections=settings.http_max_connections,
         )
-        server = _QuietServer(
+        server = QuietServer(
             uvicorn.Config(
                 create_app(
                     runtime.metrics,
@@ -189,9 +211,10 @@ async def _serve_on(
                         db=runtime.db,
                         clock=clock,
                         access=access,
-                        schedules=None if demo else scheduler.status,
+                        schedules=scheduler.status,
                         label="the demo's night" if demo else "",
                         runtime=runtime,  # the page's actions act with it
+                        proxies_trusted=bool(settings.trusted_proxy_networks),
                     ),
                 ),
                 host=host,
@@ -220,7 +243,7 @@ async def _serve_on(
         event("serve_started", host=host, port=port, database=runtime.db.target)
         where = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
         what = (
-            "the last demo's night (nothing scheduled)"
+            "the last demo's night (its minute lane scheduled)"
             if demo
             else "scheduling " + ", ".join(s.name for s in schedules)
         )
@@ -255,15 +278,3 @@ async def _serve_on(
 def _hours(span: timedelta) -> str:
     hours = span.total_seconds() / 3600
     return f"{hours:.1f} h" if hours < 10 else f"{hours:.0f} h"
-
-
-class _QuietServer(uvicorn.Server):
-    """uvicorn re-raises a captured SIGTERM after shutdown (killing us with -15); we own the
-    signals instead and exit normally."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    def request_exit(self) -> None:
-        self.should_exit = True

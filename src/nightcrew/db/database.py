@@ -32,19 +32,15 @@ from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from nightcrew.errors import DatabaseUnavailableError, NightcrewError
+from nightcrew.errors import DatabaseUnavailableError
+
+# a refused statement's error lives with the other errors (the command line catches it without
+# importing the driver); importers of the database keep finding it here
+from nightcrew.errors import QueryError as QueryError
 from nightcrew.log import SecretValues
 
 Row = dict[str, Any]
 Params = Mapping[str, Any] | None
-
-
-class QueryError(NightcrewError):
-    """PostgreSQL refused a statement. ``sqlstate`` is its five-character error code."""
-
-    def __init__(self, message: str, *, sqlstate: str | None) -> None:
-        super().__init__(message)
-        self.sqlstate = sqlstate
 
 
 def json_param(value: Any) -> Jsonb:

@@ -57,6 +57,9 @@ class Lane:
     # Every statement of the lane is short, so a silent database is called lost after
     # NIGHTCREW_DB_MINUTE_STATEMENT_TIMEOUT_SECONDS rather than the pool's long bound.
     short_statements: bool = False
+    # the completed event's counts that are there whatever happened (spec 000: "each 0 on idle
+    # ticks" — and on a tick whose sweep threw, which reports no counts of its own)
+    always_counts: tuple[str, ...] = ()
 
 
 MINUTE = Lane(
@@ -65,6 +68,7 @@ MINUTE = Lane(
     concurrent=True,
     short_statements=True,
     completed_event="import_watchdog_completed",
+    always_counts=("items_requeued", "links_requeued", "previews_canceled"),
     jobs=(
         Job(
             name="sweepStalledImports",
@@ -308,7 +312,7 @@ async def run_jobs(
     event(
         lane.completed_event,
         lane=lane.name,
-        **report.totals,
+        **{**dict.fromkeys(lane.always_counts, 0), **report.totals},
         errors=len(report.errors),
         duration_ms=report.duration_ms,
     )

@@ -17,7 +17,10 @@ import hmac
 import ipaddress
 import re
 import secrets
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from nightcrew.errors import ConfigError
@@ -81,6 +84,24 @@ def is_loopback(host: str) -> bool:
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
+Resolve = Callable[..., list[tuple[Any, ...]]]
+
+
+def _resolves_to_loopback_only(host: str, resolve: Resolve) -> bool:
+    if _normal(host) is None:
+        return False
+    try:
+        ipaddress.ip_address(_normal(host) or "")
+        return False  # an address is what it is (is_loopback said)
+    except ValueError:
+        pass
+    try:
+        found = resolve(host, None)
+    except (OSError, UnicodeError):
+        return False  # the bind itself will say it cannot listen there
+    addresses = {info[4][0] for info in found}
+    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
+
 
 @dataclass(frozen=True)
 class Access:
@@ -88,10 +109,15 @@ class Access:
     hosts: frozenset[str] | None = LOOPBACK_HOSTS  # None: any Host (a token guards the page)
 
     @classmethod
-    def for_bind(cls, host: str, token: str | None) -> Access:
-        """What ``serve --host HOST`` requires; a ConfigError when it cannot be safe."""
+    def for_bind(
+        cls, host: str, token: str | None, *, resolve: Resolve = socket.getaddrinfo
+    ) -> Access:
+        """What ``serve --host HOST`` requires; a ConfigError when it cannot be safe. A name is
+        classified by the addresses it resolves to, as the bind will: one that resolves to
+        loopback only is a loopback bind, Host check included (``--host myname`` with
+        ``myname`` in /etc/hosts as 127.0.1.1 turned the check off)."""
         token = check_secret("NIGHTCREW_DASHBOARD_TOKEN", token)
-        if is_loopback(host):
+        if is_loopback(host) or _resolves_to_loopback_only(host, resolve):
             return cls(token=token or None, hosts=LOOPBACK_HOSTS | {_normal(host) or host})
         if not token:
             raise ConfigError(

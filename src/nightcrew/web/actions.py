@@ -49,6 +49,14 @@ def client_of(request: Request) -> str | None:
     return request.client.host if request.client else None
 
 
+_FORWARDED_HEADERS = ("forwarded", "x-forwarded-for", "x-forwarded-host", "x-real-ip")
+
+
+def _forwarded(headers: Any) -> str | None:
+    """The first header a reverse proxy adds that this request carries, if any."""
+    return next((name for name in _FORWARDED_HEADERS if name in headers), None)
+
+
 def _refused(request: Request, reason: str) -> Response:
     warning(
         "dashboard_action_refused", path=request.url.path, client=client_of(request), reason=reason
@@ -86,6 +94,17 @@ def action_routes(ctx: DashboardContext, csrf: Csrf, render: Render, page: Page)
         elif not is_loopback(client_of(request) or ""):
             # open (no token) means open to this machine only, whatever the Host says
             return "not a loopback client and no NIGHTCREW_DASHBOARD_TOKEN sign-in"
+        elif (via := _forwarded(headers)) is not None and not ctx.proxies_trusted:
+            # a proxy on this machine makes every client look local: an open dashboard behind
+            # one is open to whoever reaches the proxy
+            if "proxied" not in ctx.said:
+                ctx.said.add("proxied")
+                warning("dashboard_open_behind_a_proxy", header=via, client=client_of(request))
+            return (
+                f"the request came through a proxy ({via}) to a dashboard without"
+                " NIGHTCREW_DASHBOARD_TOKEN: set the token to act behind a proxy (and name the"
+                " proxy in NIGHTCREW_TRUSTED_PROXIES)"
+            )
         if ctx.runtime is None:
             return "this dashboard has no runtime to act with"
         return None

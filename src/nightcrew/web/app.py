@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -80,6 +81,12 @@ class DashboardContext:
     throttle: SignInThrottle = field(default_factory=SignInThrottle)
     # what the actions act with (serve's runtime); None: a dashboard that only shows
     runtime: Runtime | None = None
+    # whether NIGHTCREW_TRUSTED_PROXIES names any proxy (whose forwarded client address
+    # uvicorn then puts in the request); with none, a forwarded header came through a proxy
+    # nobody vouched for
+    proxies_trusted: bool = False
+    # what this process has already said once (see web/actions.py)
+    said: set[str] = field(default_factory=set)
 
     def session_valid(self, request: Request) -> bool:
         return self.access.cookie_valid(request.cookies.get(COOKIE), self.clock.now().timestamp())
@@ -95,9 +102,37 @@ def _environment() -> jinja2.Environment:
         finalize=_shown,
     )
     env.filters.update(
-        ts=_ts, dur=_duration, size=_size, num=lambda n: f"{int(n or 0):,}", tojson=_pretty
+        ts=_ts,
+        dur=_duration,
+        size=_size,
+        num=lambda n: f"{int(n or 0):,}",
+        tojson=_pretty,
+        label=count_label,
     )
     return env
+
+
+# A report's count as a person reads it: "items_requeued" and "acceptedCount" alike become
+# words; the few whose words say too little are named here.
+_LABELS = {
+    "backpressureDbArticleCount": "articles in the database",
+    "backpressureQueueCount": "articles waiting",
+    "queuedCount": "new",
+    "processedCount": "written",
+    "lockedCount": "shard locked",
+    "aiPromptTokens": "model tokens in",
+    "aiCompletionTokens": "model tokens out",
+}
+_WORD_EDGE = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def count_label(key: str) -> str:
+    if key in _LABELS:
+        return _LABELS[key]
+    words = _WORD_EDGE.sub(" ", key).replace("_", " ").lower().split()
+    if len(words) > 1 and words[-1] == "count":
+        words = words[:-1]
+    return " ".join(words)
 
 
 def _shown(value: Any) -> Any:

@@ -8,7 +8,9 @@ limit left ``/health`` unanswered for 40 s, and every failed ``accept()`` logged
 
 - a **read deadline**: a request must arrive whole — headers and body — within
   ``read_timeout`` of its first byte (of the connection, for the first request); else the
-  connection is closed. Between requests uvicorn's keep-alive timeout applies as before.
+  connection is closed. Between requests uvicorn's keep-alive timeout applies as before; a
+  client that stops reading the answer (64 KiB left unsent) gets the same time to read on.
+  A closed slow connection is aborted: closing would wait to flush, descriptor held.
 - a **bound on connections**: at ``max_connections`` a new connection closes the oldest one
   still waiting for its request to arrive (the slowest client goes, not the next probe); only
   when every connection is busy with a request being answered is the new one refused. The
@@ -25,10 +27,11 @@ import asyncio
 import contextlib
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import h11
+import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from nightcrew.log import warning
@@ -118,6 +121,7 @@ class GuardedProtocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._read_deadline: asyncio.TimerHandle | None = None
+        self._write_deadline: asyncio.TimerHandle | None = None
         self._waiting_since = time.monotonic()
         if len(self.connections) >= self._guards.max_connections and not self._evict_one():
             self._guards.refused.add(max_connections=self._guards.max_connections)
@@ -135,6 +139,9 @@ class GuardedProtocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
         if self.transport is None:  # refused in connection_made: uvicorn never saw it
             return
         super().connection_lost(exc)
@@ -151,6 +158,34 @@ class GuardedProtocol(H11Protocol):
     def on_response_complete(self) -> None:
         self._waiting_since = time.monotonic()  # idle now, under uvicorn's keep-alive timer
         super().on_response_complete()
+        # a pipelined next request is read here, not in data_received: its deadline too
+        if self._read_deadline is None and self._request_begun() and self._waiting_for_request():
+            self._arm()
+
+    def pause_writing(self) -> None:
+        """The client stopped reading what we send (64 KiB buffered): the same deadline, so a
+        client that asks and never reads cannot hold the connection either."""
+        super().pause_writing()
+        if self._write_deadline is None and not self.transport.is_closing():
+            self._write_deadline = self.loop.call_later(
+                self._guards.read_timeout, self._not_reading
+            )
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
+
+    def _not_reading(self) -> None:
+        self._write_deadline = None
+        if not self.transport.is_closing():
+            self._guards.closed_slow.add(reason="the client stopped reading")
+            self.transport.abort()
+
+    def _request_begun(self) -> bool:
+        """Whether part of a next request is already here (pipelined behind the last one)."""
+        return self.conn.their_state is h11.SEND_BODY or bool(self.conn.trailing_data[0])
 
     def _arm(self) -> None:
         self._disarm()
@@ -167,7 +202,8 @@ class GuardedProtocol(H11Protocol):
         if self.transport.is_closing() or not self._waiting_for_request():
             return
         self._guards.closed_slow.add(read_timeout_seconds=self._guards.read_timeout)
-        self.transport.close()
+        # abort, not close: close waits to flush what is buffered, and keeps the descriptor
+        self.transport.abort()
 
     def _evict_one(self) -> bool:
         """Close the connection that has waited longest for (the rest of) a request, or idled
@@ -175,7 +211,8 @@ class GuardedProtocol(H11Protocol):
         waiting = [
             c
             for c in self.connections
-            if isinstance(c, GuardedProtocol) and c._waiting_for_request()
+            if isinstance(c, GuardedProtocol)
+            and (c._waiting_for_request() or c._write_deadline is not None)
         ]
         if not waiting:
             return False
@@ -183,8 +220,20 @@ class GuardedProtocol(H11Protocol):
         oldest._disarm()
         self._guards.closed_slow.add(reason="connection bound")
         with contextlib.suppress(Exception):
-            oldest.transport.close()
+            oldest.transport.abort()
         # connection_lost removes it from the set on the next loop turn; the bound counts it
         # gone now
         self.connections.discard(oldest)
         return True
+
+
+class QuietServer(uvicorn.Server):
+    """uvicorn re-raises a captured SIGTERM after shutdown (killing us with -15); ``serve`` owns
+    the signals instead and exits normally."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    def request_exit(self) -> None:
+        self.should_exit = True

@@ -19,6 +19,7 @@ from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects_outbox
 from nightcrew.errors import NightcrewError
+from nightcrew.lifecycle.lanes import LANES
 from nightcrew.log import describe_error
 
 if TYPE_CHECKING:
@@ -285,7 +286,11 @@ class RunDetail:
         jobs = self.report.get("jobs")
         if not isinstance(jobs, dict):
             return []
-        return [JobRow.from_report(name, job) for name, job in sorted(jobs.items())]
+        # the lane's own order (stored JSON keeps none: jsonb orders keys by length)
+        lane = LANES.get(self.lane)
+        order = {job.name: n for n, job in enumerate(lane.jobs)} if lane else {}
+        rows = [JobRow.from_report(name, job) for name, job in jobs.items()]
+        return sorted(rows, key=lambda r: (order.get(r.name, len(order)), r.name))
 
 
 async def run_detail(db: Database, run_id: int) -> RunDetail | None:

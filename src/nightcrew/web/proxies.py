@@ -14,6 +14,8 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+from nightcrew.log import redact_url_passwords
+
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -34,8 +36,11 @@ def parse_trusted_proxies(value: str) -> tuple[IPNetwork, ...]:
             network = ipaddress.ip_network(entry.strip("[]"), strict=True)
         except ValueError as exc:
             # The peer is always an address: a host name would silently never match.
-            hint = f" ({exc})" if "/" in entry else " (a host name is not accepted)"
-            raise ValueError(f"not an IP address or CIDR: {entry!r}{hint}") from None
+            hint = f" ({exc})" if "/" in entry and "://" not in entry else ""
+            hint = hint or " (a host name or URL is not accepted)"
+            # a URL pasted here may carry a password: never echoed
+            shown = redact_url_passwords(entry)
+            raise ValueError(f"not an IP address or CIDR: {shown!r}{hint}") from None
         if network.prefixlen == 0:
             raise ValueError(
                 f"{entry!r} would believe every client's claim of its own address; name the "

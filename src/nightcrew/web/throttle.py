@@ -16,14 +16,16 @@ about the token:
   wrong answer itself is held back that long too, so "no answer yet" is never faster news
   than the answer.
 
-**The operator always gets in.** An address with no failure on record goes before every
-address that has failed, at the gate and for room: addresses that have failed may hold at most
-``MAX_IN_FLIGHT - FRESH_RESERVE`` of the ``MAX_IN_FLIGHT`` attempts delayed or checked at once
-(more are answered 429). So a right token from an address that has not been guessing waits
-one turn of the gate (``FAILED_LOGIN_DELAY_SECONDS``) behind any number of guessers that have
-failed — 64 of them queued 19 of 19 right tokens out with one first-come queue — while the
-overall rate of checks stays two a second: a guesser that rotates fresh addresses passes the
-same gate, and gets one early turn per address.
+**The operator always gets in.** A network (IPv4 /24, IPv6 /48) with no wrong token in the
+last ``FORGET_AFTER_SECONDS`` goes before every network that has one, at the gate (ranked
+when each turn is given, so a wave of first guesses queued earlier ranks behind once its
+network has failed) and for room: attempts from failing networks may hold at most
+``MAX_IN_FLIGHT - FRESH_RESERVE`` of the ``MAX_IN_FLIGHT`` places, and one network at most
+``NETWORK_IN_FLIGHT`` of them at any time (more are answered 429). So a
+right token from a network that has not been guessing waits about one turn of the gate
+(``FAILED_LOGIN_DELAY_SECONDS``) behind any number of guessers — 64 of them queued 19 of 19
+right tokens out with one first-come queue — while the overall rate of checks stays two a
+second: a guesser on fresh networks passes the same gate, one early turn per network.
 
 State is this process's memory: at most ``MAX_ADDRESSES`` addresses, the least recently failed
 forgotten first, and an address forgotten ``FORGET_AFTER_SECONDS`` after its last failure.
@@ -34,11 +36,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import heapq
 import ipaddress
 import itertools
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -46,6 +47,9 @@ FAILED_LOGIN_DELAY_SECONDS = 0.5
 ADDRESS_BACKOFF_MAX_SECONDS = 8.0
 MAX_IN_FLIGHT = 64
 FRESH_RESERVE = 16
+# places one network may hold at once: a wave of first guesses from one /24 cannot fill the
+# room before any of them has failed
+NETWORK_IN_FLIGHT = 8
 MAX_ADDRESSES = 4096
 FORGET_AFTER_SECONDS = 15 * 60
 BUSY_RETRY_AFTER_SECONDS = 1
@@ -62,6 +66,18 @@ class _Failures:
     count: int
     last_at: float
     not_before: float
+
+
+def network_key(host: str | None) -> str:
+    """The unit of "has this network been guessing": an IPv4 /24, an IPv6 /48 (what one
+    customer holds), or a name itself."""
+    key = address_key(host)
+    try:
+        address = ipaddress.ip_address(key.split("/")[0])
+    except ValueError:
+        return key
+    prefix = 24 if address.version == 4 else 48
+    return str(ipaddress.ip_network((address, prefix), strict=False))
 
 
 def address_key(host: str | None) -> str:
@@ -87,6 +103,7 @@ class SignInThrottle:
         backoff_max: float = ADDRESS_BACKOFF_MAX_SECONDS,
         max_in_flight: int = MAX_IN_FLIGHT,
         fresh_reserve: int = FRESH_RESERVE,
+        network_in_flight: int = NETWORK_IN_FLIGHT,
         max_addresses: int = MAX_ADDRESSES,
         forget_after: float = FORGET_AFTER_SECONDS,
         monotonic: Callable[[], float] = time.monotonic,
@@ -95,6 +112,7 @@ class SignInThrottle:
         self._backoff_max = backoff_max
         self._max_in_flight = max_in_flight
         self._fresh_reserve = fresh_reserve
+        self._network_in_flight = network_in_flight
         self._max_addresses = max_addresses
         self._forget_after = forget_after
         self._monotonic = monotonic
@@ -102,7 +120,11 @@ class SignInThrottle:
         self._in_flight: set[str] = set()
         self._next_check = 0.0
         self._gate = _Turns()
-        self._in_flight_failed = 0  # of _in_flight, addresses with a failure on record
+        # networks (IPv4 /24, IPv6 /48) with a wrong token in the last FORGET_AFTER_SECONDS,
+        # in order of their last one: who goes second at the gate and is held to less room
+        self._failing_networks: OrderedDict[str, float] = OrderedDict()
+        self._in_flight_failed = 0  # of _in_flight, from a failing network
+        self._per_network: Counter[str] = Counter()  # _in_flight by network
 
     @property
     def addresses_remembered(self) -> int:
@@ -111,21 +133,27 @@ class SignInThrottle:
     async def attempt(self, client_host: str | None, check: Callable[[], bool]) -> Verdict:
         """Run ``check`` (the token comparison) under the rules above."""
         key = address_key(client_host)
+        network = network_key(client_host)
         self._forget_old()
         known = self._failures.get(key)
-        room = self._max_in_flight - (self._fresh_reserve if known is not None else 0)
+        failing = self._failing(network)
+        room = self._max_in_flight - (self._fresh_reserve if failing else 0)
         if (
             key in self._in_flight
             or len(self._in_flight) >= self._max_in_flight
-            or (known is not None and self._in_flight_failed >= room)
+            or (failing and self._in_flight_failed >= room)
+            or self._per_network[network] >= self._network_in_flight
         ):
             return Verdict.BUSY
         self._in_flight.add(key)
-        self._in_flight_failed += known is not None
+        self._in_flight_failed += failing
+        self._per_network[network] += 1
         try:
             if known is not None:
                 await asyncio.sleep(max(0.0, known.not_before - self._monotonic()))
-            async with self._gate.turn(first=known is None):
+            # the rank is read when a turn is given, not when the attempt arrived: a wave of
+            # first guesses queued before the operator ranks behind once its network failed
+            async with self._gate.turn(rank=lambda: int(self._failing(network))):
                 await asyncio.sleep(max(0.0, self._next_check - self._monotonic()))
                 accepted = check()
                 if not accepted:
@@ -133,15 +161,26 @@ class SignInThrottle:
             if accepted:
                 self._failures.pop(key, None)
                 return Verdict.ACCEPTED
-            self._failed(key)
+            self._failed(key, network)
             await asyncio.sleep(self._failure_delay)
             return Verdict.REFUSED
         finally:
             self._in_flight.discard(key)
-            self._in_flight_failed -= known is not None
+            self._in_flight_failed -= failing
+            self._per_network[network] -= 1
+            if not self._per_network[network]:
+                del self._per_network[network]
 
-    def _failed(self, key: str) -> None:
+    def _failing(self, network: str) -> bool:
+        last = self._failing_networks.get(network)
+        return last is not None and last > self._monotonic() - self._forget_after
+
+    def _failed(self, key: str, network: str) -> None:
         now = self._monotonic()
+        self._failing_networks.pop(network, None)
+        self._failing_networks[network] = now
+        while len(self._failing_networks) > self._max_addresses:
+            self._failing_networks.popitem(last=False)
         known = self._failures.pop(key, None)
         count = 1 if known is None else known.count + 1
         backoff = min(self._failure_delay * 2 ** min(count - 1, 32), self._backoff_max)
@@ -160,29 +199,29 @@ class SignInThrottle:
 
 
 class _Turns:
-    """One holder at a time; waiters marked ``first`` are let in before the others, each group
-    in arrival order. A waiter that is cancelled gives up its place (or its turn, if it was
-    just granted one)."""
+    """One holder at a time; the next turn goes to the waiter of the lowest ``rank()`` (read
+    when the turn is given), then the earliest. A waiter that is cancelled gives up its place
+    (or its turn, if it was just granted one). At most MAX_IN_FLIGHT wait: a scan is cheap."""
 
     def __init__(self) -> None:
         self._held = False
-        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._waiting: list[tuple[int, Callable[[], int], asyncio.Future[None]]] = []
         self._arrivals = itertools.count()
 
     @contextlib.asynccontextmanager
-    async def turn(self, *, first: bool) -> AsyncIterator[None]:
-        await self._acquire(0 if first else 1)
+    async def turn(self, *, rank: Callable[[], int]) -> AsyncIterator[None]:
+        await self._acquire(rank)
         try:
             yield
         finally:
             self._release()
 
-    async def _acquire(self, rank: int) -> None:
+    async def _acquire(self, rank: Callable[[], int]) -> None:
         if not self._held and not self._waiting:
             self._held = True
             return
         granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiting, (rank, next(self._arrivals), granted))
+        self._waiting.append((next(self._arrivals), rank, granted))
         try:
             await granted
         except asyncio.CancelledError:
@@ -190,13 +229,13 @@ class _Turns:
                 self._release()  # granted as it was cancelled: pass the turn on
             else:
                 self._waiting = [w for w in self._waiting if w[2] is not granted]
-                heapq.heapify(self._waiting)
             raise
 
     def _release(self) -> None:
-        while self._waiting:
-            _, _, granted = heapq.heappop(self._waiting)
-            if not granted.done():
-                granted.set_result(None)  # the turn passes on, held all along
-                return
-        self._held = False
+        self._waiting = [w for w in self._waiting if not w[2].done()]
+        if not self._waiting:
+            self._held = False
+            return
+        chosen = min(self._waiting, key=lambda w: (w[1](), w[0]))
+        self._waiting.remove(chosen)
+        chosen[2].set_result(None)  # the turn passes on, held all along

@@ -208,9 +208,9 @@ async def test_an_unchanged_body_without_validators_is_not_parsed_again(
     parses: list[bytes] = []
     real_read = fetch_module._read_feed  # parsing, in place or in a worker process
 
-    async def counting_read(data: bytes, base_url: str, rules: FeedRules) -> Any:
+    async def counting_read(data: bytes, base_url: str, rules: FeedRules, *rest: Any) -> Any:
         parses.append(data)
-        return await real_read(data, base_url, rules)
+        return await real_read(data, base_url, rules, *rest)
 
     monkeypatch.setattr(fetch_module, "_read_feed", counting_read)
     url = feed_server.url + "/rss"

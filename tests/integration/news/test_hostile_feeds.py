@@ -630,3 +630,73 @@ async def test_redis_failing_only_for_the_lease_copy_is_reported_as_redis_not_us
     assert report["redisEnabled"] is False, report
     assert report["processedCount"] == 3 and report["deferredCount"] == 0, report
     assert len(await db.fetch("SELECT 1 FROM news.worker_reports")) == 1
+
+
+def _ordinary_feed(base: str, name: str, items: int = 5) -> bytes:
+    """About 40 KB in ``items`` items: over the size read on the event loop, so it is parsed
+    in a worker like the hostile feeds beside it."""
+    padding = "a fair and long description " * 280
+    entries = "".join(
+        f"<item><title>{name} story {n}</title><link>{base}/articles/{name}-{n}</link>"
+        f"<description>{padding}</description></item>"
+        for n in range(items)
+    )
+    return (
+        f'<?xml version="1.0"?><rss version="2.0"><channel><title>{name}</title>{entries}'
+        "</channel></rss>"
+    ).encode()
+
+
+async def test_hostile_feeds_that_use_their_whole_parse_budget_delay_no_ordinary_feed(
+    db: Database,
+    clock: FrozenClock,
+    fresh_db_url: str,
+    feed_server: RecordingServer,
+    http: UntrustedHttp,
+) -> None:
+    """6 feeds of 100k linkless items, each running into its parse budget, beside 4 ordinary
+    40 KB feeds that arrive after them: the ordinary feeds' articles are all written in the
+    run and none of them fails (first come first served, they waited behind the hostile
+    feeds' budgets and their own fetch budget ran out while they waited)."""
+    from werkzeug import Request, Response
+
+    from tests.integration.news.test_run import article_page
+    from tests.integration.news.test_untrusted_bytes import linkless_feed
+
+    base = feed_server.url
+    heavy = linkless_feed(100_000)
+    ordinary = {f"/feeds/o{n}": _ordinary_feed(base, f"o{n}") for n in range(4)}
+    assert all(38_000 < len(body) < 48_000 for body in ordinary.values())
+
+    def respond(request: Request) -> Response:
+        if request.path.startswith("/feeds/h"):
+            return Response(heavy, content_type="application/rss+xml")
+        if request.path in ordinary:
+            time.sleep(0.5)  # the hostile documents are queued for a parser first
+            return Response(ordinary[request.path], content_type="application/rss+xml")
+        if request.path.startswith("/articles/"):
+            return article_page()
+        return Response(status=404)
+
+    feed_server.responder = respond
+    for n in range(6):
+        await add_source(db, url=f"{base}/feeds/h{n}", name=f"H{n}", shard="s", now=NOW)
+    for path in ordinary:
+        await add_source(db, url=base + path, name=path.rsplit("/", 1)[1], shard="s", now=NOW)
+    runtime = runtime_for(
+        db, clock, fresh_db_url, NEWS_PARSE_BUDGET_SECONDS="2", NEWS_FETCH_BUDGET_SECONDS="5"
+    )
+
+    report = (
+        await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
+    ).to_json()
+
+    written = {r["url"] for r in await db.fetch("SELECT url FROM news.articles")}
+    expected = {f"{base}/articles/o{f}-{n}" for f in range(4) for n in range(5)}
+    assert written == expected, report["fetchErrors"]
+    failed = {e["source"] for e in report["fetchErrors"]}
+    assert not failed & {"o0", "o1", "o2", "o3"}, report["fetchErrors"]
+    counted = await db.fetch(
+        "SELECT name, consecutive_failures FROM news.sources WHERE name LIKE 'o%%'"
+    )
+    assert {r["consecutive_failures"] for r in counted} == {0}, counted

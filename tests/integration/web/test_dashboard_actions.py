@@ -283,6 +283,16 @@ async def test_every_action_is_refused_without_csrf_from_another_site_or_without
         token = await csrf(c)
         answer = await c.post(target, data={"csrf": token, **fields}, headers={"Origin": HERE})
         assert answer.status_code == 403 and "not a loopback client" in answer.text
+    # open (no token), through a proxy on this machine that no setting names: every client
+    # of the proxy would look local
+    async with client(runtime, clock, open_access) as c:
+        token = await csrf(c)
+        answer = await c.post(
+            target,
+            data={"csrf": token, **fields},
+            headers={"Origin": HERE, "X-Forwarded-For": "203.0.113.9"},
+        )
+        assert answer.status_code == 403 and "NIGHTCREW_DASHBOARD_TOKEN" in answer.text
     # with a token: not signed in, from anywhere
     token_access = Access.for_bind("0.0.0.0", TOKEN)
     async with client(runtime, clock, token_access, host="d.example", peer="192.0.2.10") as c:
@@ -406,3 +416,26 @@ async def test_the_counts_refresh_from_live_json(
     assert script.status_code == 200 and "/live.json" in script.text
     assert "script-src 'self'" in script.headers["content-security-policy"]
     assert "unsafe-inline" not in script.headers["content-security-policy"]
+
+
+async def test_an_open_dashboard_behind_an_unnamed_proxy_says_so_once_and_does_not_act(
+    runtime: Runtime, clock: FrozenClock
+) -> None:
+    from structlog.testing import capture_logs
+
+    [effect] = await dead_effects(runtime.db, "mail", 1, clock)
+    async with client(runtime, clock, Access.for_bind("127.0.0.1", None)) as c:
+        token = await csrf(c)
+        with capture_logs() as logs:
+            for header in ("X-Forwarded-For", "Forwarded", "X-Real-IP"):
+                answer = await c.post(
+                    f"/effects/{effect}/retry",
+                    data={"csrf": token},
+                    headers={"Origin": HERE, header: "for=203.0.113.9"},
+                )
+                assert answer.status_code == 403, header
+                assert "NIGHTCREW_TRUSTED_PROXIES" in answer.text
+        # without the proxy's header the same client acts
+        assert (await post(c, f"/effects/{effect}/retry", token)).status_code == 303
+    said = [e for e in logs if e["event"] == "dashboard_open_behind_a_proxy"]
+    assert len(said) == 1 and said[0]["header"] == "x-forwarded-for"

@@ -107,6 +107,13 @@ def test_bad_flags_name_themselves(params: dict[str, str], message: str) -> None
         parse_flags(params)
 
 
+@pytest.mark.parametrize("raw", ["٣٠", "3_0", "--30", "30.0", "1e3", "", "9" * 5000])
+def test_the_orphan_age_is_ascii_digits_and_a_bad_one_is_echoed_short(raw: str) -> None:
+    with pytest.raises(OptionError, match="minOrphanAgeHours: expected whole hours") as refused:
+        parse_flags({"minOrphanAgeHours": raw})
+    assert len(str(refused.value)) < 80
+
+
 def test_the_scheduled_subset_never_quarantines_or_bypasses() -> None:
     assert SCHEDULED_OPTIONS.apply and SCHEDULED_OPTIONS.min_orphan_age_hours == 24
     assert not SCHEDULED_OPTIONS.quarantine_missing

@@ -101,10 +101,13 @@ def parse_flags(params: Mapping[str, str]) -> ReconcileOptions:
             values[FLAG_NAMES[flag]] = _flag_bool(flag, params[flag])
     if "minOrphanAgeHours" in params:
         raw = params["minOrphanAgeHours"].strip()
-        try:
-            values["min_orphan_age_hours"] = int(raw)
-        except ValueError:
-            raise OptionError(f"minOrphanAgeHours: expected whole hours, got {raw!r}") from None
+        # an integer in ASCII digits, and few of them: int() also reads "٣٠" and "3_0", and
+        # a 5,000-digit value is no age (any integer is clamped to 24-720, as documented)
+        digits = raw[1:] if raw[:1] in ("-", "+") else raw
+        if not (digits.isascii() and digits.isdigit() and len(digits) <= 9):
+            shown = raw if len(raw) <= 20 else raw[:20] + "…"
+            raise OptionError(f"minOrphanAgeHours: expected whole hours, got {shown!r}")
+        values["min_orphan_age_hours"] = int(raw)
     return ReconcileOptions(**values)
 
 

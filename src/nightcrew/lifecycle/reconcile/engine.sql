@@ -52,29 +52,31 @@ DROP TABLE IF EXISTS reconcile_objects;
 
 -- name: create_unlisted
 -- The enclosures' keys the listing of podcasts/ cannot cover (a legacy key outside it), with
--- how many enclosures name each: derived while the store is listed. Each is HEADed after the
+-- how many enclosures name each: derived while the store is listed, in one scan with the count
+-- of every other keyed enclosure (the one row whose key is NULL). Each is HEADed after the
 -- listing, and its object, when present, joins the listing as kind 'headed', which no sweep
 -- selects. A flat podcasts/{p}/e/{file} key is listed (kind 'other'), so it needs no HEAD.
 CREATE TEMP TABLE reconcile_unlisted ON COMMIT PRESERVE ROWS AS
-SELECT key, count(*) AS episodes
+SELECT CASE WHEN left(key, 9) = 'podcasts/' THEN NULL ELSE key END AS key,
+       count(*) AS episodes
   FROM reconcile_refs
  WHERE enclosure
    AND key IS NOT NULL
-   AND left(key, 9) <> 'podcasts/'
- GROUP BY key;
+ GROUP BY 1;
 
 -- name: drop_unlisted
 DROP TABLE IF EXISTS reconcile_unlisted;
 
 -- name: keyed_enclosures
-SELECT count(*) AS keyed FROM reconcile_refs WHERE enclosure AND key IS NOT NULL;
+SELECT coalesce(sum(episodes), 0)::bigint AS keyed FROM reconcile_unlisted;
 
 -- name: unlisted_keys
 -- A page at a time after the last key (keyset): no cursor stays open while the page's objects
 -- are added to the listing on the same session.
 SELECT key, episodes
   FROM reconcile_unlisted
- WHERE key > %(after)s
+ WHERE key IS NOT NULL
+   AND key > %(after)s
  ORDER BY key
  LIMIT %(limit)s;
 
@@ -86,8 +88,7 @@ SELECT key, 'headed', size, last_modified
 
 -- name: not_under_public_url
 -- Episodes whose audio_url is not under R2_PUBLIC_URL: no key can be derived, so no size is
--- measured; counted and sampled for the report, never guessed at. On a pooled connection of its
--- own while the store is listed: it needs neither the listing nor the session's keys.
+-- measured; counted and sampled for the report, never guessed at.
 SELECT count(*) OVER () AS total, id, audio_url
   FROM public.episodes
  WHERE audio_url IS NOT NULL

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,11 +33,43 @@ class SourceError(NightcrewError):
     """A source command was refused; the message says why."""
 
 
+# a DNS name as the address policy will resolve it (underscores are seen in the wild)
+_HOST_NAME = re.compile(
+    r"^(?=.{1,253}\.?$)[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
+    r"(?:\.[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?)*\.?$"
+)
+
+
 def validate_feed_url(url: str) -> str:
-    parts = urlsplit(url.strip())
+    """An http(s) URL whose host is an address or a name that could resolve: a host with a
+    space in it was accepted, then refused at every run as a private address."""
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError as exc:  # "http://[oops/": an unclosed IPv6 bracket
+        raise SourceError(f"not a feed URL ({exc}): {url!r}") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise SourceError(f"not an http(s) feed URL: {url!r}")
+    try:
+        host = parts.hostname or ""
+        parts.port  # noqa: B018 - a port that is not a number raises here
+    except ValueError as exc:
+        raise SourceError(f"not a feed URL ({exc}): {url!r}") from None
+    if not _is_host(host):
+        raise SourceError(f"not a host name or address: {host!r} in {url!r}")
     return url.strip()
+
+
+def _is_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    try:
+        ascii_name = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        return False
+    return bool(_HOST_NAME.match(ascii_name.lower()))
 
 
 def refusal_hint(urls: list[str], allowed_private_hosts: str) -> list[str]:
