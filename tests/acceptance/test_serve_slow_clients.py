@@ -152,3 +152,32 @@ def test_under_a_low_descriptor_limit_health_answers_and_stderr_stays_quiet(
     assert len(lines) < 20, lines[:20]
     assert not [line for line in lines if "Traceback" in line], lines
     assert any("http_slow_clients_closed" in line for line in lines), lines
+
+
+def test_a_client_that_stops_reading_is_cut_off_after_the_read_timeout(
+    fresh_db_url: str, tmp_path: Path
+) -> None:
+    """2,000 pipelined requests for /openapi.json, none of the answers read: once the unread
+    answers fill the buffers, the connection is aborted within the read timeout — the rest is
+    never sent — and /health answers meanwhile."""
+    with _serve(fresh_db_url, tmp_path) as (url, lines):
+        port = int(url.rsplit(":", 1)[1])
+        one = httpx.get(f"{url}/openapi.json").content
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", port))
+        request = b"GET /openapi.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        s.sendall(request * 2000)
+        took = _probe_health(url, READ_TIMEOUT + 4)
+        received = 0
+        s.settimeout(5)
+        try:
+            while chunk := s.recv(65536):
+                received += len(chunk)
+        except (ConnectionResetError, TimeoutError):
+            pass
+        finally:
+            s.close()
+    assert max(took) < 1.5, took
+    assert received < 2000 * len(one) // 2, (received, 2000 * len(one))
+    assert any("the client stopped reading" in line for line in lines), lines[-5:]

@@ -28,8 +28,8 @@ from nightcrew.web.proxies import uvicorn_proxy_options
 if TYPE_CHECKING:
     from nightcrew.config import Settings
 
-# uvicorn's default: an idle kept-alive connection is closed after this long
-KEEP_ALIVE_SECONDS = 5
+# a stop waits this long for connections to finish, not for ever
+GRACEFUL_SHUTDOWN_SECONDS = 15
 
 
 # --- demo ----------------------------------------------------------------------------------------
@@ -153,7 +153,12 @@ async def _serve_on(
     from nightcrew.news.schedule import news_schedules
     from nightcrew.scheduler import Scheduler
     from nightcrew.web.app import DashboardContext
-    from nightcrew.web.connections import BACKLOG, QuietServer, ServerGuards
+    from nightcrew.web.connections import (
+        BACKLOG,
+        KEEP_ALIVE_GRACE,
+        QuietServer,
+        ServerGuards,
+    )
 
     clock = SystemClock()
     async with contextlib.AsyncExitStack() as stack:
@@ -221,8 +226,9 @@ async def _serve_on(
                 port=port,
                 # no connection held by a client that never finishes its request
                 http=guards.protocol(),
-                timeout_keep_alive=KEEP_ALIVE_SECONDS,
+                timeout_keep_alive=KEEP_ALIVE_GRACE,
                 backlog=BACKLOG,
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
                 # X-Forwarded-For/-Proto believed from NIGHTCREW_TRUSTED_PROXIES only (none
                 # by default): they decide the throttle's client address and the cookie's Secure
                 **uvicorn_proxy_options(settings.trusted_proxy_networks),

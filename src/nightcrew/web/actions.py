@@ -49,7 +49,16 @@ def client_of(request: Request) -> str | None:
     return request.client.host if request.client else None
 
 
-_FORWARDED_HEADERS = ("forwarded", "x-forwarded-for", "x-forwarded-host", "x-real-ip")
+_FORWARDED_HEADERS = (
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-real-ip",
+    "via",
+    "cf-connecting-ip",
+    "true-client-ip",
+)
 
 
 def _forwarded(headers: Any) -> str | None:

@@ -34,7 +34,7 @@ from nightcrew.clock import Clock
 from nightcrew.db.database import Database, QueryError
 from nightcrew.errors import MIGRATE_HINT, SCHEMA_MISSING_SQLSTATES, NightcrewError
 from nightcrew.lifecycle import overage as overage_rules
-from nightcrew.log import describe_error, error, redact_url_passwords, warning
+from nightcrew.log import SecretValues, describe_error, error, redact_url_passwords, warning
 from nightcrew.scheduler import ScheduleStatus
 from nightcrew.web import actions as action_doors
 from nightcrew.web import data
@@ -92,14 +92,14 @@ class DashboardContext:
         return self.access.cookie_valid(request.cookies.get(COOKIE), self.clock.now().timestamp())
 
 
-def _environment() -> jinja2.Environment:
+def _environment(secrets: SecretValues | None = None) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
-        finalize=_shown,
+        finalize=_shown if not secrets else lambda value: _shown(value, secrets),
     )
     env.filters.update(
         ts=_ts,
@@ -135,11 +135,13 @@ def count_label(key: str) -> str:
     return " ".join(words)
 
 
-def _shown(value: Any) -> Any:
+def _shown(value: Any, secrets: SecretValues | None = None) -> Any:
     """Every printed text loses the passwords of the URLs in it (a feed added as
-    ``https://user:pass@host/feed``, an error that quotes one). Markup is ours (the charts)."""
+    ``https://user:pass@host/feed``, an error that quotes one) and, with ``secrets``, every
+    configured secret (a row stored before they were kept out of storage). Markup is ours (the
+    charts)."""
     if isinstance(value, str) and not isinstance(value, Markup):
-        return redact_url_passwords(value)
+        return redact_url_passwords(secrets.redact(value) if secrets else value)
     return value
 
 
@@ -178,7 +180,9 @@ def _pretty(value: Any) -> str:
 
 
 def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
-    env = _environment()
+    env = _environment(
+        SecretValues(ctx.runtime.settings.secret_values()) if ctx.runtime is not None else None
+    )
     pages_at_once = asyncio.Semaphore(CONCURRENT_PAGES)
     csrf = Csrf(ctx.access.token)
 

@@ -46,6 +46,9 @@ RESERVED_DESCRIPTORS = 64
 # a 256 limit; a queue of 32 made clients wait for SYN retries (500 connects took 11 s).
 BACKLOG = 128
 LOG_INTERVAL_SECONDS = 60.0
+# serve's keep-alive timeout (uvicorn's default): an answered connection idles this long before
+# its close
+KEEP_ALIVE_GRACE = 5
 
 
 def connection_bound(configured: int) -> int:
@@ -122,6 +125,8 @@ class GuardedProtocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._read_deadline: asyncio.TimerHandle | None = None
         self._write_deadline: asyncio.TimerHandle | None = None
+        self._flush_deadline: asyncio.TimerHandle | None = None
+        self._lost = False
         self._waiting_since = time.monotonic()
         if len(self.connections) >= self._guards.max_connections and not self._evict_one():
             self._guards.refused.add(max_connections=self._guards.max_connections)
@@ -138,10 +143,12 @@ class GuardedProtocol(H11Protocol):
             self._disarm()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
         self._disarm()
-        if self._write_deadline is not None:
-            self._write_deadline.cancel()
-            self._write_deadline = None
+        for timer in (self._write_deadline, self._flush_deadline):
+            if timer is not None:
+                timer.cancel()
+        self._write_deadline = self._flush_deadline = None
         if self.transport is None:  # refused in connection_made: uvicorn never saw it
             return
         super().connection_lost(exc)
@@ -161,12 +168,18 @@ class GuardedProtocol(H11Protocol):
         # a pipelined next request is read here, not in data_received: its deadline too
         if self._read_deadline is None and self._request_begun() and self._waiting_for_request():
             self._arm()
+        # an answer a client does not read may stay buffered under 64 KiB (no pause_writing),
+        # and a close (keep-alive's, `Connection: close`'s) waits for it to flush: bounded too
+        if self._flush_deadline is None:
+            self._flush_deadline = self.loop.call_later(
+                KEEP_ALIVE_GRACE + self._guards.read_timeout, self._unflushed
+            )
 
     def pause_writing(self) -> None:
         """The client stopped reading what we send (64 KiB buffered): the same deadline, so a
         client that asks and never reads cannot hold the connection either."""
         super().pause_writing()
-        if self._write_deadline is None and not self.transport.is_closing():
+        if self._write_deadline is None and not self._lost:
             self._write_deadline = self.loop.call_later(
                 self._guards.read_timeout, self._not_reading
             )
@@ -179,7 +192,13 @@ class GuardedProtocol(H11Protocol):
 
     def _not_reading(self) -> None:
         self._write_deadline = None
-        if not self.transport.is_closing():
+        if not self._lost:  # closing or not: a close would wait on the unread bytes for ever
+            self._guards.closed_slow.add(reason="the client stopped reading")
+            self.transport.abort()
+
+    def _unflushed(self) -> None:
+        self._flush_deadline = None
+        if not self._lost and self.transport.get_write_buffer_size() > 0:
             self._guards.closed_slow.add(reason="the client stopped reading")
             self.transport.abort()
 
@@ -212,7 +231,11 @@ class GuardedProtocol(H11Protocol):
             c
             for c in self.connections
             if isinstance(c, GuardedProtocol)
-            and (c._waiting_for_request() or c._write_deadline is not None)
+            and (
+                c._waiting_for_request()
+                or c._write_deadline is not None
+                or c.transport.is_closing()  # closed, its last bytes unread
+            )
         ]
         if not waiting:
             return False

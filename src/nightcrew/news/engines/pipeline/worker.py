@@ -44,7 +44,7 @@ from nightcrew.adapters.broker import STAGES, Delivery, Outgoing, parse_stage_pr
 from nightcrew.adapters.reviewer import CALL_SECONDS
 from nightcrew.clock import Clock
 from nightcrew.errors import DatabaseUnavailableError, NightcrewError, QueueError
-from nightcrew.log import describe_error, event, warning
+from nightcrew.log import SecretValues, describe_error, event, warning
 from nightcrew.news.engines.pipeline import metrics, notes, outbox, stages
 from nightcrew.news.engines.pipeline.attempts import (
     Attempt,
@@ -106,6 +106,7 @@ class Worker:
         self.stage_names = stage_names
         self.concurrency = concurrency
         self._redis_since: float | None = None  # the breaker's clock at the last look
+        self._secrets = SecretValues(runtime.settings.secret_values())
         named = parse_stage_prefetch(runtime.settings.news_stage_prefetch)
         self.prefetch = {stage: named.get(stage, concurrency) for stage in stage_names}
         self.summary = WorkerSummary(stages=stage_names)
@@ -356,7 +357,9 @@ class Worker:
             stage=stage,
             body=delivery.body,
             headers={
-                "x-last-error": error[:2000],
+                # a dead letter is kept and shown (`news dlq list`): no secret in it, even
+                # one an upstream echoed, whole or cut at the 2,000th character
+                "x-last-error": self._secrets.redact(error[:2000]),
                 "x-deliveries": deliveries,
                 "x-dead-reason": reason,
             },
