@@ -170,10 +170,9 @@ class GuardedProtocol(H11Protocol):
             self._arm()
         # an answer a client does not read may stay buffered under 64 KiB (no pause_writing),
         # and a close (keep-alive's, `Connection: close`'s) waits for it to flush: bounded too
-        if self._flush_deadline is None:
-            self._flush_deadline = self.loop.call_later(
-                KEEP_ALIVE_GRACE + self._guards.read_timeout, self._unflushed
-            )
+        if self._flush_deadline is not None:  # a fresh look for this answer
+            self._flush_deadline.cancel()
+        self._flush_deadline = self.loop.call_later(KEEP_ALIVE_GRACE, self._unflushed)
 
     def pause_writing(self) -> None:
         """The client stopped reading what we send (64 KiB buffered): the same deadline, so a
@@ -196,11 +195,22 @@ class GuardedProtocol(H11Protocol):
             self._guards.closed_slow.add(reason="the client stopped reading")
             self.transport.abort()
 
-    def _unflushed(self) -> None:
+    def _unflushed(self, before: int | None = None) -> None:
+        """Abort when bytes are still buffered and none left since the last look: a client
+        downloading slowly is given time as long as it reads."""
         self._flush_deadline = None
-        if not self._lost and self.transport.get_write_buffer_size() > 0:
-            self._guards.closed_slow.add(reason="the client stopped reading")
-            self.transport.abort()
+        if self._lost:
+            return
+        left = self.transport.get_write_buffer_size()
+        if not left:
+            return
+        if before is None or left < before:
+            self._flush_deadline = self.loop.call_later(
+                self._guards.read_timeout, self._unflushed, left
+            )
+            return
+        self._guards.closed_slow.add(reason="the client stopped reading")
+        self.transport.abort()
 
     def _request_begun(self) -> bool:
         """Whether part of a next request is already here (pipelined behind the last one)."""

@@ -123,7 +123,6 @@ class SignInThrottle:
         # networks (IPv4 /24, IPv6 /48) with a wrong token in the last FORGET_AFTER_SECONDS,
         # in order of their last one: who goes second at the gate and is held to less room
         self._failing_networks: OrderedDict[str, float] = OrderedDict()
-        self._in_flight_failed = 0  # of _in_flight, from a failing network
         self._per_network: Counter[str] = Counter()  # _in_flight by network
 
     @property
@@ -141,12 +140,11 @@ class SignInThrottle:
         if (
             key in self._in_flight
             or len(self._in_flight) >= self._max_in_flight
-            or (failing and self._in_flight_failed >= room)
+            or (failing and self._in_flight_from_failing() >= room)
             or self._per_network[network] >= self._network_in_flight
         ):
             return Verdict.BUSY
         self._in_flight.add(key)
-        self._in_flight_failed += failing
         self._per_network[network] += 1
         try:
             if known is not None:
@@ -166,10 +164,14 @@ class SignInThrottle:
             return Verdict.REFUSED
         finally:
             self._in_flight.discard(key)
-            self._in_flight_failed -= failing
             self._per_network[network] -= 1
             if not self._per_network[network]:
                 del self._per_network[network]
+
+    def _in_flight_from_failing(self) -> int:
+        """Places held by networks failing now, whatever they were when they came in (a wave
+        from fresh networks that fail holds the reserve no longer)."""
+        return sum(n for net, n in self._per_network.items() if self._failing(net))
 
     def _failing(self, network: str) -> bool:
         last = self._failing_networks.get(network)

@@ -183,7 +183,10 @@ def _article_url(link: str, base: str) -> tuple[str | None, str | None]:
         return None, LINK_TOO_LONG
     if _UNSTORABLE.search(link):
         return None, LINK_UNSTORABLE
-    absolute = _absolute(link.strip(), base)
+    try:
+        absolute = _absolute(link.strip(), base)
+    except ValueError:  # "//[": joining it splits a broken IPv6 literal; this item's alone
+        return None, LINK_MALFORMED
     plain = PLAIN_URL.fullmatch(absolute)
     if plain is not None and plain["query"] is None:  # its own normal form (addresses.py)
         url = absolute if plain["path"] else absolute + "/"
