@@ -180,7 +180,9 @@ class GuardedProtocol(H11Protocol):
         super().pause_writing()
         if self._write_deadline is None and not self._lost:
             self._write_deadline = self.loop.call_later(
-                self._guards.read_timeout, self._not_reading
+                self._guards.read_timeout,
+                self._not_reading,
+                self.transport.get_write_buffer_size(),
             )
 
     def resume_writing(self) -> None:
@@ -189,11 +191,21 @@ class GuardedProtocol(H11Protocol):
             self._write_deadline.cancel()
             self._write_deadline = None
 
-    def _not_reading(self) -> None:
+    def _not_reading(self, before: int) -> None:
+        """Still paused a read timeout later: abort unless some of it was read meanwhile (a
+        slow download of a large page goes on, as long as it moves)."""
         self._write_deadline = None
-        if not self._lost:  # closing or not: a close would wait on the unread bytes for ever
-            self._guards.closed_slow.add(reason="the client stopped reading")
-            self.transport.abort()
+        if self._lost:
+            return
+        left = self.transport.get_write_buffer_size()
+        if left < before:
+            self._write_deadline = self.loop.call_later(
+                self._guards.read_timeout, self._not_reading, left
+            )
+            return
+        # closing or not: a close would wait on the unread bytes for ever
+        self._guards.closed_slow.add(reason="the client stopped reading")
+        self.transport.abort()
 
     def _unflushed(self, before: int | None = None) -> None:
         """Abort when bytes are still buffered and none left since the last look: a client
