@@ -227,3 +227,35 @@ async def test_one_network_holds_at_most_its_share_of_places() -> None:
     )
     assert verdicts[:6].count(Verdict.BUSY) == 3 and len(checked) == 3
     assert verdicts[6] is Verdict.ACCEPTED
+
+
+async def test_a_fresh_network_pushes_out_a_waiting_guess_when_every_place_is_taken() -> None:
+    """Guessers on ever new networks fill every place; each fails in turn, and an attempt from
+    a network that has not failed takes the place of one of theirs still waiting (answered
+    429), instead of being answered 429 itself."""
+    throttle = SignInThrottle(failure_delay=DELAY, max_in_flight=6, fresh_reserve=0)
+    checked: list[float] = []
+    guesses = [
+        asyncio.create_task(throttle.attempt(f"198.51.{i}.1", lambda: _wrong(checked)))
+        for i in range(6)
+    ]
+    await asyncio.sleep(DELAY / 2)  # the first has failed (its answer held back), the rest wait
+    # their networks have not failed yet, but once one of those fails its waiting guess goes
+    throttle._failed("198.51.5.1", network_key("198.51.5.1"))
+    started = time.monotonic()
+    assert await throttle.attempt("203.0.113.5", lambda: True) is Verdict.ACCEPTED
+    waited = time.monotonic() - started
+    verdicts = await asyncio.gather(*guesses)
+    assert Verdict.BUSY in verdicts  # the pushed-out guess
+    # admitted, not 429; at the gate behind at most the guesses of networks not failed yet
+    assert waited < len(guesses) * DELAY + 0.1, waited
+    # and an attempt from a failing network never pushes anyone out
+    throttle2 = SignInThrottle(failure_delay=DELAY, max_in_flight=2, fresh_reserve=0)
+    held = [
+        asyncio.create_task(throttle2.attempt(f"198.51.{i}.1", lambda: _wrong(checked)))
+        for i in range(2)
+    ]
+    await asyncio.sleep(DELAY / 4)
+    throttle2._failed("198.51.9.1", network_key("198.51.9.1"))
+    assert await throttle2.attempt("198.51.9.1", lambda: True) is Verdict.BUSY
+    await asyncio.gather(*held)

@@ -21,7 +21,9 @@ last ``FORGET_AFTER_SECONDS`` goes before every network that has one, at the gat
 when each turn is given, so a wave of first guesses queued earlier ranks behind once its
 network has failed) and for room: attempts from failing networks may hold at most
 ``MAX_IN_FLIGHT - FRESH_RESERVE`` of the ``MAX_IN_FLIGHT`` places, and one network at most
-``NETWORK_IN_FLIGHT`` of them at any time (more are answered 429). So a
+``NETWORK_IN_FLIGHT`` of them at any time (more are answered 429); when every place is
+taken, an attempt from a network that has not failed pushes out one still waiting from a
+failing network (answered 429). So a
 right token from a network that has not been guessing waits about one turn of the gate
 (``FAILED_LOGIN_DELAY_SECONDS``) behind any number of guessers — 64 of them queued 19 of 19
 right tokens out with one first-come queue — while the overall rate of checks stays two a
@@ -41,7 +43,7 @@ import itertools
 import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 FAILED_LOGIN_DELAY_SECONDS = 0.5
 ADDRESS_BACKOFF_MAX_SECONDS = 8.0
@@ -124,6 +126,7 @@ class SignInThrottle:
         # in order of their last one: who goes second at the gate and is held to less room
         self._failing_networks: OrderedDict[str, float] = OrderedDict()
         self._per_network: Counter[str] = Counter()  # _in_flight by network
+        self._pending: dict[str, _Pending] = {}  # admitted, not yet at the gate
 
     @property
     def addresses_remembered(self) -> int:
@@ -139,23 +142,45 @@ class SignInThrottle:
         room = self._max_in_flight - (self._fresh_reserve if failing else 0)
         if (
             key in self._in_flight
-            or len(self._in_flight) >= self._max_in_flight
             or (failing and self._in_flight_from_failing() >= room)
             or self._per_network[network] >= self._network_in_flight
+            or (len(self._in_flight) >= self._max_in_flight and not self._make_room(failing))
         ):
             return Verdict.BUSY
+        pending = _Pending(network=network)
         self._in_flight.add(key)
+        self._pending[key] = pending
         self._per_network[network] += 1
         try:
             if known is not None:
-                await asyncio.sleep(max(0.0, known.not_before - self._monotonic()))
+                with contextlib.suppress(TimeoutError):
+                    wait = max(0.0, known.not_before - self._monotonic())
+                    await asyncio.wait_for(pending.evicted.wait(), wait)
+                if pending.evicted.is_set():
+                    return Verdict.BUSY
             # the rank is read when a turn is given, not when the attempt arrived: a wave of
             # first guesses queued before the operator ranks behind once its network failed
-            async with self._gate.turn(rank=lambda: int(self._failing(network))):
+            try:
+                turn = self._gate.turn(
+                    rank=lambda: int(self._failing(network)), waiting=pending.waiting
+                )
+                await turn.__aenter__()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if pending.evicted.is_set() and task is not None and not task.cancelling():
+                    return Verdict.BUSY  # its place went to a network that has not failed
+                raise
+            if pending.evicted.is_set():  # pushed out as its turn came: pass the turn on
+                await turn.__aexit__(None, None, None)
+                return Verdict.BUSY
+            del self._pending[key]  # at the gate: no longer to be pushed out
+            try:
                 await asyncio.sleep(max(0.0, self._next_check - self._monotonic()))
                 accepted = check()
                 if not accepted:
                     self._next_check = self._monotonic() + self._failure_delay
+            finally:
+                await turn.__aexit__(None, None, None)
             if accepted:
                 self._failures.pop(key, None)
                 return Verdict.ACCEPTED
@@ -163,10 +188,25 @@ class SignInThrottle:
             await asyncio.sleep(self._failure_delay)
             return Verdict.REFUSED
         finally:
+            self._pending.pop(key, None)
             self._in_flight.discard(key)
             self._per_network[network] -= 1
             if not self._per_network[network]:
                 del self._per_network[network]
+
+    def _make_room(self, failing: bool) -> bool:
+        """All places taken: an attempt from a network that has not failed pushes out one from
+        a failing network that is still waiting (its answer: 429, try again), so that guessers
+        on ever new networks cannot hold every place against the operator."""
+        if failing:
+            return False
+        for pending in self._pending.values():
+            if not pending.evicted.is_set() and self._failing(pending.network):
+                pending.evicted.set()
+                if pending.granted is not None and not pending.granted.done():
+                    pending.granted.cancel()
+                return True
+        return False
 
     def _in_flight_from_failing(self) -> int:
         """Places held by networks failing now, whatever they were when they came in (a wave
@@ -200,6 +240,18 @@ class SignInThrottle:
             self._failures.popitem(last=False)
 
 
+@dataclass(slots=True)
+class _Pending:
+    """An attempt admitted and not yet at the gate: it may be pushed out (``_make_room``)."""
+
+    network: str
+    evicted: asyncio.Event = field(default_factory=asyncio.Event)
+    granted: asyncio.Future[None] | None = None  # its place in the gate's queue
+
+    def waiting(self, granted: asyncio.Future[None]) -> None:
+        self.granted = granted
+
+
 class _Turns:
     """One holder at a time; the next turn goes to the waiter of the lowest ``rank()`` (read
     when the turn is given), then the earliest. A waiter that is cancelled gives up its place
@@ -211,18 +263,27 @@ class _Turns:
         self._arrivals = itertools.count()
 
     @contextlib.asynccontextmanager
-    async def turn(self, *, rank: Callable[[], int]) -> AsyncIterator[None]:
-        await self._acquire(rank)
+    async def turn(
+        self,
+        *,
+        rank: Callable[[], int],
+        waiting: Callable[[asyncio.Future[None]], None] | None = None,
+    ) -> AsyncIterator[None]:
+        await self._acquire(rank, waiting)
         try:
             yield
         finally:
             self._release()
 
-    async def _acquire(self, rank: Callable[[], int]) -> None:
+    async def _acquire(
+        self, rank: Callable[[], int], waiting: Callable[[asyncio.Future[None]], None] | None
+    ) -> None:
         if not self._held and not self._waiting:
             self._held = True
             return
         granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if waiting is not None:
+            waiting(granted)  # cancelling it takes the waiter out of the queue
         self._waiting.append((next(self._arrivals), rank, granted))
         try:
             await granted
