@@ -240,7 +240,8 @@ async def test_a_fresh_network_pushes_out_a_waiting_guess_when_every_place_is_ta
         for i in range(6)
     ]
     await asyncio.sleep(DELAY / 2)  # the first has failed (its answer held back), the rest wait
-    # their networks have not failed yet, but once one of those fails its waiting guess goes
+    # one of them has wrong tokens on record from before (its network is failing): its
+    # waiting guess is the one pushed out
     throttle._failed("198.51.5.1", network_key("198.51.5.1"))
     started = time.monotonic()
     assert await throttle.attempt("203.0.113.5", lambda: True) is Verdict.ACCEPTED
@@ -259,3 +260,17 @@ async def test_a_fresh_network_pushes_out_a_waiting_guess_when_every_place_is_ta
     throttle2._failed("198.51.9.1", network_key("198.51.9.1"))
     assert await throttle2.attempt("198.51.9.1", lambda: True) is Verdict.BUSY
     await asyncio.gather(*held)
+
+
+async def test_an_address_with_no_wrong_token_of_its_own_is_never_pushed_out() -> None:
+    """The operator on a network a guesser shares waits with it, but is not pushed out for a
+    fresh network's attempt: only an address with wrong tokens of its own is."""
+    throttle = SignInThrottle(failure_delay=DELAY, max_in_flight=2, fresh_reserve=0)
+    checked: list[float] = []
+    throttle._failed("198.51.7.9", network_key("198.51.7.9"))  # the guesser beside it
+    first = asyncio.create_task(throttle.attempt("198.51.7.1", lambda: _wrong(checked)))
+    operator = asyncio.create_task(throttle.attempt("198.51.7.2", lambda: True))
+    await asyncio.sleep(DELAY / 4)
+    assert await throttle.attempt("203.0.113.5", lambda: True) is Verdict.BUSY
+    assert await operator is Verdict.ACCEPTED
+    await first

@@ -22,8 +22,8 @@ when each turn is given, so a wave of first guesses queued earlier ranks behind 
 network has failed) and for room: attempts from failing networks may hold at most
 ``MAX_IN_FLIGHT - FRESH_RESERVE`` of the ``MAX_IN_FLIGHT`` places, and one network at most
 ``NETWORK_IN_FLIGHT`` of them at any time (more are answered 429); when every place is
-taken, an attempt from a network that has not failed pushes out one still waiting from a
-failing network (answered 429). So a
+taken, an attempt from a network that has not failed pushes out the waiting attempt of the
+address with the most wrong tokens (answered 429). So a
 right token from a network that has not been guessing waits about one turn of the gate
 (``FAILED_LOGIN_DELAY_SECONDS``) behind any number of guessers — 64 of them queued 19 of 19
 right tokens out with one first-come queue — while the overall rate of checks stays two a
@@ -195,18 +195,27 @@ class SignInThrottle:
                 del self._per_network[network]
 
     def _make_room(self, failing: bool) -> bool:
-        """All places taken: an attempt from a network that has not failed pushes out one from
-        a failing network that is still waiting (its answer: 429, try again), so that guessers
-        on ever new networks cannot hold every place against the operator."""
+        """All places taken: an attempt from a network that has not failed pushes out the one
+        still waiting from the address with the most wrong tokens on record, on a failing
+        network (answered 429, try again). An address with no wrong token of its own (the
+        operator on a network a guesser shares) is never pushed out."""
         if failing:
             return False
-        for pending in self._pending.values():
-            if not pending.evicted.is_set() and self._failing(pending.network):
-                pending.evicted.set()
-                if pending.granted is not None and not pending.granted.done():
-                    pending.granted.cancel()
-                return True
-        return False
+        victims = [
+            (known.count, key)
+            for key, pending in self._pending.items()
+            if not pending.evicted.is_set()
+            and (known := self._failures.get(key)) is not None
+            and self._failing(pending.network)
+        ]
+        if not victims:
+            return False
+        _, key = max(victims)
+        pending = self._pending[key]
+        pending.evicted.set()
+        if pending.granted is not None and not pending.granted.done():
+            pending.granted.cancel()
+        return True
 
     def _in_flight_from_failing(self) -> int:
         """Places held by networks failing now, whatever they were when they came in (a wave
