@@ -265,3 +265,18 @@ def test_a_process_that_never_closes_its_pool_still_exits() -> None:
     assert done.returncode == 0, done.stderr
     worker_pid = int(done.stdout.strip())
     assert worker_pid > 0 and not _alive(worker_pid)
+
+
+async def test_the_fetch_budget_stops_while_a_worker_parses_and_runs_on_afterwards() -> None:
+    """A parse in a worker has its own budget, so the fetch budget does not run meanwhile: a
+    2-item feed once ran out of a 3 s fetch budget while a worker process started on a loaded
+    machine. What was left of the fetch budget is left after the parse, and still ends it."""
+    loop = asyncio.get_running_loop()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.3) as budget:
+            with fetch._paused(budget):
+                assert budget.when() is None
+                await asyncio.sleep(0.5)  # past the fetch budget: not counted
+            left = (budget.when() or 0) - loop.time()
+            assert 0.2 < left <= 0.3, left
+            await asyncio.sleep(1)  # the rest of the download: the budget ends it

@@ -290,26 +290,13 @@ class ParserPool:
             return self._pool is not None and self._pid == os.getpid()
 
     @contextlib.asynccontextmanager
-    async def turn(
-        self, size: int, *, paused: asyncio.Timeout | None = None
-    ) -> AsyncIterator[None]:
+    async def turn(self, size: int) -> AsyncIterator[None]:
         """A worker's turn for a document of ``size`` bytes: at most one task per worker is
         handed to the pool at once, and the waiting documents go smallest first — an ordinary
         feed is not queued behind hostile ones that use their whole parse budget (8 such in a
-        shard of 16 failed 15 of its feeds, first come first served). ``paused`` (a feed's
-        fetch budget) does not run while the document waits: its budget is its own download
-        and parse, never the time others take."""
-        loop = asyncio.get_running_loop()
-        gate = self._turns.setdefault(loop, _SmallestFirst(self._workers))
-        left = None
-        if paused is not None and (deadline := paused.when()) is not None:
-            left = deadline - loop.time()
-            paused.reschedule(None)
-        try:
-            await gate.acquire(size)
-        finally:
-            if paused is not None and left is not None:
-                paused.reschedule(loop.time() + left)
+        shard of 16 failed 15 of its feeds, first come first served)."""
+        gate = self._turns.setdefault(asyncio.get_running_loop(), _SmallestFirst(self._workers))
+        await gate.acquire(size)
         try:
             yield
         finally:
@@ -319,7 +306,7 @@ class ParserPool:
         """``function(*args)`` in a parser worker process, at most ``budget_seconds`` once a
         worker has taken it. ParseOverBudget past that (the worker is killed and replaced),
         ParserDied if the worker ended or the pool broke; the function's own exception is
-        raised as it was. A caller that is cancelled (its fetch budget) cancels the task, which
+        raised as it was. A caller that is cancelled (a run stopping) cancels the task, which
         kills its worker."""
         # Scheduled from a thread: the first task of a process starts the workers, and the fork
         # server imports its preloads before it forks the first one (~0.5-0.8 s) — time the
