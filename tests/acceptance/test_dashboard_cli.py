@@ -194,6 +194,47 @@ async def test_64_guessing_addresses_cannot_keep_the_operator_out(fresh_db_url: 
     assert len(checked) / took <= 2.5  # the overall rate held
 
 
+async def test_the_browser_that_signed_in_before_goes_before_a_wave_from_fresh_networks(
+    fresh_db_url: str,
+) -> None:
+    """64 fresh networks (/24s) each send a first wrong token at once. Each ranks with an
+    operator on a new browser, who waits behind the wave (about 0.5 s a guess); the browser
+    the operator signed in from before carries its device cookie (path /login, kept past
+    sign-out) and signs in from yet another network within 2 s, ahead of the new browser
+    that asked first."""
+    with serving(fresh_db_url, NIGHTCREW_DASHBOARD_TOKEN=TOKEN) as served:
+        transport = httpx.AsyncHTTPTransport(local_address="127.0.200.1")
+        async with httpx.AsyncClient(transport=transport, base_url=served.base) as c:
+            first = await c.post("/login", data={"token": TOKEN, "next": "/"})
+        assert first.status_code == 303
+        device = first.cookies["nightcrew_device"]
+        assert "path=/login" in first.headers.get_list("set-cookie")[1].lower()
+
+        sources = [f"127.{i}.0.2" for i in range(10, 74)]
+        attack = asyncio.create_task(_guesses(served.base, sources, per_source=1))
+        await asyncio.sleep(1)  # every first guess is queued
+        new_browser = asyncio.create_task(_sign_in_took(served.base, "127.0.201.1"))
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        transport = httpx.AsyncHTTPTransport(local_address="127.0.202.1")
+        async with httpx.AsyncClient(
+            transport=transport, base_url=served.base, cookies={"nightcrew_device": device}
+        ) as c:
+            again = await c.post("/login", data={"token": TOKEN, "next": "/"})
+        waited = time.monotonic() - started
+        # the new browser, which asked first: still behind the wave, or told 429 (every place
+        # was taken and no guess to push out had failed yet)
+        kept_out = not new_browser.done() or new_browser.result()[0] == 429
+        for task in (attack, new_browser):
+            task.cancel()
+        await asyncio.gather(attack, new_browser, return_exceptions=True)
+    print(
+        f"\nknown device during a wave of 64 first guesses: {again.status_code} in {waited:.2f} s"
+    )
+    assert again.status_code == 303 and waited < 2.0, waited
+    assert kept_out
+
+
 async def test_reconcile_bearer_guesses_are_throttled_and_each_logged(
     fresh_db_url: str, tmp_path: Path
 ) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from nightcrew.errors import ConfigError
 from nightcrew.web.access import (
+    DEVICE_MAX_AGE_SECONDS,
     SESSION_CLOCK_SKEW_SECONDS,
     SESSION_MAX_AGE_SECONDS,
     Access,
@@ -94,6 +95,21 @@ def test_a_session_ends_after_its_max_age_and_with_a_new_token() -> None:
     rotated = Access.for_bind("0.0.0.0", "u" * 32)
     assert not rotated.cookie_valid(cookie, NOW)
     assert rotated.cookie_valid(rotated.session_value(NOW), NOW)
+
+
+def test_a_device_cookie_is_no_session_and_a_session_no_device_cookie() -> None:
+    """The known-device cookie only ranks a sign-in (throttle.py): it must never open the
+    dashboard, and a session must not pass for one; both end with a new token."""
+    access = Access.for_bind("0.0.0.0", TOKEN)
+    device = access.device_value(NOW)
+    assert access.device_known(device, NOW + DEVICE_MAX_AGE_SECONDS - 1)
+    assert not access.device_known(device, NOW + DEVICE_MAX_AGE_SECONDS)
+    assert not access.cookie_valid(device, NOW)
+    assert not access.device_known(access.session_value(NOW), NOW)
+    assert not Access.for_bind("0.0.0.0", "u" * 32).device_known(device, NOW)
+    assert not access.device_known(None, NOW) and not access.device_known("forged", NOW)
+    # an open dashboard has no sign-in to rank
+    assert not Access.for_bind("127.0.0.1", None).device_known(device, NOW)
 
 
 @pytest.mark.parametrize(

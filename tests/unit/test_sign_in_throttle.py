@@ -274,3 +274,57 @@ async def test_an_address_with_no_wrong_token_of_its_own_is_never_pushed_out() -
     assert await throttle.attempt("203.0.113.5", lambda: True) is Verdict.BUSY
     assert await operator is Verdict.ACCEPTED
     await first
+
+
+async def test_a_known_device_goes_before_a_wave_of_first_guesses_from_fresh_networks() -> None:
+    """64 fresh networks each send one first guess at once: each ranks with an operator on a
+    new browser, who waits behind them; the operator's browser that signed in before (its
+    device cookie) is checked within one turn, and has places of its own when all are taken."""
+
+    async def operator(throttle: SignInThrottle, *, known_device: bool) -> float:
+        checked: list[float] = []
+        wave = [
+            asyncio.create_task(throttle.attempt(f"198.{i}.100.1", lambda: _wrong(checked)))
+            for i in range(64)
+        ]
+        await asyncio.sleep(DELAY / 2)  # every guess is queued or checked
+        started = time.monotonic()
+        verdict = await throttle.attempt("203.0.113.5", lambda: True, known_device=known_device)
+        waited = time.monotonic() - started
+        for task in wave:
+            task.cancel()
+        await asyncio.gather(*wave, return_exceptions=True)
+        assert verdict is Verdict.ACCEPTED
+        return waited
+
+    # every place taken by the wave (max_in_flight 64, no fresh reserve left for anyone)
+    roomy = dict(failure_delay=DELAY, max_in_flight=64, fresh_reserve=0)
+    device = await operator(SignInThrottle(**roomy), known_device=True)
+    assert device < 2 * DELAY + 0.05, device
+    new_browser = await operator(
+        SignInThrottle(failure_delay=DELAY, max_in_flight=80), known_device=False
+    )
+    assert new_browser > 10 * DELAY, new_browser  # behind the wave: what the cookie buys
+
+
+async def test_a_known_device_whose_address_guessed_wrong_ranks_as_any_other() -> None:
+    """A stolen device cookie buys one early turn: once its address has a wrong token on
+    record, its attempts take the ordinary places (none left here: 429) and not the device
+    reserve, which another known device still gets in through."""
+    throttle = SignInThrottle(failure_delay=DELAY, max_in_flight=1, fresh_reserve=0)
+    checked: list[float] = []
+    wrong = await throttle.attempt("203.0.113.5", lambda: _wrong(checked), known_device=True)
+    assert wrong is Verdict.REFUSED and throttle.addresses_remembered == 1
+    holder = asyncio.create_task(throttle.attempt("198.51.100.1", lambda: _wrong(checked)))
+    await asyncio.sleep(0)  # the one ordinary place is taken
+    assert await throttle.attempt("203.0.113.5", lambda: True, known_device=True) is (Verdict.BUSY)
+    assert await throttle.attempt("203.0.113.9", lambda: True, known_device=True) is (
+        Verdict.ACCEPTED
+    )
+    await holder
+    # the device reserve is its size: a second device at once is busy, not queued
+    small = SignInThrottle(failure_delay=DELAY, device_reserve=1)
+    first = asyncio.create_task(small.attempt("203.0.113.6", lambda: True, known_device=True))
+    await asyncio.sleep(0)
+    assert await small.attempt("203.0.113.7", lambda: True, known_device=True) is Verdict.BUSY
+    assert await first is Verdict.ACCEPTED

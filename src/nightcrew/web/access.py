@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from nightcrew.errors import ConfigError
 
 COOKIE = "nightcrew_dashboard"
+DEVICE_COOKIE = "nightcrew_device"
 MIN_TOKEN_LENGTH = 32
 
 
@@ -45,10 +46,13 @@ def check_secret(name: str, value: str | None) -> str | None:
 
 _TOKEN_CONTEXT = b"nightcrew dashboard session v1"
 _SESSION_KEY_CONTEXT = b"nightcrew dashboard session key v3"
+_DEVICE_KEY_CONTEXT = b"nightcrew dashboard known device v1"
 # A night shift and its handover: a copied cookie is worth nothing after this long.
 SESSION_MAX_AGE_SECONDS = 8 * 3600
 # A session issued by a replica whose clock runs a little ahead is still good here.
 SESSION_CLOCK_SKEW_SECONDS = 60
+# A browser that signed in within this long goes first at the sign-in throttle (throttle.py).
+DEVICE_MAX_AGE_SECONDS = 90 * 24 * 3600
 _SESSION = re.compile(r"^(?P<issued>[0-9]{1,12})\.(?P<nonce>[0-9a-f]{32})\.(?P<mac>[0-9a-f]{64})$")
 # A Host header as browsers send it: a name or an IPv4 address, or an IPv6 address in
 # brackets, then an optional port — nothing else (no userinfo, no second colon).
@@ -131,10 +135,36 @@ class Access:
         """The cookie's value, issued at ``now`` (unix seconds): ``ISSUED.NONCE.MAC``, signed
         with a key derived from the token, so the cookie is not the token and a new token voids
         it; the random nonce makes two sessions issued in the same second two cookies."""
+        return self._signed(_SESSION_KEY_CONTEXT, now)
+
+    def device_value(self, now: float) -> str:
+        """The known-device cookie's value, given at a successful sign-in: the same form as a
+        session's under another key, so neither passes for the other. It opens nothing; it
+        only puts this browser's next sign-in first at the throttle."""
+        return self._signed(_DEVICE_KEY_CONTEXT, now)
+
+    def device_known(self, cookie: str | None, now: float) -> bool:
+        """A device cookie this token signed within ``DEVICE_MAX_AGE_SECONDS``."""
+        return self.token is not None and self._verify(
+            _DEVICE_KEY_CONTEXT, cookie, now, DEVICE_MAX_AGE_SECONDS
+        )
+
+    def _signed(self, context: bytes, now: float) -> str:
         assert self.token is not None
         issued = int(now)
         nonce = secrets.token_hex(16)
-        return f"{issued}.{nonce}.{self._session_mac(self.token, issued, nonce)}"
+        return f"{issued}.{nonce}.{self._mac(context, self.token, issued, nonce)}"
+
+    def _verify(self, context: bytes, cookie: str | None, now: float, max_age: float) -> bool:
+        assert self.token is not None
+        found = _SESSION.match(cookie or "")
+        if found is None:
+            return False
+        issued = int(found["issued"])
+        mac = self._mac(context, self.token, issued, found["nonce"])
+        signed = hmac.compare_digest(found["mac"], mac)
+        fresh = now - max_age < issued <= now + SESSION_CLOCK_SKEW_SECONDS
+        return signed and fresh
 
     def host_allowed(self, host_header: str | None) -> bool:
         if self.hosts is None:
@@ -144,8 +174,8 @@ class Access:
     def _derive(self, token: str) -> str:
         return hmac.new(token.encode(), _TOKEN_CONTEXT, hashlib.sha256).hexdigest()
 
-    def _session_mac(self, token: str, issued: int, nonce: str) -> str:
-        key = hmac.new(token.encode(), _SESSION_KEY_CONTEXT, hashlib.sha256).digest()
+    def _mac(self, context: bytes, token: str, issued: int, nonce: str) -> str:
+        key = hmac.new(token.encode(), context, hashlib.sha256).digest()
         return hmac.new(key, f"{issued}.{nonce}".encode(), hashlib.sha256).hexdigest()
 
     def token_matches(self, offered: str) -> bool:
@@ -166,14 +196,7 @@ class Access:
         ``now`` (unix seconds) and not in the future."""
         if self.token is None:
             return True
-        found = _SESSION.match(cookie or "")
-        if found is None:
-            return False
-        issued = int(found["issued"])
-        mac = self._session_mac(self.token, issued, found["nonce"])
-        signed = hmac.compare_digest(found["mac"], mac)
-        fresh = now - SESSION_MAX_AGE_SECONDS < issued <= now + SESSION_CLOCK_SKEW_SECONDS
-        return signed and fresh
+        return self._verify(_SESSION_KEY_CONTEXT, cookie, now, SESSION_MAX_AGE_SECONDS)
 
 
 def same_origin(origin: str | None, referer: str | None, host_header: str | None) -> bool:

@@ -40,6 +40,8 @@ from nightcrew.web import actions as action_doors
 from nightcrew.web import data
 from nightcrew.web.access import (
     COOKIE,
+    DEVICE_COOKIE,
+    DEVICE_MAX_AGE_SECONDS,
     SESSION_MAX_AGE_SECONDS,
     Access,
     same_origin,
@@ -457,7 +459,12 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         if ctx.access.token is None:
             return RedirectResponse(target, 303)
         client = request.client.host if request.client else None
-        verdict = await ctx.throttle.attempt(client, lambda: ctx.access.token_matches(offered))
+        now = ctx.clock.now().timestamp()
+        verdict = await ctx.throttle.attempt(
+            client,
+            lambda: ctx.access.token_matches(offered),
+            known_device=ctx.access.device_known(request.cookies.get(DEVICE_COOKIE), now),
+        )
         if verdict is Verdict.BUSY:
             busy = render(
                 request,
@@ -481,14 +488,25 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
                 problem="That is not the dashboard token.",
             )
         response = RedirectResponse(target, 303, headers=HEADERS)
+        secure = secure_cookie(request.url.scheme, client)
         response.set_cookie(
             COOKIE,
-            ctx.access.session_value(ctx.clock.now().timestamp()),
+            ctx.access.session_value(now),
             max_age=SESSION_MAX_AGE_SECONDS,
             httponly=True,
             samesite="strict",
-            secure=secure_cookie(request.url.scheme, client),
+            secure=secure,
             path="/",
+        )
+        # sent back to the sign-in form only; kept past sign-out, which ends the session
+        response.set_cookie(
+            DEVICE_COOKIE,
+            ctx.access.device_value(now),
+            max_age=DEVICE_MAX_AGE_SECONDS,
+            httponly=True,
+            samesite="strict",
+            secure=secure,
+            path="/login",
         )
         return response
 

@@ -29,6 +29,14 @@ right token from a network that has not been guessing waits about one turn of th
 right tokens out with one first-come queue — while the overall rate of checks stays two a
 second: a guesser on fresh networks passes the same gate, one early turn per network.
 
+**A known device goes first.** A browser that has signed in before carries a device cookie
+(``Access.device_value``, signed with a key derived from the token, so a guesser cannot make
+one). Its attempt ranks before every other at the gate and has ``DEVICE_RESERVE`` places of
+its own beyond ``MAX_IN_FLIGHT``, so a guesser with one first guess from each of many fresh
+networks — who ranks with an operator on a new browser — still cannot queue out the browser
+the operator signed in from yesterday. A device whose address has a wrong token on record
+ranks as any other (a stolen device cookie buys one early turn, not a faster guessing rate).
+
 State is this process's memory: at most ``MAX_ADDRESSES`` addresses, the least recently failed
 forgotten first, and an address forgotten ``FORGET_AFTER_SECONDS`` after its last failure.
 """
@@ -39,16 +47,18 @@ import asyncio
 import contextlib
 import enum
 import ipaddress
-import itertools
 import time
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from nightcrew.turns import RankedTurns
 
 FAILED_LOGIN_DELAY_SECONDS = 0.5
 ADDRESS_BACKOFF_MAX_SECONDS = 8.0
 MAX_IN_FLIGHT = 64
 FRESH_RESERVE = 16
+DEVICE_RESERVE = 8  # places beyond MAX_IN_FLIGHT for known devices only
 # places one network may hold at once: a wave of first guesses from one /24 cannot fill the
 # room before any of them has failed
 NETWORK_IN_FLIGHT = 8
@@ -106,6 +116,7 @@ class SignInThrottle:
         max_in_flight: int = MAX_IN_FLIGHT,
         fresh_reserve: int = FRESH_RESERVE,
         network_in_flight: int = NETWORK_IN_FLIGHT,
+        device_reserve: int = DEVICE_RESERVE,
         max_addresses: int = MAX_ADDRESSES,
         forget_after: float = FORGET_AFTER_SECONDS,
         monotonic: Callable[[], float] = time.monotonic,
@@ -115,36 +126,43 @@ class SignInThrottle:
         self._max_in_flight = max_in_flight
         self._fresh_reserve = fresh_reserve
         self._network_in_flight = network_in_flight
+        self._device_reserve = device_reserve
         self._max_addresses = max_addresses
         self._forget_after = forget_after
         self._monotonic = monotonic
         self._failures: OrderedDict[str, _Failures] = OrderedDict()
         self._in_flight: set[str] = set()
         self._next_check = 0.0
-        self._gate = _Turns()
+        self._gate = RankedTurns()
         # networks (IPv4 /24, IPv6 /48) with a wrong token in the last FORGET_AFTER_SECONDS,
         # in order of their last one: who goes second at the gate and is held to less room
         self._failing_networks: OrderedDict[str, float] = OrderedDict()
         self._per_network: Counter[str] = Counter()  # _in_flight by network
         self._pending: dict[str, _Pending] = {}  # admitted, not yet at the gate
+        self._devices_in_flight = 0
 
     @property
     def addresses_remembered(self) -> int:
         return len(self._failures)
 
-    async def attempt(self, client_host: str | None, check: Callable[[], bool]) -> Verdict:
-        """Run ``check`` (the token comparison) under the rules above."""
+    async def attempt(
+        self, client_host: str | None, check: Callable[[], bool], *, known_device: bool = False
+    ) -> Verdict:
+        """Run ``check`` (the token comparison) under the rules above; ``known_device``: the
+        attempt carries a device cookie this token signed."""
         key = address_key(client_host)
         network = network_key(client_host)
         self._forget_old()
         known = self._failures.get(key)
+        if known_device and known is None:
+            return await self._device_attempt(key, network, check)
         failing = self._failing(network)
         room = self._max_in_flight - (self._fresh_reserve if failing else 0)
         if (
             key in self._in_flight
             or (failing and self._in_flight_from_failing() >= room)
             or self._per_network[network] >= self._network_in_flight
-            or (len(self._in_flight) >= self._max_in_flight and not self._make_room(failing))
+            or (self._others_in_flight() >= self._max_in_flight and not self._make_room(failing))
         ):
             return Verdict.BUSY
         pending = _Pending(network=network)
@@ -161,9 +179,7 @@ class SignInThrottle:
             # the rank is read when a turn is given, not when the attempt arrived: a wave of
             # first guesses queued before the operator ranks behind once its network failed
             try:
-                turn = self._gate.turn(
-                    rank=lambda: int(self._failing(network)), waiting=pending.waiting
-                )
+                turn = self._gate.turn(lambda: int(self._failing(network)), waiting=pending.waiting)
                 await turn.__aenter__()
             except asyncio.CancelledError:
                 task = asyncio.current_task()
@@ -193,6 +209,30 @@ class SignInThrottle:
             self._per_network[network] -= 1
             if not self._per_network[network]:
                 del self._per_network[network]
+
+    async def _device_attempt(self, key: str, network: str, check: Callable[[], bool]) -> Verdict:
+        """A known device with no wrong token from its address: its own places, first turn."""
+        if key in self._in_flight or self._devices_in_flight >= self._device_reserve:
+            return Verdict.BUSY
+        self._in_flight.add(key)
+        self._devices_in_flight += 1
+        try:
+            async with self._gate.turn(lambda: -1):
+                await asyncio.sleep(max(0.0, self._next_check - self._monotonic()))
+                accepted = check()
+                if not accepted:
+                    self._next_check = self._monotonic() + self._failure_delay
+            if accepted:
+                return Verdict.ACCEPTED
+            self._failed(key, network)
+            await asyncio.sleep(self._failure_delay)
+            return Verdict.REFUSED
+        finally:
+            self._in_flight.discard(key)
+            self._devices_in_flight -= 1
+
+    def _others_in_flight(self) -> int:
+        return len(self._in_flight) - self._devices_in_flight
 
     def _make_room(self, failing: bool) -> bool:
         """All places taken: an attempt from a network that has not failed pushes out the one
@@ -259,55 +299,3 @@ class _Pending:
 
     def waiting(self, granted: asyncio.Future[None]) -> None:
         self.granted = granted
-
-
-class _Turns:
-    """One holder at a time; the next turn goes to the waiter of the lowest ``rank()`` (read
-    when the turn is given), then the earliest. A waiter that is cancelled gives up its place
-    (or its turn, if it was just granted one). At most MAX_IN_FLIGHT wait: a scan is cheap."""
-
-    def __init__(self) -> None:
-        self._held = False
-        self._waiting: list[tuple[int, Callable[[], int], asyncio.Future[None]]] = []
-        self._arrivals = itertools.count()
-
-    @contextlib.asynccontextmanager
-    async def turn(
-        self,
-        *,
-        rank: Callable[[], int],
-        waiting: Callable[[asyncio.Future[None]], None] | None = None,
-    ) -> AsyncIterator[None]:
-        await self._acquire(rank, waiting)
-        try:
-            yield
-        finally:
-            self._release()
-
-    async def _acquire(
-        self, rank: Callable[[], int], waiting: Callable[[asyncio.Future[None]], None] | None
-    ) -> None:
-        if not self._held and not self._waiting:
-            self._held = True
-            return
-        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if waiting is not None:
-            waiting(granted)  # cancelling it takes the waiter out of the queue
-        self._waiting.append((next(self._arrivals), rank, granted))
-        try:
-            await granted
-        except asyncio.CancelledError:
-            if granted.done() and not granted.cancelled():
-                self._release()  # granted as it was cancelled: pass the turn on
-            else:
-                self._waiting = [w for w in self._waiting if w[2] is not granted]
-            raise
-
-    def _release(self) -> None:
-        self._waiting = [w for w in self._waiting if not w[2].done()]
-        if not self._waiting:
-            self._held = False
-            return
-        chosen = min(self._waiting, key=lambda w: (w[1](), w[0]))
-        self._waiting.remove(chosen)
-        chosen[2].set_result(None)  # the turn passes on, held all along

@@ -21,10 +21,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import heapq
 import html
 import io
-import itertools
 import multiprocessing
 import os
 import re
@@ -44,6 +42,7 @@ from selectolax.parser import HTMLParser
 
 from nightcrew.errors import FetchError
 from nightcrew.log import describe_error
+from nightcrew.turns import RankedTurns
 
 T = TypeVar("T")
 
@@ -271,7 +270,7 @@ class ParserPool:
         self._in_flight: set[Future[Any]] = set()
         self._closed = False
         # one per event loop that parses here (the scheduler's threads run loops of their own)
-        self._turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _SmallestFirst] = (
+        self._turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, RankedTurns] = (
             weakref.WeakKeyDictionary()
         )
         # a runtime's jobs may run on more than one thread (the scheduler's): one pool for all
@@ -295,12 +294,9 @@ class ParserPool:
         handed to the pool at once, and the waiting documents go smallest first — an ordinary
         feed is not queued behind hostile ones that use their whole parse budget (8 such in a
         shard of 16 failed 15 of its feeds, first come first served)."""
-        gate = self._turns.setdefault(asyncio.get_running_loop(), _SmallestFirst(self._workers))
-        await gate.acquire(size)
-        try:
+        gate = self._turns.setdefault(asyncio.get_running_loop(), RankedTurns(self._workers))
+        async with gate.turn(lambda: size):
             yield
-        finally:
-            gate.release()
 
     async def run(self, function: Callable[..., T], *args: Any, budget_seconds: float) -> T:
         """``function(*args)`` in a parser worker process, at most ``budget_seconds`` once a
@@ -410,36 +406,3 @@ class ParserPool:
             await asyncio.to_thread(self.close)
         else:
             self.close()
-
-
-class _SmallestFirst:
-    """``slots`` holders at a time; the waiters go in order of size, then of arrival."""
-
-    def __init__(self, slots: int) -> None:
-        self._free = slots
-        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
-        self._arrivals = itertools.count()
-
-    async def acquire(self, size: int) -> None:
-        if self._free > 0 and not self._waiting:
-            self._free -= 1
-            return
-        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiting, (size, next(self._arrivals), granted))
-        try:
-            await granted
-        except asyncio.CancelledError:
-            if granted.done() and not granted.cancelled():
-                self.release()  # granted as it was cancelled: the slot goes on
-            else:
-                self._waiting = [w for w in self._waiting if w[2] is not granted]
-                heapq.heapify(self._waiting)
-            raise
-
-    def release(self) -> None:
-        while self._waiting:
-            _, _, granted = heapq.heappop(self._waiting)
-            if not granted.done():
-                granted.set_result(None)  # the slot passes on, never free in between
-                return
-        self._free += 1
