@@ -4,14 +4,15 @@ leaves behind."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
 from nightcrew.turns import RankedTurns
 
 
-async def _take(turns: RankedTurns, rank: object, order: list[str], name: str) -> None:
-    async with turns.turn(rank):  # type: ignore[arg-type]
+async def _take(turns: RankedTurns, rank: Callable[[], float], order: list[str], name: str) -> None:
+    async with turns.turn(rank):
         order.append(name)
         await asyncio.sleep(0.01)
 
