@@ -411,9 +411,11 @@ async def _run(
 
 async def repoint_sample_feeds(db: Database, base: str) -> None:
     """``serve --demo``: the demo's sample sources at the feeds served again, on ``base`` (the
-    run that added them served them on a port of its own, gone with it)."""
+    run that added them served them on a port of its own, gone with it), and due at once, so
+    the page's "Run now" of the demo's shard fetches them (the demo checked them minutes ago)."""
     await db.execute(
-        "UPDATE news.sources SET feed_url = %(base)s || substring(feed_url from '/[^/]*$')"
+        "UPDATE news.sources SET feed_url = %(base)s || substring(feed_url from '/[^/]*$'),"
+        " next_check_at = NULL"
         " WHERE shard = 'demo' AND feed_url LIKE 'http://127.0.0.1:%%'",
         {"base": base},
     )

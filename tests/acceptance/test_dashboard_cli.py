@@ -11,9 +11,11 @@ import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 
 from tests.acceptance.test_cli import _env, _nightcrew, run
@@ -264,3 +266,49 @@ async def test_reconcile_bearer_guesses_are_throttled_and_each_logged(
     assert {e["client"] for e in logged} == set(sources)  # each address, each logged
     assert right.status_code == 200, right.text
     assert right.json()["options"]["mode"] == "dryrun"
+
+
+def test_run_shard_now_on_the_demo_dashboard_fetches_the_demo_feeds(tmp_path: Path) -> None:
+    """`serve --demo`'s "Run now" for the demo's news shard: the sample feeds are served
+    again on loopback and allowed, so the run fetches both without a refusal, and nothing
+    counts towards parking them (the button used to fail on the loopback refusal)."""
+    import re
+
+    from tests.support.browser import demo_served
+
+    with demo_served(tmp_path / "data") as served, httpx.Client(base_url=served.url) as c:
+        page = c.get("/runs")
+        assert page.status_code == 200 and "news:demo" in page.text
+        token = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert token is not None
+        clicked = datetime.now(UTC)
+        started = c.post("/runs/run-now", data={"csrf": token[1], "lane": "news:demo"})
+        assert started.status_code == 303, started.text
+        report_url = started.headers["location"] + "/report.json"
+        deadline = time.monotonic() + 60
+        report = None
+        while report is None and time.monotonic() < deadline:
+            report = c.get(report_url).json()  # null until the run has finished
+            time.sleep(0.3)
+        run_page = c.get(started.headers["location"]).text
+        sources = c.get("/news").text
+        # the embedded server runs while `serve --demo` does: when each source was fetched
+        with psycopg.connect(
+            host=str(served.data_dir / "pg"), dbname="nightcrew_demo", user="postgres"
+        ) as conn:
+            fetched = conn.execute(
+                "SELECT name, last_fetched_at, consecutive_failures FROM news.sources"
+                " WHERE shard = 'demo' AND parked_at IS NULL ORDER BY name"
+            ).fetchall()
+    assert report is not None, "the run did not finish within 60 s"
+    assert "manual" in run_page
+    assert report["fetchErrors"] == [], report
+    # both sample feeds fetched by this run, none failing (the demo's own runs wrote their
+    # articles: nothing new)
+    assert [(name, failures) for name, _, failures in fetched] == [
+        ("City desk", 0),
+        ("Science desk", 0),
+    ]
+    assert all(at is not None and at > clicked for _, at, _ in fetched), (clicked, fetched)
+    assert report["skipped"] is False, report
+    assert "refused" not in sources.split("Wire (office)")[0], sources
