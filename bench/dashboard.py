@@ -34,7 +34,7 @@ from nightcrew.http import create_app
 from nightcrew.log import configure_logging
 from nightcrew.metrics import Metrics
 from nightcrew.web.access import Access
-from nightcrew.web.app import DashboardContext
+from nightcrew.web.context import DashboardContext
 
 NOW = datetime(2026, 12, 1, 4, 0, tzinfo=UTC)
 TARGET_MS = 100.0

@@ -26,13 +26,13 @@ from psycopg_pool import AsyncConnectionPool
 from nightcrew.adapters.billing import NoBilling
 from nightcrew.adapters.feedcache import RecordingFeedCache
 from nightcrew.adapters.mail import RecordingMailer
+from nightcrew.adapters.parsers import ParserPool
 from nightcrew.adapters.queues import MemoryQueueProducer, PostgresQueueProducer
 from nightcrew.adapters.storage import ObjectStore, open_store
 from nightcrew.clock import Clock, FrozenClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database, with_dbname
 from nightcrew.db.migrate import migrate
-from nightcrew.news.steps.parse import ParserPool
 from nightcrew.runtime import Runtime, open_runtime
 from tests.support.servers import (
     S3_CREDENTIALS,

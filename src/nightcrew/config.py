@@ -7,7 +7,7 @@ configuration table mirrors this class (a test keeps them in step).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 from urllib.parse import unquote, urlsplit
 
 from pydantic import (
@@ -21,9 +21,12 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from nightcrew.errors import ConfigError
-
-if TYPE_CHECKING:
-    from nightcrew.web.proxies import IPNetwork
+from nightcrew.setting_parsers import (
+    IPNetwork,
+    parse_allowed_hosts,
+    parse_stage_prefetch,
+    parse_trusted_proxies,
+)
 
 
 class Settings(BaseSettings):
@@ -96,7 +99,7 @@ class Settings(BaseSettings):
     news_fetch_budget_seconds: Annotated[
         float, Field(alias="NEWS_FETCH_BUDGET_SECONDS", gt=0, le=600)
     ] = 30.0
-    # one feed's parse, in a worker process that is killed past it (news/steps/parse.py: ParserPool)
+    # one feed's parse, in a worker process that is killed past it (adapters/parsers.py: ParserPool)
     news_parse_budget_seconds: Annotated[
         float, Field(alias="NEWS_PARSE_BUDGET_SECONDS", gt=0, le=600)
     ] = 10.0
@@ -203,24 +206,18 @@ class Settings(BaseSettings):
     @field_validator("news_allowed_private_hosts")
     @classmethod
     def _allowed_hosts(cls, value: str) -> str:
-        from nightcrew.adapters.addresses import AddressPolicy
-
-        AddressPolicy.parse(value)  # a ValueError names the entry it cannot read
+        parse_allowed_hosts(value)  # a ValueError names the entry it cannot read
         return value
 
     @field_validator("trusted_proxies")
     @classmethod
     def _trusted_proxies(cls, value: str) -> str:
-        from nightcrew.web.proxies import parse_trusted_proxies
-
         parse_trusted_proxies(value)  # a ValueError names the entry it cannot read
         return value
 
     @field_validator("news_stage_prefetch")
     @classmethod
     def _stage_prefetch(cls, value: str) -> str:
-        from nightcrew.adapters.broker import parse_stage_prefetch
-
         parse_stage_prefetch(value)  # a ValueError names the entry it cannot read
         return value
 
@@ -280,8 +277,6 @@ class Settings(BaseSettings):
 
     @property
     def trusted_proxy_networks(self) -> tuple[IPNetwork, ...]:
-        from nightcrew.web.proxies import parse_trusted_proxies
-
         return parse_trusted_proxies(self.trusted_proxies)
 
     @property

@@ -32,7 +32,8 @@ from nightcrew.lifecycle.reconcile.core import (
 )
 from nightcrew.log import describe_error, event, warning
 from nightcrew.metrics import Metrics
-from nightcrew.web.app import DashboardContext, dashboard_routes
+from nightcrew.web.app import dashboard_routes
+from nightcrew.web.context import DashboardContext
 from nightcrew.web.doors import Doors
 from nightcrew.web.throttle import BUSY_RETRY_AFTER_SECONDS, SignInThrottle, Verdict
 

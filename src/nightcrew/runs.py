@@ -269,7 +269,3 @@ async def slot_owed(db: Database, lane: str, slot: datetime) -> bool:
     """Whether ``lane``'s scheduled ``slot`` has yet to run (the scheduler would claim it)."""
     row = await db.fetch_one(SQL["slot_owed"], {"lane": lane, "slot": slot})
     return bool(row and row["owed"])
-
-
-async def recent(db: Database, *, lane: str, limit: int = 20) -> list[dict[str, Any]]:
-    return await db.fetch(SQL["recent_runs"], {"lane": lane, "limit": limit})

@@ -66,13 +66,6 @@ UPDATE nightcrew.runs
                      ELSE %(report)s END
  WHERE id = %(id)s AND attempts = %(attempt)s;
 
--- name: recent_runs
-SELECT id, lane, trigger, slot, started_at, finished_at, heartbeat_at, status, attempts, report
-  FROM nightcrew.runs
- WHERE lane = %(lane)s
- ORDER BY started_at DESC, id DESC
- LIMIT %(limit)s;
-
 -- name: slot_owed
 -- Whether a scheduled slot still has to run: no run claimed it, or its run would be claimed
 -- again (abandoned, or failed for want of a database) — as claim_scheduled_slot decides.

@@ -1,7 +1,7 @@
 """Ranked turns: a fixed number of holders at a time, and the next turn to the waiter of the
 lowest rank — read when the turn is given, so a waiter's rank may change while it waits — then
 the earliest. The parser pool gives its workers' turns smallest document first
-(``news/steps/parse.py``); the sign-in throttle gives its one gate to networks that have not
+(``adapters/parsers.py``); the sign-in throttle gives its one gate to networks that have not
 been guessing first (``web/throttle.py``)."""
 
 from __future__ import annotations

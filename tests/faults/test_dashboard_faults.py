@@ -14,7 +14,7 @@ from nightcrew.db.database import Database
 from nightcrew.http import create_app
 from nightcrew.metrics import Metrics
 from nightcrew.web.access import Access
-from nightcrew.web.app import DashboardContext
+from nightcrew.web.context import DashboardContext
 from tests.faults.test_database_faults import pdb, proxy  # noqa: F401 - fixtures
 from tests.integration.web import seed
 from tests.support.proxy import TcpProxy

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from nightcrew.adapters.broker import STAGES
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
 from nightcrew.news.engines.pipeline.outbox import broker_of
 from nightcrew.news.engines.pipeline.passes import run_pass
+from nightcrew.setting_parsers import STAGES
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,

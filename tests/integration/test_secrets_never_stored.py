@@ -22,7 +22,7 @@ from nightcrew.lifecycle.lanes import run_lane
 from nightcrew.log import REDACTED, SecretScrubber, SecretValues
 from nightcrew.metrics import Metrics
 from nightcrew.web.access import Access
-from nightcrew.web.app import DashboardContext
+from nightcrew.web.context import DashboardContext
 from tests.conftest import NOW, make_runtime
 from tests.integration.lifecycle.test_overage import _account
 from tests.support.servers import RecordingServer

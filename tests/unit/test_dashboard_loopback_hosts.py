@@ -21,7 +21,7 @@ from nightcrew.db.database import Database
 from nightcrew.http import create_app
 from nightcrew.metrics import Metrics
 from nightcrew.web.access import LOOPBACK_HOSTS, Access
-from nightcrew.web.app import DashboardContext
+from nightcrew.web.context import DashboardContext
 
 TOKEN = "t" * 32
 LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1"}

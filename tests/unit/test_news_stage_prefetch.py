@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nightcrew.adapters.broker import parse_stage_prefetch
 from nightcrew.config import load_settings
+from nightcrew.setting_parsers import parse_stage_prefetch
 
 
 def test_named_stages_get_their_prefetch_and_the_rest_are_left_to_concurrency() -> None:

@@ -11,7 +11,8 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from nightcrew.config import Settings, load_settings
 from nightcrew.errors import ConfigError
-from nightcrew.web.proxies import parse_trusted_proxies, uvicorn_proxy_options
+from nightcrew.setting_parsers import parse_trusted_proxies
+from nightcrew.web.proxies import uvicorn_proxy_options
 
 
 def test_addresses_and_networks_are_read_in_any_spelling() -> None:

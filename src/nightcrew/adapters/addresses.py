@@ -36,6 +36,7 @@ from nightcrew.adapters.decoding import ACCEPT_ENCODING, BoundedDecoder
 from nightcrew.adapters.tls import tls_context
 from nightcrew.errors import FetchError, NightcrewError
 from nightcrew.log import describe_error
+from nightcrew.setting_parsers import parse_allowed_hosts
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -133,24 +134,8 @@ class AddressPolicy:
     @classmethod
     def parse(cls, value: str, *, resolver: Resolver = system_resolver) -> AddressPolicy:
         """``NEWS_ALLOWED_PRIVATE_HOSTS``: comma-separated host names, addresses and CIDRs."""
-        hosts: set[str] = set()
-        networks: list[IPNetwork] = []
-        for raw in value.split(","):
-            entry = raw.strip()
-            if not entry:
-                continue
-            try:
-                networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
-                continue
-            except ValueError:
-                pass
-            label = entry.lower().rstrip(".")
-            if not label or any(not (c.isalnum() or c in "-._") for c in label):
-                raise ValueError(f"not a host name, address or CIDR: {entry!r}")
-            hosts.add(label)
-        return cls(
-            allowed_hosts=frozenset(hosts), allowed_networks=tuple(networks), resolver=resolver
-        )
+        hosts, networks = parse_allowed_hosts(value)
+        return cls(allowed_hosts=hosts, allowed_networks=networks, resolver=resolver)
 
     def allows(self, address: IPAddress) -> bool:
         if is_public(address):

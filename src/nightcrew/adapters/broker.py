@@ -34,41 +34,13 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from nightcrew.errors import ConfigError, QueueError, QueueUnavailableError
+from nightcrew.setting_parsers import STAGES
 
-STAGES = ("fetch", "enrich", "review", "write")
 PUBLISH_TIMEOUT_SECONDS = 10.0
 DECLARE_TIMEOUT_SECONDS = 10.0
-MAX_PREFETCH = 1000
 # what a graceful stop carries over when it hands a message back as a fresh copy: the
 # deliveries the original had spent, so a failing message still dead-letters on time
 PRIOR_DELIVERIES_HEADER = "x-prior-deliveries"
-
-
-def parse_stage_prefetch(value: str) -> dict[str, int]:
-    """NEWS_STAGE_PREFETCH (``fetch=8,enrich=8,review=2,write=16``): each named stage's
-    prefetch; stages not named take the worker's --concurrency. A ValueError names the entry
-    it cannot read."""
-    prefetch: dict[str, int] = {}
-    for entry in (e.strip() for e in value.split(",")):
-        if not entry:
-            continue
-        stage, sep, number = (part.strip() for part in entry.partition("="))
-        if not sep or stage not in STAGES:
-            raise ValueError(
-                f"cannot read {entry!r}: expected stage=N with a stage of {', '.join(STAGES)}"
-            )
-        if stage in prefetch:
-            raise ValueError(f"cannot read {entry!r}: {stage} is given twice")
-        try:
-            n = int(number)
-        except ValueError:
-            n = 0
-        if not 1 <= n <= MAX_PREFETCH:
-            raise ValueError(
-                f"cannot read {entry!r}: the prefetch must be a whole number 1..{MAX_PREFETCH}"
-            )
-        prefetch[stage] = n
-    return prefetch
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -15,6 +15,7 @@ from nightcrew.adapters.addresses import AddressPolicy, UntrustedHttp, new_clien
 from nightcrew.adapters.broker import PipelineBroker
 from nightcrew.adapters.locks import Leases, PairedLeases, PostgresLeases
 from nightcrew.adapters.model_calls import ModelCalls, Pacer
+from nightcrew.adapters.parsers import ParserPool
 from nightcrew.adapters.processed import (
     PostgresProcessedUrls,
     ProcessedUrls,
@@ -25,7 +26,6 @@ from nightcrew.adapters.reviewer import Reviewer, make_reviewer
 from nightcrew.clock import Clock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
-from nightcrew.news.steps.parse import ParserPool
 
 # Redis answers in well under a millisecond on a LAN and in tens over the internet (Upstash):
 # a second is a Redis in trouble. Short, because every call of a run may pay it once before

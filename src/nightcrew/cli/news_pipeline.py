@@ -72,7 +72,7 @@ def news_worker(
     if settings.news_pipeline != "rabbitmq":
         _fail("news worker needs NEWS_PIPELINE=rabbitmq (and QUEUE_URL=amqp://…)", 2)
     clock = SystemClock()
-    from nightcrew.adapters.broker import STAGES
+    from nightcrew.setting_parsers import STAGES
 
     stages = list(STAGES) if stage is Stage.all else [stage.value]
 

@@ -152,13 +152,13 @@ async def _serve_on(
     from nightcrew.news.report import latest_reports
     from nightcrew.news.schedule import news_schedules
     from nightcrew.scheduler import Scheduler
-    from nightcrew.web.app import DashboardContext
     from nightcrew.web.connections import (
         BACKLOG,
         KEEP_ALIVE_GRACE,
         QuietServer,
         ServerGuards,
     )
+    from nightcrew.web.context import DashboardContext
 
     clock = SystemClock()
     async with contextlib.AsyncExitStack() as stack:

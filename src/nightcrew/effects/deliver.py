@@ -25,11 +25,9 @@ from typing import Any, Literal
 from nightcrew.adapters.billing import is_transient
 from nightcrew.adapters.mail import Email
 from nightcrew.clock import Clock, wall_now
-from nightcrew.effects import outbox
+from nightcrew.effects import billing_resume, feed_outbox, outbox
 from nightcrew.effects.outbox import KINDS, Effect, Settle
 from nightcrew.errors import BillingError, DatabaseUnavailableError, NightcrewError
-from nightcrew.lifecycle import billing_resume
-from nightcrew.lifecycle import outbox as feed_outbox
 from nightcrew.log import describe_error, event, warning
 from nightcrew.reports import Failure
 from nightcrew.runtime import Runtime

@@ -39,9 +39,9 @@ from nightcrew.adapters.queues import PUBLIC_API_INVALIDATION
 from nightcrew.clock import Clock
 from nightcrew.db.database import Tx
 from nightcrew.db.queries import load_queries
+from nightcrew.effects import feed_outbox
 from nightcrew.effects import outbox as effects
 from nightcrew.effects.deliver import DrainReport, deliver_effects, deliver_now
-from nightcrew.lifecycle import outbox as feed_outbox
 from nightcrew.lifecycle.overage_mail import Overage, render
 from nightcrew.log import event, warning
 from nightcrew.reports import Failure, one_item

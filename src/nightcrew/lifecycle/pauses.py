@@ -17,13 +17,13 @@ from typing import Any
 from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects
-from nightcrew.effects.deliver import Delivery, deliver_now
-from nightcrew.lifecycle.billing_resume import (
+from nightcrew.effects.billing_resume import (
     STRIPE_NOT_CONFIGURED,
     BillingResume,
     log_resumed,
     owed_resume,
 )
+from nightcrew.effects.deliver import Delivery, deliver_now
 from nightcrew.log import error, event, warning
 from nightcrew.reports import Failure, one_item
 from nightcrew.runtime import Runtime

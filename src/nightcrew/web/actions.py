@@ -21,19 +21,19 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from nightcrew import actions
-from nightcrew.adapters.broker import STAGES
 from nightcrew.effects import outbox
 from nightcrew.errors import ConfigError, NightcrewError, QueueError
 from nightcrew.lifecycle.lanes import LANES
 from nightcrew.log import describe_error, error, warning
 from nightcrew.runs import LaneBusy
+from nightcrew.setting_parsers import STAGES
 from nightcrew.web.access import COOKIE, is_loopback, same_origin
 from nightcrew.web.csrf import CSRF_COOKIE, CSRF_FIELD, Csrf
 from nightcrew.web.doors import SECURITY_HEADERS as HEADERS
 
 if TYPE_CHECKING:
     from nightcrew.runtime import Runtime
-    from nightcrew.web.app import DashboardContext
+    from nightcrew.web.context import DashboardContext
 
 MAX_ACTION_BODY = 4096
 MAX_ACTION_FIELDS = 8

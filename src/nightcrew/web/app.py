@@ -15,7 +15,6 @@ import os
 import re
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,12 +29,10 @@ from starlette.staticfiles import StaticFiles
 
 from nightcrew import actions as operator_actions
 from nightcrew import narrate
-from nightcrew.clock import Clock
-from nightcrew.db.database import Database, QueryError
+from nightcrew.db.database import QueryError
 from nightcrew.errors import MIGRATE_HINT, SCHEMA_MISSING_SQLSTATES, NightcrewError
 from nightcrew.lifecycle import overage as overage_rules
 from nightcrew.log import SecretValues, describe_error, error, redact_url_passwords, warning
-from nightcrew.scheduler import ScheduleStatus
 from nightcrew.web import actions as action_doors
 from nightcrew.web import data
 from nightcrew.web.access import (
@@ -43,17 +40,17 @@ from nightcrew.web.access import (
     DEVICE_COOKIE,
     DEVICE_MAX_AGE_SECONDS,
     SESSION_MAX_AGE_SECONDS,
-    Access,
     same_origin,
     secure_cookie,
 )
 from nightcrew.web.charts import Bar, bar_chart
+from nightcrew.web.context import DashboardContext
 from nightcrew.web.csrf import CSRF_COOKIE, Csrf
 from nightcrew.web.doors import SECURITY_HEADERS as HEADERS
-from nightcrew.web.throttle import BUSY_RETRY_AFTER_SECONDS, SignInThrottle, Verdict
+from nightcrew.web.throttle import BUSY_RETRY_AFTER_SECONDS, Verdict
 
 if TYPE_CHECKING:
-    from nightcrew.runtime import Runtime
+    pass
 
 HERE = Path(__file__).parent
 MAX_LOGIN_BODY = 4096
@@ -70,28 +67,6 @@ NEWS_ACTIONS = (
     "runs.run_now",
 )
 RUN_ACTIONS = ("runs.run_now",)
-
-
-@dataclass(frozen=True, kw_only=True)
-class DashboardContext:
-    db: Database
-    clock: Clock
-    access: Access
-    schedules: Callable[[], list[ScheduleStatus]] | None = None  # None: no scheduler here
-    label: str = ""  # what this dashboard shows, e.g. "the demo database"
-    # shared by every door that compares the token: /login and /news/reports' bearer
-    throttle: SignInThrottle = field(default_factory=SignInThrottle)
-    # what the actions act with (serve's runtime); None: a dashboard that only shows
-    runtime: Runtime | None = None
-    # whether NIGHTCREW_TRUSTED_PROXIES names any proxy (whose forwarded client address
-    # uvicorn then puts in the request); with none, a forwarded header came through a proxy
-    # nobody vouched for
-    proxies_trusted: bool = False
-    # what this process has already said once (see web/actions.py)
-    said: set[str] = field(default_factory=set)
-
-    def session_valid(self, request: Request) -> bool:
-        return self.access.cookie_valid(request.cookies.get(COOKIE), self.clock.now().timestamp())
 
 
 def _environment(secrets: SecretValues | None = None) -> jinja2.Environment:

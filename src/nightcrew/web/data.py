@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any
 
-from nightcrew.adapters.broker import STAGES
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects_outbox
 from nightcrew.errors import NightcrewError
 from nightcrew.lifecycle.lanes import LANES
 from nightcrew.log import describe_error
+from nightcrew.setting_parsers import STAGES
 
 if TYPE_CHECKING:
     from nightcrew.runtime import Runtime

@@ -14,40 +14,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from nightcrew.log import redact_url_passwords
-
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-def parse_trusted_proxies(value: str) -> tuple[IPNetwork, ...]:
-    """``NIGHTCREW_TRUSTED_PROXIES``: comma-separated IP addresses and CIDRs; a ValueError names
-    the first entry that is not one."""
-    networks: list[IPNetwork] = []
-    for raw in value.split(","):
-        entry = raw.strip()
-        if not entry:
-            continue
-        if entry == "*":
-            raise ValueError(
-                "'*' would believe every client's claim of its own address; name the proxies' "
-                "addresses or networks"
-            )
-        try:
-            network = ipaddress.ip_network(entry.strip("[]"), strict=True)
-        except ValueError as exc:
-            # The peer is always an address: a host name would silently never match.
-            hint = f" ({exc})" if "/" in entry and "://" not in entry else ""
-            hint = hint or " (a host name or URL is not accepted)"
-            # a URL pasted here may carry a password: never echoed
-            shown = redact_url_passwords(entry)
-            raise ValueError(f"not an IP address or CIDR: {shown!r}{hint}") from None
-        if network.prefixlen == 0:
-            raise ValueError(
-                f"{entry!r} would believe every client's claim of its own address; name the "
-                "proxies' addresses or networks"
-            )
-        networks.append(network)
-    return tuple(networks)
+from nightcrew.setting_parsers import IPNetwork
 
 
 def uvicorn_proxy_options(networks: tuple[IPNetwork, ...]) -> dict[str, Any]:

@@ -40,7 +40,6 @@ from typing import Any
 
 import pytest
 
-from nightcrew.adapters.broker import STAGES
 from nightcrew.db.database import Database
 from nightcrew.news.engines.inline import run_shard
 from nightcrew.news.engines.pipeline import notes
@@ -53,6 +52,7 @@ from nightcrew.news.sources.registry import CHECK_INTERVAL
 from nightcrew.news.steps.leases import shard_lock_name
 from nightcrew.news.steps.review import review_lock_name
 from nightcrew.runtime import Runtime
+from nightcrew.setting_parsers import STAGES
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,

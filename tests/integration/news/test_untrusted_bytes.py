@@ -206,7 +206,7 @@ _MEMORY_PROBE = textwrap.dedent(
     from nightcrew.adapters.addresses import AddressPolicy, new_client
     from nightcrew.news.steps.fetch import FeedRules, fetch_feed
     from nightcrew.news.steps.images import hydrate_image
-    from nightcrew.news.steps.parse import ParserPool
+    from nightcrew.adapters.parsers import ParserPool
 
     async def main(base, copies):
         policy = AddressPolicy.parse("127.0.0.1")

@@ -23,7 +23,7 @@ from nightcrew.lifecycle.lanes import LaneReport, run_lane
 from nightcrew.metrics import Metrics
 from nightcrew.runtime import Runtime
 from nightcrew.web.access import Access
-from nightcrew.web.app import DashboardContext
+from nightcrew.web.context import DashboardContext
 from nightcrew.web.csrf import CSRF_COOKIE
 
 TOKEN = "correct horse battery staple 1234567890 and more"

@@ -18,7 +18,7 @@ from nightcrew.db.database import Database
 from nightcrew.http import create_app
 from nightcrew.metrics import Metrics
 from nightcrew.web.access import COOKIE, SESSION_MAX_AGE_SECONDS, Access
-from nightcrew.web.app import DashboardContext
+from nightcrew.web.context import DashboardContext
 from nightcrew.web.throttle import FAILED_LOGIN_DELAY_SECONDS
 from tests.integration.web.test_dashboard_pages import TOKEN, client
 

@@ -19,7 +19,8 @@ from nightcrew.errors import ConfigError
 from nightcrew.http import create_app
 from nightcrew.metrics import Metrics
 from nightcrew.web.access import COOKIE, Access
-from nightcrew.web.app import DashboardContext, _safe_next
+from nightcrew.web.app import _safe_next
+from nightcrew.web.context import DashboardContext
 from tests.integration.web import seed
 
 PAGES = ["/", "/runs", "/deletions", "/overage", "/watchdogs", "/effects", "/news"]

@@ -34,7 +34,7 @@ from nightcrew.http import create_app
 from nightcrew.lifecycle.reconcile.core import FLAG_NAMES
 from nightcrew.metrics import Metrics
 from nightcrew.web.access import COOKIE, Access
-from nightcrew.web.app import DashboardContext
+from nightcrew.web.context import DashboardContext
 from nightcrew.web.data import RUN_STATUSES, encode_cursor
 from nightcrew.web.doors import SECURITY_HEADERS
 from nightcrew.web.throttle import SignInThrottle

@@ -20,17 +20,12 @@ import feedparser
 import pytest
 
 from nightcrew.adapters.addresses import AddressPolicy
+from nightcrew.adapters.parsers import PARSE_WORKERS, ParseOverBudget, ParserDied, ParserPool
 from nightcrew.clock import FrozenClock
 from nightcrew.news.steps import entries, fetch
 from nightcrew.news.steps.entries import ItemLimits, read_feed_body
 from nightcrew.news.steps.fetch import INLINE_PARSE_MAX_BYTES, FeedRules
-from nightcrew.news.steps.parse import (
-    PARSE_WORKERS,
-    ParseOverBudget,
-    ParserDied,
-    ParserPool,
-    parse_fast_only,
-)
+from nightcrew.news.steps.parse import parse_fast_only
 from tests.conftest import NOW, offline_runtime
 
 POLICY = AddressPolicy()
@@ -247,7 +242,7 @@ async def test_a_pool_never_used_starts_nothing_and_closes_at_once() -> None:
 _LEFT_OPEN = textwrap.dedent(
     """
     import asyncio, os
-    from nightcrew.news.steps.parse import ParserPool
+    from nightcrew.adapters.parsers import ParserPool
 
     async def main():
         pool = ParserPool()

@@ -147,8 +147,3 @@ def classify_key(key: str) -> ObjectKind:
     if parts[4] == "transcribe-prep":
         return "prep"
     return "audio"
-
-
-def podcast_of_key(key: str) -> str | None:
-    parts = key.split("/")
-    return parts[1] if len(parts) > 2 and parts[0] == "podcasts" else None

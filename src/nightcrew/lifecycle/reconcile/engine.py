@@ -43,10 +43,10 @@ from nightcrew.adapters.storage import ObjectStore, StoredObject
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database, QueryError, Tx
 from nightcrew.db.queries import load_queries
+from nightcrew.effects import feed_outbox
 from nightcrew.effects import outbox as effects_outbox
 from nightcrew.effects.deliver import drain
 from nightcrew.errors import ConfigError
-from nightcrew.lifecycle import outbox as feed_outbox
 from nightcrew.lifecycle.reconcile.core import (
     PREP_TTL_DAYS,
     SAMPLE_KEYS,

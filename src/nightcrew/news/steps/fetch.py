@@ -38,6 +38,7 @@ from nightcrew.adapters.addresses import (
     UntrustedHttp,
     system_resolver,
 )
+from nightcrew.adapters.parsers import ParserPool
 from nightcrew.config import Settings
 from nightcrew.errors import FetchError
 from nightcrew.log import describe_error
@@ -49,7 +50,7 @@ from nightcrew.news.steps.entries import (
     feed_read,
     read_feed_body,
 )
-from nightcrew.news.steps.parse import PARSE_BUDGET_SECONDS, ParserPool, parse_fast_only
+from nightcrew.news.steps.parse import PARSE_BUDGET_SECONDS, parse_fast_only
 
 MAX_FEED_BYTES = 5 * 1024 * 1024
 READ_TIMEOUT_SECONDS = 15.0

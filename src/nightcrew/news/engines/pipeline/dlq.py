@@ -14,12 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nightcrew.adapters.broker import STAGES, DeadLetter
+from nightcrew.adapters.broker import DeadLetter
 from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
 from nightcrew.log import event
 from nightcrew.news.engines.pipeline import outbox
 from nightcrew.runtime import Runtime
+from nightcrew.setting_parsers import STAGES
 
 SQL = load_queries(__file__)
 

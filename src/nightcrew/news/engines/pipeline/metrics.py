@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from nightcrew.adapters.broker import STAGES
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import NightcrewError
 from nightcrew.log import describe_error, warning
 from nightcrew.runtime import Runtime
+from nightcrew.setting_parsers import STAGES
 
 SQL = load_queries(__file__)
 

@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nightcrew.adapters.broker import STAGES, Delivery, Outgoing, parse_stage_prefetch
+from nightcrew.adapters.broker import Delivery, Outgoing
 from nightcrew.adapters.reviewer import CALL_SECONDS
 from nightcrew.clock import Clock
 from nightcrew.errors import DatabaseUnavailableError, NightcrewError, QueueError
@@ -55,6 +55,7 @@ from nightcrew.news.engines.pipeline.attempts import (
 )
 from nightcrew.news.engines.pipeline.heartbeat import Stopping
 from nightcrew.runtime import Runtime
+from nightcrew.setting_parsers import STAGES, parse_stage_prefetch
 
 HOUSEKEEPING_SECONDS = 5.0
 # One model call at most, its retries included (reviewer.CALL_SECONDS). A review in hand makes
