@@ -24,7 +24,7 @@ from bench._db import admin_url, drop, recreate
 from bench.reconcile import BASE, load_db
 from nightcrew.db.database import Database
 from nightcrew.lifecycle.reconcile.core import PREP_TTL_DAYS, public_prefix
-from nightcrew.lifecycle.reconcile.engine import SQL
+from nightcrew.lifecycle.reconcile.queries import SQL
 
 FILL = """
 INSERT INTO reconcile_objects (key, kind, size, last_modified)

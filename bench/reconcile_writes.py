@@ -9,7 +9,7 @@ guarded as the reconciler guards it (same audio_url, same recorded size):
 
 * ``per-row``: one transaction per row, as the apply path wrote them before;
 * ``unnest``: one ``UPDATE … FROM unnest(arrays)`` per batch, in its own transaction (what
-  engine.sql's write_sizes does), at several batch sizes;
+  queries.sql's write_sizes does), at several batch sizes;
 * ``values``: one ``UPDATE … FROM (VALUES (…), …)`` per batch, its text built per batch size;
 * ``copy``: per batch, COPY into a temp table (ON COMMIT DROP), then one UPDATE from it.
 

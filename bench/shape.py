@@ -5,9 +5,8 @@
 
 What is counted:
 
-- ``row["…"]`` subscripts: a string-keyed subscript of a name that holds a database row
-  (``row``, ``r``, ``found``, ``record``, or a name ending in ``_row``) — what a typed record
-  replaces;
+- ``row["…"]`` subscripts: a string-keyed subscript of ``row`` or of a name ending in
+  ``_row`` (a database row as a dict) — what a typed record replaces;
 - ``dict[str, Any]`` spelled in annotations and aliases;
 - modules over 600 lines, functions over 120 lines, functions with more than 6 parameters
   (``self`` and ``cls`` not counted).
@@ -22,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "nightcrew"
-ROW_NAMES = frozenset({"row", "r", "found", "record"})
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 120
 MAX_PARAMETERS = 6
@@ -39,7 +37,7 @@ class Shape:
 
 
 def _is_row(node: ast.expr) -> bool:
-    return isinstance(node, ast.Name) and (node.id in ROW_NAMES or node.id.endswith("_row"))
+    return isinstance(node, ast.Name) and (node.id == "row" or node.id.endswith("_row"))
 
 
 def measure(root: Path = SRC) -> Shape:

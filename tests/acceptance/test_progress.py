@@ -16,7 +16,8 @@ from nightcrew.adapters.storage import open_store
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
 from nightcrew.lifecycle.reconcile.core import ReconcileOptions
-from nightcrew.lifecycle.reconcile.engine import OVERLAP_PAGES, run_reconcile
+from nightcrew.lifecycle.reconcile.engine import run_reconcile
+from nightcrew.lifecycle.reconcile.listing import OVERLAP_PAGES
 from tests.acceptance.test_cli import _env, _nightcrew
 from tests.conftest import make_runtime
 

@@ -7,13 +7,9 @@ from typing import Any
 
 from nightcrew.clock import Clock
 from nightcrew.lifecycle.reconcile.core import SCHEDULED_OPTIONS
-from nightcrew.lifecycle.reconcile.engine import (
-    OutboxDrain,
-    ReconcileReport,
-    ReconcileUnavailable,
-    drain_feed_outbox,
-    run_reconcile,
-)
+from nightcrew.lifecycle.reconcile.engine import run_reconcile
+from nightcrew.lifecycle.reconcile.feed_drain import drain_feed_outbox
+from nightcrew.lifecycle.reconcile.records import OutboxDrain, ReconcileReport, ReconcileUnavailable
 from nightcrew.log import event, warning
 from nightcrew.reports import Failure
 from nightcrew.runtime import Runtime

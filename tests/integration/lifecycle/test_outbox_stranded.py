@@ -23,7 +23,7 @@ from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
 from nightcrew.effects import outbox as effects_outbox
 from nightcrew.effects.deliver import deliver_effects
-from nightcrew.lifecycle.reconcile import engine
+from nightcrew.lifecycle.reconcile import feed_drain
 from nightcrew.lifecycle.reconcile.engine import run_reconcile
 from nightcrew.runtime import Runtime
 from tests import factories as f
@@ -232,7 +232,7 @@ async def test_the_apply_run_pages_through_every_intent_past_one_statements_boun
         runtime = _runtime(db, clock, fresh_db_url, http, feed_server, open_store("memory://"))
         first = await run_reconcile(runtime, clock, APPLY)
         assert first.outbox is not None and first.outbox.dead == 3 and first.outbox.pending == 3
-        monkeypatch.setattr(engine, "OUTBOX_ADOPT_MAX", 1)
+        monkeypatch.setattr(feed_drain, "OUTBOX_ADOPT_MAX", 1)
         feed_server.status = 200
         feed_server.requests.clear()
         clock.advance(DAY)
@@ -263,7 +263,7 @@ async def test_what_the_apply_runs_drain_budget_leaves_is_due_for_the_minute_lan
         runtime = _runtime(db, clock, fresh_db_url, http, feed_server, open_store("memory://"))
         await run_reconcile(runtime, clock, APPLY)
         assert (await _effect(db, outbox_id))["dead_reason"] == "permanent"
-        monkeypatch.setattr(engine, "OUTBOX_DRAIN_BUDGET_SECONDS", 0.0)
+        monkeypatch.setattr(feed_drain, "OUTBOX_DRAIN_BUDGET_SECONDS", 0.0)
         feed_server.status = 200
         clock.advance(DAY)
         report = await run_reconcile(runtime, clock, APPLY)

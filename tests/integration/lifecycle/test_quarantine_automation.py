@@ -12,7 +12,8 @@ from typing import Any
 from nightcrew.adapters.storage import open_store
 from nightcrew.db.database import Database
 from nightcrew.lifecycle.reconcile.core import ReconcileOptions
-from nightcrew.lifecycle.reconcile.engine import quarantine_episode, run_reconcile
+from nightcrew.lifecycle.reconcile.engine import run_reconcile
+from nightcrew.lifecycle.reconcile.missing import quarantine_episode
 from tests import factories as f
 from tests.integration.lifecycle.test_reconcile import BASE, later, rt
 

@@ -18,7 +18,10 @@ from nightcrew.adapters.storage import ObjectStore, open_store
 from nightcrew.clock import FrozenClock, SystemClock
 from nightcrew.db.database import Database
 from nightcrew.lifecycle.reconcile.core import ReconcileOptions
-from nightcrew.lifecycle.reconcile.engine import SQL, OutboxDrain, quarantine_episode, run_reconcile
+from nightcrew.lifecycle.reconcile.engine import run_reconcile
+from nightcrew.lifecycle.reconcile.missing import quarantine_episode
+from nightcrew.lifecycle.reconcile.queries import SQL
+from nightcrew.lifecycle.reconcile.records import OutboxDrain
 from nightcrew.runtime import Runtime
 from tests import factories as f
 from tests.conftest import make_runtime

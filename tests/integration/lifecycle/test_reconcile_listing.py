@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 from nightcrew.adapters.storage import ObjectStore, StoredObject, open_store
 from nightcrew.db.database import Database
 from nightcrew.errors import StoreError
-from nightcrew.lifecycle.reconcile.engine import SQL, _load_listing, run_reconcile
+from nightcrew.lifecycle.reconcile.engine import run_reconcile
+from nightcrew.lifecycle.reconcile.listing import load_listing
+from nightcrew.lifecycle.reconcile.queries import SQL
 from tests.conftest import make_runtime
 from tests.integration.lifecycle.test_lanes import _snapshot
 from tests.integration.lifecycle.test_reconcile import APPLY, BASE, World, later
@@ -27,7 +29,7 @@ async def _partitioned(db: Database, store: ObjectStore, concurrency: int) -> li
         await conn.execute(SQL["drop_listing"])
         await conn.execute(SQL["create_listing"])
         try:
-            await _load_listing(conn, store, lambda phase, n: None, concurrency)
+            await load_listing(conn, store, lambda phase, n: None, concurrency)
             rows = await conn.fetch("SELECT key, size, kind FROM reconcile_objects ORDER BY key")
         finally:
             await conn.execute(SQL["drop_listing"])
@@ -148,7 +150,7 @@ def _runtime(db: Database, clock: Any, url: str, store: Any) -> Any:
 
 
 def test_the_default_concurrency_follows_the_store() -> None:
-    from nightcrew.lifecycle.reconcile.engine import list_concurrency
+    from nightcrew.lifecycle.reconcile.listing import list_concurrency
 
     local, remote = open_store("memory://"), open_store("memory://")
     remote.remote = True

@@ -14,7 +14,8 @@ import pytest
 from nightcrew.adapters.storage import ObjectStore
 from nightcrew.db.database import Database
 from nightcrew.lifecycle.reconcile.core import ReconcileOptions
-from nightcrew.lifecycle.reconcile.engine import SIZE_WRITE_BATCH, run_reconcile
+from nightcrew.lifecycle.reconcile.engine import run_reconcile
+from nightcrew.lifecycle.reconcile.sizes import SIZE_WRITE_BATCH
 from tests import factories as f
 from tests.conftest import real_store
 from tests.integration.lifecycle.test_reconcile import APPLY, BASE, World, later, rt
@@ -147,7 +148,7 @@ async def test_the_cap_bypass_writes_every_batch_in_one_transaction(
     db: Database, fresh_db_url: str, world_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # three batches of 2 in the bypass's one transaction, the refused row among them
-    monkeypatch.setattr("nightcrew.lifecycle.reconcile.engine.SIZE_WRITE_BATCH", 2)
+    monkeypatch.setattr("nightcrew.lifecycle.reconcile.sizes.SIZE_WRITE_BATCH", 2)
     capped = await _capped_podcast(db, world_store)
     await _capped_episode(capped, SECOND, 5000)
     w = await World(db, world_store).setup()
