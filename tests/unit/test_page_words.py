@@ -9,8 +9,8 @@ import pytest
 
 from nightcrew.lifecycle.lanes import DAILY, MINUTE, Lane
 from nightcrew.narrate import grouped, lane_sentences
-from nightcrew.web.app import count_label
-from nightcrew.web.data import RunDetail
+from nightcrew.web.pages.base import count_label
+from nightcrew.web.pages.runs import RunDetail
 
 
 @pytest.mark.parametrize(

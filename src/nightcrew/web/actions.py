@@ -28,12 +28,13 @@ from nightcrew.log import describe_error, error, warning
 from nightcrew.runs import LaneBusy
 from nightcrew.setting_parsers import STAGES
 from nightcrew.web.access import COOKIE, is_loopback, same_origin
-from nightcrew.web.csrf import CSRF_COOKIE, CSRF_FIELD, Csrf
+from nightcrew.web.csrf import CSRF_COOKIE, CSRF_FIELD
 from nightcrew.web.doors import SECURITY_HEADERS as HEADERS
 
 if TYPE_CHECKING:
     from nightcrew.runtime import Runtime
     from nightcrew.web.context import DashboardContext
+    from nightcrew.web.pages.base import Pages
 
 MAX_ACTION_BODY = 4096
 MAX_ACTION_FIELDS = 8
@@ -41,7 +42,6 @@ MAX_ACTION_FIELDS = 8
 # the background (a daily run takes minutes), and the page links to it.
 RUN_START_WAIT_SECONDS = 30.0
 
-Render = Callable[..., Response]
 Form = dict[str, str]
 
 
@@ -83,13 +83,9 @@ async def news_lanes(ctx: DashboardContext) -> list[str]:
     return [f"news:{s}" for s in sorted(shards)]
 
 
-Page = Callable[
-    [Callable[[Request], Awaitable[Response]]], Callable[[Request], Awaitable[Response]]
-]
-
-
-def action_routes(ctx: DashboardContext, csrf: Csrf, render: Render, page: Page) -> list[BaseRoute]:
-    """The action routes; ``page`` guards the GET among them like every page."""
+def action_routes(pages: Pages) -> list[BaseRoute]:
+    """The action routes; the GET among them is guarded like every page."""
+    ctx, csrf, render, page = pages.ctx, pages.csrf, pages.render, pages.guard
     background: set[asyncio.Task[Any]] = set()
 
     def may_act(request: Request) -> str | None:

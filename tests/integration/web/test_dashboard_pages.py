@@ -19,8 +19,8 @@ from nightcrew.errors import ConfigError
 from nightcrew.http import create_app
 from nightcrew.metrics import Metrics
 from nightcrew.web.access import COOKIE, Access
-from nightcrew.web.app import _safe_next
 from nightcrew.web.context import DashboardContext
+from nightcrew.web.pages.sign_in import safe_next
 from tests.integration.web import seed
 
 PAGES = ["/", "/runs", "/deletions", "/overage", "/watchdogs", "/effects", "/news"]
@@ -238,9 +238,9 @@ async def test_sign_in_with_the_token_keeps_a_strict_http_only_cookie(
 
 
 def test_sign_in_redirects_only_within_the_site() -> None:
-    assert _safe_next("/runs?lane=daily") == "/runs?lane=daily"
+    assert safe_next("/runs?lane=daily") == "/runs?lane=daily"
     for target in ("//attacker.example/", "https://attacker.example/", "/\\attacker", "", None):
-        assert _safe_next(target) == "/"
+        assert safe_next(target) == "/"
 
 
 async def test_a_database_that_is_gone_is_a_503_page_not_a_traceback(

@@ -1,0 +1,118 @@
+"""Deletions: every hard delete, newest first, and the ones with storage left to clean."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from nightcrew.db.database import Database
+from nightcrew.db.queries import load_queries
+from nightcrew.web.pages.base import (
+    FAR_FUTURE,
+    MAX_UUID,
+    PAGE_SIZE,
+    BadRequest,
+    Pages,
+    count_of,
+    decode_cursor,
+    encode_cursor,
+)
+
+if TYPE_CHECKING:
+    pass
+
+SQL = load_queries(__file__)
+
+
+# --- deletions -------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Deletion:
+    podcast_id: str
+    slug: str
+    deleted_at: datetime
+    storage_cleaned_at: datetime | None
+    invalidated_at: datetime | None
+    objects_deleted: int
+    bytes_deleted: int
+    objects_left: int | None
+    attempts: int
+    last_error: str | None
+
+    @property
+    def finished(self) -> bool:
+        return self.storage_cleaned_at is not None and self.invalidated_at is not None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Deletion:
+        return cls(
+            podcast_id=str(row["podcast_id"]),
+            slug=row["slug"],
+            deleted_at=row["deleted_at"],
+            storage_cleaned_at=row["storage_cleaned_at"],
+            invalidated_at=row["invalidated_at"],
+            objects_deleted=row["objects_deleted"],
+            bytes_deleted=row["bytes_deleted"],
+            objects_left=row["objects_left"],
+            attempts=row["attempts"],
+            last_error=row["last_error"],
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeletionsView:
+    unfinished: list[Deletion]  # the oldest 100
+    unfinished_count: int
+    page: list[Deletion]
+    older: str | None
+    recent_podcasts: int
+    recent_objects: int
+    recent_bytes: int
+
+
+async def deletions(
+    db: Database, now: datetime, before: str | None, *, limit: int = PAGE_SIZE
+) -> DeletionsView:
+    before_at, before_id = FAR_FUTURE, MAX_UUID
+    if before:
+        before_at, before_id = decode_cursor(before)
+        try:
+            before_id = str(uuid.UUID(before_id))
+        except ValueError:
+            raise BadRequest("before: not a cursor this page made") from None
+    unfinished = await db.fetch(SQL["deletions_unfinished"], {"limit": 100})
+    unfinished_count = await db.fetch_one(SQL["deletions_unfinished_count"])
+    rows = await db.fetch(
+        SQL["deletions_page"],
+        {"before_at": before_at, "before_id": before_id, "limit": limit + 1},
+    )
+    page = [Deletion.from_row(r) for r in rows[:limit]]
+    totals = await db.fetch_one(SQL["deletions_recent_totals"], {"since": now - timedelta(30)})
+    older = encode_cursor(page[-1].deleted_at, page[-1].podcast_id) if len(rows) > limit else None
+    return DeletionsView(
+        unfinished=[Deletion.from_row(r) for r in unfinished],
+        unfinished_count=count_of(unfinished_count, "n"),
+        page=page,
+        older=older,
+        recent_podcasts=count_of(totals, "podcasts"),
+        recent_objects=count_of(totals, "objects"),
+        recent_bytes=count_of(totals, "bytes"),
+    )
+
+
+async def show(pages: Pages, request: Request) -> Response:
+    view = await deletions(
+        pages.ctx.db, pages.ctx.clock.now(), request.query_params.get("before") or None
+    )
+    return pages.render(
+        request,
+        "deletions.html",
+        title="Deletions",
+        view=view,
+        older_query=urlencode({"before": view.older}) if view.older else None,
+    )

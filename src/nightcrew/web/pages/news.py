@@ -1,0 +1,221 @@
+"""The news worker: each shard's recent runs, parked and refused sources, dead letters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from nightcrew import actions as operator_actions
+from nightcrew import narrate
+from nightcrew.db.database import Database
+from nightcrew.db.queries import load_queries
+from nightcrew.errors import NightcrewError
+from nightcrew.log import describe_error
+from nightcrew.setting_parsers import STAGES
+from nightcrew.web.charts import Bar, bar_chart
+from nightcrew.web.pages.base import (
+    Pages,
+    count_of,
+    finite_ms,
+)
+
+if TYPE_CHECKING:
+    from nightcrew.runtime import Runtime
+
+SQL = load_queries(__file__)
+
+NEWS_ACTIONS = (
+    "news.dlq_replay",
+    "news.dlq_purge",
+    "news.source_enable",
+    "news.source_disable",
+    "runs.run_now",
+)
+
+
+# --- news ------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class ShardNews:
+    shard: str
+    latest_at: datetime | None
+    latest_trigger: str | None
+    latest: dict[str, Any]
+    series: list[dict[str, Any]]  # oldest first: started_at, queued, deferred, processed
+    recent: list[dict[str, Any]] = field(default_factory=list)  # newest first, with counts
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewsView:
+    shards: list[ShardNews]
+    parked: list[dict[str, Any]]  # the newest 100
+    parked_count: int
+    sources: int
+    active: int
+    refused: list[dict[str, Any]] = field(default_factory=list)  # for their address, not parked
+
+
+async def news(db: Database, *, points: int = 48) -> NewsView:
+    shards = [r["shard"] for r in await db.fetch(SQL["news_shards"])]
+    latest = {r["shard"]: r for r in await db.fetch(SQL["news_latest"], {"shards": shards})}
+    series: dict[str, list[dict[str, Any]]] = {}
+    for r in await db.fetch(SQL["news_series"], {"shards": shards, "points": points}):
+        series.setdefault(r["shard"], []).append(r)
+    recent: dict[str, list[dict[str, Any]]] = {}
+    for r in await db.fetch(SQL["news_recent_runs"], {"shards": shards, "limit": RECENT_RUNS}):
+        recent.setdefault(r["shard"], []).append(_recent_run(r))
+    counts = await db.fetch_one(SQL["news_source_counts"])
+    return NewsView(
+        shards=[
+            ShardNews(
+                shard=s,
+                latest_at=latest[s]["started_at"] if s in latest else None,
+                latest_trigger=latest[s]["trigger"] if s in latest else None,
+                latest=latest[s]["report"] if s in latest else {},
+                series=series.get(s, []),
+                recent=recent.get(s, []),
+            )
+            for s in shards
+        ],
+        parked=await db.fetch(SQL["news_parked"], {"limit": 100}),
+        refused=await db.fetch(SQL["news_address_refused"], {"limit": 100}),
+        parked_count=count_of(counts, "parked"),
+        sources=count_of(counts, "sources"),
+        active=count_of(counts, "active"),
+    )
+
+
+RECENT_RUNS = 10
+_RUN_COUNTS = (
+    ("queuedCount", "queued"),
+    ("processedCount", "written"),
+    ("acceptedCount", "accepted"),
+    ("rejectedCount", "rejected"),
+    ("deferredCount", "deferred"),
+)
+
+
+_DONE_COUNTS = ("processedCount", "acceptedCount", "rejectedCount")
+
+
+def _recent_run(row: dict[str, Any]) -> dict[str, Any]:
+    """One of a shard's recent runs, read defensively (a report is stored JSON)."""
+    report = row["report"] if isinstance(row["report"], dict) else {}
+    # a pipeline pass writes nothing itself: what was written, its workers' since the last one
+    workers = report.get("workers")
+    done: dict[str, Any] = workers if isinstance(workers, dict) else report
+    errors = report.get("fetchErrors")
+    return {
+        "started_at": row["started_at"],
+        "trigger": row["trigger"],
+        "status": report.get("status") or ("skipped" if report.get("skipped") else "completed"),
+        "counts": {
+            label: int(v)
+            for key, label in _RUN_COUNTS
+            if isinstance(v := (done if key in _DONE_COUNTS else report).get(key), int)
+            and not isinstance(v, bool)
+        },
+        "fetch_errors": len(errors) if isinstance(errors, list) else 0,
+        "duration_ms": finite_ms(report.get("durationMs")),
+    }
+
+
+def refusal_hints(sources: list[dict[str, Any]], allowed_private_hosts: str) -> dict[int, str]:
+    """For each source a run refuses (or refused) for its feed's address: what lets it be
+    fetched, and that enabling it frees it now (else it waits for its next check)."""
+    from nightcrew.news.sources.registry import refusal_hint
+
+    hints: dict[int, str] = {}
+    for source in sources:
+        found = refusal_hint([str(source["feed_url"])], allowed_private_hosts)
+        error = str(source.get("last_error") or "")
+        if found:
+            hints[int(source["id"])] = f"{found[0]}. Enable frees it at once after that."
+        elif _ADDRESS_REFUSED in error or "internal name" in error or "non-public" in error:
+            hints[int(source["id"])] = (
+                "Refused for its address by an earlier run; NEWS_ALLOWED_PRIVATE_HOSTS now "
+                "allows it (or its address changed): Enable fetches it on the next run."
+            )
+    return hints
+
+
+_ADDRESS_REFUSED = "is not a public address"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeadLetters:
+    """The RabbitMQ pipeline's dead letters, the first few of each stage."""
+
+    letters: dict[str, list[dict[str, Any]]]  # stage → letters
+    counts: dict[str, int]  # stage → letters waiting
+    problem: str | None = None  # RabbitMQ could not be read: said, not a failed page
+
+
+LETTERS_SHOWN = 50
+
+
+async def dead_letters(runtime: Runtime | None) -> DeadLetters | None:
+    """None when this process has no pipeline (NEWS_PIPELINE=inline): nothing to show."""
+    if runtime is None or runtime.settings.news_pipeline != "rabbitmq":
+        return None
+    from nightcrew.news.engines.pipeline import dlq, outbox
+
+    letters: dict[str, list[dict[str, Any]]] = {}
+    counts: dict[str, int] = {}
+    try:
+        broker = outbox.broker_of(runtime)
+        for stage in STAGES:
+            counts[stage] = await broker.ready(stage, dlq=True)
+            if counts[stage]:
+                letters[stage] = [
+                    {
+                        "id": x.message_id,
+                        "stage": x.stage,
+                        "deliveries": x.deliveries,
+                        "error": x.error,
+                        "what": str(x.body.get("url") or f"source {x.body.get('source_id', '?')}"),
+                    }
+                    for x in await dlq.list_dead(runtime, stage, limit=LETTERS_SHOWN)
+                ]
+    except NightcrewError as exc:
+        return DeadLetters(letters=letters, counts=counts, problem=describe_error(exc))
+    return DeadLetters(letters=letters, counts=counts)
+
+
+async def show(pages: Pages, request: Request) -> Response:
+    view = await news(pages.ctx.db)
+    charts = {
+        s.shard: bar_chart(
+            [
+                Bar(
+                    label="",
+                    value=int(p["queued"]) + int(p["deferred"]),
+                    tip=f"{p['started_at'].astimezone(UTC):%Y-%m-%d %H:%M} — "
+                    f"{p['queued']} queued, {p['deferred']} deferred",
+                )
+                for p in s.series
+            ],
+            title=f"Stories queued and deferred per run, shard {s.shard}",
+            height=90,
+        )
+        for s in view.shards
+    }
+    letters = await dead_letters(pages.ctx.runtime)
+    return pages.render(
+        request,
+        "news.html",
+        title="News",
+        view=view,
+        charts=charts,
+        sentences={s.shard: narrate.news_sentences(s.latest) for s in view.shards},
+        letters=letters,
+        refusal_hints=refusal_hints(
+            view.parked,
+            pages.ctx.runtime.settings.news_allowed_private_hosts if pages.ctx.runtime else "",
+        ),
+        recent_actions=await operator_actions.recent(pages.ctx.db, actions=NEWS_ACTIONS),
+        live=True,
+    )

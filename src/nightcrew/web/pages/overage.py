@@ -1,0 +1,135 @@
+"""The overage escalation: the accounts on the 30-day clock, suspended feeds, restorations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from nightcrew.db.database import Database
+from nightcrew.db.queries import load_queries
+from nightcrew.lifecycle import overage as overage_rules
+from nightcrew.web.pages.base import (
+    Pages,
+    count_of,
+)
+
+if TYPE_CHECKING:
+    pass
+
+SQL = load_queries(__file__)
+
+
+# --- overage ---------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class SuspendedFeed:
+    slug: str
+    title: str
+    suspended_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverageAccount:
+    id: str
+    owner_email: str | None
+    since: datetime
+    deadline: datetime | None
+    stage: int | None  # -1 armed, 0-3 warnings sent, 4 suspended
+    last_nag_at: datetime | None
+    podcasts: int
+    podcast_cap: int | None
+    bytes: int
+    storage_cap_gb: float | None
+    suspended: list[SuspendedFeed] = field(default_factory=list)
+
+    def days_left(self, now: datetime) -> int | None:
+        if self.deadline is None:
+            return None
+        return max(0, (self.deadline - now).days)
+
+    @property
+    def podcasts_over(self) -> int:
+        if self.podcast_cap is None:
+            return 0
+        return max(0, self.podcasts - int(self.podcast_cap))
+
+    @property
+    def bytes_over(self) -> int:
+        if self.storage_cap_gb is None:
+            return 0
+        return max(0, self.bytes - int(float(self.storage_cap_gb) * 1_000_000_000))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Restoration:
+    run_id: int
+    at: datetime
+    account_id: str
+    since: str | None
+    podcasts: list[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverageView:
+    accounts: list[OverageAccount]  # soonest deadline first, at most 200
+    on_clock: int
+    restored: list[Restoration]
+
+
+async def overage(db: Database, now: datetime, *, limit: int = 200) -> OverageView:
+    rows = await db.fetch(SQL["overage_clocks"], {"now": now, "limit": limit})
+    feeds: dict[str, list[SuspendedFeed]] = {}
+    if rows:
+        for f in await db.fetch(SQL["suspended_feeds"], {"accounts": [r["id"] for r in rows]}):
+            feeds.setdefault(str(f["account_id"]), []).append(
+                SuspendedFeed(
+                    slug=f["slug"], title=f["title"], suspended_at=f["overage_suspended_at"]
+                )
+            )
+    accounts = [
+        OverageAccount(
+            id=str(r["id"]),
+            owner_email=r["owner_email"],
+            since=r["since"],
+            deadline=r["deadline"],
+            stage=r["stage"],
+            last_nag_at=r["last_nag_at"],
+            podcasts=int(r["podcasts"]),
+            podcast_cap=None if r["podcast_cap"] is None else int(r["podcast_cap"]),
+            bytes=int(r["bytes"] or 0),
+            storage_cap_gb=None if r["storage_cap_gb"] is None else float(r["storage_cap_gb"]),
+            suspended=feeds.get(str(r["id"]), []),
+        )
+        for r in rows
+    ]
+    restored = [
+        Restoration(
+            run_id=r["run_id"],
+            at=r["started_at"],
+            account_id=str(r["account_id"]),
+            since=r["since"],
+            podcasts=[str(p) for p in (r["podcasts"] or [])],
+        )
+        for r in await db.fetch(
+            SQL["overage_restored"],
+            {"since": now - timedelta(days=30), "until": now + timedelta(days=1), "limit": 200},
+        )
+    ]
+    on_clock = await db.fetch_one(SQL["overage_clock_count"])
+    return OverageView(accounts=accounts, on_clock=count_of(on_clock, "n"), restored=restored)
+
+
+async def show(pages: Pages, request: Request) -> Response:
+    now = pages.ctx.clock.now()
+    return pages.render(
+        request,
+        "overage.html",
+        title="Overage",
+        view=await overage(pages.ctx.db, now),
+        grace_days=overage_rules.OVERAGE_GRACE_DAYS,
+        nag_days=overage_rules.NAG_STAGE_DAYS,
+        notice_days=overage_rules.SUSPEND_NOTICE_DAYS,
+    )

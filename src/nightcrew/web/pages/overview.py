@@ -1,0 +1,92 @@
+"""The overview: each lane's latest run, the schedules, and the counts every page refreshes
+without a reload (``/live.json``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from nightcrew.db.database import Database
+from nightcrew.effects import outbox as effects_outbox
+from nightcrew.web.doors import SECURITY_HEADERS as HEADERS
+from nightcrew.web.pages import deletions, news, overage, runs
+from nightcrew.web.pages.base import (
+    Pages,
+    count_of,
+)
+
+if TYPE_CHECKING:
+    pass
+
+
+# --- the overview's counts -------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Counts:
+    effects_pending: int
+    effects_dead: int
+    deletion_leftovers: int
+    on_clock: int
+    parked: int
+
+
+async def counts(db: Database) -> Counts:
+    owed = await effects_outbox.counts(db)
+    leftovers = await db.fetch_one(deletions.SQL["deletions_unfinished_count"])
+    on_clock = await db.fetch_one(overage.SQL["overage_clock_count"])
+    sources = await db.fetch_one(news.SQL["news_source_counts"])
+    return Counts(
+        effects_pending=sum(k["pending"] for k in owed.values()),
+        effects_dead=sum(k["dead"] for k in owed.values()),
+        deletion_leftovers=count_of(leftovers, "n"),
+        on_clock=count_of(on_clock, "n"),
+        parked=count_of(sources, "parked"),
+    )
+
+
+async def live_values(db: Database) -> dict[str, int]:
+    """The counts the pages refresh without a reload, by their ``data-live`` keys."""
+    owed = await effects_outbox.counts(db)
+    overview = await counts(db)
+    sources = await db.fetch_one(news.SQL["news_source_counts"])
+    values = {
+        "effects.pending": overview.effects_pending,
+        "effects.dead": overview.effects_dead,
+        "deletions.leftovers": overview.deletion_leftovers,
+        "overage.on_clock": overview.on_clock,
+        "news.parked": overview.parked,
+        "news.sources": count_of(sources, "sources"),
+        "news.active": count_of(sources, "active"),
+    }
+    for kind, c in owed.items():
+        values[f"effects.{kind}.pending"] = c["pending"]
+        values[f"effects.{kind}.dead"] = c["dead"]
+    return values
+
+
+async def show(pages: Pages, request: Request) -> Response:
+    # A database that is gone is the guard's 503 page, like every other page's.
+    return pages.render(
+        request,
+        "overview.html",
+        title="Overview",
+        lanes=await runs.latest_per_lane(pages.ctx.db),
+        schedules=pages.ctx.schedules() if pages.ctx.schedules else None,
+        counts=await counts(pages.ctx.db),
+        live=True,
+    )
+
+
+async def live(pages: Pages, request: Request) -> Response:
+    # What static/live.js writes into the pages' counts (their data-live keys).
+    read_at = pages.ctx.clock.now().astimezone(UTC)
+    body = {
+        "read_at": read_at.isoformat(),
+        "read_at_text": read_at.strftime("%H:%M:%S"),
+        "values": await live_values(pages.ctx.db),
+    }
+    return Response(json.dumps(body) + "\n", media_type="application/json", headers=HEADERS)

@@ -1,0 +1,398 @@
+"""The run history: the list (filtered, keyset-paginated), one run in words, its stored JSON."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from nightcrew import actions as operator_actions
+from nightcrew import narrate
+from nightcrew.db.database import Database
+from nightcrew.db.queries import load_queries
+from nightcrew.lifecycle.lanes import LANES
+from nightcrew.web import actions as action_doors
+from nightcrew.web.doors import SECURITY_HEADERS as HEADERS
+from nightcrew.web.pages.base import (
+    FAR_FUTURE,
+    FAR_PAST,
+    MAX_ID,
+    PAGE_SIZE,
+    BadRequest,
+    Pages,
+    decode_cursor,
+    encode_cursor,
+    finite_ms,
+    pretty,
+)
+
+if TYPE_CHECKING:
+    pass
+
+SQL = load_queries(__file__)
+
+RUN_STATUSES = ("running", "completed", "failed", "abandoned", "skipped")
+LANE_NAMES = ("daily", "minute")
+RUN_ACTIONS = ("runs.run_now",)
+
+
+# Fixed SQL fragments for the run filters; the values travel as parameters.
+_LANE = "AND r.lane = %(lane)s"
+_STATUS = "AND r.status = %(status)s"
+_SKIPPED = "AND r.status = 'completed' AND (r.report ->> 'skipped') = 'true'"
+_NOT_SKIPPED = "AND (r.report ->> 'skipped') IS DISTINCT FROM 'true'"
+
+
+# --- runs ------------------------------------------------------------------------------------
+def run_id(text: str) -> int | None:
+    """A run id from a path or a cursor: digits within bigint, else None (a 404 or a 400, never
+    a table scan)."""
+    if not text.isdigit() or len(text) > 19 or int(text) > MAX_ID:
+        return None
+    return int(text)
+
+
+def _run_cursor(text: str) -> tuple[datetime, int]:
+    """The (started_at, id) a runs page's "older" link carries."""
+    at, key = decode_cursor(text)
+    if (found := run_id(key)) is None:
+        raise BadRequest("before: not a cursor this page made")
+    return at, found
+
+
+def _shown_status(status: str, skipped: bool | None) -> str:
+    """A completed run whose report says it was skipped (a shard another worker held) shows
+    as skipped."""
+    return "skipped" if status == "completed" and skipped else status
+
+
+def _duration(
+    measured_ms: float | None, started_at: datetime, finished_at: datetime | None
+) -> timedelta | None:
+    """As the run measured it (a --now run's clock stands still), else from its row."""
+    if measured_ms is not None:
+        return timedelta(milliseconds=measured_ms)
+    return finished_at - started_at if finished_at else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunFilter:
+    lane: str | None = None
+    status: str | None = None
+    day: date | None = None
+    before: str | None = None  # a cursor
+
+    @classmethod
+    def parse(cls, params: dict[str, str]) -> RunFilter:
+        lane = params.get("lane") or None
+        if lane is not None and (len(lane) > 200 or not lane.isprintable()):
+            raise BadRequest("lane: not a lane name")
+        status = params.get("status") or None
+        if status is not None and status not in RUN_STATUSES:
+            raise BadRequest(f"status: one of {', '.join(RUN_STATUSES)}")
+        day = None
+        if text := params.get("date"):
+            try:
+                day = date.fromisoformat(text)
+            except ValueError:
+                raise BadRequest("date: a day as YYYY-MM-DD") from None
+            if not date(1970, 1, 1) <= day < date(9999, 1, 1):
+                raise BadRequest("date: a day between 1970 and 9998")
+        before = params.get("before") or None
+        if before is not None:
+            _run_cursor(before)
+        return cls(lane=lane, status=status, day=day, before=before)
+
+    def query(self, **changes: Any) -> dict[str, str]:
+        """These filters as query parameters (for links), with ``changes`` applied."""
+        values = {
+            "lane": self.lane,
+            "status": self.status,
+            "date": self.day.isoformat() if self.day else None,
+            "before": self.before,
+            **changes,
+        }
+        return {k: str(v) for k, v in values.items() if v}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRow:
+    id: int
+    lane: str
+    trigger: str
+    slot: datetime | None
+    started_at: datetime
+    finished_at: datetime | None
+    status: str  # running / completed / failed / abandoned / skipped
+    attempts: int
+    error: str | None
+    failures: int
+    headline: dict[str, Any]
+    duration_ms: float | None
+    requested_by: str | None = None  # an operator's manual run: "dashboard ADDRESS", "cli"
+
+    @property
+    def duration(self) -> timedelta | None:
+        return _duration(self.duration_ms, self.started_at, self.finished_at)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> RunRow:
+        return cls(
+            id=row["id"],
+            lane=row["lane"],
+            trigger=row["trigger"],
+            slot=row["slot"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+            status=_shown_status(row["status"], row["skipped"]),
+            attempts=row["attempts"],
+            error=row["error"],
+            failures=row["failures"] or 0,
+            headline=dict(row["headline"] or {}),
+            duration_ms=finite_ms(row["duration_ms"]),
+            requested_by=row.get("requested_by"),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunPage:
+    rows: list[RunRow]
+    older: str | None  # the cursor of the next (older) page, if any
+
+
+async def runs_page(db: Database, wanted: RunFilter, *, limit: int = PAGE_SIZE) -> RunPage:
+    filters: list[str] = []
+    if wanted.lane:
+        filters.append(_LANE)
+    if wanted.status == "skipped":
+        filters.append(_SKIPPED)
+    elif wanted.status:
+        filters.append(_STATUS)
+        if wanted.status == "completed":
+            filters.append(_NOT_SKIPPED)
+    since = FAR_PAST
+    before_at, before_id = FAR_FUTURE, MAX_ID
+    if wanted.before:
+        before_at, before_id = _run_cursor(wanted.before)
+    if wanted.day:
+        since = datetime.combine(wanted.day, time(), UTC)
+        until = since + timedelta(days=1)
+        if until <= before_at:  # the day's end is the nearer bound: (until, 0) is "< until"
+            before_at, before_id = until, 0
+    query = SQL["runs_page"].replace("/*filters*/", "\n   ".join(filters))
+    rows = await db.fetch(
+        query,
+        {
+            "lane": wanted.lane,
+            "status": "completed" if wanted.status == "skipped" else wanted.status,
+            "since": since,
+            "before_at": before_at,
+            "before_id": before_id,
+            "limit": limit + 1,
+        },
+    )
+    records = [RunRow.from_row(r) for r in rows[:limit]]
+    older = encode_cursor(records[-1].started_at, records[-1].id) if len(rows) > limit else None
+    return RunPage(rows=records, older=older)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRow:
+    """One job of a lane run's report, read defensively (reports are stored JSON)."""
+
+    name: str
+    status: str
+    duration_ms: float | None
+    detail: str | None  # why it was skipped, or its error
+    counts: dict[str, int | float]
+
+    @classmethod
+    def from_report(cls, name: str, job: object) -> JobRow:
+        body = job if isinstance(job, dict) else {}
+        status = body.get("status") if isinstance(body.get("status"), str) else "ok"
+        detail = body.get("error") or body.get("skipped")
+        counts = {
+            k: v
+            for k, v in sorted(body.items())
+            if isinstance(v, int | float) and not isinstance(v, bool) and v and k != "duration_ms"
+        }
+        return cls(
+            name=str(name),
+            status=str(status),
+            duration_ms=finite_ms(body.get("duration_ms")),
+            detail=str(detail) if detail else None,
+            counts=counts,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunDetail:
+    id: int
+    lane: str
+    trigger: str
+    slot: datetime | None
+    started_at: datetime
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+    status: str
+    attempts: int
+    report: dict[str, Any]  # {} when what is stored is not an object
+    raw: Any  # what is stored, for the JSON view
+    requested_by: str | None = None
+
+    @property
+    def duration(self) -> timedelta | None:
+        measured = finite_ms(self.report.get("duration_ms", self.report.get("durationMs")))
+        return _duration(measured, self.started_at, self.finished_at)
+
+    @property
+    def jobs(self) -> list[JobRow]:
+        jobs = self.report.get("jobs")
+        if not isinstance(jobs, dict):
+            return []
+        # the lane's own order (stored JSON keeps none: jsonb orders keys by length)
+        lane = LANES.get(self.lane)
+        order = {job.name: n for n, job in enumerate(lane.jobs)} if lane else {}
+        rows = [JobRow.from_report(name, job) for name, job in jobs.items()]
+        return sorted(rows, key=lambda r: (order.get(r.name, len(order)), r.name))
+
+
+async def run_detail(db: Database, run_id: int) -> RunDetail | None:
+    row = await db.fetch_one(SQL["run"], {"id": run_id})
+    if row is None:
+        return None
+    report = row["report"] if isinstance(row["report"], dict) else {}
+    return RunDetail(
+        id=row["id"],
+        lane=row["lane"],
+        trigger=row["trigger"],
+        slot=row["slot"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        heartbeat_at=row["heartbeat_at"],
+        status=_shown_status(row["status"], report.get("skipped") is True),
+        attempts=row["attempts"],
+        report=report,
+        raw=row["report"],
+        requested_by=row.get("requested_by"),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaneState:
+    lane: str
+    last_id: int
+    last_status: str
+    last_started_at: datetime
+    last_completed_at: datetime | None
+
+
+async def latest_per_lane(db: Database) -> list[LaneState]:
+    return [
+        LaneState(
+            lane=r["lane"],
+            last_id=r["id"],
+            last_status=_shown_status(r["status"], r["skipped"]),
+            last_started_at=r["started_at"],
+            last_completed_at=r["last_completed_at"],
+        )
+        for r in await db.fetch(SQL["latest_per_lane"])
+    ]
+
+
+_MAX_NAMED = 500
+
+
+def _ids_in(value: Any, found: set[str]) -> None:
+    """Every UUID a stored report names (podcast_id fields, import_ids, job_ids, …)."""
+    if isinstance(value, dict):
+        for item in value.values():
+            _ids_in(item, found)
+    elif isinstance(value, list):
+        for item in value:
+            _ids_in(item, found)
+    elif isinstance(value, str) and len(value) == 36 and len(found) < _MAX_NAMED:
+        try:
+            found.add(str(uuid.UUID(value)))
+        except ValueError:
+            pass
+
+
+async def run_names(db: Database, report: dict[str, Any]) -> dict[str, str]:
+    """Names for the ids a run's report carries: titles while the rows exist (a deleted
+    podcast is named by the slug its report kept)."""
+    ids: set[str] = set()
+    _ids_in(report, ids)
+    if not ids:
+        return {}
+    names: dict[str, str] = {}
+    for row in await db.fetch(SQL["run_names"], {"ids": sorted(ids)}):
+        title = f"“{row['title']}”" if row["title"] else str(row["id"])[:8]
+        names[row["id"]] = {
+            "podcast": title,
+            "import": f"the import preview of {title}",
+            "media_job": f"a media job on {title}",
+        }[row["kind"]]
+    return names
+
+
+async def listing(pages: Pages, request: Request) -> Response:
+    wanted = RunFilter.parse(dict(request.query_params))
+    # every lane with a run, and every one that can have one (a shard not run yet)
+    runnable = [*LANE_NAMES, *await action_doors.news_lanes(pages.ctx)]
+    lanes = sorted({*runnable, *(lane.lane for lane in await latest_per_lane(pages.ctx.db))})
+    if wanted.lane is not None and wanted.lane not in lanes:
+        raise BadRequest(f"lane: no lane {wanted.lane!r} here; the lanes are {', '.join(lanes)}")
+    result = await runs_page(pages.ctx.db, wanted)
+    return pages.render(
+        request,
+        "runs.html",
+        title="Runs",
+        wanted=wanted,
+        page=result,
+        lanes=lanes,
+        runnable=runnable,
+        recent_actions=await operator_actions.recent(pages.ctx.db, actions=RUN_ACTIONS),
+        statuses=RUN_STATUSES,
+        older_query=urlencode(wanted.query(before=result.older)) if result.older else None,
+        newest_query=urlencode(wanted.query(before=None)),
+    )
+
+
+async def one(pages: Pages, request: Request) -> Response:
+    wanted = run_id(request.path_params["run_id"])
+    detail = None if wanted is None else await run_detail(pages.ctx.db, wanted)
+    if detail is None:
+        return pages.render(request, "error.html", 404, title="Not found", problem="no such run")
+    names = await run_names(pages.ctx.db, detail.report)
+
+    def name(row_id: str, item: Any) -> str:
+        # by title, as the CLI says them; a deleted podcast by its slug, else its id
+        return names.get(row_id) or narrate.short_name(row_id, item)
+
+    return pages.render(
+        request,
+        "run.html",
+        title=f"Run {detail.id}",
+        run=detail,
+        sentences=narrate.lane_sentences(detail.lane, detail.report, name),
+    )
+
+
+async def report_json(pages: Pages, request: Request) -> Response:
+    wanted = run_id(request.path_params["run_id"])
+    detail = None if wanted is None else await run_detail(pages.ctx.db, wanted)
+    if detail is None:
+        return Response(
+            '{"error": "no such run"}\n', 404, media_type="application/json", headers=HEADERS
+        )
+    return Response(
+        pretty(detail.raw) + "\n",
+        media_type="application/json",
+        headers={**HEADERS, "Content-Disposition": f'inline; filename="run-{detail.id}.json"'},
+    )

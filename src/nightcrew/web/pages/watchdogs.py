@@ -1,0 +1,91 @@
+"""The minute lane's watchdogs: messages re-sent and rows rescued, hour by hour."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from nightcrew.db.database import Database
+from nightcrew.db.queries import load_queries
+from nightcrew.web.charts import Bar, bar_chart
+from nightcrew.web.pages.base import (
+    Pages,
+)
+
+if TYPE_CHECKING:
+    pass
+
+SQL = load_queries(__file__)
+
+
+# --- watchdogs -------------------------------------------------------------------------------
+WATCHDOG_COUNTS = (
+    "items_requeued",
+    "links_requeued",
+    "previews_canceled",
+    "media_jobs_flagged",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WatchdogHour:
+    hour: datetime
+    runs: int
+    counts: dict[str, int]
+
+    @property
+    def resent(self) -> int:
+        return self.counts.get("items_requeued", 0) + self.counts.get("links_requeued", 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WatchdogsView:
+    since: datetime
+    hours: list[WatchdogHour]  # every hour of the window, zeros included
+    rescues: list[dict[str, Any]]
+
+    def total(self, key: str) -> int:
+        return sum(h.counts.get(key, 0) for h in self.hours)
+
+
+async def watchdogs(db: Database, now: datetime) -> WatchdogsView:
+    end = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    since = end - timedelta(hours=24)
+    params = {"since": since, "until": end, "origin": since}
+    found = {
+        r["hour"]: WatchdogHour(
+            hour=r["hour"],
+            runs=int(r["runs"]),
+            counts={k: int(r[k]) for k in (*WATCHDOG_COUNTS, "items_rescued", "effects_retried")},
+        )
+        for r in await db.fetch(SQL["watchdog_hours"], params)
+    }
+    hours = [
+        found.get(since + timedelta(hours=i))
+        or WatchdogHour(hour=since + timedelta(hours=i), runs=0, counts={})
+        for i in range(24)
+    ]
+    rescues = await db.fetch(SQL["watchdog_rescues"], {**params, "limit": 50})
+    return WatchdogsView(since=since, hours=hours, rescues=rescues)
+
+
+async def show(pages: Pages, request: Request) -> Response:
+    view = await watchdogs(pages.ctx.db, pages.ctx.clock.now())
+    chart = bar_chart(
+        [
+            Bar(
+                label=h.hour.astimezone(UTC).strftime("%H"),
+                value=h.resent,
+                tip=f"{h.hour.astimezone(UTC):%Y-%m-%d %H}:00 — {h.resent} re-sent, "
+                f"{h.runs} minute run(s)",
+            )
+            for h in view.hours
+        ],
+        title="Messages re-sent per hour, last 24 hours",
+        every=3,
+    )
+    return pages.render(request, "watchdogs.html", title="Watchdogs", view=view, chart=chart)
