@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
@@ -32,6 +34,7 @@ from nightcrew.web.csrf import CSRF_COOKIE, CSRF_FIELD
 from nightcrew.web.doors import SECURITY_HEADERS as HEADERS
 
 if TYPE_CHECKING:
+    from nightcrew.clock import Clock
     from nightcrew.runtime import Runtime
     from nightcrew.web.context import DashboardContext
     from nightcrew.web.pages.base import Pages
@@ -83,13 +86,36 @@ async def news_lanes(ctx: DashboardContext) -> list[str]:
     return [f"news:{s}" for s in sorted(shards)]
 
 
-def action_routes(pages: Pages) -> list[BaseRoute]:
-    """The action routes; the GET among them is guarded like every page."""
-    ctx, csrf, render, page = pages.ctx, pages.csrf, pages.render, pages.guard
-    background: set[asyncio.Task[Any]] = set()
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Act:
+    """One action that passed every check (``Actions.guard``): what its handler acts on."""
 
-    def may_act(request: Request) -> str | None:
+    pages: Pages
+    request: Request
+    form: Form
+    runtime: Runtime
+    actor: actions.Actor
+    background: set[asyncio.Task[Any]]  # runs started here, held until they end
+
+    @property
+    def clock(self) -> Clock:
+        return self.pages.ctx.clock
+
+
+ActHandler = Callable[[Act], Awaitable[Response]]
+
+
+class Actions:
+    """The checks every action passes (``may_act``, the body, the CSRF token) and what it
+    answers when an action is refused or fails."""
+
+    def __init__(self, pages: Pages) -> None:
+        self.pages = pages
+        self.background: set[asyncio.Task[Any]] = set()
+
+    def may_act(self, request: Request) -> str | None:
         """Why this request may not act (None: it may)."""
+        ctx = self.pages.ctx
         headers = request.headers
         if not same_origin(headers.get("origin"), headers.get("referer"), headers.get("host")):
             return "cross-site request"
@@ -114,11 +140,11 @@ def action_routes(pages: Pages) -> list[BaseRoute]:
             return "this dashboard has no runtime to act with"
         return None
 
-    def act(
-        handler: Callable[[Request, Form, Runtime, actions.Actor], Awaitable[Response]],
-    ) -> Callable[[Request], Awaitable[Response]]:
+    def guard(self, handler: ActHandler) -> Callable[[Request], Awaitable[Response]]:
+        ctx, csrf, render = self.pages.ctx, self.pages.csrf, self.pages.render
+
         async def guarded(request: Request) -> Response:
-            if (reason := may_act(request)) is not None:
+            if (reason := self.may_act(request)) is not None:
                 return _refused(request, reason)
             body = b""
             async for chunk in request.stream():
@@ -137,7 +163,15 @@ def action_routes(pages: Pages) -> list[BaseRoute]:
             assert runtime is not None  # may_act checked
             actor = actions.Actor(source="dashboard", client=client_of(request))
             try:
-                return await handler(request, form, runtime, actor)
+                act = Act(
+                    pages=self.pages,
+                    request=request,
+                    form=form,
+                    runtime=runtime,
+                    actor=actor,
+                    background=self.background,
+                )
+                return await handler(act)
             except LaneBusy as exc:
                 return render(request, "error.html", 409, title="Already running", problem=str(exc))
             except (ConfigError, QueueError) as exc:
@@ -151,189 +185,204 @@ def action_routes(pages: Pages) -> list[BaseRoute]:
 
         return guarded
 
-    def bad(request: Request, problem: str) -> Response:
-        return render(request, "error.html", 400, title="Bad request", problem=problem)
 
-    def back(path: str) -> Response:
-        return RedirectResponse(path, 303, headers=HEADERS)
+def bad(pages: Pages, request: Request, problem: str) -> Response:
+    return pages.render(request, "error.html", 400, title="Bad request", problem=problem)
 
-    def effect_id(request: Request) -> int | None:
-        text = str(request.path_params["effect_id"])
-        return int(text) if text.isdigit() and len(text) <= 18 else None
 
-    # --- effects ---------------------------------------------------------------------------------
-    async def retry_effect(
-        request: Request, form: Form, runtime: Runtime, actor: actions.Actor
-    ) -> Response:
-        if (wanted := effect_id(request)) is None:
-            return bad(request, "no such effect")
-        result = await actions.retry_effects(runtime, ctx.clock, actor, ids=[wanted], deliver=False)
-        if not result.retried:
-            return render(
-                request,
-                "error.html",
-                409,
-                title="Not retried",
-                problem=f"effect {wanted} is not undelivered at rest (delivered, being "
-                "delivered right now, dropped, or no such effect)",
-            )
-        return back(f"/effects#effect-{wanted}")
+def back(path: str) -> Response:
+    return RedirectResponse(path, 303, headers=HEADERS)
 
-    async def drop(
-        request: Request, form: Form, runtime: Runtime, actor: actions.Actor
-    ) -> Response:
-        if (wanted := effect_id(request)) is None:
-            return bad(request, "no such effect")
-        if await actions.drop_effect(runtime.db, ctx.clock, actor, wanted) is None:
-            return render(
-                request,
-                "error.html",
-                409,
-                title="Not dropped",
-                problem=f"effect {wanted} is not undelivered at rest (delivered, being "
-                "delivered right now, dropped already, or no such effect)",
-            )
-        return back("/effects")
 
-    def kind_of(value: str | None) -> str | None:
-        return value if value in outbox.KINDS else None
+def effect_id(request: Request) -> int | None:
+    text = str(request.path_params["effect_id"])
+    return int(text) if text.isdigit() and len(text) <= 18 else None
 
-    async def confirm_retry_dead(request: Request) -> Response:
-        # A GET: it only counts, and shows the form that acts.
-        kind = kind_of(request.query_params.get("kind"))
-        if kind is None:
-            return bad(request, f"kind: one of {', '.join(outbox.KINDS)}")
-        return render(
-            request,
-            "confirm.html",
-            title=f"Retry the dead {kind} effects?",
-            kind=kind,
-            count=await outbox.count_retryable_dead(ctx.db, kind),
-            limit=actions.BULK_RETRY_LIMIT,
-        )
 
-    async def retry_dead(
-        request: Request, form: Form, runtime: Runtime, actor: actions.Actor
-    ) -> Response:
-        kind = kind_of(form.get("kind"))
-        if kind is None:
-            return bad(request, f"kind: one of {', '.join(outbox.KINDS)}")
-        await actions.retry_effects(
-            runtime,
-            ctx.clock,
-            actor,
-            all_dead=True,
-            kind=kind,
-            limit=actions.BULK_RETRY_LIMIT,
-            deliver=False,
-        )
-        return back("/effects#actions")
-
-    # --- news ------------------------------------------------------------------------------------
-    def stage_of(value: str | None) -> str | None:
-        return value if value in STAGES else None
-
-    def letter_id(value: str | None) -> str | None:
-        return value if value and len(value) <= 200 and value.isprintable() else None
-
-    async def replay(
-        request: Request, form: Form, runtime: Runtime, actor: actions.Actor
-    ) -> Response:
-        stage = stage_of(form.get("stage"))
-        if stage is None:
-            return bad(request, f"stage: one of {', '.join(STAGES)}")
-        wanted = letter_id(form.get("id")) if form.get("id") else None
-        if form.get("id") and wanted is None:
-            return bad(request, "id: not a dead letter's id")
-        done = await actions.replay_letters(
-            runtime,
-            ctx.clock,
-            actor,
-            stage=stage,
-            message_id=wanted,
-            limit=None if wanted else actions.BULK_REPLAY_LIMIT,
-        )
-        if wanted is not None and done.touched == 0:
-            return render(
-                request, "error.html", 409, title="Not replayed", problem=f"no dead letter {wanted}"
-            )
-        return back("/news#letters")
-
-    async def purge(
-        request: Request, form: Form, runtime: Runtime, actor: actions.Actor
-    ) -> Response:
-        stage, wanted = stage_of(form.get("stage")), letter_id(form.get("id"))
-        if stage is None or wanted is None:
-            return bad(request, "stage and id: the dead letter to purge")
-        done = await actions.purge_letters(
-            runtime, ctx.clock, actor, stage=stage, message_id=wanted
-        )
-        if not done.purged:
-            return render(
-                request, "error.html", 409, title="Not purged", problem=f"no dead letter {wanted}"
-            )
-        return back("/news#letters")
-
-    async def enable(
-        request: Request, form: Form, runtime: Runtime, actor: actions.Actor
-    ) -> Response:
-        text = str(request.path_params["source_id"])
-        if not text.isdigit() or len(text) > 18:
-            return bad(request, "no such source")
-        row = await actions.set_source_enabled(runtime.db, ctx.clock, actor, text, enabled=True)
-        return back(f"/news#source-{row['id']}")
-
-    # --- runs ------------------------------------------------------------------------------------
-    async def run_now(
-        request: Request, form: Form, runtime: Runtime, actor: actions.Actor
-    ) -> Response:
-        lane = form.get("lane") or ""
-        if lane not in LANES and lane not in await news_lanes(ctx):
-            return bad(request, f"lane: {lane!r} is not a lane here")
-        loop = asyncio.get_running_loop()
-        started: asyncio.Future[int] = loop.create_future()
-
-        def on_started(handle: Any) -> None:
-            if not started.done():
-                started.set_result(handle.id)
-
-        task = asyncio.create_task(
-            actions.run_lane_now(runtime, ctx.clock, actor, lane, on_started=on_started)
-        )
-        background.add(task)
-        task.add_done_callback(_settled)
-        waiting: set[asyncio.Future[Any]] = {task, started}
-        await asyncio.wait(waiting, timeout=RUN_START_WAIT_SECONDS, return_when="FIRST_COMPLETED")
-        if started.done():
-            run_id = started.result()
-            await actions.record(
-                runtime.db, ctx.clock.now(), actor, action="runs.run_now", target=lane, ids=[run_id]
-            )
-            return back(f"/runs/{run_id}")
-        if task.done() and (exc := task.exception()) is not None:
-            raise exc
-        return render(
+# --- effects ---------------------------------------------------------------------------------
+async def retry_effect(act: Act) -> Response:
+    request, runtime, actor = act.request, act.runtime, act.actor
+    if (wanted := effect_id(request)) is None:
+        return bad(act.pages, request, "no such effect")
+    result = await actions.retry_effects(runtime, act.clock, actor, ids=[wanted], deliver=False)
+    if not result.retried:
+        return act.pages.render(
             request,
             "error.html",
-            504,
-            title="Not started yet",
-            problem=f"the run of {lane} did not start within {RUN_START_WAIT_SECONDS:g} s; the "
-            "Runs page shows it once it does",
+            409,
+            title="Not retried",
+            problem=f"effect {wanted} is not undelivered at rest (delivered, being "
+            "delivered right now, dropped, or no such effect)",
         )
+    return back(f"/effects#effect-{wanted}")
 
-    def _settled(task: asyncio.Task[Any]) -> None:
-        background.discard(task)
-        if task.cancelled():
-            return
-        exc = task.exception()  # the run's failure is in its row; here it is only retrieved
-        if exc is not None and not isinstance(exc, LaneBusy):
-            error("dashboard_run_failed", error=describe_error(exc))
 
+async def drop(act: Act) -> Response:
+    request, runtime, actor = act.request, act.runtime, act.actor
+    if (wanted := effect_id(request)) is None:
+        return bad(act.pages, request, "no such effect")
+    if await actions.drop_effect(runtime.db, act.clock, actor, wanted) is None:
+        return act.pages.render(
+            request,
+            "error.html",
+            409,
+            title="Not dropped",
+            problem=f"effect {wanted} is not undelivered at rest (delivered, being "
+            "delivered right now, dropped already, or no such effect)",
+        )
+    return back("/effects")
+
+
+def kind_of(value: str | None) -> str | None:
+    return value if value in outbox.KINDS else None
+
+
+async def confirm_retry_dead(pages: Pages, request: Request) -> Response:
+    # A GET: it only counts, and shows the form that acts.
+    kind = kind_of(request.query_params.get("kind"))
+    if kind is None:
+        return bad(pages, request, f"kind: one of {', '.join(outbox.KINDS)}")
+    return pages.render(
+        request,
+        "confirm.html",
+        title=f"Retry the dead {kind} effects?",
+        kind=kind,
+        count=await outbox.count_retryable_dead(pages.ctx.db, kind),
+        limit=actions.BULK_RETRY_LIMIT,
+    )
+
+
+async def retry_dead(act: Act) -> Response:
+    request, form, runtime, actor = act.request, act.form, act.runtime, act.actor
+    kind = kind_of(form.get("kind"))
+    if kind is None:
+        return bad(act.pages, request, f"kind: one of {', '.join(outbox.KINDS)}")
+    await actions.retry_effects(
+        runtime,
+        act.clock,
+        actor,
+        all_dead=True,
+        kind=kind,
+        limit=actions.BULK_RETRY_LIMIT,
+        deliver=False,
+    )
+    return back("/effects#actions")
+
+
+# --- news ------------------------------------------------------------------------------------
+def stage_of(value: str | None) -> str | None:
+    return value if value in STAGES else None
+
+
+def letter_id(value: str | None) -> str | None:
+    return value if value and len(value) <= 200 and value.isprintable() else None
+
+
+async def replay(act: Act) -> Response:
+    request, form, runtime, actor = act.request, act.form, act.runtime, act.actor
+    stage = stage_of(form.get("stage"))
+    if stage is None:
+        return bad(act.pages, request, f"stage: one of {', '.join(STAGES)}")
+    wanted = letter_id(form.get("id")) if form.get("id") else None
+    if form.get("id") and wanted is None:
+        return bad(act.pages, request, "id: not a dead letter's id")
+    done = await actions.replay_letters(
+        runtime,
+        act.clock,
+        actor,
+        stage=stage,
+        message_id=wanted,
+        limit=None if wanted else actions.BULK_REPLAY_LIMIT,
+    )
+    if wanted is not None and done.touched == 0:
+        return act.pages.render(
+            request, "error.html", 409, title="Not replayed", problem=f"no dead letter {wanted}"
+        )
+    return back("/news#letters")
+
+
+async def purge(act: Act) -> Response:
+    request, form, runtime, actor = act.request, act.form, act.runtime, act.actor
+    stage, wanted = stage_of(form.get("stage")), letter_id(form.get("id"))
+    if stage is None or wanted is None:
+        return bad(act.pages, request, "stage and id: the dead letter to purge")
+    done = await actions.purge_letters(runtime, act.clock, actor, stage=stage, message_id=wanted)
+    if not done.purged:
+        return act.pages.render(
+            request, "error.html", 409, title="Not purged", problem=f"no dead letter {wanted}"
+        )
+    return back("/news#letters")
+
+
+async def enable(act: Act) -> Response:
+    request, runtime, actor = act.request, act.runtime, act.actor
+    text = str(request.path_params["source_id"])
+    if not text.isdigit() or len(text) > 18:
+        return bad(act.pages, request, "no such source")
+    row = await actions.set_source_enabled(runtime.db, act.clock, actor, text, enabled=True)
+    return back(f"/news#source-{row['id']}")
+
+
+# --- runs ------------------------------------------------------------------------------------
+async def run_now(act: Act) -> Response:
+    request, form, runtime, actor = act.request, act.form, act.runtime, act.actor
+    lane = form.get("lane") or ""
+    if lane not in LANES and lane not in await news_lanes(act.pages.ctx):
+        return bad(act.pages, request, f"lane: {lane!r} is not a lane here")
+    loop = asyncio.get_running_loop()
+    started: asyncio.Future[int] = loop.create_future()
+
+    def on_started(handle: Any) -> None:
+        if not started.done():
+            started.set_result(handle.id)
+
+    task = asyncio.create_task(
+        actions.run_lane_now(runtime, act.clock, actor, lane, on_started=on_started)
+    )
+    act.background.add(task)
+    task.add_done_callback(partial(_settled, act.background))
+    waiting: set[asyncio.Future[Any]] = {task, started}
+    await asyncio.wait(waiting, timeout=RUN_START_WAIT_SECONDS, return_when="FIRST_COMPLETED")
+    if started.done():
+        run_id = started.result()
+        await actions.record(
+            runtime.db,
+            act.clock.now(),
+            actor,
+            action="runs.run_now",
+            target=lane,
+            ids=[run_id],
+        )
+        return back(f"/runs/{run_id}")
+    if task.done() and (exc := task.exception()) is not None:
+        raise exc
+    return act.pages.render(
+        request,
+        "error.html",
+        504,
+        title="Not started yet",
+        problem=f"the run of {lane} did not start within {RUN_START_WAIT_SECONDS:g} s; the "
+        "Runs page shows it once it does",
+    )
+
+
+def _settled(background: set[asyncio.Task[Any]], task: asyncio.Task[Any]) -> None:
+    background.discard(task)
+    if task.cancelled():
+        return
+    exc = task.exception()  # the run's failure is in its row; here it is only retrieved
+    if exc is not None and not isinstance(exc, LaneBusy):
+        error("dashboard_run_failed", error=describe_error(exc))
+
+
+def action_routes(pages: Pages) -> list[BaseRoute]:
+    """The action routes; the GET among them is guarded like every page."""
+    act = Actions(pages).guard
     return [
         Route("/effects/{effect_id}/retry", act(retry_effect), methods=["POST"]),
         Route("/effects/{effect_id}/drop", act(drop), methods=["POST"]),
         Route("/effects/retry-dead", act(retry_dead), methods=["POST"]),
-        Route("/effects/retry-dead", page(confirm_retry_dead), methods=["GET"]),
+        Route("/effects/retry-dead", pages.view(confirm_retry_dead), methods=["GET"]),
         Route("/news/letters/replay", act(replay), methods=["POST"]),
         Route("/news/letters/purge", act(purge), methods=["POST"]),
         Route("/news/sources/{source_id}/enable", act(enable), methods=["POST"]),

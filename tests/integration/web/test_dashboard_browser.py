@@ -121,9 +121,15 @@ async def test_with_a_token_the_browser_signs_in_once_and_keeps_an_http_only_coo
                 await page.click("form.login button")
             assert await page.evaluate("document.cookie") == ""  # HttpOnly: no script reads it
             cookies = await context.cookies()
-            # the session, and the CSRF value its forms' tokens are made of
-            assert sorted(c["name"] for c in cookies) == ["nightcrew_csrf", "nightcrew_dashboard"]
-            assert [c["sameSite"] for c in cookies] == ["Strict", "Strict"]
+            # the session, the CSRF value its forms' tokens are made of, and the known-device
+            # cookie that puts this browser's next sign-in first (sent to /login only)
+            assert sorted(c["name"] for c in cookies) == [
+                "nightcrew_csrf",
+                "nightcrew_dashboard",
+                "nightcrew_device",
+            ]
+            assert [c["sameSite"] for c in cookies] == ["Strict"] * 3
+            assert {c["name"]: c["path"] for c in cookies}["nightcrew_device"] == "/login"
             assert all(c["httpOnly"] and TOKEN not in c["value"] for c in cookies)
             await page.goto(served.url + "/runs")
             assert "/login" not in page.url
