@@ -32,6 +32,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from nightcrew.db.records import R, as_record, as_records
 from nightcrew.errors import DatabaseUnavailableError
 
 # a refused statement's error lives with the other errors (the command line catches it without
@@ -259,6 +260,14 @@ class _Executor:
     async def fetch_one(self, query: str, params: Params = None) -> Row | None:
         rows = await self.fetch(query, params)
         return rows[0] if rows else None
+
+    async def fetch_as(self, record: type[R], query: str, params: Params = None) -> list[R]:
+        """Each row as ``record`` (``db/records.py``)."""
+        return as_records(record, await self.fetch(query, params))
+
+    async def fetch_one_as(self, record: type[R], query: str, params: Params = None) -> R | None:
+        row = await self.fetch_one(query, params)
+        return None if row is None else as_record(record, row)
 
     async def execute(self, query: str, params: Params = None) -> int:
         """Run a statement; returns the number of rows it touched."""

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from nightcrew.db.database import Database, Tx, json_param
 from nightcrew.db.queries import load_queries
+from nightcrew.db.records import as_record, as_records
 
 SQL = load_queries(__file__)
 
@@ -69,23 +70,6 @@ class Effect:
         """Given up only because it was not confirmed in time (not because it cannot work)."""
         return self.dead_reason == "expired"
 
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Effect:
-        return cls(
-            id=int(row["id"]),
-            kind=row["kind"],
-            key=row["key"],
-            payload=dict(row["payload"]),
-            created_at=row["created_at"],
-            expires_at=row["expires_at"],
-            attempts=int(row["attempts"]),
-            last_error=row["last_error"],
-            delivered_at=row["delivered_at"],
-            dead_at=row["dead_at"],
-            dead_reason=row["dead_reason"],
-            claimed_until=row["claimed_until"],
-        )
-
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -129,7 +113,7 @@ async def record(
     if row is None:
         row = await tx.fetch_one(SQL["by_key"], {"kind": kind, "key": key})
         assert row is not None  # the conflicting row exists: it is what stopped the insert
-    return Effect.from_row(row)
+    return as_record(Effect, row)
 
 
 async def release(db: Database | Tx, ids: Sequence[int], now: datetime) -> list[Effect]:
@@ -138,7 +122,7 @@ async def release(db: Database | Tx, ids: Sequence[int], now: datetime) -> list[
     if not ids:
         return []
     rows = await db.fetch(SQL["release"], {"ids": list(ids), "now": now})
-    return [Effect.from_row(r) for r in rows]
+    return as_records(Effect, rows)
 
 
 async def claim_due(
@@ -153,7 +137,7 @@ async def claim_due(
             "kinds": list(kinds) if kinds is not None else None,
         },
     )
-    return [Effect.from_row(r) for r in rows]
+    return as_records(Effect, rows)
 
 
 async def claim_ids(db: Database, ids: Sequence[int], now: datetime) -> list[Effect]:
@@ -162,7 +146,7 @@ async def claim_ids(db: Database, ids: Sequence[int], now: datetime) -> list[Eff
     rows = await db.fetch(
         SQL["claim_ids"], {"ids": list(ids), "now": now, "lease_until": now + CLAIM_LEASE}
     )
-    return [Effect.from_row(r) for r in rows]
+    return as_records(Effect, rows)
 
 
 Settlement = Literal["delivered", "retry", "permanent", "expired", "released"]
@@ -225,12 +209,12 @@ async def list_undelivered(
     db: Database, *, kind: str | None = None, dead: bool | None = None, limit: int = 1000
 ) -> list[Effect]:
     rows = await db.fetch(SQL["list"], {"kind": kind, "dead": dead, "limit": limit})
-    return [Effect.from_row(r) for r in rows]
+    return as_records(Effect, rows)
 
 
 async def get(db: Database, effect_id: int) -> Effect | None:
     row = await db.fetch_one(SQL["get"], {"id": effect_id})
-    return Effect.from_row(row) if row else None
+    return as_record(Effect, row) if row else None
 
 
 async def retry(
@@ -254,7 +238,7 @@ async def retry(
             "limit": limit,
         },
     )
-    return [Effect.from_row(r) for r in rows]
+    return as_records(Effect, rows)
 
 
 async def count_retryable_dead(db: Database, kind: str | None = None) -> int:
@@ -339,6 +323,6 @@ async def _adopt(
             "revive": revive,
         },
     )
-    created = [Effect.from_row(r) for r in rows if not r["revived"]]
-    revived = [Effect.from_row(r) for r in rows if r["revived"]]
+    created = [as_record(Effect, r) for r in rows if not r["revived"]]
+    revived = [as_record(Effect, r) for r in rows if r["revived"]]
     return created, revived

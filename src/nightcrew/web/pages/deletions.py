@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
 from starlette.requests import Request
@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
+from nightcrew.db.records import as_records
 from nightcrew.web.pages.base import (
     FAR_FUTURE,
     MAX_UUID,
@@ -48,21 +49,6 @@ class Deletion:
     def finished(self) -> bool:
         return self.storage_cleaned_at is not None and self.invalidated_at is not None
 
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Deletion:
-        return cls(
-            podcast_id=str(row["podcast_id"]),
-            slug=row["slug"],
-            deleted_at=row["deleted_at"],
-            storage_cleaned_at=row["storage_cleaned_at"],
-            invalidated_at=row["invalidated_at"],
-            objects_deleted=row["objects_deleted"],
-            bytes_deleted=row["bytes_deleted"],
-            objects_left=row["objects_left"],
-            attempts=row["attempts"],
-            last_error=row["last_error"],
-        )
-
 
 @dataclass(frozen=True, kw_only=True)
 class DeletionsView:
@@ -91,11 +77,11 @@ async def deletions(
         SQL["deletions_page"],
         {"before_at": before_at, "before_id": before_id, "limit": limit + 1},
     )
-    page = [Deletion.from_row(r) for r in rows[:limit]]
+    page = as_records(Deletion, rows[:limit])
     totals = await db.fetch_one(SQL["deletions_recent_totals"], {"since": now - timedelta(30)})
     older = encode_cursor(page[-1].deleted_at, page[-1].podcast_id) if len(rows) > limit else None
     return DeletionsView(
-        unfinished=[Deletion.from_row(r) for r in unfinished],
+        unfinished=as_records(Deletion, unfinished),
         unfinished_count=count_of(unfinished_count, "n"),
         page=page,
         older=older,
