@@ -357,6 +357,7 @@ def test_the_overage_machine_for_one_account_from_the_command_line(fresh_db_url:
     assert missing.returncode == 1 and "no billing account" in missing.stderr
 
 
+@pytest.mark.slow
 def test_news_sources_from_the_command_line(fresh_db_url: str) -> None:
     env = _env(DATABASE_URL=fresh_db_url)
     added = run(

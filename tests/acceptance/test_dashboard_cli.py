@@ -144,6 +144,7 @@ async def _sign_in_took(base: str, source: str) -> tuple[int, float]:
     return response.status_code, time.monotonic() - started
 
 
+@pytest.mark.slow
 async def test_sign_in_guesses_are_answered_at_most_twice_a_second(fresh_db_url: str) -> None:
     """40 wrong sign-ins from 20 addresses, 20 at a time; then 20 at a time from one address.
     No more than ~2 answered a second either way, and the right token still gets in: during
@@ -237,6 +238,7 @@ async def test_the_browser_that_signed_in_before_goes_before_a_wave_from_fresh_n
     assert kept_out
 
 
+@pytest.mark.slow
 async def test_reconcile_bearer_guesses_are_throttled_and_each_logged(
     fresh_db_url: str, tmp_path: Path
 ) -> None:

@@ -70,6 +70,7 @@ def model() -> Iterator[ModelStandIn]:
 
 
 @needs_rabbitmq
+@pytest.mark.slow
 def test_a_pass_a_worker_and_sigterm_from_the_command_line(
     fresh_db_url: str, model: ModelStandIn, tmp_path: Path
 ) -> None:

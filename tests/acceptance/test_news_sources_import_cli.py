@@ -82,6 +82,7 @@ def _count_sources(env: dict[str, str], shard: str | None = None) -> int:
     return len(json.loads(listed.stdout))
 
 
+@pytest.mark.slow
 def test_importing_2000_feeds_reports_every_skip_and_a_second_import_adds_none(
     fresh_db_url: str, tmp_path: Path
 ) -> None:
@@ -150,6 +151,7 @@ def test_importing_2000_feeds_reports_every_skip_and_a_second_import_adds_none(
     assert "skipped 2000 (20 missing_xmlurl, 20 invalid_url, 40 duplicate, 1920 exists)" in out[-1]
 
 
+@pytest.mark.slow
 def test_export_is_opml_that_imports_back(
     fresh_db_url: str, empty_db_url: str, tmp_path: Path
 ) -> None:

@@ -76,6 +76,7 @@ def test_dry_run_then_apply_from_the_command_line(fresh_db_url: str, tmp_path: P
     assert "R2_PUBLIC_URL is unset" in line
 
 
+@pytest.mark.slow
 def test_sigkill_mid_quarantine_leaves_no_half_quarantined_episode(
     fresh_db_url: str, tmp_path: Path
 ) -> None:

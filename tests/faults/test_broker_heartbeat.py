@@ -9,6 +9,8 @@ import time
 import uuid
 from urllib.parse import urlsplit, urlunsplit
 
+import pytest
+
 from nightcrew.adapters.broker import AMQP_HEARTBEAT_SECONDS, PipelineBroker, with_heartbeat
 from tests.support.proxy import TcpProxy
 from tests.support.services import AMQP_URL, needs_rabbitmq
@@ -25,6 +27,7 @@ def test_the_heartbeat_is_added_unless_the_url_sets_one() -> None:
 
 
 @needs_rabbitmq
+@pytest.mark.slow
 async def test_a_silent_broker_is_noticed_within_about_30_seconds() -> None:
     target = urlsplit(AMQP_URL)
     proxy = TcpProxy(target.port or 5672, target.hostname or "127.0.0.1")

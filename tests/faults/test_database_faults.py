@@ -458,6 +458,7 @@ async def _lock_waiter(db: Database, dbname: str) -> bool:
     return row is not None and row["n"] > 0
 
 
+@pytest.mark.slow
 async def test_minute_slot_blackholed_in_flight_with_default_settings_stops_within_the_bound(
     db: Database, proxy: TcpProxy, fresh_db_url: str, tmp_path: Path
 ) -> None:
@@ -601,6 +602,7 @@ def _fire_failures(logs: list[Any]) -> list[datetime]:
 STALLED_IN_CUT = 120
 
 
+@pytest.mark.slow
 async def test_scheduler_slots_all_complete_once_a_cut_database_is_back(
     db: Database, pdb: Database, proxy: TcpProxy, fresh_db_url: str
 ) -> None:

@@ -61,6 +61,7 @@ async def _waiting(db: Database) -> int:
     return await count(db, "SELECT count(*) FROM news.candidates WHERE state <> 'dead'")
 
 
+@pytest.mark.slow
 async def test_a_poison_article_that_kills_its_worker_mid_model_call_is_dead_lettered(
     db: Database, fresh_db_url: str, prefix: str, tmp_path: Path
 ) -> None:
@@ -148,6 +149,7 @@ async def test_a_poison_article_that_kills_its_worker_mid_model_call_is_dead_let
         print(f"poison dead-lettered after {deaths} deaths in {elapsed:.0f} s")
 
 
+@pytest.mark.slow
 async def test_one_of_three_workers_killed_mid_review_is_taken_over_within_two_minutes(
     db: Database, fresh_db_url: str, prefix: str, tmp_path: Path
 ) -> None:
@@ -199,6 +201,7 @@ async def _asked(model: ModelStandIn, n: int) -> bool:
     return sum(model.reviews.values()) >= n
 
 
+@pytest.mark.slow
 async def test_a_serialization_failure_in_the_write_stage_is_retried_with_backoff(
     db: Database, fresh_db_url: str, prefix: str, model: ModelStandIn, tmp_path: Path
 ) -> None:

@@ -120,6 +120,7 @@ async def _one_review_each(db: Database) -> None:
     )
 
 
+@pytest.mark.slow
 async def test_three_worker_processes_write_every_article_once_and_the_snapshot(
     db: Database, fresh_db_url: str, prefix: str, model: ModelStandIn, tmp_path: Path
 ) -> None:
@@ -161,6 +162,7 @@ async def test_three_worker_processes_write_every_article_once_and_the_snapshot(
         assert [a["url"] for a in snapshot["articles"]] == [r["url"] for r in newest]
 
 
+@pytest.mark.slow
 async def test_a_silent_database_under_three_workers_dead_letters_nothing(
     db: Database, fresh_db_url: str, prefix: str, model: ModelStandIn, tmp_path: Path
 ) -> None:

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
 from nightcrew.news.engines.pipeline.outbox import broker_of
@@ -46,6 +48,7 @@ async def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[s
     return subprocess.CompletedProcess(args, proc.returncode or 0, out.decode(), err.decode())
 
 
+@pytest.mark.slow
 async def test_a_message_that_kills_its_worker_is_dead_lettered_by_the_delivery_limit(
     db: Database, fresh_db_url: str, prefix: str, model: ModelStandIn, tmp_path: Path
 ) -> None:

@@ -10,8 +10,8 @@ tests out one at a time in that order — longest-processing-time-first scheduli
 out whole modules instead, ``--dist loadscope``, so that a module's fixtures are built once,
 measured 9 min 11 s against 6 min 45 s: the big modules' waits no longer overlap.)
 
-The file is refreshed by running the suite with ``NIGHTCREW_TEST_DURATIONS=<path>`` and copying
-that file over it (see the README's "Tests"); a test missing from it is simply scheduled with
+The file is refreshed by running the suite with ``NIGHTCREW_TEST_DURATIONS=<path>`` (what the
+run measured is merged into that file) and copying that file over it (see the README); a test missing from it is simply scheduled with
 the fast ones, so a stale file costs time, never correctness.
 """
 
@@ -60,5 +60,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     target = os.environ.get(RECORD)
     if not target or hasattr(session.config, "workerinput"):
         return  # nothing asked, or an xdist worker (the controller writes the whole run)
-    slow = {k: round(v, 2) for k, v in sorted(_seconds.items()) if v >= RECORDED_FROM_S}
-    Path(target).write_text(json.dumps(slow, indent=1, sort_keys=True) + "\n")
+    # merged into what the file holds: the default run and the slow tier (`-m slow`) each
+    # refresh their own tests' entries, and a test now under RECORDED_FROM_S leaves it
+    merged = known_durations(Path(target))
+    for nodeid, seconds in _seconds.items():
+        merged.pop(nodeid, None)
+        if seconds >= RECORDED_FROM_S:
+            merged[nodeid] = round(seconds, 2)
+    Path(target).write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")

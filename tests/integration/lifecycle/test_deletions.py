@@ -107,6 +107,7 @@ async def test_due_boundary(
     assert left == {"n": 0 if expected else 1}
 
 
+@pytest.mark.slow
 async def test_a_podcast_with_2500_objects_is_fully_removed(
     db: Database, clock: FrozenClock, fresh_db_url: str, store: ObjectStore
 ) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
 from nightcrew.news.engines.inline import run_shard
@@ -36,6 +38,7 @@ async def _articles(db: Database, shard: str) -> int:
     return await count(db, "SELECT count(*) FROM news.articles WHERE shard = %(s)s", {"s": shard})
 
 
+@pytest.mark.slow
 async def test_a_pass_admits_at_most_the_queue_limit_and_the_rest_over_later_passes(
     db: Database, fresh_db_url: str, prefix: str, model: ModelStandIn, tmp_path: Path
 ) -> None:
