@@ -11,8 +11,9 @@ out whole modules instead, ``--dist loadscope``, so that a module's fixtures are
 measured 9 min 11 s against 6 min 45 s: the big modules' waits no longer overlap.)
 
 The file is refreshed by running the suite with ``NIGHTCREW_TEST_DURATIONS=<path>`` (what the
-run measured is merged into that file) and copying that file over it (see the README); a test missing from it is simply scheduled with
-the fast ones, so a stale file costs time, never correctness.
+run measured is merged into that file) and copying that file over it (see the README); a test
+missing from it is simply scheduled with the fast ones, so a stale file costs time, never
+correctness.
 """
 
 from __future__ import annotations
