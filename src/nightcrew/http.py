@@ -70,6 +70,29 @@ SCHEDULER_STALE_SECONDS = 180.0
 DB_CHECK_TIMEOUT_SECONDS = 2.0
 
 
+class SingleFlight:
+    """At most one run of ``work`` at a time: a caller that comes while one runs waits for
+    that one, and a caller that gives up (its timeout) leaves it running. 800 clients polling
+    /ready cost one database ping at a time, not 800 pool waits each cancelled after 2 s (a
+    cancelled pool wait can lose its connection: ``Database._checkout``)."""
+
+    def __init__(self, work: Callable[[], Awaitable[None]]) -> None:
+        self._work = work
+        self._running: asyncio.Future[None] | None = None
+
+    async def run(self) -> None:
+        if self._running is None or self._running.done():
+            self._running = asyncio.ensure_future(self._work())
+            self._running.add_done_callback(_retrieved)
+        await asyncio.shield(self._running)
+
+
+def _retrieved(done: asyncio.Future[None]) -> None:
+    """Its outcome is read by whoever awaited it; none left is no "never retrieved" warning."""
+    if not done.cancelled():
+        done.exception()
+
+
 @dataclass(frozen=True, kw_only=True)
 class Readiness:
     """What /ready checks: the database answers, and the scheduler fires slots."""
@@ -92,18 +115,20 @@ def create_app(
 ) -> Starlette:
     last_cause: str | None = None
     reconcile_throttle = reconcile_throttle or SignInThrottle()
+    ping = SingleFlight(readiness.ping_database) if readiness is not None else None
+    collected = SingleFlight(collect) if collect is not None else None
 
     async def database_up() -> str | None:
         """None when PostgreSQL answered; else why not, in words that name no address (the
         answer is for a probe; the log line, once per new cause, has the details).
         Sets ``nightcrew_db_up``."""
         nonlocal last_cause
-        if readiness is None:
+        if ping is None:
             return None
         cause = None
         try:
             async with asyncio.timeout(DB_CHECK_TIMEOUT_SECONDS):
-                await readiness.ping_database()
+                await ping.run()
         except TimeoutError:
             problem: str | None = f"PostgreSQL did not answer within {DB_CHECK_TIMEOUT_SECONDS:g} s"
         except DatabaseUnavailableError as exc:
@@ -120,9 +145,9 @@ def create_app(
         return problem
 
     async def render_metrics(request: Request) -> PlainTextResponse:
-        if await database_up() is None and collect is not None:
+        if await database_up() is None and collected is not None:
             try:
-                await collect()
+                await collected.run()
             except Exception as exc:  # a scrape still answers, with what it has
                 warning("metrics_collect_failed", error=describe_error(exc))
         return PlainTextResponse(metrics.render(), media_type=PROMETHEUS_TEXT)

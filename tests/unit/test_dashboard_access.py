@@ -102,14 +102,15 @@ def test_a_device_cookie_is_no_session_and_a_session_no_device_cookie() -> None:
     dashboard, and a session must not pass for one; both end with a new token."""
     access = Access.for_bind("0.0.0.0", TOKEN)
     device = access.device_value(NOW)
-    assert access.device_known(device, NOW + DEVICE_MAX_AGE_SECONDS - 1)
-    assert not access.device_known(device, NOW + DEVICE_MAX_AGE_SECONDS)
+    # its identity at the throttle is its signed nonce
+    assert access.device_id(device, NOW + DEVICE_MAX_AGE_SECONDS - 1) == device.split(".")[1]
+    assert access.device_id(device, NOW + DEVICE_MAX_AGE_SECONDS) is None
     assert not access.cookie_valid(device, NOW)
-    assert not access.device_known(access.session_value(NOW), NOW)
-    assert not Access.for_bind("0.0.0.0", "u" * 32).device_known(device, NOW)
-    assert not access.device_known(None, NOW) and not access.device_known("forged", NOW)
+    assert access.device_id(access.session_value(NOW), NOW) is None
+    assert Access.for_bind("0.0.0.0", "u" * 32).device_id(device, NOW) is None
+    assert access.device_id(None, NOW) is None and access.device_id("forged", NOW) is None
     # an open dashboard has no sign-in to rank
-    assert not Access.for_bind("127.0.0.1", None).device_known(device, NOW)
+    assert Access.for_bind("127.0.0.1", None).device_id(device, NOW) is None
 
 
 @pytest.mark.parametrize(

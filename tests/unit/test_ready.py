@@ -202,3 +202,28 @@ async def test_both_problems_are_listed_database_first() -> None:
     assert [p.split(":", 1)[0] for p in problems] == ["database", "scheduler"]
     assert problems[0] == "database: PostgreSQL is unreachable"
     assert problems[1] == "scheduler: no slot fired for 600 s"
+
+
+async def test_a_flood_of_probes_costs_one_ping_at_a_time_and_none_is_cancelled() -> None:
+    """300 /ready at once against a ping that takes 3 s (past the 2 s bound): each answers 503
+    in about 2 s, the database sees one ping, and that ping is not cancelled when every caller
+    gives up (a cancelled pool wait can lose its connection: ``Database._checkout``)."""
+    pings: list[str] = []
+
+    async def slow_ping() -> None:
+        pings.append("started")
+        await asyncio.sleep(3)
+        pings.append("finished")
+
+    metrics = Metrics()
+    async with _app(metrics, slow_ping) as client:
+        started = time.monotonic()
+        answers = await asyncio.gather(*(client.get("/ready") for _ in range(300)))
+        took = time.monotonic() - started
+        assert {a.status_code for a in answers} == {503} and took < 3.0, took
+        assert pings == ["started"]
+        await asyncio.sleep(1.2)  # the one ping ends on its own
+        assert pings == ["started", "finished"]
+        # the next probe pings again
+        assert (await client.get("/ready")).status_code == 503
+        assert pings == ["started", "finished", "started"]

@@ -289,7 +289,9 @@ async def test_a_known_device_goes_before_a_wave_of_first_guesses_from_fresh_net
         ]
         await asyncio.sleep(DELAY / 2)  # every guess is queued or checked
         started = time.monotonic()
-        verdict = await throttle.attempt("203.0.113.5", lambda: True, known_device=known_device)
+        verdict = await throttle.attempt(
+            "203.0.113.5", lambda: True, device="d1" if known_device else None
+        )
         waited = time.monotonic() - started
         for task in wave:
             task.cancel()
@@ -307,24 +309,46 @@ async def test_a_known_device_goes_before_a_wave_of_first_guesses_from_fresh_net
     assert new_browser > 10 * DELAY, new_browser  # behind the wave: what the cookie buys
 
 
-async def test_a_known_device_whose_address_guessed_wrong_ranks_as_any_other() -> None:
-    """A stolen device cookie buys one early turn: once its address has a wrong token on
-    record, its attempts take the ordinary places (none left here: 429) and not the device
+async def test_a_known_device_that_guessed_wrong_ranks_as_any_other() -> None:
+    """A stolen device cookie buys one early turn: once the device has sent a wrong token, its
+    attempts take the ordinary places by address (none left here: 429) and not the device
     reserve, which another known device still gets in through."""
     throttle = SignInThrottle(failure_delay=DELAY, max_in_flight=1, fresh_reserve=0)
     checked: list[float] = []
-    wrong = await throttle.attempt("203.0.113.5", lambda: _wrong(checked), known_device=True)
+    wrong = await throttle.attempt("203.0.113.5", lambda: _wrong(checked), device="stolen")
     assert wrong is Verdict.REFUSED and throttle.addresses_remembered == 1
     holder = asyncio.create_task(throttle.attempt("198.51.100.1", lambda: _wrong(checked)))
     await asyncio.sleep(0)  # the one ordinary place is taken
-    assert await throttle.attempt("203.0.113.5", lambda: True, known_device=True) is (Verdict.BUSY)
-    assert await throttle.attempt("203.0.113.9", lambda: True, known_device=True) is (
-        Verdict.ACCEPTED
-    )
+    assert await throttle.attempt("203.0.113.5", lambda: True, device="stolen") is Verdict.BUSY
+    assert await throttle.attempt("203.0.113.9", lambda: True, device="own") is Verdict.ACCEPTED
     await holder
     # the device reserve is its size: a second device at once is busy, not queued
     small = SignInThrottle(failure_delay=DELAY, device_reserve=1)
-    first = asyncio.create_task(small.attempt("203.0.113.6", lambda: True, known_device=True))
+    first = asyncio.create_task(small.attempt("203.0.113.6", lambda: True, device="a"))
     await asyncio.sleep(0)
-    assert await small.attempt("203.0.113.7", lambda: True, known_device=True) is Verdict.BUSY
+    assert await small.attempt("203.0.113.7", lambda: True, device="b") is Verdict.BUSY
     assert await first is Verdict.ACCEPTED
+
+
+async def test_a_guesser_at_the_operators_address_does_not_hold_out_its_known_device() -> None:
+    """Four guessing loops behind the operator's own address (a NAT, an IPv6 /64) keep an
+    attempt of that address in flight all the time: a sign-in from it without a device cookie
+    is answered 429; the operator's browser with its device cookie gets in within a turn."""
+    throttle = SignInThrottle(failure_delay=DELAY)
+    checked: list[float] = []
+    stop = asyncio.Event()
+
+    async def guessing() -> None:
+        while not stop.is_set():
+            await throttle.attempt("203.0.113.5", lambda: _wrong(checked))
+            await asyncio.sleep(0)
+
+    loops = [asyncio.create_task(guessing()) for _ in range(4)]
+    await asyncio.sleep(3 * DELAY)  # the address has failed, and always has one in flight
+    assert await throttle.attempt("203.0.113.5", lambda: True) is Verdict.BUSY
+    started = time.monotonic()
+    assert await throttle.attempt("203.0.113.5", lambda: True, device="own") is Verdict.ACCEPTED
+    waited = time.monotonic() - started
+    stop.set()
+    await asyncio.gather(*loops)
+    assert waited < 2 * DELAY + 0.05, waited

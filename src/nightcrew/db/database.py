@@ -347,6 +347,7 @@ class Database(_Executor):
     ):
         self._pool = pool
         self.target = target
+        self._returning: set[asyncio.Future[None]] = set()
         self._policy = policy or ConnectionPolicy()
         # not a short one: a DATABASE_URL password "postgres" would take that word out of every
         # article stored; a secret worth the name is longer (the guarded doors ask for 32)
@@ -403,8 +404,12 @@ class Database(_Executor):
         """A pooled connection; failing to get one is "database unavailable", one line."""
         timeout = _role_bound(self._policy.pool_timeout)
         try:
-            async with self._pool.connection(timeout=timeout) as conn:
-                yield conn
+            conn = await self._checkout(timeout)
+            try:
+                async with conn:  # commit or roll back, as the pool's own context does
+                    yield conn
+            finally:
+                await self._pool.putconn(conn)
         except PoolTimeout as exc:
             raise DatabaseUnavailableError(
                 f"lost PostgreSQL at {self.target}: no connection within {timeout:g} s",
@@ -414,6 +419,26 @@ class Database(_Executor):
             raise DatabaseUnavailableError(
                 f"lost PostgreSQL at {self.target}: {_first_line(exc)}"
             ) from exc
+
+    async def _checkout(self, wait_seconds: float | None) -> psycopg.AsyncConnection[DictRow]:
+        """A connection from the pool, waited for in a task of its own that a cancelled caller
+        does not cancel: psycopg_pool 3.3 can lose a connection to a waiter cancelled as it is
+        handed one (psycopg#1345, #1401), and a flood of probes that time out cancelled
+        thousands (the pool stayed empty until a restart). What a cancelled caller's checkout
+        gets later goes straight back."""
+        checkout = asyncio.ensure_future(self._pool.getconn(timeout=wait_seconds))
+        try:
+            return await asyncio.shield(checkout)
+        except asyncio.CancelledError:
+            checkout.add_done_callback(self._give_back)
+            raise
+
+    def _give_back(self, checkout: asyncio.Future[psycopg.AsyncConnection[DictRow]]) -> None:
+        if checkout.cancelled() or checkout.exception() is not None:
+            return
+        returning = asyncio.ensure_future(self._pool.putconn(checkout.result()))
+        self._returning.add(returning)  # held until done: a task nobody holds may be collected
+        returning.add_done_callback(self._returning.discard)
 
     @asynccontextmanager
     async def _dedicated(self) -> AsyncIterator[psycopg.AsyncConnection[DictRow]]:

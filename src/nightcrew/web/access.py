@@ -143,11 +143,14 @@ class Access:
         only puts this browser's next sign-in first at the throttle."""
         return self._signed(_DEVICE_KEY_CONTEXT, now)
 
-    def device_known(self, cookie: str | None, now: float) -> bool:
-        """A device cookie this token signed within ``DEVICE_MAX_AGE_SECONDS``."""
-        return self.token is not None and self._verify(
+    def device_id(self, cookie: str | None, now: float) -> str | None:
+        """The nonce of a device cookie this token signed within ``DEVICE_MAX_AGE_SECONDS``
+        (the device's identity at the sign-in throttle); None for anything else."""
+        if self.token is None or not self._verify(
             _DEVICE_KEY_CONTEXT, cookie, now, DEVICE_MAX_AGE_SECONDS
-        )
+        ):
+            return None
+        return (cookie or "").split(".")[1]
 
     def _signed(self, context: bytes, now: float) -> str:
         assert self.token is not None

@@ -34,8 +34,10 @@ second: a guesser on fresh networks passes the same gate, one early turn per net
 one). Its attempt ranks before every other at the gate and has ``DEVICE_RESERVE`` places of
 its own beyond ``MAX_IN_FLIGHT``, so a guesser with one first guess from each of many fresh
 networks — who ranks with an operator on a new browser — still cannot queue out the browser
-the operator signed in from yesterday. A device whose address has a wrong token on record
-ranks as any other (a stolen device cookie buys one early turn, not a faster guessing rate).
+the operator signed in from yesterday. A device is its own identity, not its address's: a
+guesser behind the same NAT does not hold it out, and a device that sends a wrong token ranks
+as any other from then on (a stolen device cookie buys one early turn, not a faster guessing
+rate).
 
 State is this process's memory: at most ``MAX_ADDRESSES`` addresses, the least recently failed
 forgotten first, and an address forgotten ``FORGET_AFTER_SECONDS`` after its last failure.
@@ -146,16 +148,16 @@ class SignInThrottle:
         return len(self._failures)
 
     async def attempt(
-        self, client_host: str | None, check: Callable[[], bool], *, known_device: bool = False
+        self, client_host: str | None, check: Callable[[], bool], *, device: str | None = None
     ) -> Verdict:
-        """Run ``check`` (the token comparison) under the rules above; ``known_device``: the
-        attempt carries a device cookie this token signed."""
+        """Run ``check`` (the token comparison) under the rules above; ``device``: the nonce of
+        a device cookie this token signed, the attempt's own identity (see the module's doc)."""
         key = address_key(client_host)
         network = network_key(client_host)
         self._forget_old()
+        if device is not None and (device_key := f"device:{device}") not in self._failures:
+            return await self._device_attempt(device_key, network, check)
         known = self._failures.get(key)
-        if known_device and known is None:
-            return await self._device_attempt(key, network, check)
         failing = self._failing(network)
         room = self._max_in_flight - (self._fresh_reserve if failing else 0)
         if (
@@ -211,7 +213,9 @@ class SignInThrottle:
                 del self._per_network[network]
 
     async def _device_attempt(self, key: str, network: str, check: Callable[[], bool]) -> Verdict:
-        """A known device with no wrong token from its address: its own places, first turn."""
+        """A known device that has never sent a wrong token: its own places and backoff, keyed
+        on the device and not on the address, so a guesser at the same address (a NAT, an IPv6
+        /64) cannot hold it out; the first turn at the gate."""
         if key in self._in_flight or self._devices_in_flight >= self._device_reserve:
             return Verdict.BUSY
         self._in_flight.add(key)

@@ -59,7 +59,7 @@ async def login(pages: Pages, request: Request) -> Response:
     verdict = await pages.ctx.throttle.attempt(
         client,
         lambda: pages.ctx.access.token_matches(offered),
-        known_device=pages.ctx.access.device_known(request.cookies.get(DEVICE_COOKIE), now),
+        device=pages.ctx.access.device_id(request.cookies.get(DEVICE_COOKIE), now),
     )
     if verdict is Verdict.BUSY:
         busy = pages.render(
