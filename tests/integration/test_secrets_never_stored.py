@@ -123,3 +123,27 @@ def test_a_secret_quoted_whole_and_then_cut_at_the_end_loses_both() -> None:
     text = (f"sent {KEY}, the proxy echoed {KEY}")[:-10]
     redacted = values.redact(text)
     assert not _has_key(redacted) and redacted.count(REDACTED) == 2
+
+
+async def test_a_report_stored_before_secrets_were_kept_out_is_shown_without_them(
+    db: Database, fresh_db_url: str
+) -> None:
+    """A run report written with the key in it (before stored text was redacted) is shown
+    without it, on the run's page and in its JSON alike."""
+    clock = FrozenClock(NOW)
+    runtime = make_runtime(db, clock, fresh_db_url, env={"RESEND_API_KEY": KEY})
+    [row] = await db.fetch(
+        "INSERT INTO nightcrew.runs (lane, trigger, started_at, finished_at, status, report)"
+        " VALUES ('daily', 'manual', %(at)s, %(at)s, 'completed', %(report)s) RETURNING id",
+        {"at": NOW, "report": json.dumps({"errors": [{"error": f"echoed Bearer {KEY}"}]})},
+    )
+    app = create_app(
+        Metrics(),
+        dashboard=DashboardContext(db=db, clock=clock, access=Access(token=None), runtime=runtime),
+    )
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+        shown = [await c.get(f"/runs/{row['id']}"), await c.get(f"/runs/{row['id']}/report.json")]
+    for page in shown:
+        assert page.status_code == 200, page.url
+        assert not _has_key(page.text) and REDACTED in page.text, page.text

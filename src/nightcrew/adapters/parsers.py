@@ -36,6 +36,10 @@ T = TypeVar("T")
 # At least two, so one hostile feed holding a worker for its whole budget never stops every
 # other feed's parse; at most four: parsing is a small share of a run (the database is most).
 PARSE_WORKERS = max(2, min(4, os.cpu_count() or 1))
+# Smallest first, but a waiting document's place improves by this many bytes each second it
+# waits: a 5 MB feed goes before any newly arrived one within 25 s, whatever smaller documents
+# keep arriving (a long-lived pipeline worker could otherwise keep a large feed waiting for ever).
+TURN_AGING_BYTES_PER_SECOND = 200_000
 
 
 def _cancel_scheduled(scheduling: asyncio.Future[Future[Any]]) -> None:
@@ -113,13 +117,18 @@ class ParserPool:
             return self._pool is not None and self._pid == os.getpid()
 
     @contextlib.asynccontextmanager
-    async def turn(self, size: int) -> AsyncIterator[None]:
+    async def turn(
+        self, size: int, *, aging: float = TURN_AGING_BYTES_PER_SECOND
+    ) -> AsyncIterator[None]:
         """A worker's turn for a document of ``size`` bytes: at most one task per worker is
         handed to the pool at once, and the waiting documents go smallest first — an ordinary
         feed is not queued behind hostile ones that use their whole parse budget (8 such in a
-        shard of 16 failed 15 of its feeds, first come first served)."""
-        gate = self._turns.setdefault(asyncio.get_running_loop(), RankedTurns(self._workers))
-        async with gate.turn(lambda: size):
+        shard of 16 failed 15 of its feeds, first come first served) — less ``aging`` bytes
+        for each second a document has waited, so none waits for ever."""
+        loop = asyncio.get_running_loop()
+        gate = self._turns.setdefault(loop, RankedTurns(self._workers))
+        arrived = loop.time()
+        async with gate.turn(lambda: size - aging * (loop.time() - arrived)):
             yield
 
     async def run(self, function: Callable[..., T], *args: Any, budget_seconds: float) -> T:

@@ -275,3 +275,29 @@ async def test_the_fetch_budget_stops_while_a_worker_parses_and_runs_on_afterwar
             left = (budget.when() or 0) - loop.time()
             assert 0.2 < left <= 0.3, left
             await asyncio.sleep(1)  # the rest of the download: the budget ends it
+
+
+async def test_a_large_document_waits_its_turn_but_not_for_ever() -> None:
+    """Smallest first, less the time waited: a 5 MB document queued behind both workers goes
+    before small ones that keep arriving once it has waited long enough (here 0.5 s at 10 MB a
+    second of aging); smaller ones queued with it still go first."""
+    pool = ParserPool(workers=2)
+    order: list[str] = []
+    release = asyncio.Event()
+
+    async def take(name: str, size: int) -> None:
+        async with pool.turn(size, aging=10_000_000):
+            order.append(name)
+            if name.startswith("held"):
+                await release.wait()
+
+    held = [asyncio.create_task(take(f"held{n}", 1)) for n in range(2)]
+    await asyncio.sleep(0)
+    large = asyncio.create_task(take("large", 5_000_000))
+    early = asyncio.create_task(take("early-small", 1_000))
+    await asyncio.sleep(0.6)  # the large one has waited 0.6 s: 6 MB of aging
+    late = asyncio.create_task(take("late-small", 1_000))
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.gather(*held, large, early, late)
+    assert order == ["held0", "held1", "early-small", "large", "late-small"]

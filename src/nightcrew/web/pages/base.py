@@ -60,9 +60,10 @@ class Pages:
     def __init__(self, ctx: DashboardContext) -> None:
         self.ctx = ctx
         self.csrf = Csrf(ctx.access.token)
-        self._env = _environment(
+        self.secrets = (
             SecretValues(ctx.runtime.settings.secret_values()) if ctx.runtime is not None else None
         )
+        self._env = _environment(self.secrets)
         self._at_once = asyncio.Semaphore(CONCURRENT_PAGES)
 
     def render(self, request: Request, template: str, status: int = 200, **values: Any) -> Response:
@@ -97,6 +98,11 @@ class Pages:
                 path="/",
             )
         return response
+
+    def shown(self, text: str) -> str:
+        """Text as every page shows it: no URL password, no configured secret (a row stored
+        before they were kept out of storage)."""
+        return str(_shown(text, self.secrets))
 
     def cross_site(self, request: Request) -> Response | None:
         """403 for a POST sent by another site's page (see access.same_origin), else None."""

@@ -392,7 +392,7 @@ async def report_json(pages: Pages, request: Request) -> Response:
             '{"error": "no such run"}\n', 404, media_type="application/json", headers=HEADERS
         )
     return Response(
-        pretty(detail.raw) + "\n",
+        pages.shown(pretty(detail.raw)) + "\n",
         media_type="application/json",
         headers={**HEADERS, "Content-Disposition": f'inline; filename="run-{detail.id}.json"'},
     )
