@@ -102,33 +102,43 @@ class Readiness:
     now: Callable[[], float]
 
 
-def create_app(
-    metrics: Metrics,
-    *,
-    reconcile: Reconcile | None = None,
-    reconciler_secret: str | None = None,
-    news_reports: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None,
-    readiness: Readiness | None = None,
-    collect: Callable[[], Awaitable[None]] | None = None,
-    dashboard: DashboardContext | None = None,
-    reconcile_throttle: SignInThrottle | None = None,
-) -> Starlette:
-    last_cause: str | None = None
-    reconcile_throttle = reconcile_throttle or SignInThrottle()
-    ping = SingleFlight(readiness.ping_database) if readiness is not None else None
-    collected = SingleFlight(collect) if collect is not None else None
+class ServiceApp:
+    """What ``create_app`` serves beside the dashboard: the probes, the reconciler's door and
+    the news reports, each a method over the service's parts."""
 
-    async def database_up() -> str | None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        *,
+        reconcile: Reconcile | None,
+        reconciler_secret: str | None,
+        news_reports: Callable[[], Awaitable[list[dict[str, Any]]]] | None,
+        readiness: Readiness | None,
+        collect: Callable[[], Awaitable[None]] | None,
+        dashboard: DashboardContext | None,
+        reconcile_throttle: SignInThrottle | None,
+    ) -> None:
+        self.metrics = metrics
+        self.reconcile = reconcile
+        self.reconciler_secret = reconciler_secret
+        self.news_reports = news_reports
+        self.readiness = readiness
+        self.dashboard = dashboard
+        self.reconcile_throttle = reconcile_throttle or SignInThrottle()
+        self.ping = SingleFlight(readiness.ping_database) if readiness is not None else None
+        self.collected = SingleFlight(collect) if collect is not None else None
+        self.last_cause: str | None = None
+
+    async def database_up(self) -> str | None:
         """None when PostgreSQL answered; else why not, in words that name no address (the
         answer is for a probe; the log line, once per new cause, has the details).
         Sets ``nightcrew_db_up``."""
-        nonlocal last_cause
-        if ping is None:
+        if self.ping is None:
             return None
         cause = None
         try:
             async with asyncio.timeout(DB_CHECK_TIMEOUT_SECONDS):
-                await ping.run()
+                await self.ping.run()
         except TimeoutError:
             problem: str | None = f"PostgreSQL did not answer within {DB_CHECK_TIMEOUT_SECONDS:g} s"
         except DatabaseUnavailableError as exc:
@@ -138,44 +148,44 @@ def create_app(
             cause = describe_error(exc)
         else:
             problem = None
-        if cause is not None and cause != last_cause:
+        if cause is not None and cause != self.last_cause:
             warning("ready_database_down", error=cause)
-        last_cause = cause
-        metrics.set("nightcrew_db_up", 0.0 if problem else 1.0)
+        self.last_cause = cause
+        self.metrics.set("nightcrew_db_up", 0.0 if problem else 1.0)
         return problem
 
-    async def render_metrics(request: Request) -> PlainTextResponse:
-        if await database_up() is None and collected is not None:
+    async def render_metrics(self, request: Request) -> PlainTextResponse:
+        if await self.database_up() is None and self.collected is not None:
             try:
-                await collected.run()
+                await self.collected.run()
             except Exception as exc:  # a scrape still answers, with what it has
                 warning("metrics_collect_failed", error=describe_error(exc))
-        return PlainTextResponse(metrics.render(), media_type=PROMETHEUS_TEXT)
+        return PlainTextResponse(self.metrics.render(), media_type=PROMETHEUS_TEXT)
 
-    async def ready(request: Request) -> JSONResponse:
-        if readiness is None:
+    async def ready(self, request: Request) -> JSONResponse:
+        if self.readiness is None:
             return JSONResponse({"status": "ready"})
         problems = []
-        if (problem := await database_up()) is not None:
+        if (problem := await self.database_up()) is not None:
             problems.append(f"database: {problem}")
-        last_tick = metrics.value("nightcrew_scheduler_last_tick_timestamp_seconds")
-        since = readiness.now() - max(last_tick, readiness.started_at)
+        last_tick = self.metrics.value("nightcrew_scheduler_last_tick_timestamp_seconds")
+        since = self.readiness.now() - max(last_tick, self.readiness.started_at)
         if since > SCHEDULER_STALE_SECONDS:
             problems.append(f"scheduler: no slot fired for {since:.0f} s")
         if problems:
             return JSONResponse({"status": "not ready", "problems": problems}, status_code=503)
         return JSONResponse({"status": "ready"})
 
-    async def reconcile_endpoint(request: Request) -> JSONResponse:
+    async def reconcile_endpoint(self, request: Request) -> JSONResponse:
         header = request.headers.get("authorization")
-        if not reconciler_secret or header is None:
+        if not self.reconciler_secret or header is None:
             # the door is closed, or nothing was offered: there is no guess to slow down
             return _unauthorized()
         # a bearer is a guess like a sign-in's: the same throttle (its own instance), and each
         # wrong one logged with the client it came from
         client = request.client.host if request.client else None
-        verdict = await reconcile_throttle.attempt(
-            client, lambda: authorized(header, reconciler_secret)
+        verdict = await self.reconcile_throttle.attempt(
+            client, lambda: authorized(header, self.reconciler_secret)
         )
         if verdict is Verdict.BUSY:
             return JSONResponse(
@@ -193,24 +203,25 @@ def create_app(
             options = parse_flags(dict(request.query_params))
         except OptionError as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
-        if reconcile is None:
+        if self.reconcile is None:
             return JSONResponse({"error": "the reconciler is not available here"}, status_code=503)
         event("reconcile_requested", **options.to_json())
         try:
-            report = await reconcile(options)
+            report = await self.reconcile(options)
         except NightcrewError as exc:
             warning("reconcile_unavailable", error=describe_error(exc))
             return JSONResponse({"error": str(exc)}, status_code=503)
         return JSONResponse(report)
 
-    async def openapi(request: Request) -> JSONResponse:
+    async def openapi(self, request: Request) -> JSONResponse:
         return JSONResponse(OPENAPI)
 
-    async def reports(request: Request) -> JSONResponse:
+    async def reports(self, request: Request) -> JSONResponse:
         # The same data as the dashboard's news page, under the same access: a loopback Host
         # when open; the dashboard's cookie or `Authorization: Bearer <token>` when it has one.
         # A bearer token is a guess like a sign-in's, under the same throttle; no token at all
         # guesses nothing and is refused at once. (The Host was checked by Doors.)
+        dashboard = self.dashboard
         if dashboard is not None and not dashboard.session_valid(request):
             bearer = request.headers.get("authorization")
             client = request.client.host if request.client else None
@@ -233,19 +244,41 @@ def create_app(
                     status_code=401,
                     headers={"WWW-Authenticate": 'Bearer realm="nightcrew"'},
                 )
-        if news_reports is None:
+        if self.news_reports is None:
             return JSONResponse({"reports": []})
-        return JSONResponse({"reports": await news_reports()})
+        return JSONResponse({"reports": await self.news_reports()})
 
+
+def create_app(
+    metrics: Metrics,
+    *,
+    reconcile: Reconcile | None = None,
+    reconciler_secret: str | None = None,
+    news_reports: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None,
+    readiness: Readiness | None = None,
+    collect: Callable[[], Awaitable[None]] | None = None,
+    dashboard: DashboardContext | None = None,
+    reconcile_throttle: SignInThrottle | None = None,
+) -> Starlette:
+    app = ServiceApp(
+        metrics,
+        reconcile=reconcile,
+        reconciler_secret=reconciler_secret,
+        news_reports=news_reports,
+        readiness=readiness,
+        collect=collect,
+        dashboard=dashboard,
+        reconcile_throttle=reconcile_throttle,
+    )
     return Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
             Route("/_health", health, methods=["GET"]),
-            Route("/ready", ready, methods=["GET"]),
-            Route("/metrics", render_metrics, methods=["GET"]),
-            Route("/reconcile", reconcile_endpoint, methods=["POST"]),
-            Route("/openapi.json", openapi, methods=["GET"]),
-            Route("/news/reports", reports, methods=["GET"]),
+            Route("/ready", app.ready, methods=["GET"]),
+            Route("/metrics", app.render_metrics, methods=["GET"]),
+            Route("/reconcile", app.reconcile_endpoint, methods=["POST"]),
+            Route("/openapi.json", app.openapi, methods=["GET"]),
+            Route("/news/reports", app.reports, methods=["GET"]),
             *(dashboard_routes(dashboard) if dashboard is not None else []),
         ],
         middleware=[Middleware(Doors, access=dashboard.access if dashboard else None)],
