@@ -26,7 +26,16 @@ from nightcrew.web.access import Access, check_secret
 from nightcrew.web.proxies import uvicorn_proxy_options
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
+    from starlette.applications import Starlette
+
+    from nightcrew.clock import Clock
     from nightcrew.config import Settings
+    from nightcrew.lifecycle.reconcile.core import ReconcileOptions
+    from nightcrew.runtime import Runtime
+    from nightcrew.scheduler import Schedule
+    from nightcrew.web.context import DashboardContext
 
 # a stop waits this long for connections to finish, not for ever
 GRACEFUL_SHUTDOWN_SECONDS = 15
@@ -143,13 +152,8 @@ async def _serve_on(
 
     from nightcrew.config import reveal
     from nightcrew.demo import repoint_sample_feeds
-    from nightcrew.http import Readiness, create_app
     from nightcrew.lifecycle.lanes import lane_schedule, lifecycle_schedules
-    from nightcrew.lifecycle.reconcile.core import ReconcileOptions
-    from nightcrew.lifecycle.reconcile.engine import run_reconcile
     from nightcrew.log import warning
-    from nightcrew.news.engines.pipeline.metrics import collect_metrics
-    from nightcrew.news.report import latest_reports
     from nightcrew.news.schedule import news_schedules
     from nightcrew.scheduler import Scheduler
     from nightcrew.web.connections import (
@@ -182,46 +186,22 @@ async def _serve_on(
             schedules = (*schedules, *news_schedules(runtime, clock))
         scheduler = Scheduler(runtime, clock, schedules)
 
-        async def reconcile(options: ReconcileOptions) -> dict[str, Any]:
-            return (await run_reconcile(runtime, clock, options)).to_json()
-
-        async def reports() -> list[dict[str, Any]]:
-            return await latest_reports(runtime.db)
-
-        async def ping_database() -> None:
-            await runtime.db.fetch_one("SELECT 1")
-
         guards = ServerGuards(
             read_timeout=settings.http_read_timeout_seconds,
             max_connections=settings.http_max_connections,
         )
+        dashboard = DashboardContext(
+            db=runtime.db,
+            clock=clock,
+            access=access,
+            schedules=scheduler.status,
+            label="the demo's night" if demo else "",
+            runtime=runtime,  # the page's actions act with it
+            proxies_trusted=bool(settings.trusted_proxy_networks),
+        )
         server = QuietServer(
             uvicorn.Config(
-                create_app(
-                    runtime.metrics,
-                    reconcile=reconcile,
-                    reconciler_secret=secret,
-                    news_reports=reports,
-                    collect=(
-                        (lambda: collect_metrics(runtime, clock))
-                        if settings.news_pipeline == "rabbitmq"
-                        else None
-                    ),
-                    readiness=Readiness(
-                        ping_database=ping_database,
-                        started_at=clock.now().timestamp(),
-                        now=lambda: clock.now().timestamp(),
-                    ),
-                    dashboard=DashboardContext(
-                        db=runtime.db,
-                        clock=clock,
-                        access=access,
-                        schedules=scheduler.status,
-                        label="the demo's night" if demo else "",
-                        runtime=runtime,  # the page's actions act with it
-                        proxies_trusted=bool(settings.trusted_proxy_networks),
-                    ),
-                ),
+                _service_app(runtime, clock, secret, dashboard),
                 host=host,
                 port=port,
                 # no connection held by a client that never finishes its request
@@ -247,26 +227,7 @@ async def _serve_on(
         owed = await scheduler.owed()  # before the scheduler starts, and so runs them
         ticking = asyncio.create_task(scheduler.run())
         event("serve_started", host=host, port=port, database=runtime.db.target)
-        where = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
-        what = (
-            "the last demo's night (its minute lane scheduled)"
-            if demo
-            else "scheduling " + ", ".join(s.name for s in schedules)
-        )
-        guard = "sign-in with NIGHTCREW_DASHBOARD_TOKEN" if access.token else "open to this machine"
-        typer.echo(
-            f"nightcrew serve: dashboard on {where} ({guard}); {what}; database {runtime.db.target}"
-        )
-        for schedule, slot in owed:
-            # a first start (no run history) or a start after a missed night runs the slot at
-            # once: said before it happens, not discovered in the run history
-            late = clock.now() - slot
-            typer.echo(
-                f"nightcrew serve: the {schedule.name} lane's slot of {slot:%Y-%m-%d %H:%M} UTC"
-                f" has not run: running it now ({_hours(late)} late; a missed slot is run"
-                f" within {_hours(schedule.catch_up)}; `nightcrew lifecycle run"
-                f" {schedule.name} --dry-run` shows what it does)"
-            )
+        _announce(host, port, access, runtime.db.target, schedules, owed, clock, demo=demo)
         if secret is None and not demo:
             warning(
                 "reconcile_endpoint_disabled",
@@ -279,6 +240,73 @@ async def _serve_on(
             ticking.cancel()
             await asyncio.gather(ticking, return_exceptions=True)
             event("serve_stopped")
+
+
+def _service_app(
+    runtime: Runtime, clock: Clock, secret: str | None, dashboard: DashboardContext
+) -> Starlette:
+    """The HTTP app over ``runtime``: probes, /reconcile, the news reports, the dashboard."""
+    from nightcrew.http import Readiness, create_app
+    from nightcrew.lifecycle.reconcile.engine import run_reconcile
+    from nightcrew.news.engines.pipeline.metrics import collect_metrics
+    from nightcrew.news.report import latest_reports
+
+    async def reconcile(options: ReconcileOptions) -> dict[str, Any]:
+        return (await run_reconcile(runtime, clock, options)).to_json()
+
+    async def reports() -> list[dict[str, Any]]:
+        return await latest_reports(runtime.db)
+
+    async def ping_database() -> None:
+        await runtime.db.fetch_one("SELECT 1")
+
+    pipeline = runtime.settings.news_pipeline == "rabbitmq"
+    return create_app(
+        runtime.metrics,
+        reconcile=reconcile,
+        reconciler_secret=secret,
+        news_reports=reports,
+        collect=(lambda: collect_metrics(runtime, clock)) if pipeline else None,
+        readiness=Readiness(
+            ping_database=ping_database,
+            started_at=clock.now().timestamp(),
+            now=lambda: clock.now().timestamp(),
+        ),
+        dashboard=dashboard,
+    )
+
+
+def _announce(
+    host: str,
+    port: int,
+    access: Access,
+    database: str,
+    schedules: tuple[Schedule, ...],
+    owed: list[tuple[Schedule, datetime]],
+    clock: Clock,
+    *,
+    demo: bool,
+) -> None:
+    """The lines `serve` prints when it starts: where, how guarded, what it schedules, and
+    each slot it is about to run late."""
+    where = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+    what = (
+        "the last demo's night (its minute lane scheduled)"
+        if demo
+        else "scheduling " + ", ".join(s.name for s in schedules)
+    )
+    guard = "sign-in with NIGHTCREW_DASHBOARD_TOKEN" if access.token else "open to this machine"
+    typer.echo(f"nightcrew serve: dashboard on {where} ({guard}); {what}; database {database}")
+    for schedule, slot in owed:
+        # a first start (no run history) or a start after a missed night runs the slot at
+        # once: said before it happens, not discovered in the run history
+        late = clock.now() - slot
+        typer.echo(
+            f"nightcrew serve: the {schedule.name} lane's slot of {slot:%Y-%m-%d %H:%M} UTC"
+            f" has not run: running it now ({_hours(late)} late; a missed slot is run"
+            f" within {_hours(schedule.catch_up)}; `nightcrew lifecycle run"
+            f" {schedule.name} --dry-run` shows what it does)"
+        )
 
 
 def _hours(span: timedelta) -> str:
