@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psycopg
 
-from nightcrew.db.database import with_dbname
+from nightcrew.db.connection import with_dbname
 
 
 @contextmanager

@@ -54,7 +54,8 @@ from nightcrew.adapters.queues import PostgresQueueProducer
 from nightcrew.adapters.storage import open_store
 from nightcrew.clock import FrozenClock, SystemClock
 from nightcrew.config import Settings
-from nightcrew.db.database import Database, with_dbname
+from nightcrew.db.connection import with_dbname
+from nightcrew.db.database import Database
 from nightcrew.db.migrate import migrate
 from nightcrew.lifecycle.reconcile.core import ReconcileOptions
 from nightcrew.lifecycle.reconcile.engine import run_reconcile

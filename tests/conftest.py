@@ -31,7 +31,8 @@ from nightcrew.adapters.queues import MemoryQueueProducer, PostgresQueueProducer
 from nightcrew.adapters.storage import ObjectStore, open_store
 from nightcrew.clock import Clock, FrozenClock
 from nightcrew.config import Settings
-from nightcrew.db.database import Database, with_dbname
+from nightcrew.db.connection import with_dbname
+from nightcrew.db.database import Database
 from nightcrew.db.migrate import migrate
 from nightcrew.runtime import Runtime, open_runtime
 from tests.support.servers import (

@@ -25,7 +25,8 @@ from nightcrew.adapters.reviewer import OfflineReviewer
 from nightcrew.adapters.storage import ObjectStore
 from nightcrew.clock import Clock
 from nightcrew.config import Settings
-from nightcrew.db.database import Database, with_dbname
+from nightcrew.db.connection import with_dbname
+from nightcrew.db.database import Database
 from nightcrew.db.embedded import EmbeddedPostgres
 from nightcrew.db.migrate import migrate
 from nightcrew.effects import outbox as effects_outbox

@@ -28,7 +28,8 @@ from nightcrew.adapters.storage import ObjectStore, ReadOnlyStore, open_store
 from nightcrew.adapters.tls import tls_context
 from nightcrew.clock import Clock
 from nightcrew.config import Settings, reveal
-from nightcrew.db.database import ConnectionPolicy, Database
+from nightcrew.db.connection import ConnectionPolicy
+from nightcrew.db.database import Database
 from nightcrew.db.embedded import EmbeddedPostgres
 from nightcrew.errors import ConfigError
 from nightcrew.metrics import Metrics

@@ -34,7 +34,8 @@ from structlog.testing import capture_logs
 from nightcrew import runs
 from nightcrew.adapters.queues import PODCAST_IMPORTS, PostgresQueueProducer
 from nightcrew.clock import FrozenClock
-from nightcrew.db.database import ConnectionPolicy, Database
+from nightcrew.db.connection import ConnectionPolicy
+from nightcrew.db.database import Database
 from nightcrew.errors import DatabaseUnavailableError
 from nightcrew.http import create_app
 from nightcrew.lifecycle.lanes import lane_schedule, run_lane

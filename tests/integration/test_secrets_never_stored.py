@@ -16,7 +16,8 @@ from werkzeug import Request, Response
 from nightcrew.adapters.feedcache import HttpFeedCache
 from nightcrew.adapters.mail import ResendMailer
 from nightcrew.clock import FrozenClock
-from nightcrew.db.database import ConnectionPolicy, Database
+from nightcrew.db.connection import ConnectionPolicy
+from nightcrew.db.database import Database
 from nightcrew.http import create_app
 from nightcrew.lifecycle.lanes import run_lane
 from nightcrew.log import REDACTED, SecretScrubber, SecretValues

@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 
-from nightcrew.db.database import with_dbname
+from nightcrew.db.connection import with_dbname
 from tests.acceptance.test_cli import _env, _nightcrew
 
 TWIN_SQL = Path(__file__).with_name("platform_twin.sql")

@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from nightcrew.adapters.storage import ObjectStore
-from nightcrew.db.database import Database, with_dbname
+from nightcrew.db.connection import with_dbname
+from nightcrew.db.database import Database
 from nightcrew.lifecycle.reconcile.core import ReconcileOptions, public_prefix
 from nightcrew.lifecycle.reconcile.engine import run_reconcile
 from tests import factories as f
