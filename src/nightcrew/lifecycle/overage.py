@@ -29,21 +29,27 @@ the email effect's key); the conditional claims are the advance-once guard.
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
 
-from nightcrew.adapters.queues import PUBLIC_API_INVALIDATION
 from nightcrew.clock import Clock
-from nightcrew.db.database import Tx
 from nightcrew.db.queries import load_queries
-from nightcrew.effects import feed_outbox
 from nightcrew.effects import outbox as effects
-from nightcrew.effects.deliver import DrainReport, deliver_effects, deliver_now
-from nightcrew.lifecycle.overage_mail import Overage, render
-from nightcrew.log import event, warning
+from nightcrew.effects.deliver import DrainReport, deliver_effects
+from nightcrew.lifecycle.overage_mail import Overage
+from nightcrew.lifecycle.overage_owed import (
+    claim_stage,
+    idempotency_key,
+    invalidate_feeds,
+    owe_email,
+    owe_invalidations,
+    parse_key,
+    send_owed,
+)
+from nightcrew.lifecycle.overage_report import EscalationReport, Tally
+from nightcrew.log import event
 from nightcrew.reports import Failure, one_item
 from nightcrew.runtime import Runtime
 
@@ -75,23 +81,6 @@ def stage_due(elapsed: timedelta) -> int:
     return min(due, FINAL_STAGE)
 
 
-def idempotency_key(account_id: str, since: datetime, stage: int | str) -> str:
-    """``overage:{account}:{since}:{stage}``, since in epoch milliseconds (DESIGN §6)."""
-    return f"overage:{account_id}:{int(since.timestamp() * 1000)}:{stage}"
-
-
-def parse_key(key: str) -> tuple[str, datetime, int] | None:
-    """(account, since, stage) of a stage email's key; None for any other key."""
-    parts = key.split(":")
-    if len(parts) != 4 or parts[0] != "overage" or not parts[3].isdigit():
-        return None
-    try:
-        since = datetime.fromtimestamp(int(parts[2]) / 1000, tz=UTC)
-    except ValueError:
-        return None
-    return parts[1], since, int(parts[3])
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DrainAndClaims:
     """The minute lane's ``deliverEffects``: the effects drain's report, and the overage stages
@@ -118,7 +107,7 @@ async def deliver_and_claim(runtime: Runtime, clock: Clock) -> DrainAndClaims:
     delivery's time, with the sweep's conditional claim (the first claim wins; a stage never
     goes back)."""
     drain = await deliver_effects(runtime, clock)
-    tally = _Tally()
+    tally = Tally()
     sent = 0
     for key, delivered_at in drain.mail_delivered:
         parsed = parse_key(key)
@@ -127,7 +116,7 @@ async def deliver_and_claim(runtime: Runtime, clock: Clock) -> DrainAndClaims:
         account, since, stage = parsed
         sent += 1
         event("overage_email_sent", account_id=account, stage=stage, idempotency_key=key)
-        await _claim(runtime, account, since, stage, delivered_at, tally)
+        await claim_stage(runtime, account, since, stage, delivered_at, tally)
     return DrainAndClaims(drain=drain, claims=tally.claims, emails_sent=sent)
 
 
@@ -146,72 +135,6 @@ def sanction_set(
     if over_count and podcast_cap is not None:
         return list(podcasts[int(podcast_cap) :])
     return []
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class EscalationReport:
-    scanned: int = 0
-    armed: int = 0
-    emails_sent: int = 0
-    suspended_accounts: int = 0
-    suspended_podcasts: int = 0
-    restored_accounts: int = 0
-    restored_podcasts: int = 0
-    claims: list[dict[str, Any]] = field(default_factory=list)
-    emails: list[dict[str, Any]] = field(default_factory=list)
-    # who was restored, so the run history (and the dashboard) can say it
-    restored: list[dict[str, Any]] = field(default_factory=list)
-    errors: list[Failure] = field(default_factory=list)
-
-    def counts(self) -> dict[str, int]:
-        return {
-            "scanned": self.scanned,
-            "armed": self.armed,
-            "emails_sent": self.emails_sent,
-            "suspended_accounts": self.suspended_accounts,
-            "suspended_podcasts": self.suspended_podcasts,
-            "restored_accounts": self.restored_accounts,
-            "restored_podcasts": self.restored_podcasts,
-        }
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **self.counts(),
-            "claims": self.claims,
-            "emails": self.emails,
-            "restored": self.restored,
-            "errors": self.errors,
-        }
-
-
-# What a sweep counts besides its lists (emails sent and accounts restored are their lengths).
-_Count = Literal["armed", "suspended_accounts", "suspended_podcasts", "restored_podcasts"]
-
-
-@dataclass(slots=True)
-class _Tally:
-    """What a sweep has done so far; frozen into its EscalationReport when the sweep ends."""
-
-    counts: Counter[_Count] = field(default_factory=Counter)
-    claims: list[dict[str, Any]] = field(default_factory=list)
-    emails: list[dict[str, Any]] = field(default_factory=list)
-    restored: list[dict[str, Any]] = field(default_factory=list)
-    errors: list[Failure] = field(default_factory=list)
-
-    def report(self, *, scanned: int) -> EscalationReport:
-        return EscalationReport(
-            scanned=scanned,
-            armed=self.counts["armed"],
-            emails_sent=len(self.emails),
-            suspended_accounts=self.counts["suspended_accounts"],
-            suspended_podcasts=self.counts["suspended_podcasts"],
-            restored_accounts=len(self.restored),
-            restored_podcasts=self.counts["restored_podcasts"],
-            claims=self.claims,
-            emails=self.emails,
-            restored=self.restored,
-            errors=self.errors,
-        )
 
 
 async def scan(runtime: Runtime) -> list[dict[str, Any]]:
@@ -238,7 +161,7 @@ async def scan_slice(runtime: Runtime, slices: int, n: int) -> list[dict[str, An
 
 async def run_overage_escalation(runtime: Runtime, clock: Clock) -> EscalationReport:
     """The daily sweep: every account that can need work; one failing never stops the next."""
-    tally = _Tally()
+    tally = Tally()
     rows = await scan(runtime)
     for row in rows:
         await _isolated(runtime, clock, row, tally)
@@ -251,14 +174,14 @@ async def reconcile_account_overage(
     runtime: Runtime, clock: Clock, account_id: str
 ) -> EscalationReport:
     """The webhook's entry: the same legs and claims, for one account."""
-    tally = _Tally()
+    tally = Tally()
     rows = await runtime.db.fetch(SQL["measure_account"], {"account_id": account_id})
     for row in rows:
         await _isolated(runtime, clock, row, tally)
     return tally.report(scanned=len(rows))
 
 
-async def _isolated(runtime: Runtime, clock: Clock, row: dict[str, Any], tally: _Tally) -> None:
+async def _isolated(runtime: Runtime, clock: Clock, row: dict[str, Any], tally: Tally) -> None:
     with one_item(tally.errors, "overage_escalation_account_failed", account_id=str(row["id"])):
         await _process(runtime, clock, row, tally)
 
@@ -282,7 +205,19 @@ class OverageClock:
         )
 
 
-async def _process(runtime: Runtime, clock: Clock, row: dict[str, Any], tally: _Tally) -> None:
+@dataclass(frozen=True, slots=True)
+class _Leg:
+    """One account's pass through a leg (nag, suspend, restore): what each of them acts on."""
+
+    runtime: Runtime
+    clock: Clock
+    account: str
+    clock_state: OverageClock
+    overage: Overage
+    tally: Tally
+
+
+async def _process(runtime: Runtime, clock: Clock, row: dict[str, Any], tally: Tally) -> None:
     now = clock.now()
     account = str(row["id"])
     # Measure again, now: the scan row may be minutes old, and the webhook may have moved the
@@ -308,22 +243,17 @@ async def _process(runtime: Runtime, clock: Clock, row: dict[str, Any], tally: _
 
     if not (over_count or over_storage):
         if clock_state.since is not None or fresh["stamped"]:
-            await _restore(runtime, clock, account, clock_state, overage, tally)
+            await _restore(_Leg(runtime, clock, account, clock_state, overage, tally))
         return
     armed = await _arm(runtime, now, account, clock_state, tally)
     if armed is None or armed.since is None:
         return  # the account is gone
     overage = replace(overage, deadline=armed.deadline)  # if just armed
     if armed.stage < FINAL_STAGE:
-        await _nag(runtime, clock, account, armed, overage, tally)
+        await _nag(_Leg(runtime, clock, account, armed, overage, tally))
         return
     await _suspend(
-        runtime,
-        clock,
-        account,
-        armed,
-        overage,
-        tally,
+        _Leg(runtime, clock, account, armed, overage, tally),
         over_storage=over_storage,
         over_count=over_count,
         podcast_cap=podcast_cap,
@@ -335,7 +265,7 @@ async def _arm(
     now: datetime,
     account: str,
     clock_state: OverageClock,
-    tally: _Tally,
+    tally: Tally,
 ) -> OverageClock | None:
     """Start the clock if it is not running; the clock as it now stands (None: no account)."""
     if clock_state.since is not None:
@@ -356,40 +286,28 @@ async def _arm(
     return OverageClock.from_row(current) if current is not None else None
 
 
-async def _nag(
-    runtime: Runtime,
-    clock: Clock,
-    account: str,
-    clock_state: OverageClock,
-    overage: Overage,
-    tally: _Tally,
-) -> None:
+async def _nag(leg: _Leg) -> None:
     """Owe and send the warning whose stage is due, if one is."""
+    runtime, clock, account = leg.runtime, leg.clock, leg.account
+    clock_state, overage, tally = leg.clock_state, leg.overage, leg.tally
     now, since = clock.now(), clock_state.since
     assert since is not None
     due = stage_due(now - since)
     if due <= clock_state.stage:
         return
     async with runtime.db.transaction() as tx:
-        nag = await _owe_email(runtime, tx, now, account, since, due, overage, [])
-    if await _send(runtime, clock, account, due, nag, tally):
-        await _claim(runtime, account, since, due, now, tally)
+        nag = await owe_email(runtime, tx, now, account, since, due, overage, [])
+    if await send_owed(runtime, clock, account, due, nag, tally):
+        await claim_stage(runtime, account, since, due, now, tally)
 
 
 async def _suspend(
-    runtime: Runtime,
-    clock: Clock,
-    account: str,
-    clock_state: OverageClock,
-    overage: Overage,
-    tally: _Tally,
-    *,
-    over_storage: bool,
-    over_count: bool,
-    podcast_cap: float | None,
+    leg: _Leg, *, over_storage: bool, over_count: bool, podcast_cap: float | None
 ) -> None:
     """Stage 3 aged its notice: stamp the sanction set and send the suspension notice. Stage
     4: re-derive the set (stamp the new, restore the no longer needed)."""
+    runtime, clock, account = leg.runtime, leg.clock, leg.account
+    clock_state, overage, tally = leg.clock_state, leg.overage, leg.tally
     now, since, stage = clock.now(), clock_state.since, clock_state.stage
     assert since is not None
     last_nag = clock_state.last_nag_at
@@ -414,12 +332,12 @@ async def _suspend(
         cleared = await tx.fetch(SQL["unstamp_except"], {"id": account, "keep": ids, "now": now})
         # Newly stamped feeds are suspended; feeds no longer in the re-derived set are restored.
         owed = [
-            *await _owe_invalidations(tx, now, stamped, "podcast.suspended", "overage_suspension"),
-            *await _owe_invalidations(tx, now, cleared, "podcast.restored", "overage_restored"),
+            *await owe_invalidations(tx, now, stamped, "podcast.suspended", "overage_suspension"),
+            *await owe_invalidations(tx, now, cleared, "podcast.restored", "overage_restored"),
         ]
         if stage == FINAL_STAGE:
             names = [p["title"] or p["slug"] for p in sanctioned]
-            notice = await _owe_email(
+            notice = await owe_email(
                 runtime, tx, now, account, since, SUSPENDED_STAGE, overage, names
             )
     if stamped:
@@ -428,24 +346,19 @@ async def _suspend(
             account_id=account,
             podcast_ids=[str(p["id"]) for p in stamped],
         )
-    await _invalidate(runtime, clock, owed, tally)
+    await invalidate_feeds(runtime, clock, owed, tally)
     if stage == FINAL_STAGE:
         tally.counts["suspended_accounts"] += 1
         tally.counts["suspended_podcasts"] += len(stamped)
-        if await _send(runtime, clock, account, SUSPENDED_STAGE, notice, tally):
-            await _claim(runtime, account, since, SUSPENDED_STAGE, now, tally)
+        if await send_owed(runtime, clock, account, SUSPENDED_STAGE, notice, tally):
+            await claim_stage(runtime, account, since, SUSPENDED_STAGE, now, tally)
     else:
         tally.counts["suspended_podcasts"] += len(stamped)
 
 
-async def _restore(
-    runtime: Runtime,
-    clock: Clock,
-    account: str,
-    clock_state: OverageClock,
-    overage: Overage,
-    tally: _Tally,
-) -> None:
+async def _restore(leg: _Leg) -> None:
+    runtime, clock, account = leg.runtime, leg.clock, leg.account
+    clock_state, overage, tally = leg.clock_state, leg.overage, leg.tally
     now = clock.now()
     since = clock_state.since
     restored: effects.Effect | None = None
@@ -468,7 +381,7 @@ async def _restore(
         cleared = await tx.fetch(SQL["unstamp_except"], {"id": account, "keep": [], "now": now})
         if since is None and not cleared:
             return  # another caller restored it first
-        owed = await _owe_invalidations(tx, now, cleared, "podcast.restored", "overage_restored")
+        owed = await owe_invalidations(tx, now, cleared, "podcast.restored", "overage_restored")
         if episode is not None:
             # A warning or notice still being retried would now arrive after "you're back"
             # (unarmed: whichever clock they were keyed by, that clock is gone).
@@ -487,7 +400,7 @@ async def _restore(
                 patterns=patterns,
             )
             names = [p["slug"] for p in cleared]
-            restored = await _owe_email(
+            restored = await owe_email(
                 runtime, tx, now, account, episode, "restored", overage, names
             )
     tally.counts["restored_podcasts"] += len(cleared)
@@ -499,164 +412,6 @@ async def _restore(
         }
     )
     event("overage_restored", account_id=account, podcast_ids=[str(p["id"]) for p in cleared])
-    await _invalidate(runtime, clock, owed, tally)
+    await invalidate_feeds(runtime, clock, owed, tally)
     if episode is not None:
-        await _send(runtime, clock, account, "restored", restored, tally)
-
-
-async def _owe_email(
-    runtime: Runtime,
-    tx: Tx,
-    now: datetime,
-    account: str,
-    since: datetime,
-    stage: int | str,
-    overage: Overage,
-    suspended: list[str],
-) -> effects.Effect | None:
-    """Record a stage's email as an effect keyed ``overage:{account}:{since}:{stage}``; None
-    when the account has no owner address to write to."""
-    owner = await tx.fetch_one(SQL["owner_email"], {"id": account})
-    recipient = owner["email"] if owner else None
-    if not recipient:
-        warning("overage_email_no_owner", account_id=account, stage=stage)
-        return None
-    if not runtime.mail.configured:
-        # Recorded all the same: it dies at its first attempt, and `nightcrew effects retry
-        # --dead --kind mail` sends it once Resend is configured.
-        warning(
-            "overage_email_skipped",
-            account_id=account,
-            stage=stage,
-            reason="RESEND_API_KEY or RESEND_FROM_EMAIL is unset",
-        )
-    subject, text, markup = render(stage, overage, suspended)
-    return await effects.record(
-        tx,
-        kind="mail",
-        key=idempotency_key(account, since, stage),
-        payload={"to": recipient, "subject": subject, "text": text, "html": markup},
-        now=now,
-    )
-
-
-async def _send(
-    runtime: Runtime,
-    clock: Clock,
-    account: str,
-    stage: int | str,
-    email: effects.Effect | None,
-    tally: _Tally,
-) -> bool:
-    """The email's first attempt; True when its outcome is final (sent — now or by an earlier
-    caller — or permanently not: no owner, Resend unconfigured, a 4xx). A transient failure is
-    retried by the minute lane with the same key, and the stage stays unclaimed meanwhile."""
-    if email is None:
-        return True
-    if email.expired:
-        # It was never confirmed, only timed out (Resend down for 20 h): the stage must not be
-        # claimed on an email the owner never got. Re-drive it, with a fresh maximum age.
-        await effects.retry(runtime.db, clock.now(), ids=[email.id])
-        email = await effects.get(runtime.db, email.id) or email
-        event("effect_retried", effect_id=email.id, kind="mail", key=email.key, reason="expired")
-    [delivery] = await deliver_now(runtime, clock, [email])
-    if delivery.status == "delivered":
-        if not delivery.detail.get("earlier"):
-            tally.emails.append(
-                {
-                    "account_id": account,
-                    "stage": stage,
-                    "to": email.payload["to"],
-                    "idempotency_key": email.key,
-                }
-            )
-            event("overage_email_sent", account_id=account, stage=stage, idempotency_key=email.key)
-        return True
-    if not runtime.mail.configured:
-        return True  # overage_email_skipped was logged when it was recorded
-    failure: Failure = {
-        "event": "overage_email_failed",
-        "account_id": account,
-        "stage": stage,
-        "transient": delivery.status == "transient",
-        "effect_id": email.id,
-        "error": delivery.error,
-    }
-    warning(**failure)
-    tally.errors.append(failure)
-    return delivery.final
-
-
-async def _claim(
-    runtime: Runtime,
-    account: str,
-    since: datetime,
-    stage: int,
-    now: datetime,
-    tally: _Tally,
-) -> None:
-    claimed = await runtime.db.fetch_one(
-        SQL["claim_stage"], {"id": account, "since": since, "stage": stage, "now": now}
-    )
-    if claimed is not None:
-        tally.claims.append({"account_id": account, "stage": stage})
-
-
-async def _owe_invalidations(
-    tx: Tx, now: datetime, podcasts: list[dict[str, Any]], kind: str, reason: str
-) -> list[effects.Effect]:
-    """Both caches, per podcast, owed in the transaction that changed its stamp: the feed
-    worker's confirmable lane (a feed_invalidation_outbox intent and its effect) and a
-    public-api-invalidation message. A message of the opposite kind still being retried for the
-    same podcast is superseded: it must not arrive after this one."""
-    opposite = "podcast.restored" if kind == "podcast.suspended" else "podcast.suspended"
-    if podcasts:
-        await effects.supersede(
-            tx,
-            kind="queue",
-            now=now,
-            reason=f"superseded: {kind} is owed after it",
-            patterns=[f"{PUBLIC_API_INVALIDATION}:{opposite}:{p['id']}:%" for p in podcasts],
-        )
-    owed = await feed_outbox.record(tx, [str(p["id"]) for p in podcasts], reason, now)
-    for podcast in podcasts:
-        podcast_id = str(podcast["id"])
-        owed.append(
-            await effects.record(
-                tx,
-                kind="queue",
-                key=f"{PUBLIC_API_INVALIDATION}:{kind}:{podcast_id}:{int(now.timestamp() * 1000)}",
-                payload={
-                    "queue": PUBLIC_API_INVALIDATION,
-                    "body": {
-                        "type": kind,
-                        "podcast_id": podcast_id,
-                        "podcast_slug": podcast["slug"],
-                    },
-                },
-                now=now,
-            )
-        )
-    return owed
-
-
-async def _invalidate(
-    runtime: Runtime, clock: Clock, owed: list[effects.Effect], tally: _Tally
-) -> None:
-    """The first attempt of the invalidations owed; a failure is reported and retried by the
-    minute lane until it is confirmed."""
-    for effect, delivery in zip(owed, await deliver_now(runtime, clock, owed), strict=True):
-        if delivery.status == "delivered":
-            continue
-        tally.errors.append(
-            {
-                "event": "overage_cache_invalidation_failed",
-                "podcast_id": str(
-                    effect.payload.get("podcast_id") or effect.payload["body"]["podcast_id"]
-                ),
-                "cache": "rss" if effect.kind == "feed_invalidate" else "public-api",
-                "effect_id": effect.id,
-                "retried": delivery.status == "transient",
-                "error": delivery.error,
-            }
-        )
+        await send_owed(runtime, clock, account, "restored", restored, tally)

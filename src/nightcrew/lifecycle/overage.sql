@@ -96,15 +96,6 @@ SELECT content_overage_since, content_overage_deadline, content_overage_nag_stag
 SELECT content_overage_since, content_overage_nag_stage
   FROM public.billing_accounts WHERE id = %(id)s FOR UPDATE;
 
--- name: claim_stage
--- The advance-once guard: exactly one caller's claim matches, whatever raced it.
-UPDATE public.billing_accounts
-   SET content_overage_nag_stage = %(stage)s, content_overage_last_nag_at = %(now)s
- WHERE id = %(id)s
-   AND content_overage_since = %(since)s
-   AND content_overage_nag_stage < %(stage)s
-RETURNING content_overage_nag_stage;
-
 -- name: occupying_podcasts
 -- Oldest first (tie-break id): the first `cap` keep serving on a count-only overage.
 SELECT id, slug, title, overage_suspended_at
@@ -140,9 +131,3 @@ UPDATE public.billing_accounts
        content_overage_nag_stage = NULL, content_overage_last_nag_at = NULL
  WHERE id = %(id)s AND content_overage_since IS NOT DISTINCT FROM %(since)s;
 
--- name: owner_email
-SELECT coalesce(up.email, u.email) AS email
-  FROM public.billing_accounts b
-  LEFT JOIN public.user_profiles up ON up.id = b.owner_user_id
-  LEFT JOIN auth.users u ON u.id = b.owner_user_id
- WHERE b.id = %(id)s;

@@ -24,7 +24,8 @@ from nightcrew.db.database import Database
 from nightcrew.effects import outbox
 from nightcrew.effects.deliver import deliver_effects
 from nightcrew.http import create_app
-from nightcrew.lifecycle.overage import idempotency_key, run_overage_escalation
+from nightcrew.lifecycle.overage import run_overage_escalation
+from nightcrew.lifecycle.overage_owed import idempotency_key
 from nightcrew.lifecycle.pauses import billing_resume_key, reactivate_expired_pauses
 from nightcrew.runtime import Runtime
 from tests import factories as f

@@ -474,7 +474,9 @@ async def test_a_stale_scan_never_suspends_an_account_the_webhook_just_restored(
     )
     await reconcile_account_overage(runtime, clock, account)
     resend_server.reset()
-    tally = overage._Tally()
+    from nightcrew.lifecycle.overage_report import Tally
+
+    tally = Tally()
     await overage._process(runtime, clock, stale, tally)  # the sweep, on its stale row
     assert await _stamps(db, [first, second]) == [None, None]
     assert tally.report(scanned=1).suspended_accounts == 0 and resend_server.requests == []

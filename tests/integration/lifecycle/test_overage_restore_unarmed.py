@@ -17,8 +17,9 @@ from nightcrew.adapters.queues import PUBLIC_API_INVALIDATION
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
 from nightcrew.effects import outbox
-from nightcrew.lifecycle.overage import idempotency_key, run_overage_escalation
+from nightcrew.lifecycle.overage import run_overage_escalation
 from nightcrew.lifecycle.overage_mail import STAGE_SUBJECTS
+from nightcrew.lifecycle.overage_owed import idempotency_key
 from tests import factories as f
 from tests.conftest import NOW
 from tests.integration.lifecycle.test_overage import (

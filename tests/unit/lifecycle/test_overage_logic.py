@@ -4,8 +4,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from nightcrew.lifecycle.overage import idempotency_key, sanction_set, stage_due
+from nightcrew.lifecycle.overage import sanction_set, stage_due
 from nightcrew.lifecycle.overage_mail import Overage, render
+from nightcrew.lifecycle.overage_owed import idempotency_key
 
 D = timedelta(days=1)
 
