@@ -27,7 +27,8 @@ import psycopg
 import pytest
 
 import nightcrew
-from nightcrew.db.check import CheckReport, check_schema
+from nightcrew.db.check import check_schema
+from nightcrew.db.check_report import CheckReport
 from nightcrew.db.contract import RLS_HINT, TABLES, WRITES
 from nightcrew.db.database import Database
 from tests.acceptance.test_cli import _env, run
