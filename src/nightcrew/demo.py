@@ -59,151 +59,171 @@ async def _one(db: Database, sql: str, params: dict[str, Any]) -> str:
     return str(row["id"])
 
 
-async def seed(db: Database, store: ObjectStore, now: datetime) -> Sample:
-    sample = Sample()
+class _Seeder:
+    """Rows of a small podcast platform, each named in ``sample`` for the story."""
 
-    def ago(delta: timedelta) -> datetime:
-        return now - delta
+    def __init__(self, db: Database, store: ObjectStore, now: datetime) -> None:
+        self.db, self.store, self.now = db, store, now
+        self.sample = Sample()
 
-    async def user(email: str, created: datetime, **extra: Any) -> str:
+    def ago(self, delta: timedelta) -> datetime:
+        return self.now - delta
+
+    async def user(self, email: str, created: datetime, **extra: Any) -> str:
         cols = ", ".join(["email", "created_at", *extra])
         vals = ", ".join(f"%({k})s" for k in ["email", "created_at", *extra])
         uid = await _one(
-            db,
+            self.db,
             f"INSERT INTO auth.users ({cols}) VALUES ({vals})",
             {"email": email, "created_at": created, **extra},
         )
-        sample.names[uid] = email
+        self.sample.names[uid] = email
         return uid
 
-    async def account(owner: str, name: str, model: str) -> str:
+    async def account(self, owner: str, name: str, model: str) -> str:
         acct = await _one(
-            db,
+            self.db,
             "INSERT INTO public.billing_accounts (owner_user_id, billing_model, plan,"
             " stripe_customer_id) VALUES (%(o)s, %(m)s, 'creator', %(c)s)",
             {"o": owner, "m": model, "c": f"cus_{name.lower()}"},
         )
-        await db.execute(
+        await self.db.execute(
             "INSERT INTO public.user_profiles (id, email, billing_account_id)"
             " VALUES (%(u)s, %(e)s, %(a)s)",
-            {"u": owner, "e": sample.names[owner], "a": acct},
+            {"u": owner, "e": self.sample.names[owner], "a": acct},
         )
         return acct
 
-    async def podcast(title: str, acct: str, owner: str, **cols: Any) -> str:
+    async def podcast(self, title: str, acct: str, owner: str, **cols: Any) -> str:
         slug = title.lower().replace(" ", "-")
         names = ", ".join(["slug", "title", "billing_account_id", *cols])
         vals = ", ".join(f"%({k})s" for k in ["slug", "title", "billing_account_id", *cols])
         pid = await _one(
-            db,
+            self.db,
             f"INSERT INTO public.podcasts ({names}) VALUES ({vals})",
             {"slug": slug, "title": title, "billing_account_id": acct, **cols},
         )
-        await db.execute(
+        await self.db.execute(
             "INSERT INTO public.podcast_members (podcast_id, user_id, role)"
             " VALUES (%(p)s, %(u)s, 'owner')",
             {"p": pid, "u": owner},
         )
-        sample.names[pid] = f"“{title}”"
+        self.sample.names[pid] = f"“{title}”"
         return pid
 
-    async def episode(pid: str, title: str, files: int = 1, **cols: Any) -> str:
+    async def episode(self, pid: str, title: str, files: int = 1, **cols: Any) -> str:
         names = ", ".join(["podcast_id", "title", "status", *cols])
         vals = ", ".join(f"%({k})s" for k in ["podcast_id", "title", "status", *cols])
         eid = await _one(
-            db,
+            self.db,
             f"INSERT INTO public.episodes ({names}) VALUES ({vals})",
             {"podcast_id": pid, "title": title, "status": "published", **cols},
         )
-        sample.names[eid] = f"“{title}”"
+        self.sample.names[eid] = f"“{title}”"
         for n in range(files):
             data = f"sample audio {title} #{n}\n".encode() * 64
             key = f"podcasts/{pid}/e/{eid}/audio-{n}.mp3"
-            await store.put(key, data)
-            sample.files += 1
-            sample.bytes += len(data)
+            await self.store.put(key, data)
+            self.sample.files += 1
+            self.sample.bytes += len(data)
             if n == 0:  # the episode's enclosure; its recorded size is left for the reconciler
-                await db.execute(
+                await self.db.execute(
                     "UPDATE public.episodes SET audio_url = %(u)s WHERE id = %(e)s",
                     {"u": f"{DEMO_MEDIA_URL}/{key}", "e": eid},
                 )
         return eid
 
-    ada = await user("ada@example.test", ago(400 * DAY), email_confirmed_at=ago(400 * DAY))
-    bo = await user("bo@example.test", ago(300 * DAY), email_confirmed_at=ago(300 * DAY))
-    await user("signup-bot@example.test", ago(9 * DAY))
-    await user("new-listener@example.test", ago(2 * DAY))
-    await user("invited-cohost@example.test", ago(30 * DAY), invited_at=ago(30 * DAY))
-    # The "creator" plan serves two podcasts; Acme runs three, so its 30-day clock will start.
-    await db.execute(
-        "INSERT INTO public.plan_limits (plan, resource, limit_value)"
-        " VALUES ('creator', 'podcasts_per_account', 2)"
-    )
-    acme = await account(ada, "Acme", "subscription")
-    corp = await account(bo, "Corp", "enterprise_manual")
-
-    brew = await podcast("Morning Brew", acme, ada)
-    for n in range(3):
-        await episode(brew, f"Brew #{n + 1}", published_at=ago((3 - n) * 7 * DAY))
-    owls = await podcast(
-        "Night Owls", acme, ada, status="paused", paused_at=ago(90 * DAY), pause_expires_at=ago(DAY)
-    )
-    await episode(owls, "Owls pilot", published_at=ago(120 * DAY))
-    garden = await podcast(
-        "Garden Hour",
-        corp,
-        bo,
-        status="paused",
-        paused_at=ago(10 * DAY),
-        pause_expires_at=now + 7 * DAY,
-    )
-    await episode(garden, "Seeds", published_at=ago(30 * DAY))
-    old = await podcast(
-        "Old Times",
-        corp,
-        bo,
-        status="pending_deletion",
-        deletion_scheduled_at=ago(DAY),
-        deletion_redirect_url="https://example.test/moved",
-    )
-    for n in range(3):
-        await episode(
-            old, f"Old Times {n + 1}", files=2 if n == 0 else 1, published_at=ago(200 * DAY)
-        )
-    await podcast(
-        "Second Thoughts", corp, bo, status="pending_deletion", deletion_scheduled_at=now + 10 * DAY
-    )
-    ext = await podcast("Elsewhere FM", acme, ada, hosting_type="external")
-    # A trailer uploaded and abandoned three days ago: no episode points at it any more.
-    sample.orphan_key = f"podcasts/{ext}/e/retired-take/take-1.mp3"
-    await store.put(sample.orphan_key, b"an old take\n" * 256)
-    sample.files += 1
-    await episode(
-        ext,
-        "Hosted elsewhere",
-        files=0,
-        published_at=ago(DAY),
-        external_link_status="pending",
-        external_link_attempt=1,
-        external_link_next_attempt_at=ago(10 * MINUTE),
-    )
-
     async def podcast_import(
-        pid: str, name: str, status: str, at: datetime, *, migration: bool = False
+        self, pid: str, name: str, status: str, at: datetime, *, migration: bool = False
     ) -> str:
         """An import created at ``at``; a running one was started and dispatched then too."""
         started = at if status == "running" else None
         iid = await _one(
-            db,
+            self.db,
             "INSERT INTO public.podcast_imports (podcast_id, status, is_hosting_migration,"
             " started_at, dispatch_end_at, created_at)"
             " VALUES (%(p)s, %(s)s, %(m)s, %(r)s, %(r)s, %(t)s)",
             {"p": pid, "s": status, "m": migration, "r": started, "t": at},
         )
-        sample.names[iid] = name
+        self.sample.names[iid] = name
         return iid
 
-    imp = await podcast_import(brew, "the import into “Morning Brew”", "running", ago(30 * MINUTE))
+
+async def seed(db: Database, store: ObjectStore, now: datetime) -> Sample:
+    seeder = _Seeder(db, store, now)
+    ada = await seeder.user(
+        "ada@example.test", seeder.ago(400 * DAY), email_confirmed_at=seeder.ago(400 * DAY)
+    )
+    bo = await seeder.user(
+        "bo@example.test", seeder.ago(300 * DAY), email_confirmed_at=seeder.ago(300 * DAY)
+    )
+    await seeder.user("signup-bot@example.test", seeder.ago(9 * DAY))
+    await seeder.user("new-listener@example.test", seeder.ago(2 * DAY))
+    await seeder.user(
+        "invited-cohost@example.test", seeder.ago(30 * DAY), invited_at=seeder.ago(30 * DAY)
+    )
+    # The "creator" plan serves two podcasts; Acme runs three, so its 30-day clock will start.
+    await db.execute(
+        "INSERT INTO public.plan_limits (plan, resource, limit_value)"
+        " VALUES ('creator', 'podcasts_per_account', 2)"
+    )
+    acme = await seeder.account(ada, "Acme", "subscription")
+    corp = await seeder.account(bo, "Corp", "enterprise_manual")
+
+    brew = await seeder.podcast("Morning Brew", acme, ada)
+    for n in range(3):
+        await seeder.episode(brew, f"Brew #{n + 1}", published_at=seeder.ago((3 - n) * 7 * DAY))
+    owls = await seeder.podcast(
+        "Night Owls",
+        acme,
+        ada,
+        status="paused",
+        paused_at=seeder.ago(90 * DAY),
+        pause_expires_at=seeder.ago(DAY),
+    )
+    await seeder.episode(owls, "Owls pilot", published_at=seeder.ago(120 * DAY))
+    garden = await seeder.podcast(
+        "Garden Hour",
+        corp,
+        bo,
+        status="paused",
+        paused_at=seeder.ago(10 * DAY),
+        pause_expires_at=now + 7 * DAY,
+    )
+    await seeder.episode(garden, "Seeds", published_at=seeder.ago(30 * DAY))
+    old = await seeder.podcast(
+        "Old Times",
+        corp,
+        bo,
+        status="pending_deletion",
+        deletion_scheduled_at=seeder.ago(DAY),
+        deletion_redirect_url="https://example.test/moved",
+    )
+    for n in range(3):
+        await seeder.episode(
+            old, f"Old Times {n + 1}", files=2 if n == 0 else 1, published_at=seeder.ago(200 * DAY)
+        )
+    await seeder.podcast(
+        "Second Thoughts", corp, bo, status="pending_deletion", deletion_scheduled_at=now + 10 * DAY
+    )
+    ext = await seeder.podcast("Elsewhere FM", acme, ada, hosting_type="external")
+    # A trailer uploaded and abandoned three days ago: no episode points at it any more.
+    seeder.sample.orphan_key = f"podcasts/{ext}/e/retired-take/take-1.mp3"
+    await store.put(seeder.sample.orphan_key, b"an old take\n" * 256)
+    seeder.sample.files += 1
+    await seeder.episode(
+        ext,
+        "Hosted elsewhere",
+        files=0,
+        published_at=seeder.ago(DAY),
+        external_link_status="pending",
+        external_link_attempt=1,
+        external_link_next_attempt_at=seeder.ago(10 * MINUTE),
+    )
+
+    imp = await seeder.podcast_import(
+        brew, "the import into “Morning Brew”", "running", seeder.ago(30 * MINUTE)
+    )
     for status, attempts, age in (
         ("pending", 1, 5 * MINUTE),
         ("processing", 0, 20 * MINUTE),
@@ -213,13 +233,13 @@ async def seed(db: Database, store: ObjectStore, now: datetime) -> Sample:
         await db.execute(
             "INSERT INTO public.import_items (import_id, status, attempts,"
             " created_at, updated_at) VALUES (%(i)s, %(s)s, %(a)s, %(t)s, %(t)s)",
-            {"i": imp, "s": status, "a": attempts, "t": ago(age)},
+            {"i": imp, "s": status, "a": attempts, "t": seeder.ago(age)},
         )
-    await podcast_import(
+    await seeder.podcast_import(
         ext,
         "the hosting-migration preview of “Elsewhere FM”",
         "preview",
-        ago(20 * MINUTE),
+        seeder.ago(20 * MINUTE),
         migration=True,
     )
     media_episode = await db.fetch_one(
@@ -230,10 +250,10 @@ async def seed(db: Database, store: ObjectStore, now: datetime) -> Sample:
         db,
         "INSERT INTO public.media_jobs (episode_id, type, status, created_at,"
         " updated_at) VALUES (%(e)s, 'normalize', 'running', %(t)s, %(t)s)",
-        {"e": media_episode["id"], "t": ago(4 * 60 * MINUTE)},
+        {"e": media_episode["id"], "t": seeder.ago(4 * 60 * MINUTE)},
     )
-    sample.names[job] = "a loudness-normalisation job on “Brew #1”"
-    return sample
+    seeder.sample.names[job] = "a loudness-normalisation job on “Brew #1”"
+    return seeder.sample
 
 
 async def _state(db: Database) -> dict[str, Any]:
