@@ -29,40 +29,99 @@ from nightcrew.db.database import Database
 from nightcrew.db.migrate import applied_migrations, discover_migrations
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _RoleRow:
+    name: str
+    superuser: bool
+    bypassrls: bool
+    database: str
+    temporary: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _SchemaRow:
+    nspname: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _RelationRow:
+    tbl: str
+    owned: bool
+    rls: bool
+    forced: bool
+    open_policy: bool
+    granted: list[bool]  # one per _PRIVILEGES
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _ColumnRow:
+    tbl: str
+    column_name: str
+    data_type: str
+    is_enum: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _IndexRow:
+    name: str
+    tbl: str
+    columns: list[str]
+    is_unique: bool
+    predicate: str | None
+    is_constraint: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _TriggerRow:
+    tgname: str
+    tbl: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _FunctionRow:
+    fn: str
+    args: list[str]
+    result: str
+    defaults: int
+    retset: bool
+    rettype: str
+    columns: list[list[str]] | None  # [name, type] of each result column (None: none)
+    executable: bool
+
+
 async def check_schema(db: Database) -> CheckReport:
-    role_row = await db.fetch_one(_ROLE_SQL)
+    role_row = await db.fetch_one_as(_RoleRow, _ROLE_SQL)
     assert role_row is not None
-    role = str(role_row["name"])
+    role = role_row.name
 
     relations = {
-        row["tbl"]: LiveRelation(
-            owned=row["owned"],
-            rls=row["rls"],
-            forced=row["forced"],
-            open_policy=row["open_policy"],
-            granted=frozenset(p for p, ok in zip(_PRIVILEGES, row["granted"], strict=True) if ok),
+        r.tbl: LiveRelation(
+            owned=r.owned,
+            rls=r.rls,
+            forced=r.forced,
+            open_policy=r.open_policy,
+            granted=frozenset(p for p, ok in zip(_PRIVILEGES, r.granted, strict=True) if ok),
         )
-        for row in await db.fetch(_RELATIONS_SQL, {"tables": list(TABLES)})
+        for r in await db.fetch_as(_RelationRow, _RELATIONS_SQL, {"tables": list(TABLES)})
     }
     live: dict[str, dict[str, LiveType]] = {}
-    for row in await db.fetch(_COLUMNS_SQL, {"tables": list(TABLES)}):
-        live.setdefault(row["tbl"], {})[row["column_name"]] = LiveType(
-            row["data_type"], row["is_enum"]
-        )
+    for c in await db.fetch_as(_ColumnRow, _COLUMNS_SQL, {"tables": list(TABLES)}):
+        live.setdefault(c.tbl, {})[c.column_name] = LiveType(c.data_type, c.is_enum)
 
     indexes = [
         LiveIndex(
-            name=row["name"],
-            table=row["tbl"],
-            columns=tuple(row["columns"]),
-            unique=row["is_unique"],
-            predicate=row["predicate"],
-            constraint=row["is_constraint"],
+            name=i.name,
+            table=i.tbl,
+            columns=tuple(i.columns),
+            unique=i.is_unique,
+            predicate=i.predicate,
+            constraint=i.is_constraint,
         )
-        for row in await db.fetch(_INDEXES_SQL, {"tables": list(TABLES)})
+        for i in await db.fetch_as(_IndexRow, _INDEXES_SQL, {"tables": list(TABLES)})
     ]
 
-    triggers = await db.fetch(
+    triggers = await db.fetch_as(
+        _TriggerRow,
         "SELECT t.tgname, n.nspname || '.' || c.relname AS tbl FROM pg_trigger t"
         " JOIN pg_class c ON c.oid = t.tgrelid"
         " JOIN pg_namespace n ON n.oid = c.relnamespace"
@@ -71,10 +130,10 @@ async def check_schema(db: Database) -> CheckReport:
         {"names": [name for _, name in TRIGGERS]},
     )
     live_triggers: dict[str, list[str]] = {}
-    for row in triggers:
-        live_triggers.setdefault(row["tgname"], []).append(row["tbl"])
+    for t in triggers:
+        live_triggers.setdefault(t.tgname, []).append(t.tbl)
 
-    access = Access(role=role, superuser=role_row["superuser"], bypassrls=role_row["bypassrls"])
+    access = Access(role=role, superuser=role_row.superuser, bypassrls=role_row.bypassrls)
     reports = [
         _check_table(
             table,
@@ -88,35 +147,38 @@ async def check_schema(db: Database) -> CheckReport:
         for table, wanted in TABLES.items()
     ]
 
-    rows = await db.fetch(_FUNCTIONS_SQL, {"names": [fn.name for fn in FUNCTIONS]})
+    found = await db.fetch_as(
+        _FunctionRow, _FUNCTIONS_SQL, {"names": [fn.name for fn in FUNCTIONS]}
+    )
     overloads: dict[str, list[LiveFunction]] = {}
-    for row in rows:
-        overloads.setdefault(row["fn"], []).append(
+    for f in found:
+        overloads.setdefault(f.fn, []).append(
             LiveFunction(
-                args=tuple(row["args"]),
-                result=row["result"],
-                defaults=row["defaults"],
-                retset=row["retset"],
-                returns=LiveType(row["rettype"]),
-                columns=tuple((name, LiveType(type_)) for name, type_ in row["columns"]),
-                executable=row["executable"],
+                args=tuple(f.args),
+                result=f.result,
+                defaults=f.defaults,
+                retset=f.retset,
+                returns=LiveType(f.rettype),
+                columns=tuple((name, LiveType(type_)) for name, type_ in f.columns or []),
+                executable=f.executable,
             )
         )
     functions = [_check_function(spec, overloads.get(spec.name, []), role) for spec in FUNCTIONS]
     problems = [p for f in functions for p in (*f.problems, *f.privileges)]
 
     role_problems = [
-        f"schema {row['nspname']}: role {role} lacks the USAGE privilege"
-        for row in await db.fetch(
+        f"schema {schema.nspname}: role {role} lacks the USAGE privilege"
+        for schema in await db.fetch_as(
+            _SchemaRow,
             "SELECT nspname FROM pg_namespace"
             " WHERE nspname = ANY(%(schemas)s) AND NOT has_schema_privilege(oid, 'USAGE')"
             " ORDER BY nspname",
             {"schemas": sorted({t.split(".")[0] for t in TABLES} | _function_schemas())},
         )
     ]
-    if not role_row["temporary"]:
+    if not role_row.temporary:
         role_problems.append(
-            f"database {role_row['database']}: role {role} lacks the TEMPORARY privilege"
+            f"database {role_row.database}: role {role} lacks the TEMPORARY privilege"
             " (the reconciler lists the store into temporary tables)"
         )
 
@@ -142,8 +204,8 @@ async def check_schema(db: Database) -> CheckReport:
         functions=functions,
         role=RoleCheck(
             name=role,
-            superuser=role_row["superuser"],
-            bypassrls=role_row["bypassrls"],
+            superuser=role_row.superuser,
+            bypassrls=role_row.bypassrls,
             problems=role_problems,
         ),
         problems=problems,
