@@ -1,1 +1,1 @@
-"""The operator's dashboard, served by ``nightcrew serve`` at ``/`` (issue 15)."""
+"""The operator's dashboard, served by ``nightcrew serve`` at ``/``."""

@@ -64,8 +64,8 @@ FETCH_CONCURRENCY = 16  # the inline run's feeds in flight at once
 # 3.0-3.9 s through the pool, on this loaded 2-core machine). Bounded whatever the bytes say: the
 # Rust parser is linear, and 32 KB holds at most ~800 items; the worst shapes measured (tiny
 # linked items, relative links, one huge HTML title) cost at most ~25 ms of CPU
-# (tests/unit/news/test_parse_budget.py). The slow parser never runs here: a body it must read
-# goes to a worker, however small.
+# (tests/integration/news/test_parse_budget.py). The slow parser never runs here: a body it
+# must read goes to a worker, however small.
 INLINE_PARSE_MAX_BYTES = 32 * 1024
 
 Outcome = Literal["ok", "not_modified", "retry_later", "failed"]

@@ -1,4 +1,5 @@
-"""Parsing off the event loop, under a budget (issue 24): ``ParserPool.run`` runs work in a
+"""Parsing off the event loop, under a budget (in the integration tier: it starts worker
+processes and measures wall-clock time): ``ParserPool.run`` runs work in a
 worker process that is killed past its budget, or when its caller gives up; what is still parsed
 in place is small and cheap whatever the bytes say. The pool is the runtime's: its workers start
 on the first parse and stop when the runtime closes, or at the process's exit if nobody closed
