@@ -11,12 +11,12 @@ from __future__ import annotations
 import itertools
 import os
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import httpx
 import psycopg
@@ -245,7 +245,7 @@ def parsers_for_test() -> ParserPool:
     return parsers
 
 
-def make_runtime(
+async def make_runtime(
     db: Database,
     clock: Clock,
     database_url: str,
@@ -253,23 +253,13 @@ def make_runtime(
     env: dict[str, str] | None = None,
     **adapters: Any,
 ) -> Runtime:
-    """open_test_runtime for the many tests that build a runtime in a plain expression.
-
-    With the database and the queue producer given, open_runtime's entry never waits (its
-    clients connect on first use), so it is stepped here once instead of awaited; anything that
-    would wait fails loudly rather than blocking the event loop. The runtime is closed when the
-    test ends (a script outside pytest leaves it to the process exit)."""
+    """open_test_runtime for the many tests that want a runtime without a block of their own:
+    closed when the test ends (a script outside pytest leaves it to the process exit)."""
     opening = open_test_runtime(db, clock, database_url, env=env, **adapters)
-    entry = cast(Coroutine[Any, Any, Runtime], opening.__aenter__())
-    try:
-        entry.send(None)
-    except StopIteration as entered:
-        opened = _OPENED.get()
-        if opened is not None:
-            opened.push_async_exit(opening)
-        return cast(Runtime, entered.value)
-    entry.close()
-    raise RuntimeError("open_runtime waited while opening: use `async with open_test_runtime(…)`")
+    opened = _OPENED.get()
+    if opened is None:
+        return await opening.__aenter__()
+    return await opened.enter_async_context(opening)
 
 
 @pytest.fixture

@@ -96,7 +96,7 @@ async def test_the_listing_reports_objects_per_second_and_an_eta(
         await store.put(f"podcasts/p{p:03d}/e/e1/a.mp3", b"x" * 10)
     clock = FrozenClock(datetime(2026, 11, 29, 4, tzinfo=UTC))
     env = {"R2_PUBLIC_URL": "https://media.example.test", "RECONCILE_LIST_CONCURRENCY": "1"}
-    runtime = make_runtime(db, clock, fresh_db_url, env=env, store=store)
+    runtime = await make_runtime(db, clock, fresh_db_url, env=env, store=store)
     events: list[tuple[str, int]] = []
 
     report = await run_reconcile(

@@ -47,7 +47,7 @@ async def main(url: str, stripe_api_base: str) -> None:
     db = await Database.open(url)
     billing = StripeBilling("sk_test_fault", api_base=stripe_api_base, max_network_retries=0)
     try:
-        await run_lane(make_runtime(db, clock, url, billing=billing), clock, "daily")
+        await run_lane(await make_runtime(db, clock, url, billing=billing), clock, "daily")
     finally:
         await billing.close()
         await db.close()

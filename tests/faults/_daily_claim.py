@@ -21,7 +21,7 @@ async def main(url: str, stripe_api_base: str) -> None:
     clock = FrozenClock(NOW)
     db = await Database.open(url)
     try:
-        runtime = make_runtime(
+        runtime = await make_runtime(
             db, clock, url, billing=StripeBilling("sk_test_fault", api_base=stripe_api_base)
         )
         await run_lane(runtime, clock, "daily", trigger="scheduled", slot=NOW)

@@ -37,7 +37,7 @@ async def main(url: str, storage_url: str, kill_after: int) -> None:
     clock = FrozenClock(NOW)
     db = await Database.open(url)
     try:
-        runtime = make_runtime(db, clock, url, store=open_store(storage_url))
+        runtime = await make_runtime(db, clock, url, store=open_store(storage_url))
         await hard_delete_expired_podcasts(runtime, clock)
     finally:
         await db.close()

@@ -264,7 +264,7 @@ async def _minute_lane_loses_the_database(
     await _stalled_items(db, ITEMS)
     clock = FrozenClock(NOW)
     producer = FaultAfterSends(pdb, clock, after=SENT_BEFORE_FAULT, fault=fault)
-    runtime = make_runtime(pdb, clock, fresh_db_url, queues=producer)
+    runtime = await make_runtime(pdb, clock, fresh_db_url, queues=producer)
 
     outcome, elapsed = await _bounded(
         run_lane(runtime, clock, "minute", trigger="scheduled", slot=NOW), BOUND, proxy.restore
@@ -306,7 +306,7 @@ async def _minute_lane_loses_the_database(
     )
     # Two minutes on, past the 60 s resend cooldown of the first claim.
     clock.set(NOW + timedelta(minutes=2))
-    again = make_runtime(pdb, clock, fresh_db_url)
+    again = await make_runtime(pdb, clock, fresh_db_url)
     with capture_logs() as logs:
         async with asyncio.timeout(BOUND):
             report = await run_lane(again, clock, "minute", trigger="scheduled", slot=clock.now())
@@ -515,7 +515,7 @@ async def test_minute_slot_blackholed_in_flight_with_default_settings_stops_with
     # The next tick for the slot, once the dead run's heartbeat is past the grace period
     # (a failed-for-retry row is re-claimable at once; a running one after the grace).
     clock = FrozenClock(NOW + timedelta(seconds=runs.ABANDON_AFTER_SECONDS + 30))
-    rt = make_runtime(db, clock, fresh_db_url)
+    rt = await make_runtime(db, clock, fresh_db_url)
     scheduler = Scheduler(rt, clock, (lane_schedule(rt, clock, "minute"),))
     async with asyncio.timeout(BOUND):
         assert await scheduler.fire("minute", NOW) is True
@@ -572,7 +572,7 @@ async def _scheduler_every_2_s(
     """The minute lane's Scheduler on the proxied database, a slot every 2 s of real time
     (clock 30x), warmed up by two completed slots. Yields (clock, watch, captured logs)."""
     clock = FastClock(NOW - timedelta(seconds=5), factor=30)
-    rt = make_runtime(pdb, clock, fresh_db_url)
+    rt = await make_runtime(pdb, clock, fresh_db_url)
     scheduler = Scheduler(rt, clock, (lane_schedule(rt, clock, "minute"),), sleep=clock.sleep)
     async with await psycopg.AsyncConnection.connect(fresh_db_url, autocommit=True) as conn:
         watch = SlotWatch(conn)
@@ -739,7 +739,7 @@ async def test_a_sigkilled_daily_run_is_abandoned_and_its_slot_run_again(
     assert reactivated == {"status": "active"}  # the killed run got that far, and committed it
 
     clock = FrozenClock(NOW + timedelta(seconds=runs.ABANDON_AFTER_SECONDS + 60))
-    rt = make_runtime(db, clock, fresh_db_url)
+    rt = await make_runtime(db, clock, fresh_db_url)
     schedule = lane_schedule(rt, clock, "daily")
     scheduler = Scheduler(rt, clock, (schedule,))
     with capture_logs() as logs:
@@ -771,7 +771,7 @@ async def test_a_slot_whose_run_cannot_start_still_says_started_and_failed(
     record can be made, and still spec 000's lifecycle_cron_started and lifecycle_cron_failed
     are logged, with the cron and the reason (besides the scheduler's own line)."""
     clock = FrozenClock(NOW)
-    runtime = make_runtime(pdb, clock, fresh_db_url)
+    runtime = await make_runtime(pdb, clock, fresh_db_url)
     scheduler = Scheduler(runtime, clock, (lane_schedule(runtime, clock, lane),))
     await proxy.cut()
     with capture_logs() as logs:
@@ -801,7 +801,7 @@ async def test_a_minute_sweep_whose_backend_is_terminated_fails_alone_and_the_ot
     await _stalled_items(db, 5)
     dbname = urlsplit(fresh_db_url).path.lstrip("/")
     clock = FrozenClock(NOW)
-    runtime = make_runtime(db, clock, fresh_db_url)
+    runtime = await make_runtime(db, clock, fresh_db_url)
     async with await psycopg.AsyncConnection.connect(fresh_db_url) as locker:
         await locker.execute("LOCK TABLE public.import_items IN ACCESS EXCLUSIVE MODE")
         with capture_logs() as logs:

@@ -66,7 +66,9 @@ async def _next_minute_run(db: Database, url: str, stripe: RecordingServer) -> d
     clock = FrozenClock(NOW + MINUTE)
     billing = StripeBilling("sk_test_123", api_base=stripe.url, max_network_retries=0)
     try:
-        report = await run_lane(make_runtime(db, clock, url, billing=billing), clock, "minute")
+        report = await run_lane(
+            await make_runtime(db, clock, url, billing=billing), clock, "minute"
+        )
     finally:
         await billing.close()
     assert report is not None

@@ -266,7 +266,9 @@ async def test_objects_deleted_is_exact_across_a_crash_mid_cleanup(
 
     dying = DiesOnSecondPage(store, how)
     job = asyncio.create_task(
-        hard_delete_expired_podcasts(make_runtime(db, clock, fresh_db_url, store=dying), clock)
+        hard_delete_expired_podcasts(
+            await make_runtime(db, clock, fresh_db_url, store=dying), clock
+        )
     )
     if how == "raises":
         with pytest.raises(Crash):
@@ -290,7 +292,7 @@ async def test_objects_deleted_is_exact_across_a_crash_mid_cleanup(
     # The next daily run retries the cleanup of the earlier deletion, with a healthy store.
     clock.advance(timedelta(days=1))
     report = await hard_delete_expired_podcasts(
-        make_runtime(db, clock, fresh_db_url, store=store), clock
+        await make_runtime(db, clock, fresh_db_url, store=store), clock
     )
     assert report.errors == [] and report.deleted == []
     [retried] = report.retried
@@ -361,7 +363,7 @@ async def test_objects_deleted_is_exact_after_a_sigkill_between_the_delete_and_i
 
     clock.advance(timedelta(days=1))
     report = await hard_delete_expired_podcasts(
-        make_runtime(db, clock, fresh_db_url, store=store), clock
+        await make_runtime(db, clock, fresh_db_url, store=store), clock
     )
     assert report.errors == []
     [retried] = report.retried

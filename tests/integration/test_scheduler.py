@@ -51,7 +51,7 @@ async def test_two_replicas_tick_the_minute_slot_and_only_one_runs_it(
     try:
         replicas = []
         for d in (db, other_db):
-            rt = make_runtime(d, clock, fresh_db_url)
+            rt = await make_runtime(d, clock, fresh_db_url)
             replicas.append(
                 Scheduler(rt, clock, (lane_schedule(rt, clock, "minute"),), sleep=timeline.sleep)
             )
@@ -87,7 +87,7 @@ async def test_a_failing_fire_is_logged_and_the_loop_survives(
         clock.advance(timedelta(seconds=seconds))
         await asyncio.sleep(0.05)
 
-    rt = make_runtime(db, clock, fresh_db_url)
+    rt = await make_runtime(db, clock, fresh_db_url)
     await db.execute("DROP TABLE nightcrew.runs CASCADE")
     scheduler = Scheduler(rt, clock, (lane_schedule(rt, clock, "minute"),), sleep=fast_sleep)
     with capture_logs() as logs:
@@ -138,7 +138,7 @@ async def test_the_daily_slot_is_rechecked_every_minute_and_rerun_once_its_dead_
         clock.advance(timedelta(seconds=seconds))
         await asyncio.sleep(0.01)
 
-    rt = make_runtime(db, clock, fresh_db_url)
+    rt = await make_runtime(db, clock, fresh_db_url)
     scheduler = Scheduler(rt, clock, (lane_schedule(rt, clock, "daily"),), sleep=sleep)
 
     async def completed() -> bool:
@@ -276,7 +276,7 @@ async def test_serve_knows_before_it_starts_which_missed_slot_it_will_run(
     (serve says so before it runs it); a slot some replica ran, or one past the window, is not."""
     slot = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
     clock = FrozenClock(slot + timedelta(hours=2))
-    rt = make_runtime(db, clock, fresh_db_url)
+    rt = await make_runtime(db, clock, fresh_db_url)
     daily, minute = lane_schedule(rt, clock, "daily"), lane_schedule(rt, clock, "minute")
     scheduler = Scheduler(rt, clock, (daily, minute))
     assert [(s.name, at) for s, at in await scheduler.owed()] == [("daily", slot)]

@@ -60,7 +60,7 @@ async def test_an_echoed_api_key_is_in_no_row_page_or_log_line(
     await _account(db)
     resend_server.responder = _echo_authorization
     clock = FrozenClock(NOW)
-    runtime = make_runtime(
+    runtime = await make_runtime(
         db,
         clock,
         fresh_db_url,
@@ -132,7 +132,7 @@ async def test_a_report_stored_before_secrets_were_kept_out_is_shown_without_the
     """A run report written with the key in it (before stored text was redacted) is shown
     without it, on the run's page and in its JSON alike."""
     clock = FrozenClock(NOW)
-    runtime = make_runtime(db, clock, fresh_db_url, env={"RESEND_API_KEY": KEY})
+    runtime = await make_runtime(db, clock, fresh_db_url, env={"RESEND_API_KEY": KEY})
     [row] = await db.fetch(
         "INSERT INTO nightcrew.runs (lane, trigger, started_at, finished_at, status, report)"
         " VALUES ('daily', 'manual', %(at)s, %(at)s, 'completed', %(report)s) RETURNING id",

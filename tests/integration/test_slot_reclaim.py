@@ -114,7 +114,7 @@ async def test_serve_owes_a_slot_exactly_when_the_claim_would_take_it(
     await _slot_row(db, status, report)
     clock = FrozenClock(LATER)
     scheduler = Scheduler(
-        make_runtime(db, clock, fresh_db_url), clock, (_schedule(db, clock, Work(None)),)
+        await make_runtime(db, clock, fresh_db_url), clock, (_schedule(db, clock, Work(None)),)
     )
     assert [at for _, at in await scheduler.owed()] == ([SLOT] if again else [])
     assert await runs.slot_owed(db, LANE, SLOT) is again
@@ -128,7 +128,7 @@ async def test_a_run_that_failed_on_its_own_is_not_run_again_by_the_catch_up(
     clock = FrozenClock(SLOT)
     work = Work(ValueError("a row this run cannot handle"))
     schedule = _schedule(db, clock, work)
-    scheduler = Scheduler(make_runtime(db, clock, fresh_db_url), clock, (schedule,))
+    scheduler = Scheduler(await make_runtime(db, clock, fresh_db_url), clock, (schedule,))
 
     assert await scheduler.fire(LANE, SLOT) is False  # failed, and logged by fire
     assert work.calls == 1
@@ -155,7 +155,7 @@ async def test_a_run_that_lost_the_database_is_run_again_once_by_the_catch_up(
     clock = FrozenClock(SLOT)
     work = Work(DatabaseUnavailableError("lost PostgreSQL at db:5432/x: server closed"))
     schedule = _schedule(db, clock, work)
-    scheduler = Scheduler(make_runtime(db, clock, fresh_db_url), clock, (schedule,))
+    scheduler = Scheduler(await make_runtime(db, clock, fresh_db_url), clock, (schedule,))
 
     assert await scheduler.fire(LANE, SLOT) is False
     first = await _row(db)

@@ -123,7 +123,7 @@ def resend(resend_server: RecordingServer) -> Resend:
     return Resend(resend_server)
 
 
-def _runtime(
+async def _runtime(
     db: Database,
     clock: FrozenClock,
     url: str,
@@ -131,10 +131,10 @@ def _runtime(
     resend: Resend,
     feed: RecordingServer,
     *,
-    timeout: httpx.Timeout = CLIENT_TIMEOUT,
+    mail_timeout: httpx.Timeout = CLIENT_TIMEOUT,
     **adapters: Any,
 ) -> Runtime:
-    return make_runtime(
+    return await make_runtime(
         db,
         clock,
         url,
@@ -143,7 +143,7 @@ def _runtime(
             api_base=resend.server.url,
             api_key="re_test",
             from_email="billing@podcasts.example",
-            timeout=timeout,
+            timeout=mail_timeout,
         ),
         feedcache=HttpFeedCache(http, feed.url, "feed-secret", wait_timeout=CLIENT_TIMEOUT),
         **adapters,
@@ -190,7 +190,7 @@ async def test_a_refused_public_api_invalidation_is_delivered_once_the_queue_rec
     feed_server: RecordingServer,
 ) -> None:
     clock = FrozenClock(NOW)
-    runtime = _runtime(db, clock, fresh_db_url, http, resend, feed_server)
+    runtime = await _runtime(db, clock, fresh_db_url, http, resend, feed_server)
     account, (_, newest) = await _account(db)
     await _refuse_queue(db, PUBLIC_API_INVALIDATION)
     with capture_logs() as logs:
@@ -231,7 +231,7 @@ async def test_a_refused_restored_invalidation_is_delivered_once_the_queue_recov
 ) -> None:
     """The other direction: a restored feed the v1 API and the embed player would keep hiding."""
     clock = FrozenClock(NOW)
-    runtime = _runtime(db, clock, fresh_db_url, http, resend, feed_server)
+    runtime = await _runtime(db, clock, fresh_db_url, http, resend, feed_server)
     account, (_, newest) = await _account(db)
     await _suspend_now(runtime, db, account, clock)
     assert [m["body"]["type"] for m in await f.queue_messages(db, PUBLIC_API_INVALIDATION)] == [
@@ -292,7 +292,7 @@ async def test_the_restored_email_survives_resend_failing_and_arrives_once(
     failure: str,
 ) -> None:
     clock = FrozenClock(NOW)
-    runtime = _runtime(db, clock, fresh_db_url, http, resend, feed_server)
+    runtime = await _runtime(db, clock, fresh_db_url, http, resend, feed_server)
     account, _ = await _account(db)
     await _suspend_now(runtime, db, account, clock)
     since = NOW - 31 * DAY
@@ -353,7 +353,7 @@ async def test_a_failed_billing_resume_is_retried_until_stripe_confirms_it(
         timeout=HANG_CLIENT_TIMEOUT_SECONDS,
         max_network_retries=0,
     )
-    runtime = make_runtime(db, clock, fresh_db_url, billing=billing)
+    runtime = await make_runtime(db, clock, fresh_db_url, billing=billing)
     try:
         report = await reactivate_expired_pauses(runtime, clock)
         assert report.counts()["billing_pending"] == 1
@@ -396,7 +396,7 @@ async def test_the_feed_outbox_is_drained_by_the_minute_lane_without_r2_public_u
         "feed-secret",
         wait_timeout=httpx.Timeout(HANG_CLIENT_TIMEOUT_SECONDS),
     )
-    runtime = make_runtime(db, clock, fresh_db_url, feedcache=feedcache)
+    runtime = await make_runtime(db, clock, fresh_db_url, feedcache=feedcache)
     assert runtime.settings.r2_public_url is None
     daily = await run_lane(runtime, clock, "daily")
     assert daily is not None
@@ -448,7 +448,7 @@ async def test_a_timed_out_but_delivered_email_is_retried_within_minutes_with_th
     feed_server: RecordingServer,
 ) -> None:
     clock = FrozenClock(NOW)
-    runtime = _runtime(db, clock, fresh_db_url, http, resend, feed_server)
+    runtime = await _runtime(db, clock, fresh_db_url, http, resend, feed_server)
     account, _ = await _account(db)
     resend.mode = "hang"  # Resend takes the email, then answers after our timeout
     report = await run_overage_escalation(runtime, clock)
@@ -561,8 +561,12 @@ async def test_two_minute_lanes_in_parallel_never_deliver_an_effect_twice(
         # Not the hang tests' 1 s: 150 sends to a threaded test server on a busy 2-core
         # machine can take longer to connect (a timeout here was a flake, not a double send).
         patient = httpx.Timeout(10.0)
-        a = _runtime(db, clock_a, fresh_db_url, http, resend, feed_server, timeout=patient)
-        b = _runtime(other, clock_b, fresh_db_url, http, resend, feed_server, timeout=patient)
+        a = await _runtime(
+            db, clock_a, fresh_db_url, http, resend, feed_server, mail_timeout=patient
+        )
+        b = await _runtime(
+            other, clock_b, fresh_db_url, http, resend, feed_server, mail_timeout=patient
+        )
         first, second = await asyncio.gather(
             deliver_effects(a, clock_a), deliver_effects(b, clock_b)
         )
@@ -582,7 +586,7 @@ async def test_an_effect_that_keeps_failing_dies_at_its_maximum_age_and_retry_de
     feed_server: RecordingServer,
 ) -> None:
     clock = FrozenClock(NOW)
-    runtime = _runtime(db, clock, fresh_db_url, http, resend, feed_server)
+    runtime = await _runtime(db, clock, fresh_db_url, http, resend, feed_server)
     resend.mode = "500"
     async with db.transaction() as tx:
         effect = await outbox.record(
@@ -675,7 +679,7 @@ async def test_a_dry_run_of_the_minute_lane_delivers_nothing_and_changes_no_effe
     feed_server: RecordingServer,
 ) -> None:
     clock = FrozenClock(NOW)
-    runtime = _runtime(db, clock, fresh_db_url, http, resend, feed_server)
+    runtime = await _runtime(db, clock, fresh_db_url, http, resend, feed_server)
     async with db.transaction() as tx:
         await outbox.record(
             tx,
@@ -726,7 +730,7 @@ async def test_a_dropped_deletion_invalidation_stops_being_reported(
     podcast = await f.podcast(db, status="pending_deletion", deletion_scheduled_at=NOW - DAY)
     down = MemoryQueueProducer(clock, failing_queues=frozenset({"rss-invalidation"}))
     async with httpx.AsyncClient() as http:  # and no feed worker to fall back on
-        runtime = make_runtime(
+        runtime = await make_runtime(
             db, clock, fresh_db_url, queues=down, feedcache=HttpFeedCache(http, None, None)
         )
         first = await hard_delete_expired_podcasts(runtime, clock)
@@ -734,7 +738,7 @@ async def test_a_dropped_deletion_invalidation_stops_being_reported(
     assert left["invalidation_state"] == "retrying"
     assert await outbox.drop(db, left["invalidation_effect_id"], NOW) is not None
     async with httpx.AsyncClient() as http:
-        runtime = make_runtime(
+        runtime = await make_runtime(
             db, clock, fresh_db_url, queues=down, feedcache=HttpFeedCache(http, None, None)
         )
         second = await hard_delete_expired_podcasts(runtime, clock)

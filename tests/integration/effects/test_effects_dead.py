@@ -127,7 +127,7 @@ async def test_a_400_from_stripe_kills_the_billing_resume_at_once_and_says_so(
     first = 400 if when == "first attempt" else 500
     stripe_server.responder = stripe_responder({}, fail_status=first)
     billing = StripeBilling("sk_test_123", api_base=stripe_server.url, max_network_retries=0)
-    runtime = make_runtime(db, clock, fresh_db_url, billing=billing)
+    runtime = await make_runtime(db, clock, fresh_db_url, billing=billing)
     try:
         with capture_logs() as logs:
             report = await reactivate_expired_pauses(runtime, clock)
@@ -272,7 +272,7 @@ async def test_an_effect_whose_window_closed_before_any_attempt_dies_with_no_att
         {"t": NOW - MINUTE, "id": queued.id},
     )
 
-    report = await deliver_effects(make_runtime(db, clock, fresh_db_url), clock)
+    report = await deliver_effects(await make_runtime(db, clock, fresh_db_url), clock)
 
     assert report.dead == 1 and report.delivered == 0
     [row] = await _effects(db, "queue")

@@ -46,7 +46,7 @@ async def test_a_final_warning_that_expired_unsent_is_sent_before_any_suspension
 ) -> None:
     account, (oldest, newest) = await _account(db)
     clock = FrozenClock(NOW)
-    runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
+    runtime = await runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
     for day in (0, 7, 21):
         clock.set(NOW + day * DAY)
         await run_overage_escalation(runtime, clock)
@@ -87,7 +87,7 @@ async def test_a_nag_still_being_retried_never_arrives_after_the_restored_email(
 ) -> None:
     account, (_, newest) = await _account(db)
     clock = FrozenClock(NOW)
-    runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
+    runtime = await runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
     await run_overage_escalation(runtime, clock)
     resend_server.status = 503
     clock.set(NOW + 7 * DAY)
@@ -121,7 +121,7 @@ async def test_a_suspended_message_still_retried_never_arrives_after_restored(
 ) -> None:
     account, (_, newest) = await _account(db)
     clock = FrozenClock(NOW)
-    runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
+    runtime = await runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
     await _refuse_queue(db, PUBLIC_API_INVALIDATION)  # while the feed is suspended
     await _suspend_now(runtime, db, account, clock)
     assert await _stamps(db, [newest]) == [NOW]
@@ -153,7 +153,7 @@ async def test_resend_409_for_a_key_still_in_progress_is_retried_not_given_up(
 ) -> None:
     account, _ = await _account(db)
     clock = FrozenClock(NOW)
-    runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
+    runtime = await runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
     resend_server.status = 409  # the same key is still being processed at Resend
     await run_overage_escalation(runtime, clock)
     assert (await _clock_columns(db, account))[2] == -1  # not claimed
@@ -174,7 +174,7 @@ async def test_a_feed_invalidation_owed_through_a_day_long_outage_is_still_deliv
         {"p": podcast, "t": NOW},
     )
     async with httpx.AsyncClient() as http:
-        runtime = make_runtime(
+        runtime = await make_runtime(
             db, clock, fresh_db_url, feedcache=HttpFeedCache(http, feed_server.url, "secret")
         )
         feed_server.status = 503

@@ -32,7 +32,7 @@ async def test_a_message_refused_while_the_broker_is_away_is_published_once_it_i
     producer = await RabbitQueueProducer.connect(with_port(AMQP_URL, proxy.port))
     reader = await aio_pika.connect_robust(AMQP_URL)
     try:
-        runtime = make_runtime(db, clock, fresh_db_url, queues=producer)
+        runtime = await make_runtime(db, clock, fresh_db_url, queues=producer)
         async with db.transaction() as tx:
             effect = await outbox.record(
                 tx,

@@ -30,7 +30,7 @@ async def test_a_resume_that_succeeds_on_the_drains_retry_logs_the_event_once(
     podcast, account = await _paused_podcast(db, expires=NOW - timedelta(minutes=1))
     stripe_server.responder = stripe_responder({}, fail_status=500)
     billing = StripeBilling("sk_test_123", api_base=stripe_server.url, max_network_retries=0)
-    runtime = make_runtime(db, clock, fresh_db_url, billing=billing)
+    runtime = await make_runtime(db, clock, fresh_db_url, billing=billing)
     try:
         with capture_logs() as first_logs:
             report = await reactivate_expired_pauses(runtime, clock)
@@ -66,7 +66,7 @@ async def test_a_resume_confirmed_at_once_is_logged_by_its_first_attempt_only(
     await _paused_podcast(db, expires=NOW)
     stripe_server.responder = stripe_responder({})
     billing = StripeBilling("sk_test_123", api_base=stripe_server.url, max_network_retries=0)
-    runtime = make_runtime(db, clock, fresh_db_url, billing=billing)
+    runtime = await make_runtime(db, clock, fresh_db_url, billing=billing)
     try:
         with capture_logs() as logs:
             await reactivate_expired_pauses(runtime, clock)

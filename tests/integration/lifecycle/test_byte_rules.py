@@ -69,7 +69,7 @@ async def test_an_account_over_only_when_masters_count_is_reported_but_never_arm
     account = await _masters_account(db)
     clock = FrozenClock(datetime.now(UTC))
     mailer = RecordingMailer()
-    runtime = make_runtime(
+    runtime = await make_runtime(
         db,
         clock,
         fresh_db_url,

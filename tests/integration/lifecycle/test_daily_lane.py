@@ -48,7 +48,7 @@ async def test_the_daily_lane_runs_every_job_in_order_with_the_spec_events(
 ) -> None:
     store = open_store(f"file://{tmp_path}")
     seeded = await _seed(db, store)
-    runtime = make_runtime(db, clock, fresh_db_url, store=store, env=R2)
+    runtime = await make_runtime(db, clock, fresh_db_url, store=store, env=R2)
     with capture_logs() as logs:
         report = await run_lane(runtime, clock, "daily")
     assert report is not None and report.errors == []
@@ -98,7 +98,7 @@ async def test_a_daily_dry_run_changes_nothing_anywhere_and_predicts_the_run(
 ) -> None:
     store = open_store(f"file://{tmp_path}")
     await _seed(db, store)
-    runtime = make_runtime(db, clock, fresh_db_url, store=store, env=R2)
+    runtime = await make_runtime(db, clock, fresh_db_url, store=store, env=R2)
     db_before, store_before = await _snapshot(db), await _store_keys(store)
     files_before = _files(tmp_path)
 
@@ -168,7 +168,7 @@ async def test_the_reaper_cut_off_is_nightcrews_clock_through_the_spec_signature
     nightcrew passes the retention that puts the cut-off at its own clock - 7 days, whether
     the clock is the database's time, a past slot or a --now a month ahead."""
     clock = FrozenClock(datetime.now(UTC) + ahead)
-    runtime = make_runtime(db, clock, fresh_db_url)
+    runtime = await make_runtime(db, clock, fresh_db_url)
     cut_off = clock.now() - timedelta(days=7)
     due = await f.user(db, created_at=cut_off - timedelta(minutes=1))
     kept = await f.user(db, created_at=cut_off + timedelta(minutes=1))
@@ -223,7 +223,7 @@ async def test_a_replica_starting_after_a_missed_daily_slot_runs_it_once(
     try:
         fired = []
         for database in (db, other_db):
-            rt = make_runtime(database, clock, fresh_db_url)
+            rt = await make_runtime(database, clock, fresh_db_url)
             daily = lane_schedule(rt, clock, "daily")
             assert daily.cron == "0 4 * * *" and daily.catch_up == timedelta(hours=12)
             fired.append(await Scheduler(rt, clock, (daily,)).catch_up(daily))

@@ -43,7 +43,7 @@ async def test_a_failing_cleanup_record_never_stops_the_next_podcast(
         "CREATE TRIGGER refuse_record BEFORE UPDATE ON nightcrew.podcast_deletions"
         " FOR EACH ROW EXECUTE FUNCTION nightcrew.refuse_record()"
     )
-    runtime = make_runtime(db, clock, fresh_db_url, store=store)
+    runtime = await make_runtime(db, clock, fresh_db_url, store=store)
 
     with capture_logs() as logs:
         report = await hard_delete_expired_podcasts(runtime, clock)

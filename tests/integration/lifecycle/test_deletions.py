@@ -48,8 +48,10 @@ async def _doomed_podcast(
     return podcast
 
 
-def _runtime(db: Database, clock: FrozenClock, url: str, store: ObjectStore, **kw: Any) -> Runtime:
-    return make_runtime(db, clock, url, store=store, **kw)
+async def _runtime(
+    db: Database, clock: FrozenClock, url: str, store: ObjectStore, **kw: Any
+) -> Runtime:
+    return await make_runtime(db, clock, url, store=store, **kw)
 
 
 async def test_deletes_the_row_its_children_its_objects_and_invalidates(
@@ -61,7 +63,9 @@ async def test_deletes_the_row_its_children_its_objects_and_invalidates(
         await db.fetch_one("SELECT slug FROM public.podcasts WHERE id = %(p)s", {"p": doomed}) or {}
     )["slug"]
     with capture_logs() as logs:
-        report = await hard_delete_expired_podcasts(_runtime(db, clock, fresh_db_url, store), clock)
+        report = await hard_delete_expired_podcasts(
+            await _runtime(db, clock, fresh_db_url, store), clock
+        )
 
     assert report.counts() == {
         "podcasts_deleted": 1,
@@ -123,7 +127,9 @@ async def test_a_podcast_with_2500_objects_is_fully_removed(
     await asyncio.gather(*(put(n) for n in range(2500)))
     await store.put(f"podcasts/{podcast}/images/cover.jpg", b"img")
     store.stats.delete_requests = store.stats.list_pages = 0
-    report = await hard_delete_expired_podcasts(_runtime(db, clock, fresh_db_url, store), clock)
+    report = await hard_delete_expired_podcasts(
+        await _runtime(db, clock, fresh_db_url, store), clock
+    )
     assert report.counts()["objects_deleted"] == 2501
     # 2,501 objects: 3 delete batches of <= 1000 keys, 3 listing pages, 1 verification list
     assert store.stats.delete_requests == 3
@@ -163,7 +169,9 @@ async def test_a_store_failing_half_its_deletes_never_blocks_the_row_and_is_repo
     podcast = await _doomed_podcast(db, store, objects=10)
     sick = HalfFailingStore(store)
     with capture_logs() as logs:
-        first = await hard_delete_expired_podcasts(_runtime(db, clock, fresh_db_url, sick), clock)
+        first = await hard_delete_expired_podcasts(
+            await _runtime(db, clock, fresh_db_url, sick), clock
+        )
     assert first.counts()["podcasts_deleted"] == 1
     assert await db.fetch_one("SELECT count(*) AS n FROM public.podcasts") == {"n": 0}
     [failed] = [e for e in logs if e["event"] == "r2_cleanup_failed"]
@@ -174,17 +182,23 @@ async def test_a_store_failing_half_its_deletes_never_blocks_the_row_and_is_repo
 
     # next day, still sick: the leftover is retried and still reported
     clock.advance(timedelta(days=1))
-    second = await hard_delete_expired_podcasts(_runtime(db, clock, fresh_db_url, sick), clock)
+    second = await hard_delete_expired_podcasts(
+        await _runtime(db, clock, fresh_db_url, sick), clock
+    )
     assert second.counts()["podcasts_deleted"] == 0
     assert [lo["podcast_id"] for lo in second.leftovers] == [podcast]
     assert second.leftovers[0]["attempts"] == 2 and second.leftovers[0]["objects_left"] < 5
 
     # the store heals: the leftover is cleaned and disappears from the report
     clock.advance(timedelta(days=1))
-    third = await hard_delete_expired_podcasts(_runtime(db, clock, fresh_db_url, store), clock)
+    third = await hard_delete_expired_podcasts(
+        await _runtime(db, clock, fresh_db_url, store), clock
+    )
     assert third.leftovers == [] and third.retried[0]["storage_cleaned"] is True
     assert await _keys(store, f"podcasts/{podcast}/") == []
-    fourth = await hard_delete_expired_podcasts(_runtime(db, clock, fresh_db_url, store), clock)
+    fourth = await hard_delete_expired_podcasts(
+        await _runtime(db, clock, fresh_db_url, store), clock
+    )
     assert fourth.retried == [] and fourth.leftovers == []
 
 
@@ -195,7 +209,7 @@ async def test_queue_send_failing_falls_back_to_http_with_the_secret(
     podcast = await _doomed_podcast(db, store, objects=1)
     feed = feed_server
     async with httpx.AsyncClient() as http:
-        runtime = _runtime(
+        runtime = await _runtime(
             db,
             clock,
             fresh_db_url,
@@ -221,7 +235,7 @@ async def test_queue_and_http_both_failing_is_cache_invalidation_failed_and_retr
     feed = feed_server
     feed.status = 503
     async with httpx.AsyncClient() as http:
-        runtime = _runtime(
+        runtime = await _runtime(
             db,
             clock,
             fresh_db_url,
@@ -277,21 +291,25 @@ async def test_a_podcast_another_run_is_cleaning_is_left_to_that_run(
     try:
         await other_run.execute(LOCK, (doomed,))
         skipped = await hard_delete_expired_podcasts(
-            _runtime(db, clock, fresh_db_url, store), clock
+            await _runtime(db, clock, fresh_db_url, store), clock
         )
         assert skipped.deleted == [] and skipped.errors == []
         assert await db.fetch_one("SELECT count(*) AS n FROM public.podcasts") == {"n": 1}
 
         await other_run.execute("SELECT pg_advisory_unlock_all()")
         sick = HalfFailingStore(store)
-        first = await hard_delete_expired_podcasts(_runtime(db, clock, fresh_db_url, sick), clock)
+        first = await hard_delete_expired_podcasts(
+            await _runtime(db, clock, fresh_db_url, sick), clock
+        )
         assert [lo["podcast_id"] for lo in first.leftovers] == [doomed]
         counted = await db.fetch_one("SELECT objects_deleted FROM nightcrew.podcast_deletions")
 
         # its leftover, while another run holds it: not retried, nothing counted
         await other_run.execute(LOCK, (doomed,))
         clock.advance(timedelta(days=1))
-        busy = await hard_delete_expired_podcasts(_runtime(db, clock, fresh_db_url, store), clock)
+        busy = await hard_delete_expired_podcasts(
+            await _runtime(db, clock, fresh_db_url, store), clock
+        )
         assert busy.retried == [] and busy.leftovers == []
         assert (
             await db.fetch_one("SELECT objects_deleted FROM nightcrew.podcast_deletions") == counted
@@ -300,7 +318,7 @@ async def test_a_podcast_another_run_is_cleaning_is_left_to_that_run(
     finally:
         await other_run.close()  # a holder that goes away takes its lock with it
 
-    done = await hard_delete_expired_podcasts(_runtime(db, clock, fresh_db_url, store), clock)
+    done = await hard_delete_expired_podcasts(await _runtime(db, clock, fresh_db_url, store), clock)
     assert done.retried[0]["storage_cleaned"] is True and done.leftovers == []
     assert await _keys(store, f"podcasts/{doomed}/") == []
     assert await db.fetch_one("SELECT objects_deleted FROM nightcrew.podcast_deletions") == {
@@ -336,7 +354,7 @@ async def test_the_feed_is_invalidated_only_after_the_storage_cleanup(
     store = open_store("memory://")
     podcast = await _doomed_podcast(db, store, objects=3)
     blocking = BlockingStore(store)
-    runtime = _runtime(db, clock, fresh_db_url, blocking)  # type: ignore[arg-type]
+    runtime = await _runtime(db, clock, fresh_db_url, blocking)  # type: ignore[arg-type]
     run = asyncio.create_task(hard_delete_expired_podcasts(runtime, clock))
     await asyncio.wait_for(blocking.deleting.wait(), 10)
     gone = await db.fetch_one("SELECT 1 FROM public.podcasts WHERE id = %(id)s", {"id": podcast})

@@ -59,7 +59,7 @@ async def test_two_ticks_at_the_same_instant_do_no_double_work(
     await _seed_every_kind_of_work(db)
     other_db = await Database.open(fresh_db_url)
     try:
-        other = make_runtime(other_db, clock, fresh_db_url)
+        other = await make_runtime(other_db, clock, fresh_db_url)
         reports = await asyncio.gather(
             run_lane(runtime, clock, "minute"), run_lane(other, clock, "minute")
         )
@@ -174,7 +174,7 @@ async def test_a_scheduled_slot_runs_once_across_replicas(
     slot = NOW.replace(second=0)
     dbs = [await Database.open(fresh_db_url) for _ in range(3)]
     try:
-        replicas = [make_runtime(d, clock, fresh_db_url) for d in dbs]
+        replicas = [await make_runtime(d, clock, fresh_db_url) for d in dbs]
         results = await asyncio.gather(
             *(run_lane(r, clock, "minute", trigger="scheduled", slot=slot) for r in replicas)
         )

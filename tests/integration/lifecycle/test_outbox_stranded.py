@@ -288,7 +288,7 @@ async def test_without_r2_public_url_the_daily_lane_still_revives_and_drains_the
     clock = later(days=2)
     feed_server.status = 401
     async with httpx.AsyncClient() as http:
-        runtime = make_runtime(
+        runtime = await make_runtime(
             db, clock, fresh_db_url, feedcache=HttpFeedCache(http, feed_server.url, SECRET)
         )
         first = await run_lane(runtime, clock, "daily")

@@ -32,7 +32,7 @@ DAY = timedelta(days=1)
 GB = 1_000_000_000
 
 
-def runtime_with(
+async def runtime_with(
     db: Database,
     clock: FrozenClock,
     url: str,
@@ -42,7 +42,7 @@ def runtime_with(
     *,
     api_key: str | None = "re_test_key",
 ) -> Runtime:
-    return make_runtime(
+    return await make_runtime(
         db,
         clock,
         url,
@@ -130,7 +130,7 @@ async def test_the_30_day_walk(
     account, (oldest, newest) = await _account(db)
     before = await _counts(db)
     clock = FrozenClock(NOW)
-    runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
+    runtime = await runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
     t0_key = lambda stage: idempotency_key(account, NOW, stage)  # noqa: E731
 
     async def day(n: float) -> Any:
@@ -198,7 +198,7 @@ async def test_a_gap_collapses_into_one_final_warning_and_never_suspends_early(
 ) -> None:
     account, ids = await _account(db)
     clock = FrozenClock(NOW + DAY)
-    runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
+    runtime = await runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
     await run_overage_escalation(runtime, clock)  # day 1: armed, stage 0
     since = NOW + DAY
     resend_server.reset()
@@ -225,7 +225,7 @@ async def test_send_outcomes_decide_the_claim(
     account, _ = await _account(db)
     resend_server.status = status
     clock = FrozenClock(NOW)
-    runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
+    runtime = await runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
     report = await run_overage_escalation(runtime, clock)
     stage = (await _clock_columns(db, account))[2]
     assert stage == (0 if claimed else -1)
@@ -250,7 +250,9 @@ async def test_unconfigured_resend_skips_the_mail_and_the_machine_advances(
 
     account, _ = await _account(db)
     clock = FrozenClock(NOW)
-    runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server, api_key=None)
+    runtime = await runtime_with(
+        db, clock, fresh_db_url, http, resend_server, feed_server, api_key=None
+    )
     with capture_logs() as logs:
         await run_overage_escalation(runtime, clock)
     assert resend_server.requests == []
@@ -274,7 +276,7 @@ async def test_no_owner_email_advances_best_effort(
     clock = FrozenClock(NOW)
     with capture_logs() as logs:
         await run_overage_escalation(
-            runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server), clock
+            await runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server), clock
         )
     assert any(e["event"] == "overage_email_no_owner" for e in logs)
     assert (await _clock_columns(db, account))[2] == 0
@@ -291,8 +293,10 @@ async def test_the_sweep_and_the_webhook_racing_claim_every_stage_once(
     clock = FrozenClock(NOW)
     other_db = await Database.open(fresh_db_url)
     try:
-        sweep_rt = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
-        hook_rt = runtime_with(other_db, clock, fresh_db_url, http, resend_server, feed_server)
+        sweep_rt = await runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
+        hook_rt = await runtime_with(
+            other_db, clock, fresh_db_url, http, resend_server, feed_server
+        )
 
         async def webhook() -> list[Any]:
             return [await reconcile_account_overage(hook_rt, clock, a) for a in accounts]
@@ -356,7 +360,7 @@ async def test_sanction_sets_storage_count_tiebreak_and_pending_deletion(
     feed_server: RecordingServer,
 ) -> None:
     clock = FrozenClock(NOW)
-    runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
+    runtime = await runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
     same = NOW - 50 * DAY
     # count overage only: 3 podcasts created at the same instant, cap 1 → keep the lowest id
     count_acct, count_ids = await _account(db, podcasts=0)
@@ -395,7 +399,7 @@ async def test_restore_leaves_a_user_disabled_podcast_disabled_and_honours_an_ov
     feed_server: RecordingServer,
 ) -> None:
     clock = FrozenClock(NOW)
-    runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
+    runtime = await runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
     account, (first, second) = await _account(db)
     await db.execute("UPDATE public.podcasts SET is_active = false WHERE id = %(p)s", {"p": second})
     await _suspend_now(runtime, db, account, clock)
@@ -440,7 +444,7 @@ async def test_an_account_that_throws_never_stops_the_sweep(
     )
     clock = FrozenClock(NOW)
     report = await run_overage_escalation(
-        runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server), clock
+        await runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server), clock
     )
     assert [e["event"] for e in report.errors] == ["overage_escalation_account_failed"]
     assert report.errors[0]["account_id"] == broken
@@ -457,7 +461,7 @@ async def test_a_stale_scan_never_suspends_an_account_the_webhook_just_restored(
     from nightcrew.lifecycle import overage
 
     clock = FrozenClock(NOW)
-    runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
+    runtime = await runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
     account, (first, second) = await _account(db)
     await db.execute(
         "UPDATE public.billing_accounts SET content_overage_since = %(s)s,"
@@ -507,7 +511,7 @@ async def test_the_scan_and_the_single_account_measurement_agree(
         " content_overage_nag_stage = 1 WHERE id = %(a)s",
         {"n": NOW, "a": armed_empty},
     )
-    runtime = make_runtime(db, FrozenClock(NOW), fresh_db_url)
+    runtime = await make_runtime(db, FrozenClock(NOW), fresh_db_url)
     rows = {str(r["id"]): r for r in await overage.scan(runtime)}
     # only accounts that can need work
     assert set(rows) == {over, armed_under, stamped, armed_empty}
@@ -549,7 +553,7 @@ async def test_a_reconciler_whose_backend_is_terminated_fails_alone_and_the_esca
     account, _ = await _account(db)
     clock = FrozenClock(NOW)
     store = _HeldListing(open_store(f"file://{tmp_path}"))
-    runtime = make_runtime(
+    runtime = await make_runtime(
         db,
         clock,
         fresh_db_url,
@@ -628,7 +632,7 @@ async def test_a_warning_the_minute_lane_delivers_is_claimed_then_and_counted_by
 
     account, _ = await _account(db)
     clock = FrozenClock(NOW)
-    runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
+    runtime = await runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
     resend_server.status = 500
     daily = await run_overage_escalation(runtime, clock)
     assert daily.armed == 1 and daily.emails_sent == 0

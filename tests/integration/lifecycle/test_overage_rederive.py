@@ -56,7 +56,7 @@ async def test_a_shrinking_sanction_set_restores_the_unstamped_and_suspends_only
     feed_server: RecordingServer,
 ) -> None:
     clock = FrozenClock(NOW)
-    runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
+    runtime = await runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
     account, ids = await _account(db, podcasts=4)  # cap 1: three over, a count-only overage
     _p0, p1, p2, p3 = ids
     slugs = {
@@ -119,7 +119,7 @@ async def test_the_owner_leaving_a_sanctioned_feed_restores_none_but_frees_the_n
     feed_server: RecordingServer,
 ) -> None:
     clock = FrozenClock(NOW)
-    runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
+    runtime = await runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
     account, ids = await _account(db, podcasts=3)  # cap 1
     p0, p1, _p2 = ids
     await _suspend_now(runtime, db, account, clock)

@@ -68,7 +68,7 @@ async def test_stamped_but_unarmed_under_both_caps_restores_and_sends_the_restor
         now=NOW - DAY,
     )
     clock = FrozenClock(NOW)
-    runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
+    runtime = await runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
 
     report = await run_overage_escalation(runtime, clock)
 
@@ -104,7 +104,7 @@ async def test_a_later_suspension_of_the_same_account_gets_its_own_restored_emai
 ) -> None:
     account, (only,) = await _account(db, podcasts=1)  # under both caps
     clock = FrozenClock(NOW)
-    runtime = runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
+    runtime = await runtime_with(db, clock, fresh_db_url, http, resend_server, feed_server)
     keys = []
     for stamped_at in (NOW - 5 * DAY, NOW + 3 * DAY):
         clock.set(max(stamped_at, NOW) + DAY)

@@ -60,8 +60,12 @@ async def _paused_podcast(
     return podcast, account
 
 
-def _with_stripe(db: Database, clock: FrozenClock, url: str, server: RecordingServer) -> Runtime:
-    return make_runtime(db, clock, url, billing=StripeBilling("sk_test_123", api_base=server.url))
+async def _with_stripe(
+    db: Database, clock: FrozenClock, url: str, server: RecordingServer
+) -> Runtime:
+    return await make_runtime(
+        db, clock, url, billing=StripeBilling("sk_test_123", api_base=server.url)
+    )
 
 
 async def _podcast(db: Database, podcast: str) -> dict[str, Any]:
@@ -80,7 +84,7 @@ async def test_due_not_yet_due_and_the_boundary(
     expected: bool,
 ) -> None:
     podcast, _ = await _paused_podcast(db, expires=NOW + timedelta(seconds=offset))
-    runtime = _with_stripe(db, clock, fresh_db_url, stripe)
+    runtime = await _with_stripe(db, clock, fresh_db_url, stripe)
     with capture_logs() as logs:
         report = await reactivate_expired_pauses(runtime, clock)
     row = await _podcast(db, podcast)
@@ -104,7 +108,9 @@ async def test_missing_subscription_id_is_self_healed_and_cached(
     db: Database, clock: FrozenClock, fresh_db_url: str, stripe: RecordingServer
 ) -> None:
     _, account = await _paused_podcast(db, expires=NOW, customer="cus_heal", subscription=None)
-    report = await reactivate_expired_pauses(_with_stripe(db, clock, fresh_db_url, stripe), clock)
+    report = await reactivate_expired_pauses(
+        await _with_stripe(db, clock, fresh_db_url, stripe), clock
+    )
     assert isinstance(report.reactivated[0]["billing"].pop("effect_id"), int)
     assert report.reactivated[0]["billing"] == {
         "outcome": "resumed",
@@ -128,7 +134,9 @@ async def test_non_subscription_billing_models_are_skipped(
     db: Database, clock: FrozenClock, fresh_db_url: str, stripe: RecordingServer, model: str
 ) -> None:
     podcast, _ = await _paused_podcast(db, expires=NOW, billing_model=model)
-    report = await reactivate_expired_pauses(_with_stripe(db, clock, fresh_db_url, stripe), clock)
+    report = await reactivate_expired_pauses(
+        await _with_stripe(db, clock, fresh_db_url, stripe), clock
+    )
     assert report.reactivated[0]["billing"]["outcome"] == "skipped"
     assert model in report.reactivated[0]["billing"]["reason"]
     assert stripe.requests == []
@@ -142,7 +150,7 @@ async def test_a_stripe_5xx_is_billing_resume_failed_and_the_podcast_stays_activ
     podcast, _ = await _paused_podcast(db, expires=NOW)
     with capture_logs() as logs:
         report = await reactivate_expired_pauses(
-            _with_stripe(db, clock, fresh_db_url, stripe), clock
+            await _with_stripe(db, clock, fresh_db_url, stripe), clock
         )
     assert (await _podcast(db, podcast))["status"] == "active"
     failed = [e for e in logs if e["event"] == "billing_resume_failed"]
@@ -176,8 +184,10 @@ async def test_two_replicas_reactivate_and_resume_billing_once(
     other_db = await Database.open(fresh_db_url)
     try:
         reports = await asyncio.gather(
-            reactivate_expired_pauses(_with_stripe(db, clock, fresh_db_url, stripe), clock),
-            reactivate_expired_pauses(_with_stripe(other_db, clock, fresh_db_url, stripe), clock),
+            reactivate_expired_pauses(await _with_stripe(db, clock, fresh_db_url, stripe), clock),
+            reactivate_expired_pauses(
+                await _with_stripe(other_db, clock, fresh_db_url, stripe), clock
+            ),
         )
     finally:
         await other_db.close()

@@ -38,7 +38,7 @@ def later(**delta: float) -> FrozenClock:
     return FrozenClock(SystemClock().now() + timedelta(**delta))
 
 
-def rt(
+async def rt(
     db: Database,
     clock: FrozenClock,
     url: str,
@@ -49,7 +49,7 @@ def rt(
 ) -> Runtime:
     """A runtime with R2_PUBLIC_URL set; with ``window``, its database is that wrapper."""
     env = {"R2_PUBLIC_URL": BASE}
-    return make_runtime(window or db, clock, url, env=env, store=store, **kw)  # type: ignore[arg-type]
+    return await make_runtime(window or db, clock, url, env=env, store=store, **kw)  # type: ignore[arg-type]
 
 
 class RecheckWindow:
@@ -159,7 +159,7 @@ async def test_a_dry_run_changes_nothing_and_reports_everything(
     clock = later(days=8)
     db_before, store_before = await _snapshot(db), await _store_keys(store)
 
-    report = await run_reconcile(rt(db, clock, fresh_db_url, store), clock, DRY)
+    report = await run_reconcile(await rt(db, clock, fresh_db_url, store), clock, DRY)
 
     assert await _snapshot(db) == db_before
     assert await _store_keys(store) == store_before
@@ -183,7 +183,7 @@ async def test_apply_writes_sizes_sweeps_orphans_and_keeps_every_referenced_obje
     w = await World(db, store).setup()
     keys = await _seed_everything(w)
     clock = later(days=8)
-    report = (await run_reconcile(rt(db, clock, fresh_db_url, store), clock, APPLY)).to_json()
+    report = (await run_reconcile(await rt(db, clock, fresh_db_url, store), clock, APPLY)).to_json()
 
     assert report["sizeBackfill"]["written"] == 2
     assert (await w.row(keys["wrong_ep"]))["audio_file_size_bytes"] == 200
@@ -210,14 +210,14 @@ async def test_an_orphan_younger_than_the_guard_is_not_deleted(
     orphan = await w.obj(w.key("fresh-upload.mp3"))
     clock = later(hours=23)  # clamped guard is 24 h; asking for less changes nothing
     report = await run_reconcile(
-        rt(db, clock, fresh_db_url, store),
+        await rt(db, clock, fresh_db_url, store),
         clock,
         ReconcileOptions(mode="apply", min_orphan_age_hours=1),
     )
     assert report.orphans.too_young == 1 and report.orphans.deleted == 0
     assert await w.exists(orphan)
     clock = later(hours=25)
-    report = await run_reconcile(rt(db, clock, fresh_db_url, store), clock, APPLY)
+    report = await run_reconcile(await rt(db, clock, fresh_db_url, store), clock, APPLY)
     assert report.orphans.deleted == 1 and not await w.exists(orphan)
 
 
@@ -241,7 +241,9 @@ async def test_an_orphan_referenced_inside_the_recheck_window_is_not_deleted(
             )
 
     report = await run_reconcile(
-        rt(db, clock, fresh_db_url, store, window=RecheckWindow(db, finalize_lands)), clock, APPLY
+        await rt(db, clock, fresh_db_url, store, window=RecheckWindow(db, finalize_lands)),
+        clock,
+        APPLY,
     )
     assert report.orphans.eligible == 1 and report.orphans.referenced_at_recheck == 1
     assert report.episode_images.referenced_at_recheck == 1
@@ -255,7 +257,7 @@ async def test_skip_orphan_delete_and_pending_invalidation_protect_audio(
     w = await World(db, store).setup()
     audio = await w.obj(w.key("superseded.mp3"))
     clock = later(days=2)
-    runtime = rt(db, clock, fresh_db_url, store)
+    runtime = await rt(db, clock, fresh_db_url, store)
     report = await run_reconcile(
         runtime, clock, ReconcileOptions(mode="apply", skip_orphan_delete=True)
     )
@@ -284,7 +286,7 @@ async def test_bigint_equal_sizes_are_never_rewritten(
     )
     before = await w.row(episode)
     clock = later(days=2)
-    report = await run_reconcile(rt(db, clock, fresh_db_url, store), clock, APPLY)
+    report = await run_reconcile(await rt(db, clock, fresh_db_url, store), clock, APPLY)
     assert report.size_backfill.mismatched == 0 and report.size_backfill.written == 0
     after = await w.row(episode)
     assert after["updated_at"] == before["updated_at"]  # no bump, no feed churn
@@ -311,7 +313,7 @@ async def test_quarantine_is_the_complete_transition(
     )
     clock = later(days=1)
     report = await run_reconcile(
-        rt(db, clock, fresh_db_url, store),
+        await rt(db, clock, fresh_db_url, store),
         clock,
         ReconcileOptions(mode="apply", quarantine_missing=True),
     )
@@ -345,7 +347,7 @@ async def test_quarantine_uses_the_current_status_not_the_scanned_one(
         {"e": episode},
     )
     clock = later(days=1)
-    assert await quarantine_episode(rt(db, clock, fresh_db_url, store), scanned, clock.now())
+    assert await quarantine_episode(await rt(db, clock, fresh_db_url, store), scanned, clock.now())
     row = await w.row(episode)
     assert row["status"] == "draft" and row["published_at"] is None and row["audio_url"] is None
     outbox = await db.fetch("SELECT reason FROM public.feed_invalidation_outbox")
@@ -375,7 +377,7 @@ async def test_an_error_mid_quarantine_rolls_everything_back(
     clock = later(days=1)
     with capture_logs() as logs:
         report = await run_reconcile(
-            rt(db, clock, fresh_db_url, store),
+            await rt(db, clock, fresh_db_url, store),
             clock,
             ReconcileOptions(mode="apply", quarantine_missing=True),
         )
@@ -421,7 +423,7 @@ async def test_outbox_failures_leave_the_row_pending_with_the_error(
         feed = HttpFeedCache(
             http, feed_server.url, "s", wait_timeout=httpx.Timeout(0.3, connect=10.0)
         )
-        runtime = rt(db, clock, fresh_db_url, open_store("memory://"), feedcache=feed)
+        runtime = await rt(db, clock, fresh_db_url, open_store("memory://"), feedcache=feed)
         report = await run_reconcile(runtime, clock, APPLY)
         assert report.outbox == OutboxDrain(pending=1, delivered=0, failed=1, dead=0)
         [row] = await _outbox_rows(db)
@@ -458,7 +460,7 @@ async def test_a_cap_violation_is_listed_not_fatal(
 ) -> None:
     _, episode = await _capped_world(db, store)
     clock = later(days=1)
-    report = await run_reconcile(rt(db, clock, fresh_db_url, store), clock, APPLY)
+    report = await run_reconcile(await rt(db, clock, fresh_db_url, store), clock, APPLY)
     assert report.size_backfill.written == 0
     [blocked] = report.size_backfill.blocked_over_cap
     assert blocked.episode_id == episode and blocked.measured == 5000
@@ -472,7 +474,7 @@ async def test_the_cap_bypass_writes_and_re_enables_the_trigger(
     w, episode = await _capped_world(db, store)
     clock = later(days=1)
     report = await run_reconcile(
-        rt(db, clock, fresh_db_url, store),
+        await rt(db, clock, fresh_db_url, store),
         clock,
         ReconcileOptions(mode="apply", bypass_cap_for_backfill=True),
     )
@@ -506,7 +508,7 @@ async def test_without_alter_privilege_the_bypass_falls_back_to_the_active_path(
     try:
         clock = later(days=1)
         report = await run_reconcile(
-            rt(app_db, clock, app_url, store),
+            await rt(app_db, clock, app_url, store),
             clock,
             ReconcileOptions(mode="apply", bypass_cap_for_backfill=True),
         )
@@ -533,7 +535,7 @@ async def test_a_url_with_a_query_string_still_references_its_object(
         cover_image_url=f"{BASE}/{image}?w=300",
     )
     clock = later(days=3)
-    report = await run_reconcile(rt(db, clock, fresh_db_url, store), clock, APPLY)
+    report = await run_reconcile(await rt(db, clock, fresh_db_url, store), clock, APPLY)
     assert report.orphans.found == 0 and report.episode_images.found == 0
     assert await w.exists(audio) and await w.exists(master) and await w.exists(image)
 
@@ -556,7 +558,7 @@ async def test_the_recheck_matches_a_query_string_reference_and_a_late_invalidat
         )
 
     report = await run_reconcile(
-        rt(db, clock, fresh_db_url, store, window=RecheckWindow(db, window)), clock, APPLY
+        await rt(db, clock, fresh_db_url, store, window=RecheckWindow(db, window)), clock, APPLY
     )
     assert report.orphans.eligible == 2 and report.orphans.referenced_at_recheck == 2
     assert await w.exists(first) and await other.exists(second)
@@ -579,7 +581,7 @@ async def test_the_recheck_decodes_a_percent_encoded_reference_and_keeps_an_unkn
         await f.episode(db, other.podcast, audio_url=f"{BASE}/")
 
     report = await run_reconcile(
-        rt(db, clock, fresh_db_url, store, window=RecheckWindow(db, window)), clock, APPLY
+        await rt(db, clock, fresh_db_url, store, window=RecheckWindow(db, window)), clock, APPLY
     )
     assert report.orphans.eligible == 2 and report.orphans.referenced_at_recheck == 2
     assert await w.exists(spaced) and await other.exists(kept)
@@ -592,7 +594,7 @@ async def test_skip_orphan_delete_keeps_expired_prep_too(
     prep = await w.obj(w.key("chunk.wav", kind="transcribe-prep"))
     clock = later(days=8)
     report = await run_reconcile(
-        rt(db, clock, fresh_db_url, store),
+        await rt(db, clock, fresh_db_url, store),
         clock,
         ReconcileOptions(mode="apply", skip_orphan_delete=True),
     )
@@ -625,7 +627,9 @@ async def test_a_listing_that_fails_midway_fails_the_run_and_changes_nothing(
     before = await _snapshot(db)
     clock = later(days=3)
     with pytest.raises(StoreError, match="connection reset"):
-        await run_reconcile(rt(db, clock, fresh_db_url, BreaksAfterOnePage(store)), clock, APPLY)
+        await run_reconcile(
+            await rt(db, clock, fresh_db_url, BreaksAfterOnePage(store)), clock, APPLY
+        )
     assert await _snapshot(db) == before
     assert len(await _store_keys(store)) == 1500
 
@@ -655,7 +659,7 @@ async def test_an_episode_that_lands_while_the_store_is_listed_keeps_its_object(
 
     clock = later(days=3)
     report = await run_reconcile(
-        rt(db, clock, fresh_db_url, LandsDuringListing(store)),  # type: ignore[arg-type]
+        await rt(db, clock, fresh_db_url, LandsDuringListing(store)),  # type: ignore[arg-type]
         clock,
         APPLY,
     )

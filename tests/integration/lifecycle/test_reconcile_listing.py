@@ -138,13 +138,13 @@ async def test_one_failing_partition_fails_the_run_and_changes_nothing(
     before = await _snapshot(db)
     clock = later(days=3)
     with pytest.raises(StoreError, match="other-05"):
-        await run_reconcile(_runtime(db, clock, fresh_db_url, failing), clock, APPLY)
+        await run_reconcile(await _runtime(db, clock, fresh_db_url, failing), clock, APPLY)
     assert await _snapshot(db) == before
     assert len(await _sequential(store)) == 40  # not one orphan deleted
 
 
-def _runtime(db: Database, clock: Any, url: str, store: Any) -> Any:
-    return make_runtime(
+async def _runtime(db: Database, clock: Any, url: str, store: Any) -> Any:
+    return await make_runtime(
         db, clock, url, env={"R2_PUBLIC_URL": BASE, "RECONCILE_LIST_CONCURRENCY": "3"}, store=store
     )
 

@@ -28,7 +28,7 @@ async def test_a_walk_past_an_overrides_expiry_still_sees_the_override(
 
     # two days "later" by nightcrew's clock: the override has not expired in the database
     clock = FrozenClock(real_now + timedelta(days=2))
-    report = await run_overage_escalation(make_runtime(db, clock, fresh_db_url), clock)
+    report = await run_overage_escalation(await make_runtime(db, clock, fresh_db_url), clock)
     assert (report.scanned, report.armed) == (0, 0)
 
     # once it really has expired, the same clock arms the account
@@ -36,7 +36,7 @@ async def test_a_walk_past_an_overrides_expiry_still_sees_the_override(
         "UPDATE public.cap_overrides SET expires_at = %(past)s WHERE billing_account_id = %(a)s",
         {"a": account, "past": real_now - timedelta(seconds=1)},
     )
-    report = await run_overage_escalation(make_runtime(db, clock, fresh_db_url), clock)
+    report = await run_overage_escalation(await make_runtime(db, clock, fresh_db_url), clock)
     assert report.armed == 1
     armed = await db.fetch_one(
         "SELECT content_overage_since FROM public.billing_accounts WHERE id = %(a)s",

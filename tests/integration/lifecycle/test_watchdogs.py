@@ -506,7 +506,7 @@ async def test_four_concurrent_minute_runs_dispatch_each_stalled_item_once(
     ]
     dbs = [await Database.open(fresh_db_url) for _ in range(4)]
     try:
-        replicas = [make_runtime(d, clock, fresh_db_url) for d in dbs]
+        replicas = [await make_runtime(d, clock, fresh_db_url) for d in dbs]
         await asyncio.gather(
             *(wd.sweep_stalled_imports(r, clock) for r in replicas),
             *(wd.sweep_stalled_external_links(r, clock) for r in replicas),

@@ -145,7 +145,7 @@ async def test_a_feed_redirecting_into_the_machine_is_refused_and_its_neighbour_
 
     report = (
         await run_shard(
-            replace(runtime_for(db, clock, fresh_db_url), news=deps_for(db, clock, http)),
+            replace(await runtime_for(db, clock, fresh_db_url), news=deps_for(db, clock, http)),
             clock,
             "s",
         )
@@ -271,7 +271,9 @@ async def test_links_resolve_like_a_reader_expects_and_lose_their_credentials(
     await add_source(db, url=base + "/feeds/atom", name="Atom", shard="s", now=NOW)
 
     report = await run_shard(
-        replace(runtime_for(db, clock, fresh_db_url), news=deps_for(db, clock, http)), clock, "s"
+        replace(await runtime_for(db, clock, fresh_db_url), news=deps_for(db, clock, http)),
+        clock,
+        "s",
     )
 
     rows = {
@@ -310,7 +312,7 @@ async def test_a_source_refused_for_its_address_is_fetched_on_the_next_run_once_
     base = feed_server.url
     routes(feed_server, {"/feeds/lo": Response(rss(base, 2, prefix="lo"), content_type="text/xml")})
     await add_source(db, url=f"{base}/feeds/lo", name="lo", shard="s", now=NOW)
-    runtime = runtime_for(db, clock, fresh_db_url)
+    runtime = await runtime_for(db, clock, fresh_db_url)
     refused = await run_shard(
         replace(runtime, news=deps_for(db, clock, http, policy=PRODUCTION)), clock, "s"
     )

@@ -44,7 +44,7 @@ async def test_a_100_item_feed_with_a_model_and_max_ai_reviews_25_is_written_in_
     test_backpressure_drains.py), over feeds that answer 304 from the second run on."""
     statuses = etag_site(feed_server, {"/feeds/big": rss(feed_server.url, 100)})
     await add_source(db, url=feed_server.url + "/feeds/big", name="Big", shard="s", now=NOW)
-    runtime = runtime_for(db, clock, fresh_db_url, MAX_AI_REVIEWS="25")
+    runtime = await runtime_for(db, clock, fresh_db_url, MAX_AI_REVIEWS="25")
     model = RulesModel()
     reports = []
     for _ in range(4):
@@ -79,7 +79,7 @@ async def test_a_backpressure_deferred_batch_is_written_once_pressure_drops(
 ) -> None:
     statuses = etag_site(feed_server, {"/feeds/a": rss(feed_server.url, 8)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
-    pressured = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="5")
+    pressured = await runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="5")
     first = (
         await run_shard(replace(pressured, news=deps_for(db, clock, http)), clock, "s")
     ).to_json()
@@ -96,7 +96,7 @@ async def test_a_backpressure_deferred_batch_is_written_once_pressure_drops(
     )
 
     clock.advance(timedelta(hours=1))
-    calm = runtime_for(db, clock, fresh_db_url)
+    calm = await runtime_for(db, clock, fresh_db_url)
     second = (await run_shard(replace(calm, news=deps_for(db, clock, http)), clock, "s")).to_json()
     assert statuses == [200, 304]
     assert second["queuedCount"] == 3 and second["processedCount"] == 3
@@ -112,7 +112,7 @@ async def test_a_lock_skip_report_is_saved_with_what_waits(
 ) -> None:
     etag_site(feed_server, {"/feeds/a": rss(feed_server.url, 4)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
-    runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="1")
+    runtime = await runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="1")
     await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")  # 1; 3 wait
     holder = await PostgresLeases(db, clock).acquire(shard_lock_name("s"), 600)
     assert holder is not None
@@ -141,7 +141,9 @@ async def test_retried_count_is_known_before_the_backpressure_stop(
         {"s": source["id"], "t": NOW - timedelta(hours=7)},
     )
     # the article limit stops the run (the queue limit no longer does: it bounds the batch)
-    runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT="1")
+    runtime = await runtime_for(
+        db, clock, fresh_db_url, INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT="1"
+    )
     report = (
         await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
     ).to_json()
@@ -173,7 +175,7 @@ async def test_a_transient_review_failure_is_held_and_reviewed_next_run_despite_
 ) -> None:
     statuses = etag_site(feed_server, {"/feeds/a": rss(feed_server.url, 3)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
-    runtime = runtime_for(db, clock, fresh_db_url)
+    runtime = await runtime_for(db, clock, fresh_db_url)
     first = (
         await run_shard(
             replace(runtime, news=deps_for(db, clock, http, reviewer=FlakyReviewer(2))), clock, "s"
@@ -207,7 +209,7 @@ async def test_one_article_the_database_refuses_is_rejected_alone(
     await db.execute(
         "ALTER TABLE news.articles ADD CONSTRAINT test_no_story_2 CHECK (url NOT LIKE '%%/story-2')"
     )
-    runtime = runtime_for(db, clock, fresh_db_url)
+    runtime = await runtime_for(db, clock, fresh_db_url)
     report = (
         await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
     ).to_json()
@@ -241,7 +243,7 @@ async def test_the_queue_limit_defers_only_above_it(
     "more than"), and the run works a batch of 5, oldest first, the sixth deferred."""
     etag_site(feed_server, {"/feeds/a": rss(feed_server.url, queued)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
-    runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="5")
+    runtime = await runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="5")
     report = (
         await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
     ).to_json()
@@ -280,7 +282,7 @@ async def test_a_run_stopped_before_its_writes_saves_no_fetch_state_and_the_next
     next run fetches them again (200, not 304) and writes every item."""
     statuses = etag_site(feed_server, {"/feeds/a": rss(feed_server.url, 4)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s", now=NOW)
-    runtime = runtime_for(db, clock, fresh_db_url)
+    runtime = await runtime_for(db, clock, fresh_db_url)
     reviewer = _StuckReviewer()
     run = asyncio.create_task(
         run_shard(replace(runtime, news=deps_for(db, clock, http, reviewer=reviewer)), clock, "s")
@@ -320,7 +322,7 @@ async def test_a_new_item_that_became_a_row_meanwhile_is_in_the_batch_once(
     served = {"/feeds/a": rss(base, 3)}
     site(feed_server, served)
     await add_source(db, url=base + "/feeds/a", name="A", shard="s", now=NOW)
-    runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="2")
+    runtime = await runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_QUEUE_LIMIT="2")
     first = (
         await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
     ).to_json()

@@ -84,7 +84,7 @@ async def test_a_hostile_item_never_costs_the_neighbour_feed_its_articles(
     site(feed_server, {"/feeds/good": rss(base, 2, prefix="good"), "/feeds/bad": hostile})
     await add_source(db, url=base + "/feeds/good", name="Good", shard="s", now=NOW)
     await add_source(db, url=base + "/feeds/bad", name="Bad", shard="s", now=NOW)
-    runtime = runtime_for(db, clock, fresh_db_url)
+    runtime = await runtime_for(db, clock, fresh_db_url)
 
     report = (
         await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
@@ -120,7 +120,7 @@ async def test_a_feed_that_breaks_the_parser_is_its_own_fetch_error(
     )
     for name in ("good", "empty", "html"):
         await add_source(db, url=f"{base}/feeds/{name}", name=name, shard="s", now=NOW)
-    runtime = runtime_for(db, clock, fresh_db_url)
+    runtime = await runtime_for(db, clock, fresh_db_url)
     report = (
         await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
     ).to_json()
@@ -173,7 +173,7 @@ async def test_a_hostile_document_is_at_most_its_own_error(
     await add_source(db, url=base + "/feeds/bad", name="Bad", shard="s", now=NOW)
     report = (
         await run_shard(
-            replace(runtime_for(db, clock, fresh_db_url), news=deps_for(db, clock, http)),
+            replace(await runtime_for(db, clock, fresh_db_url), news=deps_for(db, clock, http)),
             clock,
             "s",
         )
@@ -240,7 +240,7 @@ async def test_a_slow_loris_feed_is_cut_at_the_fetch_budget(
         await add_source(db, url=loris + "/feed", name="Loris", shard="s", now=NOW)
         # 3 s: the good feed's fetch must fit in it too, on a CI machine running six workers
         # on two cores (at 2 s it once did not)
-        runtime = runtime_for(db, clock, fresh_db_url, NEWS_FETCH_BUDGET_SECONDS="3")
+        runtime = await runtime_for(db, clock, fresh_db_url, NEWS_FETCH_BUDGET_SECONDS="3")
         started = time.monotonic()
         report = (
             await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
@@ -306,7 +306,9 @@ async def test_redis_killed_mid_run_costs_nothing_and_the_next_run_falls_back(
             if answers(port):
                 break
             await asyncio.sleep(0.1)
-        runtime = runtime_for(db, clock, fresh_db_url, UPSTASH_REDIS_WORKER_LOCK_TTL_SECONDS="3")
+        runtime = await runtime_for(
+            db, clock, fresh_db_url, UPSTASH_REDIS_WORKER_LOCK_TTL_SECONDS="3"
+        )
         deps = deps_for(db, clock, http, redis=client, reviewer=KillingReviewer())
         first = (await run_shard(replace(runtime, news=deps), clock, "s")).to_json()
         assert first["redisEnabled"] is False
@@ -354,7 +356,7 @@ async def test_a_link_is_bounded_in_stored_bytes_and_a_dropped_item_is_reported(
     site(feed_server, {"/feeds/good": rss(base, 2, prefix="good"), "/feeds/bad": _feed(items)})
     await add_source(db, url=base + "/feeds/good", name="Good", shard="s", now=NOW)
     await add_source(db, url=base + "/feeds/bad", name="Bad", shard="s", now=NOW)
-    runtime = runtime_for(db, clock, fresh_db_url)
+    runtime = await runtime_for(db, clock, fresh_db_url)
 
     report = (
         await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
@@ -419,7 +421,7 @@ async def _good_and_bad(
     await add_source(db, url=base + "/feeds/good", name="Good", shard="s", now=NOW)
     await add_source(db, url=base + "/feeds/bad", name="Bad", shard="s", now=NOW)
     await _refuse_hostile_1(db, *refused_by)
-    return runtime_for(db, clock, fresh_db_url, **env), statuses
+    return await runtime_for(db, clock, fresh_db_url, **env), statuses
 
 
 async def _urls(db: Database, table: str) -> set[str]:
@@ -615,7 +617,7 @@ async def test_redis_failing_only_for_the_lease_copy_is_reported_as_redis_not_us
     base = feed_server.url
     site(feed_server, {"/feeds/a": rss(base, 3)})
     await add_source(db, url=base + "/feeds/a", name="A", shard="s", now=NOW)
-    runtime = runtime_for(db, clock, fresh_db_url)
+    runtime = await runtime_for(db, clock, fresh_db_url)
     nothing_there = aioredis.from_url(
         f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=0.5, socket_timeout=1
     )
@@ -683,7 +685,7 @@ async def test_hostile_feeds_that_use_their_whole_parse_budget_delay_no_ordinary
         await add_source(db, url=f"{base}/feeds/h{n}", name=f"H{n}", shard="s", now=NOW)
     for path in ordinary:
         await add_source(db, url=base + path, name=path.rsplit("/", 1)[1], shard="s", now=NOW)
-    runtime = runtime_for(
+    runtime = await runtime_for(
         db, clock, fresh_db_url, NEWS_PARSE_BUDGET_SECONDS="2", NEWS_FETCH_BUDGET_SECONDS="5"
     )
 

@@ -31,7 +31,7 @@ async def _run(
     reviewer: Any = None,
     **env: str,
 ) -> dict[str, Any]:
-    runtime = runtime_for(db, clock, url, **env)
+    runtime = await runtime_for(db, clock, url, **env)
     deps = deps_for(db, clock, http, **({"reviewer": reviewer} if reviewer else {}))
     return (await run_shard(replace(runtime, news=deps), clock, "s")).to_json()
 

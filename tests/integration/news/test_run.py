@@ -103,8 +103,8 @@ def deps_for(db: Database, clock: FrozenClock, http: UntrustedHttp, **kw: Any) -
     return replace(deps, leases=leases) if leases is not None else deps
 
 
-def runtime_for(db: Database, clock: FrozenClock, url: str, **env: str) -> Runtime:
-    return make_runtime(db, clock, url, env=env, store=open_store("memory://"))
+async def runtime_for(db: Database, clock: FrozenClock, url: str, **env: str) -> Runtime:
+    return await make_runtime(db, clock, url, env=env, store=open_store("memory://"))
 
 
 def page_requests(server: RecordingServer) -> list[str]:
@@ -120,7 +120,7 @@ async def test_a_run_processes_once_and_the_next_run_does_nothing_per_item(
 ) -> None:
     site(feed_server, {"/feeds/a": rss(feed_server.url, 5)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
-    runtime = runtime_for(db, clock, fresh_db_url)
+    runtime = await runtime_for(db, clock, fresh_db_url)
     report = await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s1")
     r = report.to_json()
     assert r["queuedCount"] == 5 and r["processedCount"] == 5
@@ -162,7 +162,7 @@ async def test_251_queued_works_the_limits_worth_oldest_first_and_defers_the_res
     await add_source(db, url=feed_server.url + "/feeds/big", name="Big", shard="s1", now=NOW)
     report = (
         await run_shard(
-            replace(runtime_for(db, clock, fresh_db_url), news=deps_for(db, clock, http)),
+            replace(await runtime_for(db, clock, fresh_db_url), news=deps_for(db, clock, http)),
             clock,
             "s1",
         )
@@ -190,7 +190,9 @@ async def test_the_database_limit_defers_too(
 ) -> None:
     site(feed_server, {"/feeds/a": rss(feed_server.url, 2)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
-    runtime = runtime_for(db, clock, fresh_db_url, INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT="0")
+    runtime = await runtime_for(
+        db, clock, fresh_db_url, INGESTION_BACKPRESSURE_DB_ARTICLE_LIMIT="0"
+    )
     report = (
         await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s1")
     ).to_json()
@@ -210,14 +212,15 @@ async def test_a_held_shard_lock_answers_locked_and_does_nothing(
 ) -> None:
     site(feed_server, {"/feeds/a": rss(feed_server.url, 3)}, slow=0.5)
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
-    runtime = runtime_for(db, clock, fresh_db_url)
+    runtime = await runtime_for(db, clock, fresh_db_url)
     other_db = await Database.open(fresh_db_url)
     try:
         reports = await asyncio.gather(
             run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s1"),
             run_shard(
                 replace(
-                    runtime_for(other_db, clock, fresh_db_url), news=deps_for(other_db, clock, http)
+                    await runtime_for(other_db, clock, fresh_db_url),
+                    news=deps_for(other_db, clock, http),
                 ),
                 clock,
                 "s1",
@@ -261,7 +264,7 @@ async def test_a_late_holder_is_refused_by_the_fence(
     reviewer = FenceBumpingReviewer(db)
     report = await run_shard(
         replace(
-            runtime_for(db, clock, fresh_db_url),
+            await runtime_for(db, clock, fresh_db_url),
             news=deps_for(db, clock, http, reviewer=reviewer),
         ),
         clock,
@@ -297,7 +300,9 @@ async def test_a_lease_drawn_after_another_backend_wrote_is_above_its_fence(
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
     await db.execute("INSERT INTO news.shard_fences VALUES ('s1', 57)")
     report = await run_shard(
-        replace(runtime_for(db, clock, fresh_db_url), news=deps_for(db, clock, http)), clock, "s1"
+        replace(await runtime_for(db, clock, fresh_db_url), news=deps_for(db, clock, http)),
+        clock,
+        "s1",
     )
     assert report.processed_count == 2
     fences = await db.fetch("SELECT DISTINCT fence FROM news.articles")
@@ -319,7 +324,7 @@ async def test_redis_down_mid_run_falls_back_and_nothing_is_processed_twice(
         s.bind(("127.0.0.1", 0))
         dead_port = s.getsockname()[1]
     dead = aioredis.from_url(f"redis://127.0.0.1:{dead_port}/0", socket_connect_timeout=0.5)
-    runtime = runtime_for(db, clock, fresh_db_url)
+    runtime = await runtime_for(db, clock, fresh_db_url)
     try:
         first = (
             await run_shard(
@@ -361,7 +366,8 @@ async def test_with_real_redis_the_processed_set_and_locks_are_used(
         assert await client.get(shard_lock_name(shard)) == held.token.encode()  # the copy
         locked = await run_shard(
             replace(
-                runtime_for(db, clock, fresh_db_url), news=deps_for(db, clock, http, redis=client)
+                await runtime_for(db, clock, fresh_db_url),
+                news=deps_for(db, clock, http, redis=client),
             ),
             clock,
             shard,
@@ -370,7 +376,7 @@ async def test_with_real_redis_the_processed_set_and_locks_are_used(
         await other.release(held)
         done = await run_shard(
             replace(
-                runtime_for(db, clock, fresh_db_url),
+                await runtime_for(db, clock, fresh_db_url),
                 news=deps_for(db, clock, http, redis=client),
             ),
             clock,
@@ -411,7 +417,7 @@ async def test_a_failing_article_count_is_reported_and_the_run_goes_on(
     with capture_logs() as logs:
         report = (
             await run_shard(
-                replace(runtime_for(db, clock, fresh_db_url), news=deps_for(db, clock, http)),
+                replace(await runtime_for(db, clock, fresh_db_url), news=deps_for(db, clock, http)),
                 clock,
                 "s1",
             )
@@ -460,7 +466,7 @@ async def test_a_lease_that_expires_mid_run_is_extended_first_then_fenced_out_ke
 ) -> None:
     site(feed_server, {"/feeds/a": rss(feed_server.url, 2)})
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
-    runtime = runtime_for(db, clock, fresh_db_url, UPSTASH_REDIS_WORKER_LOCK_TTL_SECONDS="30")
+    runtime = await runtime_for(db, clock, fresh_db_url, UPSTASH_REDIS_WORKER_LOCK_TTL_SECONDS="30")
     reviewer = ClockJumpingReviewer(db, clock, 30)
     report = await run_shard(
         replace(runtime, news=deps_for(db, clock, http, reviewer=reviewer)), clock, "s1"
@@ -521,7 +527,7 @@ async def test_scheduled_shard_slots_run_once_across_replicas_and_reports_are_se
     try:
         fired = []
         for database in (db, other_db):
-            runtime = runtime_for(
+            runtime = await runtime_for(
                 database, clock, fresh_db_url, NEWS_SHARDS="s1", NEWS_RUN_INTERVAL_MINUTES="5"
             )
             [schedule] = news_schedules(
@@ -571,7 +577,7 @@ async def test_a_model_reviews_translates_and_the_backlog_is_caught_up(
     await add_source(db, url=feed_server.url + "/feeds/a", name="A", shard="s1", now=NOW)
     reviewer = chat_reviewer(llm.url, model="m")
     try:
-        runtime = runtime_for(db, clock, fresh_db_url)
+        runtime = await runtime_for(db, clock, fresh_db_url)
         report = (
             await run_shard(
                 replace(runtime, news=deps_for(db, clock, http, reviewer=reviewer)), clock, "s1"
@@ -619,7 +625,7 @@ async def test_two_runs_started_together_on_redis_one_processes_one_is_locked(
             *(
                 run_shard(
                     replace(
-                        runtime_for(db, clock, fresh_db_url),
+                        await runtime_for(db, clock, fresh_db_url),
                         news=deps_for(db, clock, http, redis=client),
                     ),
                     clock,
@@ -664,7 +670,7 @@ async def test_a_malformed_link_is_skipped_and_a_transient_review_failure_retrie
                 raise ReviewError("the model answered 503", transient=True)
             return await super().review(article)
 
-    runtime = runtime_for(db, clock, fresh_db_url)
+    runtime = await runtime_for(db, clock, fresh_db_url)
     first = (
         await run_shard(
             replace(runtime, news=deps_for(db, clock, http, reviewer=Flaky())), clock, "s1"

@@ -115,7 +115,7 @@ async def test_a_feed_too_heavy_to_parse_is_its_own_fetch_error_and_the_loop_sta
     feed_server.responder = respond
     await add_source(db, url=base + "/feeds/good", name="Good", shard="s", now=NOW)
     await add_source(db, url=base + "/feeds/heavy", name="Heavy", shard="s", now=NOW)
-    runtime = runtime_for(db, clock, fresh_db_url, NEWS_PARSE_BUDGET_SECONDS="1")
+    runtime = await runtime_for(db, clock, fresh_db_url, NEWS_PARSE_BUDGET_SECONDS="1")
 
     started = time.monotonic()
     async with LoopLag() as lag:
@@ -184,7 +184,7 @@ async def test_a_gzip_bomb_feed_fails_and_a_bomb_page_is_cut_at_its_cap(
     # image its bomb page names in the first bytes
     await add_source(db, url=base + "/feeds/good", name="Good", shard="s", now=NOW)
     await add_source(db, url=base + "/feeds/bomb", name="Bomb", shard="s", now=NOW)
-    runtime = runtime_for(db, clock, fresh_db_url)
+    runtime = await runtime_for(db, clock, fresh_db_url)
     report = (
         await run_shard(replace(runtime, news=deps_for(db, clock, http)), clock, "s")
     ).to_json()
