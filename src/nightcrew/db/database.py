@@ -334,6 +334,8 @@ class Database(_Executor):
 
     async def close(self) -> None:
         await self._pool.close()
+        # connections on their way back (a cancelled caller's): closed by the closed pool
+        await asyncio.gather(*self._returning, return_exceptions=True)
 
     @asynccontextmanager
     async def _acquire(self) -> AsyncIterator[psycopg.AsyncConnection[DictRow]]:
@@ -345,7 +347,8 @@ class Database(_Executor):
                 async with conn:  # commit or roll back, as the pool's own context does
                     yield conn
             finally:
-                await self._pool.putconn(conn)
+                # shielded too: a caller cancelled while the pool takes it back would lose it
+                await asyncio.shield(self._put_back(conn))
         except PoolTimeout as exc:
             raise DatabaseUnavailableError(
                 f"lost PostgreSQL at {self.target}: no connection within {timeout:g} s",
@@ -372,9 +375,13 @@ class Database(_Executor):
     def _give_back(self, checkout: asyncio.Future[psycopg.AsyncConnection[DictRow]]) -> None:
         if checkout.cancelled() or checkout.exception() is not None:
             return
-        returning = asyncio.ensure_future(self._pool.putconn(checkout.result()))
+        self._put_back(checkout.result())
+
+    def _put_back(self, conn: psycopg.AsyncConnection[DictRow]) -> asyncio.Future[None]:
+        returning = asyncio.ensure_future(self._pool.putconn(conn))
         self._returning.add(returning)  # held until done: a task nobody holds may be collected
         returning.add_done_callback(self._returning.discard)
+        return returning
 
     @asynccontextmanager
     async def _dedicated(self) -> AsyncIterator[psycopg.AsyncConnection[DictRow]]:

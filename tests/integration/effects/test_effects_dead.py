@@ -87,7 +87,7 @@ async def test_a_422_from_resend_kills_the_email_at_once_and_says_so(
     when: str,
 ) -> None:
     clock = FrozenClock(NOW)
-    runtime = _runtime(db, clock, fresh_db_url, http, resend, feed_server)
+    runtime = await _runtime(db, clock, fresh_db_url, http, resend, feed_server)
     account, _ = await _account(db)
     key = idempotency_key(account, NOW, 0)
     resend.mode = "422" if when == "first attempt" else "500"
@@ -173,7 +173,7 @@ async def test_effects_list_and_retry_dead_by_kind(
     clock = FrozenClock(NOW)
     podcast, account = await _paused_podcast(db, expires=NOW + DAY)
     billing = StripeBilling("sk_test_123", api_base=stripe_server.url, max_network_retries=0)
-    runtime = _runtime(db, clock, fresh_db_url, http, resend, feed_server, billing=billing)
+    runtime = await _runtime(db, clock, fresh_db_url, http, resend, feed_server, billing=billing)
     mail = {"to": "owner@example.test", "subject": "s", "text": "t", "html": "<p>h</p>"}
     async with db.transaction() as tx:
         dead_mail = await outbox.record(tx, kind="mail", key="cli:mail", payload=mail, now=NOW)

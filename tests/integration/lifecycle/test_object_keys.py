@@ -294,7 +294,7 @@ async def test_an_encoded_reference_keeps_its_object_and_backfills_its_size(
     stray = await w.obj(w.key("stray.mp3", episode="e2"), 5)  # the sweep did run
     clock = later(days=8)  # far past the orphan age guard
 
-    report = (await run_reconcile(rt(db, clock, fresh_db_url, store), clock, APPLY)).to_json()
+    report = (await run_reconcile(await rt(db, clock, fresh_db_url, store), clock, APPLY)).to_json()
 
     assert await w.exists(key), "a referenced object was deleted as an orphan"
     assert not await w.exists(stray)
@@ -317,7 +317,7 @@ async def test_an_undecodable_url_protects_every_audio_object_of_its_podcast(
     await f.episode(db, w.podcast, status="published", **{column: f"{BASE}/{w.key('bad%zz.mp3')}"})
     clock = later(days=8)
 
-    report = (await run_reconcile(rt(db, clock, fresh_db_url, store), clock, APPLY)).to_json()
+    report = (await run_reconcile(await rt(db, clock, fresh_db_url, store), clock, APPLY)).to_json()
 
     assert await w.exists(unknown), "an object the undecodable URL may mean was deleted"
     assert not await other.exists(theirs)  # another podcast's orphan still goes
@@ -339,7 +339,7 @@ async def test_an_undecodable_cover_url_protects_the_podcasts_episode_images(
     clock = later(days=8)
 
     report = await run_reconcile(
-        rt(db, clock, fresh_db_url, store), clock, ReconcileOptions(mode="apply")
+        await rt(db, clock, fresh_db_url, store), clock, ReconcileOptions(mode="apply")
     )
 
     assert await w.exists(image)

@@ -35,7 +35,7 @@ DAY = timedelta(days=1)
 SECRET = "feed-secret"
 
 
-def _runtime(
+async def _runtime(
     db: Database,
     clock: FrozenClock,
     url: str,
@@ -44,7 +44,7 @@ def _runtime(
     store: ObjectStore,
 ) -> Runtime:
     """The reconciler's runtime (R2_PUBLIC_URL set) with the real feed-worker client."""
-    return rt(db, clock, url, store, feedcache=HttpFeedCache(http, feed.url, SECRET))
+    return await rt(db, clock, url, store, feedcache=HttpFeedCache(http, feed.url, SECRET))
 
 
 async def _intent(db: Database, podcast: str, reason: str = "quarantine_missing") -> str:
@@ -88,7 +88,7 @@ async def test_a_401_kills_the_effect_and_the_next_apply_run_delivers_the_intent
     clock = later(days=2)
     feed_server.status = 401  # the secret is being rotated
     async with httpx.AsyncClient() as http:
-        runtime = _runtime(db, clock, fresh_db_url, http, feed_server, store)
+        runtime = await _runtime(db, clock, fresh_db_url, http, feed_server, store)
 
         first = await run_reconcile(runtime, clock, APPLY)
 
@@ -145,7 +145,7 @@ async def test_a_401_kills_the_effect_and_the_next_apply_run_delivers_the_intent
     # a delivered intent is never invalidated again, by either lane
     clock.advance(DAY)
     async with httpx.AsyncClient() as http:
-        runtime = _runtime(db, clock, fresh_db_url, http, feed_server, store)
+        runtime = await _runtime(db, clock, fresh_db_url, http, feed_server, store)
         third = await run_reconcile(runtime, clock, APPLY)
         await deliver_effects(runtime, clock)
     assert third.outbox is not None
@@ -161,7 +161,9 @@ async def test_an_intent_whose_effect_died_of_max_age_is_attempted_again(
     clock = later(minutes=1)
     feed_server.status = 503  # down for over a week
     async with httpx.AsyncClient() as http:
-        runtime = _runtime(db, clock, fresh_db_url, http, feed_server, open_store("memory://"))
+        runtime = await _runtime(
+            db, clock, fresh_db_url, http, feed_server, open_store("memory://")
+        )
         drained = await deliver_effects(runtime, clock)  # adopted, attempted, retried later
         assert drained.adopted == 1 and drained.retried == 1
         clock.advance(effects_outbox.IDEMPOTENT_EFFECT_MAX_AGE + MINUTE)
@@ -206,7 +208,9 @@ async def test_an_apply_run_attempts_an_intent_waiting_out_its_backoff(
     clock = later(minutes=1)
     feed_server.status = 500
     async with httpx.AsyncClient() as http:
-        runtime = _runtime(db, clock, fresh_db_url, http, feed_server, open_store("memory://"))
+        runtime = await _runtime(
+            db, clock, fresh_db_url, http, feed_server, open_store("memory://")
+        )
         drained = await deliver_effects(runtime, clock)
         assert drained.retried == 1  # its next attempt is 30 s away
         feed_server.status = 200
@@ -229,7 +233,9 @@ async def test_the_apply_run_pages_through_every_intent_past_one_statements_boun
     feed_server.status = 401
     clock = later(minutes=1)
     async with httpx.AsyncClient() as http:
-        runtime = _runtime(db, clock, fresh_db_url, http, feed_server, open_store("memory://"))
+        runtime = await _runtime(
+            db, clock, fresh_db_url, http, feed_server, open_store("memory://")
+        )
         first = await run_reconcile(runtime, clock, APPLY)
         assert first.outbox is not None and first.outbox.dead == 3 and first.outbox.pending == 3
         monkeypatch.setattr(feed_drain, "OUTBOX_ADOPT_MAX", 1)
@@ -260,7 +266,9 @@ async def test_what_the_apply_runs_drain_budget_leaves_is_due_for_the_minute_lan
     feed_server.status = 401
     clock = later(minutes=1)
     async with httpx.AsyncClient() as http:
-        runtime = _runtime(db, clock, fresh_db_url, http, feed_server, open_store("memory://"))
+        runtime = await _runtime(
+            db, clock, fresh_db_url, http, feed_server, open_store("memory://")
+        )
         await run_reconcile(runtime, clock, APPLY)
         assert (await _effect(db, outbox_id))["dead_reason"] == "permanent"
         monkeypatch.setattr(feed_drain, "OUTBOX_DRAIN_BUDGET_SECONDS", 0.0)

@@ -71,7 +71,7 @@ async def test_run_reconcile_cancels_time_automation_of_published_and_scheduled_
     clock = later(days=1)
     store = open_store("memory://")
 
-    report = await run_reconcile(rt(db, clock, fresh_db_url, store), clock, QUARANTINE)
+    report = await run_reconcile(await rt(db, clock, fresh_db_url, store), clock, QUARANTINE)
 
     assert report.missing.count == 4 and report.missing.quarantined == 4
     for status, episode in episodes.items():
@@ -114,7 +114,7 @@ async def test_quarantine_episode_decides_by_the_current_status_not_the_scanned_
         {"e": was_draft, "t": datetime(2027, 1, 1).astimezone()},
     )
     clock = later(days=1)
-    runtime = rt(db, clock, fresh_db_url, open_store("memory://"))
+    runtime = await rt(db, clock, fresh_db_url, open_store("memory://"))
 
     assert await quarantine_episode(runtime, scanned[was_published], clock.now())
     assert await quarantine_episode(runtime, scanned[was_draft], clock.now())
@@ -133,7 +133,7 @@ async def test_an_archived_episodes_pending_time_automation_stays_pending(
     )
     assert row is not None
     clock = later(days=1)
-    runtime = rt(db, clock, fresh_db_url, open_store("memory://"))
+    runtime = await rt(db, clock, fresh_db_url, open_store("memory://"))
 
     assert await quarantine_episode(runtime, row, clock.now())
 

@@ -40,7 +40,7 @@ async def test_flat_and_legacy_keys_get_their_sizes_and_are_never_swept(
         {"u": FOREIGN, "e": foreign_ep},
     )
     clock = later(days=2)  # every object is past the 24 h orphan age
-    runtime = rt(db, clock, fresh_db_url, store)
+    runtime = await rt(db, clock, fresh_db_url, store)
 
     report = await _reconcile_report(runtime, clock)
 
@@ -84,7 +84,7 @@ async def test_a_legacy_key_over_the_cap_is_blocked_like_a_listed_one(
     episode = await w.episode(legacy, audio_file_size_bytes=None, status="published")
     clock = later(days=1)
 
-    report = await _reconcile_report(rt(db, clock, fresh_db_url, store), clock)
+    report = await _reconcile_report(await rt(db, clock, fresh_db_url, store), clock)
 
     sizes = report["sizeBackfill"]
     assert sizes["measuredByHead"] == 1 and sizes["written"] == 0

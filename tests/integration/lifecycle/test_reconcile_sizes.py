@@ -91,7 +91,7 @@ async def test_a_row_the_cap_refuses_is_listed_and_the_rest_of_its_batch_is_writ
     assert len(others) + 2 < SIZE_WRITE_BATCH  # one batch holds them all
 
     clock = later(days=1)
-    report = await run_reconcile(rt(db, clock, fresh_db_url, world_store), clock, APPLY)
+    report = await run_reconcile(await rt(db, clock, fresh_db_url, world_store), clock, APPLY)
 
     backfill = report.size_backfill
     assert backfill.mismatched == 8 and backfill.written == 7
@@ -121,7 +121,7 @@ async def test_more_rows_than_a_batch_are_all_written_and_a_second_apply_writes_
     w = await World(db, world_store).setup()
     others = await _wrong_sizes(w, SIZE_WRITE_BATCH + 7)
     clock = later(days=1)
-    runtime = rt(db, clock, fresh_db_url, world_store)
+    runtime = await rt(db, clock, fresh_db_url, world_store)
 
     report = await run_reconcile(runtime, clock, APPLY)
 
@@ -156,7 +156,7 @@ async def test_the_cap_bypass_writes_every_batch_in_one_transaction(
     clock = later(days=1)
 
     report = await run_reconcile(
-        rt(db, clock, fresh_db_url, world_store),
+        await rt(db, clock, fresh_db_url, world_store),
         clock,
         ReconcileOptions(mode="apply", bypass_cap_for_backfill=True),
     )

@@ -621,19 +621,14 @@ async def test_two_runs_started_together_on_redis_one_processes_one_is_locked(
     site(feed_server, {"/feeds/t": rss(feed_server.url, 3, prefix=shard)}, slow=0.5)
     await add_source(db, url=feed_server.url + "/feeds/t", name="T", shard=shard, now=NOW)
     try:
-        reports = await asyncio.gather(
-            *(
-                run_shard(
-                    replace(
-                        await runtime_for(db, clock, fresh_db_url),
-                        news=deps_for(db, clock, http, redis=client),
-                    ),
-                    clock,
-                    shard,
-                )
-                for _ in range(2)
+        runtimes = [
+            replace(
+                await runtime_for(db, clock, fresh_db_url),
+                news=deps_for(db, clock, http, redis=client),
             )
-        )
+            for _ in range(2)
+        ]
+        reports = await asyncio.gather(*(run_shard(rt, clock, shard) for rt in runtimes))
         assert sorted(r.locked_count for r in reports) == [0, 1]
         assert sorted(r.processed_count for r in reports) == [0, 3]
         urls = [r["url"] for r in await db.fetch("SELECT url FROM news.articles")]
