@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 from nightcrew.adapters.queues import EXTERNAL_EPISODE_LINK, PODCAST_IMPORTS
 from nightcrew.clock import Clock
@@ -102,6 +103,27 @@ class StalledImportsReport:
         }
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _ClaimedItem:
+    """An import item the watchdog claimed to send again (both claim queries return it)."""
+
+    import_item_id: UUID
+    import_id: UUID
+    podcast_id: UUID
+    attempts: int
+    stale_since: datetime
+    claimed_from: datetime | None  # what an undone claim puts back
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _ClaimedLink:
+    episode_id: UUID
+    podcast_id: UUID
+    attempt: int
+    previous_next_attempt_at: datetime | None
+    target_published_at: datetime | None
+
+
 async def sweep_stalled_imports(runtime: Runtime, clock: Clock) -> StalledImportsReport:
     """Re-dispatch podcast-imports messages that evidently never reached the executor.
 
@@ -110,7 +132,8 @@ async def sweep_stalled_imports(runtime: Runtime, clock: Clock) -> StalledImport
     """
     now = clock.now()
     errors: list[Failure] = []
-    rescued = await runtime.db.fetch(
+    rescued = await runtime.db.fetch_as(
+        _ClaimedItem,
         SQL["rescue_stalled_processing_items"],
         {
             "now": now,
@@ -122,15 +145,16 @@ async def sweep_stalled_imports(runtime: Runtime, clock: Clock) -> StalledImport
         event(
             "import_watchdog_rescued_processing",
             count=len(rescued),
-            import_item_ids=[str(r["import_item_id"]) for r in rescued],
+            import_item_ids=[str(r.import_item_id) for r in rescued],
         )
     sent, usable = await _resend_items(
         runtime, rescued, "import_watchdog_rescue_resend_failed", errors, now
     )
 
-    pending: list[dict[str, Any]] = []
+    pending: list[_ClaimedItem] = []
     if usable and len(rescued) < STALLED_IMPORT_MAX_RESEND:
-        pending = await runtime.db.fetch(
+        pending = await runtime.db.fetch_as(
+            _ClaimedItem,
             SQL["claim_stalled_pending_items"],
             {
                 "now": now,
@@ -146,8 +170,8 @@ async def sweep_stalled_imports(runtime: Runtime, clock: Clock) -> StalledImport
         )
 
     by_import: dict[str, list[datetime]] = defaultdict(list)
-    for row in (*rescued, *pending):
-        by_import[str(row["import_id"])].append(row["stale_since"])
+    for item in (*rescued, *pending):
+        by_import[str(item.import_id)].append(item.stale_since)
     imports = [
         StalledImport(
             import_id=import_id,
@@ -168,7 +192,7 @@ async def sweep_stalled_imports(runtime: Runtime, clock: Clock) -> StalledImport
 
 async def _resend_items(
     runtime: Runtime,
-    rows: list[dict[str, Any]],
+    rows: list[_ClaimedItem],
     failure_event: str,
     errors: list[Failure],
     now: datetime,
@@ -179,12 +203,12 @@ async def _resend_items(
     nothing more is sent this tick."""
     sent = 0
     usable = True
-    failed: list[dict[str, Any]] = []
-    for index, row in enumerate(rows):
+    failed: list[_ClaimedItem] = []
+    for index, item in enumerate(rows):
         body = {
-            "import_id": str(row["import_id"]),
-            "import_item_id": str(row["import_item_id"]),
-            "podcast_id": str(row["podcast_id"]),
+            "import_id": str(item.import_id),
+            "import_item_id": str(item.import_item_id),
+            "podcast_id": str(item.podcast_id),
         }
         try:
             await runtime.queues.send(PODCAST_IMPORTS, body)
@@ -198,13 +222,13 @@ async def _resend_items(
             failure = {"event": failure_event, **body, "error": describe_error(exc)}
             warning(**failure)
             errors.append(failure)
-            failed.append(row)
+            failed.append(item)
     if failed:
         await runtime.db.execute(
             SQL["unclaim_import_items"],
             {
-                "ids": [r["import_item_id"] for r in failed],
-                "claimed_from": [r["claimed_from"] for r in failed],
+                "ids": [r.import_item_id for r in failed],
+                "claimed_from": [r.claimed_from for r in failed],
                 "now": now,
             },
         )
@@ -240,7 +264,8 @@ class StalledLinksReport:
 async def sweep_stalled_external_links(runtime: Runtime, clock: Clock) -> StalledLinksReport:
     """Re-enqueue external-episode-link messages that are overdue (lost initial or retry)."""
     now = clock.now()
-    rows = await runtime.db.fetch(
+    rows = await runtime.db.fetch_as(
+        _ClaimedLink,
         SQL["claim_stalled_external_links"],
         {
             "now": now,
@@ -251,13 +276,13 @@ async def sweep_stalled_external_links(runtime: Runtime, clock: Clock) -> Stalle
     )
     sent = null_next = no_target = 0
     errors: list[Failure] = []
-    failed: list[dict[str, Any]] = []
-    for index, row in enumerate(rows):
-        ids = {"episode_id": str(row["episode_id"]), "podcast_id": str(row["podcast_id"])}
-        if row["previous_next_attempt_at"] is None:
+    failed: list[_ClaimedLink] = []
+    for index, link in enumerate(rows):
+        ids = {"episode_id": str(link.episode_id), "podcast_id": str(link.podcast_id)}
+        if link.previous_next_attempt_at is None:
             null_next += 1
             warning("external_link_watchdog_null_next_attempt", **ids)
-        if row["target_published_at"] is None:
+        if link.target_published_at is None:
             # Nothing to link against; the claim still pushed next_attempt_at, so this row
             # is reported at most once per cooldown instead of starving the 500 cap.
             no_target += 1
@@ -265,8 +290,8 @@ async def sweep_stalled_external_links(runtime: Runtime, clock: Clock) -> Stalle
             continue
         body = {
             **ids,
-            "attempt": row["attempt"],
-            "target_published_at": _iso(row["target_published_at"]),
+            "attempt": link.attempt,
+            "target_published_at": _iso(link.target_published_at),
         }
         try:
             await runtime.queues.send(EXTERNAL_EPISODE_LINK, body)
@@ -275,7 +300,7 @@ async def sweep_stalled_external_links(runtime: Runtime, clock: Clock) -> Stalle
             _misconfigured(
                 "external_link_watchdog_misconfigured", EXTERNAL_EPISODE_LINK, exc, errors
             )
-            failed.extend(r for r in rows[index:] if r["target_published_at"] is not None)
+            failed.extend(r for r in rows[index:] if r.target_published_at is not None)
             break
         except QueueError as exc:
             failure = {
@@ -285,13 +310,13 @@ async def sweep_stalled_external_links(runtime: Runtime, clock: Clock) -> Stalle
             }
             warning(**failure)
             errors.append(failure)
-            failed.append(row)
+            failed.append(link)
     if failed:  # due again on the next tick, not a cooldown later
         await runtime.db.execute(
             SQL["unclaim_external_links"],
             {
-                "ids": [r["episode_id"] for r in failed],
-                "previous": [r["previous_next_attempt_at"] for r in failed],
+                "ids": [r.episode_id for r in failed],
+                "previous": [r.previous_next_attempt_at for r in failed],
                 "claimed_until": now + timedelta(seconds=STALLED_LINK_RESEND_COOLDOWN_SECONDS),
             },
         )
