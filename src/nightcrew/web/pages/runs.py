@@ -141,22 +141,76 @@ class RunRow:
         return _duration(self.duration_ms, self.started_at, self.finished_at)
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> RunRow:
+    def of(cls, r: _ListedRun) -> RunRow:
         return cls(
-            id=row["id"],
-            lane=row["lane"],
-            trigger=row["trigger"],
-            slot=row["slot"],
-            started_at=row["started_at"],
-            finished_at=row["finished_at"],
-            status=_shown_status(row["status"], row["skipped"]),
-            attempts=row["attempts"],
-            error=row["error"],
-            failures=row["failures"] or 0,
-            headline=dict(row["headline"] or {}),
-            duration_ms=finite_ms(row["duration_ms"]),
-            requested_by=row.get("requested_by"),
+            id=r.id,
+            lane=r.lane,
+            trigger=r.trigger,
+            slot=r.slot,
+            started_at=r.started_at,
+            finished_at=r.finished_at,
+            status=_shown_status(r.status, r.skipped),
+            attempts=r.attempts,
+            error=r.error,
+            failures=r.failures or 0,
+            headline=dict(r.headline or {}),
+            duration_ms=finite_ms(r.duration_ms),
+            requested_by=r.requested_by,
         )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _ListedRun:
+    """A row of ``runs_page``: the report's few fields the list shows, read in SQL."""
+
+    id: int
+    lane: str
+    trigger: str
+    slot: datetime | None
+    started_at: datetime
+    finished_at: datetime | None
+    status: str
+    attempts: int
+    skipped: bool | None
+    error: str | None
+    failures: int | None
+    headline: dict[str, Any] | None
+    duration_ms: str | None  # as stored: a report is not trusted (finite_ms reads it)
+    requested_by: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _StoredRun:
+    """A row of ``run``: the run and its report as stored."""
+
+    id: int
+    lane: str
+    trigger: str
+    slot: datetime | None
+    started_at: datetime
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+    status: str
+    attempts: int
+    report: Any
+    requested_by: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _LatestRun:
+    lane: str
+    id: int
+    status: str
+    started_at: datetime
+    skipped: bool | None
+    last_completed_at: datetime | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Named:
+    id: str
+    kind: str
+    title: str | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,7 +239,8 @@ async def runs_page(db: Database, wanted: RunFilter, *, limit: int = PAGE_SIZE) 
         if until <= before_at:  # the day's end is the nearer bound: (until, 0) is "< until"
             before_at, before_id = until, 0
     query = SQL["runs_page"].replace("/*filters*/", "\n   ".join(filters))
-    rows = await db.fetch(
+    rows = await db.fetch_as(
+        _ListedRun,
         query,
         {
             "lane": wanted.lane,
@@ -196,7 +251,7 @@ async def runs_page(db: Database, wanted: RunFilter, *, limit: int = PAGE_SIZE) 
             "limit": limit + 1,
         },
     )
-    records = [RunRow.from_row(r) for r in rows[:limit]]
+    records = [RunRow.of(r) for r in rows[:limit]]
     older = encode_cursor(records[-1].started_at, records[-1].id) if len(rows) > limit else None
     return RunPage(rows=records, older=older)
 
@@ -263,23 +318,23 @@ class RunDetail:
 
 
 async def run_detail(db: Database, run_id: int) -> RunDetail | None:
-    row = await db.fetch_one(SQL["run"], {"id": run_id})
-    if row is None:
+    stored = await db.fetch_one_as(_StoredRun, SQL["run"], {"id": run_id})
+    if stored is None:
         return None
-    report = row["report"] if isinstance(row["report"], dict) else {}
+    report = stored.report if isinstance(stored.report, dict) else {}
     return RunDetail(
-        id=row["id"],
-        lane=row["lane"],
-        trigger=row["trigger"],
-        slot=row["slot"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        heartbeat_at=row["heartbeat_at"],
-        status=_shown_status(row["status"], report.get("skipped") is True),
-        attempts=row["attempts"],
+        id=stored.id,
+        lane=stored.lane,
+        trigger=stored.trigger,
+        slot=stored.slot,
+        started_at=stored.started_at,
+        finished_at=stored.finished_at,
+        heartbeat_at=stored.heartbeat_at,
+        status=_shown_status(stored.status, report.get("skipped") is True),
+        attempts=stored.attempts,
         report=report,
-        raw=row["report"],
-        requested_by=row.get("requested_by"),
+        raw=stored.report,
+        requested_by=stored.requested_by,
     )
 
 
@@ -295,13 +350,13 @@ class LaneState:
 async def latest_per_lane(db: Database) -> list[LaneState]:
     return [
         LaneState(
-            lane=r["lane"],
-            last_id=r["id"],
-            last_status=_shown_status(r["status"], r["skipped"]),
-            last_started_at=r["started_at"],
-            last_completed_at=r["last_completed_at"],
+            lane=r.lane,
+            last_id=r.id,
+            last_status=_shown_status(r.status, r.skipped),
+            last_started_at=r.started_at,
+            last_completed_at=r.last_completed_at,
         )
-        for r in await db.fetch(SQL["latest_per_lane"])
+        for r in await db.fetch_as(_LatestRun, SQL["latest_per_lane"])
     ]
 
 
@@ -331,13 +386,13 @@ async def run_names(db: Database, report: dict[str, Any]) -> dict[str, str]:
     if not ids:
         return {}
     names: dict[str, str] = {}
-    for row in await db.fetch(SQL["run_names"], {"ids": sorted(ids)}):
-        title = f"“{row['title']}”" if row["title"] else str(row["id"])[:8]
-        names[row["id"]] = {
+    for named in await db.fetch_as(_Named, SQL["run_names"], {"ids": sorted(ids)}):
+        title = f"“{named.title}”" if named.title else named.id[:8]
+        names[named.id] = {
             "podcast": title,
             "import": f"the import preview of {title}",
             "media_job": f"a media job on {title}",
-        }[row["kind"]]
+        }[named.kind]
     return names
 
 
