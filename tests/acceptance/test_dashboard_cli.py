@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import json
 import signal
-import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,7 +18,6 @@ import psycopg
 import pytest
 
 from tests.acceptance.test_cli import _env, _nightcrew, run
-from tests.support.servers import free_port
 
 pytestmark = pytest.mark.acceptance
 
@@ -72,13 +70,10 @@ class Served:
 @contextlib.contextmanager
 def serving(db_url: str, **env: str) -> Iterator[Served]:
     """`nightcrew serve` on a free loopback port until the block ends; it must stop with 0."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [_nightcrew(), "serve", "--port", str(port)],
-        env=_env(DATABASE_URL=db_url, **env),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    from tests.support.browser import serve_on_a_free_port
+
+    proc, port = serve_on_a_free_port(
+        [_nightcrew(), "serve"], _env(DATABASE_URL=db_url, **env), within=30
     )
     served = Served(f"http://127.0.0.1:{port}")
     try:

@@ -57,6 +57,43 @@ class Served:
     data_dir: Path
 
 
+PORT_TRIES = 5
+
+
+def serve_on_a_free_port(
+    command: list[str], environ: dict[str, str], *, within: float = 60
+) -> tuple[subprocess.Popen[str], int]:
+    """``command --port N`` started on a free loopback port and listening. A port found free can
+    be taken by another test's server before this one binds it ("Address already in use"):
+    then another port, up to PORT_TRIES times; any other exit is an error with its stderr."""
+    for _ in range(PORT_TRIES):
+        port = free_port()
+        proc = subprocess.Popen(
+            [*command, "--port", str(port)],
+            env=environ,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                stderr = proc.stderr.read() if proc.stderr else ""
+                if "Address already in use" in stderr:
+                    break  # lost the race for the port: another one
+                raise RuntimeError(f"{' '.join(command[1:])} exited: {stderr}")
+            with socket.socket() as probe:
+                probe.settimeout(0.5)
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    return proc, port
+            time.sleep(0.2)
+        else:
+            proc.kill()
+            proc.communicate()
+            raise RuntimeError(f"{' '.join(command[1:])} did not listen within {within:g} s")
+    raise RuntimeError(f"no free port held after {PORT_TRIES} tries")
+
+
 @contextmanager
 def demo_served(data_dir: Path, **env: str) -> Iterator[Served]:
     """`nightcrew demo`, then `nightcrew serve --demo` on a free loopback port until exit."""
@@ -66,28 +103,8 @@ def demo_served(data_dir: Path, **env: str) -> Iterator[Served]:
     demo = subprocess.run([*cmd, "demo"], env=environ, capture_output=True, text=True, timeout=240)
     if demo.returncode != 0:
         raise RuntimeError(f"nightcrew demo failed: {demo.stderr.strip()[-2000:]}")
-    port = free_port()
-    proc = subprocess.Popen(
-        [*cmd, "serve", "--demo", "--port", str(port)],
-        env=environ,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc, port = serve_on_a_free_port([*cmd, "serve", "--demo"], environ)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"serve --demo exited: {proc.stderr.read() if proc.stderr else ''}"
-                )
-            with socket.socket() as probe:
-                probe.settimeout(0.5)
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.2)
-        else:
-            raise RuntimeError("serve --demo did not listen within 60 s")
         yield Served(url=f"http://127.0.0.1:{port}", data_dir=data_dir)
     finally:
         proc.send_signal(signal.SIGTERM)
