@@ -193,18 +193,10 @@ class SignInThrottle:
                 return Verdict.BUSY
             del self._pending[key]  # at the gate: no longer to be pushed out
             try:
-                await asyncio.sleep(max(0.0, self._next_check - self._monotonic()))
-                accepted = check()
-                if not accepted:
-                    self._next_check = self._monotonic() + self._failure_delay
+                accepted = await self._compare(check)
             finally:
                 await turn.__aexit__(None, None, None)
-            if accepted:
-                self._failures.pop(key, None)
-                return Verdict.ACCEPTED
-            self._failed(key, network)
-            await asyncio.sleep(self._failure_delay)
-            return Verdict.REFUSED
+            return await self._answer(accepted, key, network)
         finally:
             self._pending.pop(key, None)
             self._in_flight.discard(key)
@@ -222,18 +214,30 @@ class SignInThrottle:
         self._devices_in_flight += 1
         try:
             async with self._gate.turn(lambda: -1):
-                await asyncio.sleep(max(0.0, self._next_check - self._monotonic()))
-                accepted = check()
-                if not accepted:
-                    self._next_check = self._monotonic() + self._failure_delay
-            if accepted:
-                return Verdict.ACCEPTED
-            self._failed(key, network)
-            await asyncio.sleep(self._failure_delay)
-            return Verdict.REFUSED
+                accepted = await self._compare(check)
+            return await self._answer(accepted, key, network)
         finally:
             self._in_flight.discard(key)
             self._devices_in_flight -= 1
+
+    async def _compare(self, check: Callable[[], bool]) -> bool:
+        """At the gate: wait out the delay a wrong token set, then compare; a wrong one sets
+        the next delay."""
+        await asyncio.sleep(max(0.0, self._next_check - self._monotonic()))
+        accepted = check()
+        if not accepted:
+            self._next_check = self._monotonic() + self._failure_delay
+        return accepted
+
+    async def _answer(self, accepted: bool, key: str, network: str) -> Verdict:
+        """The right token clears ``key``'s record; a wrong one is recorded and its answer
+        held back by the delay ("no answer yet" is never faster news than the answer)."""
+        if accepted:
+            self._failures.pop(key, None)
+            return Verdict.ACCEPTED
+        self._failed(key, network)
+        await asyncio.sleep(self._failure_delay)
+        return Verdict.REFUSED
 
     def _others_in_flight(self) -> int:
         return len(self._in_flight) - self._devices_in_flight

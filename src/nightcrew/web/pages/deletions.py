@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
 from starlette.requests import Request
@@ -24,9 +23,6 @@ from nightcrew.web.pages.base import (
     decode_cursor,
     encode_cursor,
 )
-
-if TYPE_CHECKING:
-    pass
 
 SQL = load_queries(__file__)
 

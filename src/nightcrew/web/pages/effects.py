@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -15,9 +15,6 @@ from nightcrew.effects import outbox as effects_outbox
 from nightcrew.web.pages.base import (
     Pages,
 )
-
-if TYPE_CHECKING:
-    pass
 
 SQL = load_queries(__file__)
 

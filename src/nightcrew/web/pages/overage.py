@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -16,9 +15,6 @@ from nightcrew.web.pages.base import (
     Pages,
     count_of,
 )
-
-if TYPE_CHECKING:
-    pass
 
 SQL = load_queries(__file__)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC
-from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -20,9 +19,6 @@ from nightcrew.web.pages.base import (
     count_of,
 )
 
-if TYPE_CHECKING:
-    pass
-
 
 # --- the overview's counts -------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
@@ -32,6 +28,9 @@ class Counts:
     deletion_leftovers: int
     on_clock: int
     parked: int
+    sources: int
+    active: int
+    effects_by_kind: dict[str, dict[str, int]]  # kind → {"pending": n, "dead": n}
 
 
 async def counts(db: Database) -> Counts:
@@ -45,24 +44,25 @@ async def counts(db: Database) -> Counts:
         deletion_leftovers=count_of(leftovers, "n"),
         on_clock=count_of(on_clock, "n"),
         parked=count_of(sources, "parked"),
+        sources=count_of(sources, "sources"),
+        active=count_of(sources, "active"),
+        effects_by_kind=owed,
     )
 
 
 async def live_values(db: Database) -> dict[str, int]:
     """The counts the pages refresh without a reload, by their ``data-live`` keys."""
-    owed = await effects_outbox.counts(db)
     overview = await counts(db)
-    sources = await db.fetch_one(news.SQL["news_source_counts"])
     values = {
         "effects.pending": overview.effects_pending,
         "effects.dead": overview.effects_dead,
         "deletions.leftovers": overview.deletion_leftovers,
         "overage.on_clock": overview.on_clock,
         "news.parked": overview.parked,
-        "news.sources": count_of(sources, "sources"),
-        "news.active": count_of(sources, "active"),
+        "news.sources": overview.sources,
+        "news.active": overview.active,
     }
-    for kind, c in owed.items():
+    for kind, c in overview.effects_by_kind.items():
         values[f"effects.{kind}.pending"] = c["pending"]
         values[f"effects.{kind}.dead"] = c["dead"]
     return values

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlencode
 
 from starlette.requests import Request
@@ -30,9 +30,6 @@ from nightcrew.web.pages.base import (
     finite_ms,
     pretty,
 )
-
-if TYPE_CHECKING:
-    pass
 
 SQL = load_queries(__file__)
 

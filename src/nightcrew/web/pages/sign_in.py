@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
 from starlette.requests import Request
@@ -21,9 +20,6 @@ from nightcrew.web.pages.base import (
     Pages,
 )
 from nightcrew.web.throttle import BUSY_RETRY_AFTER_SECONDS, Verdict
-
-if TYPE_CHECKING:
-    pass
 
 MAX_LOGIN_BODY = 4096
 

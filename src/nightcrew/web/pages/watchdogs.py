@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -15,9 +15,6 @@ from nightcrew.web.charts import Bar, bar_chart
 from nightcrew.web.pages.base import (
     Pages,
 )
-
-if TYPE_CHECKING:
-    pass
 
 SQL = load_queries(__file__)
 
