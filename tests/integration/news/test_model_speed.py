@@ -167,14 +167,17 @@ async def test_1200_requests_a_minute_is_20_a_second_after_the_first_burst(
             report, seconds = await timed_run(runtime, "s")
     assert report.processed_count == report.ai_reviewed_count == 80
     arrivals = sorted(c.at for c in model.calls)
-    # 80 calls at 20 a second (a first burst of 20): the last starts 3 s after the first, at
-    # the earliest (unlimited, they all arrive within ~0.1 s)
-    assert arrivals[-1] - arrivals[0] >= 2.5, arrivals
+    # 80 calls at 20 a second (a first burst of 20): the bucket hands out the last turn 3 s
+    # after the first (unlimited, they all arrive within ~0.1 s). The span is measured where
+    # the calls land, and a first burst that reaches the model late shortens it without any
+    # call going early (2.43 s seen once on a loaded CI machine); the run's own time below
+    # holds the 3 s exactly.
+    assert arrivals[-1] - arrivals[0] >= 2.0, arrivals
     # after the first burst, ~20 a second: a batch sent late (an event loop that two busy
     # cores kept waiting) may still land beside the next, so up to half a batch more
     after_burst = busiest_second(model.calls, arrivals[0] + 1.0)
     assert after_burst <= 30, [round(t - arrivals[0], 3) for t in arrivals]
-    assert seconds >= 3.0  # 80 calls at 20 a second: 60 of them wait at least 3 s
+    assert seconds >= 3.0  # 80 calls at 20 a second: the last 60 wait at least 3 s in all
 
 
 @needs_redis
