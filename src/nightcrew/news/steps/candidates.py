@@ -41,23 +41,42 @@ class Candidate:
     def url(self) -> str:
         return self.item.url
 
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Candidate:
-        return cls(
-            source_id=int(row["source_id"]),
-            source_label=f"{row['source_name']} ({row['source_shard']})",
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CandidateRow:
+    """A candidate as ``news.candidates`` holds it (``held``, and the pipeline's take)."""
+
+    url: str
+    source_id: int
+    source_name: str = ""
+    source_shard: str
+    title: str
+    summary: str
+    image_url: str | None
+    published_at: datetime | None
+    reason: str
+    attempts: int
+    stage: str | None = None
+    verdict: dict[str, Any] | None = None
+    translation: str | None = None
+
+    def candidate(self) -> Candidate:
+        return Candidate(
+            source_id=self.source_id,
+            source_label=f"{self.source_name} ({self.source_shard})",
             item=FeedItem(
-                url=row["url"],
-                title=row["title"],
-                summary=row["summary"],
-                published=row["published_at"],
-                image_url=row["image_url"],
+                url=self.url,
+                title=self.title,
+                summary=self.summary,
+                published=self.published_at,
+                image_url=self.image_url,
             ),
-            reason=row["reason"],
-            attempts=int(row["attempts"]),
-            reviewed=row.get("stage") == "write",
-            verdict=verdict_from_json(row.get("verdict")),
-            translation=row.get("translation"),
+            reason=self.reason,
+            attempts=self.attempts,
+            reviewed=self.stage == "write",
+            verdict=verdict_from_json(self.verdict),
+            translation=self.translation,
         )
 
 
@@ -182,8 +201,8 @@ async def adopt_queued(db: Database, shard: str, now: datetime) -> int:
 
 async def held(db: Database, shard: str, limit: int) -> list[Candidate]:
     """The shard's first ``limit`` held candidates, oldest first."""
-    rows = await db.fetch(SQL["held"], {"shard": shard, "limit": limit})
-    return [Candidate.from_row(r) for r in rows]
+    rows = await db.fetch_as(CandidateRow, SQL["held"], {"shard": shard, "limit": limit})
+    return [r.candidate() for r in rows]
 
 
 async def held_by_source(

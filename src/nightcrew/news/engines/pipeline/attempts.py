@@ -31,6 +31,7 @@ from nightcrew.clock import Clock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database, QueryError
 from nightcrew.db.queries import load_queries
+from nightcrew.db.records import as_record
 from nightcrew.errors import (
     DatabaseUnavailableError,
     FetchError,
@@ -39,7 +40,7 @@ from nightcrew.errors import (
     StoreError,
 )
 from nightcrew.log import describe_error, warning
-from nightcrew.news.steps.candidates import Candidate
+from nightcrew.news.steps.candidates import Candidate, CandidateRow
 
 SQL = load_queries(__file__)
 T = TypeVar("T")
@@ -66,6 +67,25 @@ class Fenced:
     fence: int
     shard: str
     suspect: bool = False  # its previous attempt never finished: it runs alone (``Isolation``)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Decision:
+    """The ``take`` query's decision; when it is "take", the same row is the candidate taken
+    (a ``CandidateRow``) and its new fence and attempt count."""
+
+    decision: str
+    died: bool
+    prior_attempts: int
+    prior_taken_at: datetime | None
+    prior_error: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Taken:
+    fence: int
+    stage_attempts: int
+    shard: str
 
 
 @dataclass
@@ -124,22 +144,24 @@ class Attempt:
         )
         if row is None:
             return None
-        if row["decision"] == "exhausted":
-            raise Exhausted(url, stage, int(row["prior_attempts"]), str(row["prior_error"] or "?"))
-        if row["decision"] == "busy":
-            raise Busy(row["prior_taken_at"])
-        if row["died"]:
+        decided = as_record(_Decision, row)
+        if decided.decision == "exhausted":
+            raise Exhausted(url, stage, decided.prior_attempts, decided.prior_error or "?")
+        if decided.decision == "busy":
+            raise Busy(decided.prior_taken_at or clock.now())
+        if decided.died:
             warning(
                 "news.attempt_unfinished",
                 stage=stage,
                 url=url,
-                attempts=int(row["prior_attempts"]),
+                attempts=decided.prior_attempts,
                 error=WORKER_DIED,
             )
-        self.url, self.stage, self.fence = url, stage, int(row["fence"])
-        self.attempts, self.open = int(row["stage_attempts"]), True
-        candidate = Candidate.from_row({**row, "source_name": "", "source_shard": row["shard"]})
-        return Fenced(candidate, int(row["fence"]), row["shard"], suspect=bool(row["died"]))
+        taken = as_record(_Taken, row)
+        self.url, self.stage, self.fence = url, stage, taken.fence
+        self.attempts, self.open = taken.stage_attempts, True
+        candidate = as_record(CandidateRow, row).candidate()
+        return Fenced(candidate, taken.fence, taken.shard, suspect=decided.died)
 
     async def finished(self, db: Database, taken: Fenced, stage: str) -> None:
         """Ended without advancing the candidate (deferred, dropped): not unfinished."""

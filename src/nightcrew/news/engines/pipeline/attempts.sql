@@ -43,7 +43,8 @@ WITH prior AS (
     RETURNING c.url, c.source_id, c.shard, c.title, c.summary, c.image_url, c.published_at,
               c.reason, c.attempts, c.stage, c.verdict, c.translation, c.fence, c.stage_attempts
 )
-SELECT d.decision, d.died, d.prior_attempts, d.prior_taken_at, d.prior_error, t.*
+SELECT d.decision, d.died, d.prior_attempts, d.prior_taken_at, d.prior_error,
+       t.*, t.shard AS source_shard
   FROM decided d LEFT JOIN taken t ON true;
 
 -- name: finished
