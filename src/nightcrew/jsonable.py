@@ -21,9 +21,14 @@ import re
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 R = TypeVar("R")
+
+# A JSON object as Python holds it: what ``to_json`` returns and ``from_json`` reads. Only for
+# documents (reports, message bodies, stored payloads), never for a database row — a row is a
+# record (``db/records.py``).
+JsonObject = dict[str, Any]
 
 _NAME = "json_name"
 _OMIT = "json_omit"
@@ -113,6 +118,21 @@ def _read(hint: Any, value: Any) -> Any:
         args = typing.get_args(hint)
         return [_read(args[0] if args else Any, v) for v in value]
     return value
+
+
+class Jsonable:
+    """A record's ``to_json``/``from_json`` methods, derived (a mixin for frozen dataclasses,
+    slotted or not)."""
+
+    __slots__ = ()
+
+    def to_json(self) -> JsonObject:
+        document: JsonObject = to_json(self)
+        return document
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
+        return from_json(cls, data)
 
 
 def from_json(record: type[R], data: Mapping[str, Any]) -> R:

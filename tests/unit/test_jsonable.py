@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from nightcrew.jsonable import camel, from_json, named, omitted, snake, to_json
+from nightcrew.jsonable import Jsonable, camel, from_json, named, omitted, snake, to_json
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -66,3 +66,18 @@ def test_a_missing_member_without_a_default_names_the_record_and_the_member() ->
 def test_camel_and_snake_are_inverse(snake_name: str, camel_name: str) -> None:
     assert camel(snake_name) == camel_name
     assert snake(camel_name) == snake_name
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Counted(Jsonable):
+    objects_per_second: int
+    kinds: tuple[Sample, ...] = ()
+
+
+def test_the_mixin_derives_both_methods_on_a_slotted_record() -> None:
+    counted = Counted(objects_per_second=7, kinds=(Sample(episode_id="e"),))
+    assert counted.to_json() == {
+        "objectsPerSecond": 7,
+        "kinds": [{"episodeId": "e", "measured": None}],
+    }
+    assert Counted.from_json(counted.to_json()) == counted
