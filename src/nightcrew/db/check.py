@@ -147,6 +147,30 @@ async def check_schema(db: Database) -> CheckReport:
         for table, wanted in TABLES.items()
     ]
 
+    overloads = await _live_functions(db)
+    functions = [_check_function(spec, overloads.get(spec.name, []), role) for spec in FUNCTIONS]
+    problems = [p for f in functions for p in (*f.problems, *f.privileges)]
+
+    role_problems, pending = await _role_and_migrations(db, role_row)
+    problems.extend(role_problems)
+    if pending:
+        problems.append("nightcrew migrations not applied: " + ", ".join(pending))
+    return CheckReport(
+        tables=reports,
+        functions=functions,
+        role=RoleCheck(
+            name=role,
+            superuser=role_row.superuser,
+            bypassrls=role_row.bypassrls,
+            problems=role_problems,
+        ),
+        problems=problems,
+        pending_migrations=pending,
+    )
+
+
+async def _live_functions(db: Database) -> dict[str, list[LiveFunction]]:
+    """The functions the spec names, as the database has them: every overload, by name."""
     found = await db.fetch_as(
         _FunctionRow, _FUNCTIONS_SQL, {"names": [fn.name for fn in FUNCTIONS]}
     )
@@ -163,9 +187,18 @@ async def check_schema(db: Database) -> CheckReport:
                 executable=f.executable,
             )
         )
-    functions = [_check_function(spec, overloads.get(spec.name, []), role) for spec in FUNCTIONS]
-    problems = [p for f in functions for p in (*f.problems, *f.privileges)]
+    return overloads
 
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Readable:
+    readable: bool
+
+
+async def _role_and_migrations(db: Database, role_row: _RoleRow) -> tuple[list[str], list[str]]:
+    """What the role lacks (schema USAGE, TEMPORARY, reading the migrations), and the
+    nightcrew migrations not applied."""
+    role = role_row.name
     role_problems = [
         f"schema {schema.nspname}: role {role} lacks the USAGE privilege"
         for schema in await db.fetch_as(
@@ -181,36 +214,20 @@ async def check_schema(db: Database) -> CheckReport:
             f"database {role_row.database}: role {role} lacks the TEMPORARY privilege"
             " (the reconciler lists the store into temporary tables)"
         )
-
-    pending: list[str] = []
-    migrations_table = await db.fetch_one(_MIGRATIONS_TABLE_SQL)
-    if migrations_table is not None and not migrations_table["readable"]:
+    migrations_table = await db.fetch_one_as(_Readable, _MIGRATIONS_TABLE_SQL)
+    if migrations_table is not None and not migrations_table.readable:
         role_problems.append(
             f"table nightcrew.schema_migrations: role {role} lacks the SELECT privilege"
             " (which migrations are applied cannot be told)"
         )
-    else:
-        applied = await applied_migrations(db)
-        pending = [
-            m.label
-            for m in discover_migrations()
-            if m.scope == "nightcrew" and m.version not in applied
-        ]
-    problems.extend(role_problems)
-    if pending:
-        problems.append("nightcrew migrations not applied: " + ", ".join(pending))
-    return CheckReport(
-        tables=reports,
-        functions=functions,
-        role=RoleCheck(
-            name=role,
-            superuser=role_row.superuser,
-            bypassrls=role_row.bypassrls,
-            problems=role_problems,
-        ),
-        problems=problems,
-        pending_migrations=pending,
-    )
+        return role_problems, []
+    applied = await applied_migrations(db)
+    pending = [
+        m.label
+        for m in discover_migrations()
+        if m.scope == "nightcrew" and m.version not in applied
+    ]
+    return role_problems, pending
 
 
 def _function_schemas() -> set[str]:
