@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from nightcrew.errors import DatabaseUnavailableError, NightcrewError
+from nightcrew.jsonable import JsonObject
 from nightcrew.lifecycle.reconcile.core import (
     MAX_ORPHAN_AGE_HOURS,
     MIN_ORPHAN_AGE_HOURS,
@@ -102,30 +103,35 @@ class Readiness:
     now: Callable[[], float]
 
 
+@dataclass(frozen=True, kw_only=True)
+class ServiceParts:
+    """What ``create_app`` serves beside the probes, each optional: the reconciler's door
+    (``reconcile`` behind ``reconciler_secret``, paced by ``reconcile_throttle``), the news
+    reports, readiness, the metrics' collection before a scrape, and the dashboard."""
+
+    reconcile: Reconcile | None = None
+    reconciler_secret: str | None = None
+    news_reports: Callable[[], Awaitable[list[JsonObject]]] | None = None
+    readiness: Readiness | None = None
+    collect: Callable[[], Awaitable[None]] | None = None
+    dashboard: DashboardContext | None = None
+    reconcile_throttle: SignInThrottle | None = None
+
+
 class ServiceApp:
     """What ``create_app`` serves beside the dashboard: the probes, the reconciler's door and
     the news reports, each a method over the service's parts."""
 
-    def __init__(
-        self,
-        metrics: Metrics,
-        *,
-        reconcile: Reconcile | None,
-        reconciler_secret: str | None,
-        news_reports: Callable[[], Awaitable[list[dict[str, Any]]]] | None,
-        readiness: Readiness | None,
-        collect: Callable[[], Awaitable[None]] | None,
-        dashboard: DashboardContext | None,
-        reconcile_throttle: SignInThrottle | None,
-    ) -> None:
+    def __init__(self, metrics: Metrics, parts: ServiceParts) -> None:
         self.metrics = metrics
-        self.reconcile = reconcile
-        self.reconciler_secret = reconciler_secret
-        self.news_reports = news_reports
-        self.readiness = readiness
-        self.dashboard = dashboard
-        self.reconcile_throttle = reconcile_throttle or SignInThrottle()
+        self.reconcile = parts.reconcile
+        self.reconciler_secret = parts.reconciler_secret
+        self.news_reports = parts.news_reports
+        self.readiness = readiness = parts.readiness
+        self.dashboard = parts.dashboard
+        self.reconcile_throttle = parts.reconcile_throttle or SignInThrottle()
         self.ping = SingleFlight(readiness.ping_database) if readiness is not None else None
+        collect = parts.collect
         self.collected = SingleFlight(collect) if collect is not None else None
         self.last_cause: str | None = None
 
@@ -249,27 +255,9 @@ class ServiceApp:
         return JSONResponse({"reports": await self.news_reports()})
 
 
-def create_app(
-    metrics: Metrics,
-    *,
-    reconcile: Reconcile | None = None,
-    reconciler_secret: str | None = None,
-    news_reports: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None,
-    readiness: Readiness | None = None,
-    collect: Callable[[], Awaitable[None]] | None = None,
-    dashboard: DashboardContext | None = None,
-    reconcile_throttle: SignInThrottle | None = None,
-) -> Starlette:
-    app = ServiceApp(
-        metrics,
-        reconcile=reconcile,
-        reconciler_secret=reconciler_secret,
-        news_reports=news_reports,
-        readiness=readiness,
-        collect=collect,
-        dashboard=dashboard,
-        reconcile_throttle=reconcile_throttle,
-    )
+def create_app(metrics: Metrics, parts: ServiceParts | None = None) -> Starlette:
+    app = ServiceApp(metrics, parts or ServiceParts())
+    dashboard = app.dashboard
     return Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),

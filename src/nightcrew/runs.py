@@ -44,20 +44,55 @@ class RunHandle:
     attempt: int = 1
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Abandoned:
+    id: int
+    slot: datetime | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Claimed:
+    id: int
+    attempts: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Started:
+    id: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunningRun:
+    """The run of a lane that is running (``LaneBusy`` names it)."""
+
+    id: int
+    trigger: str
+    slot: datetime | None
+    started_at: datetime
+    requested_by: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Owed:
+    owed: bool
+
+
 async def abandon_stale(
     db: Database, *, lane: str, now: datetime, on_abandoned: OnAbandoned | None = None
 ) -> list[int]:
-    rows = await db.fetch(
-        SQL["abandon_stale"], {"lane": lane, "now": now, "grace_seconds": ABANDON_AFTER_SECONDS}
+    abandoned = await db.fetch_as(
+        _Abandoned,
+        SQL["abandon_stale"],
+        {"lane": lane, "now": now, "grace_seconds": ABANDON_AFTER_SECONDS},
     )
-    for row in rows:
+    for run in abandoned:
         warning(
             "run_abandoned",
             lane=lane,
-            run_id=row["id"],
-            slot=row["slot"].isoformat() if row["slot"] else None,
+            run_id=run.id,
+            slot=run.slot.isoformat() if run.slot else None,
         )
-    ids = [int(r["id"]) for r in rows]
+    ids = [run.id for run in abandoned]
     if ids and on_abandoned is not None:
         on_abandoned(ids)
     return ids
@@ -76,23 +111,23 @@ async def claim(
     await abandon_stale(db, lane=lane, now=now, on_abandoned=on_abandoned)
     async with db.transaction() as tx:
         await tx.execute(SQL["lane_lock"], {"lane": lane})
-        row = await tx.fetch_one(
-            SQL["claim_scheduled_slot"], {"lane": lane, "slot": slot, "now": now}
+        claimed = await tx.fetch_one_as(
+            _Claimed, SQL["claim_scheduled_slot"], {"lane": lane, "slot": slot, "now": now}
         )
-    return None if row is None else RunHandle(int(row["id"]), int(row["attempts"]))
+    return None if claimed is None else RunHandle(claimed.id, claimed.attempts)
 
 
 class LaneBusy(NightcrewError):
     """An operator's "run now" of a lane that is running already (one run, one report)."""
 
-    def __init__(self, lane: str, running: dict[str, Any] | None) -> None:
+    def __init__(self, lane: str, running: RunningRun | None) -> None:
         self.lane = lane
-        self.running_id = int(running["id"]) if running else None
+        self.running_id = running.id if running else None
         if running is None:
             what = "a run of it started at the same instant"
         else:
-            who = running["requested_by"] or running["trigger"]
-            what = f"run {running['id']} ({who}, started {running['started_at']:%H:%M:%S} UTC)"
+            who = running.requested_by or running.trigger
+            what = f"run {running.id} ({who}, started {running.started_at:%H:%M:%S} UTC)"
         super().__init__(f"lane {lane} is running already: {what}; nothing was started")
 
 
@@ -110,12 +145,15 @@ async def start_manual(
     await abandon_stale(db, lane=lane, now=now, on_abandoned=on_abandoned)
     async with db.transaction() as tx:
         await tx.execute(SQL["lane_lock"], {"lane": lane})
-        row = await tx.fetch_one(
-            SQL["start_manual_run"], {"lane": lane, "now": now, "requested_by": requested_by}
+        started = await tx.fetch_one_as(
+            _Started,
+            SQL["start_manual_run"],
+            {"lane": lane, "now": now, "requested_by": requested_by},
         )
-        if row is None:
-            raise LaneBusy(lane, await tx.fetch_one(SQL["running_run"], {"lane": lane}))
-    return int(row["id"])
+        if started is None:
+            running = await tx.fetch_one_as(RunningRun, SQL["running_run"], {"lane": lane})
+            raise LaneBusy(lane, running)
+    return started.id
 
 
 async def finish(
@@ -267,5 +305,5 @@ async def recorded(
 
 async def slot_owed(db: Database, lane: str, slot: datetime) -> bool:
     """Whether ``lane``'s scheduled ``slot`` has yet to run (the scheduler would claim it)."""
-    row = await db.fetch_one(SQL["slot_owed"], {"lane": lane, "slot": slot})
-    return bool(row and row["owed"])
+    answer = await db.fetch_one_as(_Owed, SQL["slot_owed"], {"lane": lane, "slot": slot})
+    return bool(answer and answer.owed)

@@ -11,7 +11,7 @@ import httpx
 
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.http import create_app
+from nightcrew.http import ServiceParts, create_app
 from nightcrew.metrics import Metrics
 from nightcrew.web.access import Access
 from nightcrew.web.context import DashboardContext
@@ -22,7 +22,7 @@ from tests.support.proxy import TcpProxy
 
 def _client(db: Database, clock: FrozenClock) -> httpx.AsyncClient:
     context = DashboardContext(db=db, clock=clock, access=Access.for_bind("127.0.0.1", None))
-    app = create_app(Metrics(), dashboard=context)
+    app = create_app(Metrics(), ServiceParts(dashboard=context))
     return httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8787"
     )

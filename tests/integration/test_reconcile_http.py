@@ -9,7 +9,7 @@ import pytest
 import schemathesis
 from hypothesis import settings
 
-from nightcrew.http import create_app
+from nightcrew.http import ServiceParts, create_app
 from nightcrew.lifecycle.reconcile.core import ReconcileOptions
 from nightcrew.metrics import Metrics
 from nightcrew.web.throttle import SignInThrottle
@@ -29,7 +29,8 @@ class Recorder:
 def client(recorder: Recorder, secret: str | None = SECRET) -> httpx.AsyncClient:
     fast = SignInThrottle(failure_delay=0.0, backoff_max=0.0)
     app = create_app(
-        Metrics(), reconcile=recorder, reconciler_secret=secret, reconcile_throttle=fast
+        Metrics(),
+        ServiceParts(reconcile=recorder, reconciler_secret=secret, reconcile_throttle=fast),
     )
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://nc")
 
@@ -113,10 +114,11 @@ schema = schemathesis.openapi.from_asgi(
     "/openapi.json",
     create_app(
         Metrics(),
-        reconcile=_recorder,
-        reconciler_secret=SECRET,
-        # the throttle's timing has its own tests; here it would only slow each case down
-        reconcile_throttle=SignInThrottle(failure_delay=0.0, backoff_max=0.0),
+        ServiceParts(
+            reconcile=_recorder,
+            reconciler_secret=SECRET,
+            reconcile_throttle=SignInThrottle(failure_delay=0.0, backoff_max=0.0),
+        ),
     ),
 )
 # Every case carries the right bearer token (added below), so schemathesis must not also

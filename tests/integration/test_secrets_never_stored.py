@@ -18,7 +18,7 @@ from nightcrew.adapters.mail import ResendMailer
 from nightcrew.clock import FrozenClock
 from nightcrew.db.connection import ConnectionPolicy
 from nightcrew.db.database import Database
-from nightcrew.http import create_app
+from nightcrew.http import ServiceParts, create_app
 from nightcrew.lifecycle.lanes import run_lane
 from nightcrew.log import REDACTED, SecretScrubber, SecretValues
 from nightcrew.metrics import Metrics
@@ -90,7 +90,7 @@ async def test_an_echoed_api_key_is_in_no_row_page_or_log_line(
 
     app = create_app(
         Metrics(),
-        dashboard=DashboardContext(db=db, clock=clock, access=Access(token=None)),
+        ServiceParts(dashboard=DashboardContext(db=db, clock=clock, access=Access(token=None))),
     )
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
@@ -140,7 +140,11 @@ async def test_a_report_stored_before_secrets_were_kept_out_is_shown_without_the
     )
     app = create_app(
         Metrics(),
-        dashboard=DashboardContext(db=db, clock=clock, access=Access(token=None), runtime=runtime),
+        ServiceParts(
+            dashboard=DashboardContext(
+                db=db, clock=clock, access=Access(token=None), runtime=runtime
+            )
+        ),
     )
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:

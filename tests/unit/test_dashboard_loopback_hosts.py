@@ -18,7 +18,7 @@ import pytest
 
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.http import create_app
+from nightcrew.http import ServiceParts, create_app
 from nightcrew.metrics import Metrics
 from nightcrew.web.access import LOOPBACK_HOSTS, Access
 from nightcrew.web.context import DashboardContext
@@ -82,7 +82,7 @@ def _app(access: Access) -> httpx.AsyncClient:
     # nothing on the way to a 421 (or to /openapi.json) reads the database
     clock = FrozenClock(datetime(2026, 11, 29, 4, 0, tzinfo=UTC))
     context = DashboardContext(db=cast(Database, None), clock=clock, access=access)
-    app = create_app(Metrics(), dashboard=context)
+    app = create_app(Metrics(), ServiceParts(dashboard=context))
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
     return httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8787")
 

@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 from nightcrew import http as nightcrew_http
 from nightcrew.db.database import QueryError
 from nightcrew.errors import DatabaseUnavailableError
-from nightcrew.http import SCHEDULER_STALE_SECONDS, Readiness, create_app
+from nightcrew.http import SCHEDULER_STALE_SECONDS, Readiness, ServiceParts, create_app
 from nightcrew.metrics import Metrics
 
 T0 = 1_795_924_800.0  # 2026-11-29T04:00:00Z
@@ -39,7 +39,7 @@ def _app(
     now: float = T0 + 5,
 ) -> httpx.AsyncClient:
     readiness = Readiness(ping_database=ping, started_at=started_at, now=lambda: now)
-    transport = httpx.ASGITransport(app=create_app(metrics, readiness=readiness))
+    transport = httpx.ASGITransport(app=create_app(metrics, ServiceParts(readiness=readiness)))
     return httpx.AsyncClient(transport=transport, base_url="http://nightcrew")
 
 

@@ -246,7 +246,7 @@ def _service_app(
     runtime: Runtime, clock: Clock, secret: str | None, dashboard: DashboardContext
 ) -> Starlette:
     """The HTTP app over ``runtime``: probes, /reconcile, the news reports, the dashboard."""
-    from nightcrew.http import Readiness, create_app
+    from nightcrew.http import Readiness, ServiceParts, create_app
     from nightcrew.lifecycle.reconcile.engine import run_reconcile
     from nightcrew.news.engines.pipeline.metrics import collect_metrics
     from nightcrew.news.report import latest_reports
@@ -263,16 +263,18 @@ def _service_app(
     pipeline = runtime.settings.news_pipeline == "rabbitmq"
     return create_app(
         runtime.metrics,
-        reconcile=reconcile,
-        reconciler_secret=secret,
-        news_reports=reports,
-        collect=(lambda: collect_metrics(runtime, clock)) if pipeline else None,
-        readiness=Readiness(
-            ping_database=ping_database,
-            started_at=clock.now().timestamp(),
-            now=lambda: clock.now().timestamp(),
+        ServiceParts(
+            reconcile=reconcile,
+            reconciler_secret=secret,
+            news_reports=reports,
+            collect=(lambda: collect_metrics(runtime, clock)) if pipeline else None,
+            readiness=Readiness(
+                ping_database=ping_database,
+                started_at=clock.now().timestamp(),
+                now=lambda: clock.now().timestamp(),
+            ),
+            dashboard=dashboard,
         ),
-        dashboard=dashboard,
     )
 
 

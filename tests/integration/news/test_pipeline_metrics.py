@@ -12,7 +12,7 @@ import httpx
 from nightcrew.adapters.broker import Outgoing
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.http import create_app
+from nightcrew.http import ServiceParts, create_app
 from nightcrew.news.engines.pipeline.metrics import collect_metrics
 from nightcrew.news.engines.pipeline.outbox import broker_of
 from nightcrew.news.sources.registry import add_source
@@ -83,7 +83,9 @@ async def test_the_per_stage_gauges_and_totals_appear_in_metrics_with_their_valu
             [Outgoing(message_id=f"d{n}", stage="write", body={"url": n}) for n in range(2)],
             dead=True,
         )
-        app = create_app(runtime.metrics, collect=lambda: collect_metrics(runtime, clock))
+        app = create_app(
+            runtime.metrics, ServiceParts(collect=lambda: collect_metrics(runtime, clock))
+        )
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://nc") as client:
             response = await client.get("/metrics")

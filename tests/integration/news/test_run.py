@@ -515,7 +515,7 @@ async def test_scheduled_shard_slots_run_once_across_replicas_and_reports_are_se
     feed_server: RecordingServer,
     http: UntrustedHttp,
 ) -> None:
-    from nightcrew.http import create_app
+    from nightcrew.http import ServiceParts, create_app
     from nightcrew.metrics import Metrics
     from nightcrew.news.report import latest_reports
     from nightcrew.news.schedule import news_schedules
@@ -544,7 +544,7 @@ async def test_scheduled_shard_slots_run_once_across_replicas_and_reports_are_se
     async def reports() -> list[dict[str, Any]]:
         return await latest_reports(db)
 
-    transport = httpx.ASGITransport(app=create_app(Metrics(), news_reports=reports))
+    transport = httpx.ASGITransport(app=create_app(Metrics(), ServiceParts(news_reports=reports)))
     async with httpx.AsyncClient(transport=transport, base_url="http://nc") as client:
         body = (await client.get("/news/reports")).json()
     [latest] = body["reports"]

@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.http import create_app
+from nightcrew.http import ServiceParts, create_app
 from nightcrew.lifecycle.lanes import LaneReport, run_lane
 from nightcrew.metrics import Metrics
 from nightcrew.runtime import Runtime
@@ -40,7 +40,9 @@ def client(
     scheme: str = "http",
 ) -> httpx.AsyncClient:
     ctx = DashboardContext(db=runtime.db, clock=clock, access=access, runtime=runtime)
-    transport = httpx.ASGITransport(app=create_app(Metrics(), dashboard=ctx), client=(peer, 40000))
+    transport = httpx.ASGITransport(
+        app=create_app(Metrics(), ServiceParts(dashboard=ctx)), client=(peer, 40000)
+    )
     return httpx.AsyncClient(transport=transport, base_url=f"{scheme}://{host}")
 
 

@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.http import create_app
+from nightcrew.http import ServiceParts, create_app
 from nightcrew.metrics import Metrics
 from nightcrew.web.access import COOKIE, SESSION_MAX_AGE_SECONDS, Access
 from nightcrew.web.context import DashboardContext
@@ -193,7 +193,7 @@ async def test_concurrent_guesses_from_one_address_are_not_checked(
 async def test_bearer_guesses_share_the_sign_in_throttle(db: Database, clock: FrozenClock) -> None:
     """/news/reports compares the same token: it must not be the fast door around /login."""
     context = DashboardContext(db=db, clock=clock, access=Access.for_bind("0.0.0.0", TOKEN))
-    app = create_app(Metrics(), dashboard=context)
+    app = create_app(Metrics(), ServiceParts(dashboard=context))
 
     async def guess(i: int) -> int:
         # ten networks: one network holds at most 8 places at a time

@@ -16,7 +16,7 @@ import pytest
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
 from nightcrew.errors import ConfigError
-from nightcrew.http import create_app
+from nightcrew.http import ServiceParts, create_app
 from nightcrew.metrics import Metrics
 from nightcrew.web.access import COOKIE, Access
 from nightcrew.web.context import DashboardContext
@@ -36,7 +36,9 @@ def client(
     peer: str = "127.0.0.1",
     scheme: str = "http",
 ) -> httpx.AsyncClient:
-    app = create_app(Metrics(), dashboard=DashboardContext(db=db, clock=clock, access=access))
+    app = create_app(
+        Metrics(), ServiceParts(dashboard=DashboardContext(db=db, clock=clock, access=access))
+    )
     transport = httpx.ASGITransport(app=app, client=(peer, 40000))
     return httpx.AsyncClient(transport=transport, base_url=f"{scheme}://{host}")
 
@@ -334,7 +336,9 @@ async def test_every_dashboard_route_is_guarded_and_none_changes_anything(
     from starlette.routing import Mount, Route
 
     access = Access.for_bind("0.0.0.0", TOKEN)
-    app = create_app(Metrics(), dashboard=DashboardContext(db=db, clock=clock, access=access))
+    app = create_app(
+        Metrics(), ServiceParts(dashboard=DashboardContext(db=db, clock=clock, access=access))
+    )
     # the service's own endpoints keep their rules (/reconcile: its bearer secret)
     own = {"/health", "/_health", "/ready", "/metrics", "/openapi.json", "/reconcile"}
     writes = set()
@@ -399,9 +403,11 @@ async def test_reconcile_behind_a_same_host_proxy_is_guarded_by_its_bearer_not_t
 
     app = create_app(
         Metrics(),
-        reconcile=reconcile,
-        reconciler_secret="s3cret-bearer",
-        dashboard=DashboardContext(db=db, clock=clock, access=access),
+        ServiceParts(
+            reconcile=reconcile,
+            reconciler_secret="s3cret-bearer",
+            dashboard=DashboardContext(db=db, clock=clock, access=access),
+        ),
     )
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
     public = "http://lifecycle-manager.example.test"

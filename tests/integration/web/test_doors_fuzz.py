@@ -30,7 +30,7 @@ from structlog.testing import capture_logs
 
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
-from nightcrew.http import create_app
+from nightcrew.http import ServiceParts, create_app
 from nightcrew.lifecycle.reconcile.core import FLAG_NAMES
 from nightcrew.metrics import Metrics
 from nightcrew.web.access import COOKIE, Access
@@ -68,9 +68,11 @@ def _doors(db: Database, clock: FrozenClock, access: Access, run_ids: list[int])
     throttle = SignInThrottle(failure_delay=0.0, backoff_max=0.0)
     app = create_app(
         Metrics(),
-        reconciler_secret=RECONCILER_SECRET,
-        dashboard=DashboardContext(db=db, clock=clock, access=access, throttle=throttle),
-        reconcile_throttle=SignInThrottle(failure_delay=0.0, backoff_max=0.0),
+        ServiceParts(
+            reconciler_secret=RECONCILER_SECRET,
+            dashboard=DashboardContext(db=db, clock=clock, access=access, throttle=throttle),
+            reconcile_throttle=SignInThrottle(failure_delay=0.0, backoff_max=0.0),
+        ),
     )
     paths = []
     for route in app.routes:
@@ -407,8 +409,10 @@ async def test_reconcile_flags_are_parsed_or_refused_by_name(
     one it could not use, or the reconciler's answer (here: not available, 503)."""
     app = create_app(
         Metrics(),
-        reconciler_secret=RECONCILER_SECRET,
-        reconcile_throttle=SignInThrottle(failure_delay=0.0, backoff_max=0.0),
+        ServiceParts(
+            reconciler_secret=RECONCILER_SECRET,
+            reconcile_throttle=SignInThrottle(failure_delay=0.0, backoff_max=0.0),
+        ),
     )
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
