@@ -125,7 +125,7 @@ async def _serve(settings: Settings, host: str, port: int, *, demo: bool) -> Non
     try:
         if demo:
             from nightcrew.demo import demo_database
-            from nightcrew.demo_support import serve_sample_feeds
+            from nightcrew.demo.feeds import serve_sample_feeds
 
             # the demo's sample feeds again, for the page's "Run shard now"
             with demo_database(settings) as demo_settings, serve_sample_feeds() as feeds:

@@ -11,6 +11,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import psycopg
+from psycopg import sql
+
+from nightcrew.db.connection import with_dbname
 from nightcrew.errors import DatabaseUnavailableError
 
 
@@ -45,3 +49,19 @@ class EmbeddedPostgres:
 
     def stop(self) -> None:
         self._server.cleanup()
+
+    def database(self, name: str, *, fresh: bool) -> str | None:
+        """The URL of the server's database ``name``: made anew (dropped first, its sessions
+        ended) when ``fresh``, else the one there — None when there is none."""
+        with psycopg.connect(self.uri, autocommit=True) as admin:
+            if fresh:
+                admin.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+                )
+                admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            elif (
+                admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+                is None
+            ):
+                return None
+        return with_dbname(self.uri, name)
