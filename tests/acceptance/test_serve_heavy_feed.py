@@ -19,7 +19,8 @@ from werkzeug import Request, Response
 from tests.acceptance.test_cli import _env, _nightcrew, run
 from tests.integration.news.test_run import rss
 from tests.integration.news.test_untrusted_bytes import linkless_feed
-from tests.support.servers import RecordingServer, free_port
+from tests.support.browser import serve_on_a_free_port
+from tests.support.servers import RecordingServer
 
 pytestmark = pytest.mark.acceptance
 
@@ -64,14 +65,7 @@ def test_serve_stays_responsive_while_a_shard_parses_a_feed_over_its_budget(
         )  # fmt: skip
         assert added.returncode == 0, added.stderr
 
-    port = free_port()
-    serve = subprocess.Popen(
-        [_nightcrew(), "serve", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    serve, port = serve_on_a_free_port([_nightcrew(), "serve", "--host", "127.0.0.1"], env)
     stderr_lines: list[str] = []
     drain = threading.Thread(target=lambda: stderr_lines.extend(serve.stderr or []), daemon=True)
     drain.start()

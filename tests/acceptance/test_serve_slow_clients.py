@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.acceptance.test_cli import _env, _nightcrew
-from tests.support.servers import free_port
+from tests.support.browser import serve_on_a_free_port
 
 pytestmark = pytest.mark.acceptance
 
@@ -29,19 +29,15 @@ READ_TIMEOUT = 3.0
 def _serve(
     db_url: str, tmp_path: Path, *, prefix: tuple[str, ...] = (), **env: str
 ) -> Iterator[tuple[str, list[str]]]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [*prefix, _nightcrew(), "serve", "--host", "127.0.0.1", "--port", str(port)],
-        env=_env(
+    proc, port = serve_on_a_free_port(
+        [*prefix, _nightcrew(), "serve", "--host", "127.0.0.1"],
+        _env(
             DATABASE_URL=db_url,
             NIGHTCREW_DATA_DIR=str(tmp_path / "data"),
             STORAGE_URL="memory://",
             NIGHTCREW_HTTP_READ_TIMEOUT_SECONDS=str(READ_TIMEOUT),
             **env,
         ),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
     )
     lines: list[str] = []
     drain = threading.Thread(target=lambda: lines.extend(proc.stderr or []), daemon=True)
