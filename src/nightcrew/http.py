@@ -14,7 +14,6 @@ import asyncio
 import hmac
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -41,7 +40,7 @@ from nightcrew.web.throttle import BUSY_RETRY_AFTER_SECONDS, SignInThrottle, Ver
 HEALTH_BODY = {"status": "ok", "service": "lifecycle-manager"}
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
-Reconcile = Callable[[ReconcileOptions], Awaitable[dict[str, Any]]]
+Reconcile = Callable[[ReconcileOptions], Awaitable[JsonObject]]
 
 
 async def health(request: Request) -> JSONResponse:
@@ -273,7 +272,7 @@ def create_app(metrics: Metrics, parts: ServiceParts | None = None) -> Starlette
     )
 
 
-def _flag(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+def _flag(name: str, description: str, schema: JsonObject) -> JsonObject:
     return {
         "name": name,
         "in": "query",
@@ -294,7 +293,7 @@ _HEALTH = {
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
 _BOOL = {"type": "string", "enum": ["true", "false", "1", "0"]}
 
-OPENAPI: dict[str, Any] = {
+OPENAPI: JsonObject = {
     "openapi": "3.0.3",
     "info": {
         "title": "nightcrew lifecycle manager",

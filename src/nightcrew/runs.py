@@ -14,12 +14,13 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database, json_param, statement_deadline
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import DatabaseUnavailableError, NightcrewError
+from nightcrew.jsonable import JsonObject
 from nightcrew.log import describe_error, warning
 
 SQL = load_queries(__file__)
@@ -162,7 +163,7 @@ async def finish(
     *,
     status: RunStatus,
     now: datetime,
-    report: dict[str, Any],
+    report: JsonObject,
 ) -> None:
     await db.execute(
         SQL["finish_run"],
@@ -249,7 +250,7 @@ async def recorded(
     lane: str,
     slot: datetime | None,
     work: Callable[[RunHandle], Awaitable[Report]],
-    report_json: Callable[[Report], dict[str, Any]],
+    report_json: Callable[[Report], JsonObject],
     on_failure: Callable[[RunHandle, BaseException], None] | None = None,
     on_abandoned: OnAbandoned | None = None,
     heartbeat_every: float = HEARTBEAT_SECONDS,
