@@ -7,7 +7,9 @@ What is counted:
 
 - ``row["…"]`` subscripts: a string-keyed subscript of ``row`` or of a name ending in
   ``_row`` (a database row as a dict) — what a typed record replaces;
-- ``dict[str, Any]`` spelled in annotations and aliases;
+- ``dict[str, Any]`` spelled in annotations and aliases — and, beside it (no target, so that
+  a rename cannot pass for typing), the uses of its two aliases: ``JsonObject`` (a JSON
+  document: a report, a message body) and ``Row`` (a row not yet a record);
 - modules over 600 lines, functions over 120 lines, functions with more than 6 parameters
   (``self`` and ``cls`` not counted).
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +33,8 @@ MAX_PARAMETERS = 6
 class Shape:
     row_subscripts: int = 0
     dict_any: int = 0
+    json_object: int = 0  # ``JsonObject`` spelled (its definition included)
+    row_alias: int = 0  # ``Row`` spelled as a name
     long_modules: list[tuple[str, int]] = field(default_factory=list)
     long_functions: list[tuple[str, int]] = field(default_factory=list)
     wide_functions: list[tuple[str, int]] = field(default_factory=list)
@@ -48,6 +53,8 @@ def measure(root: Path = SRC) -> Shape:
         lines = text.count("\n")
         shape.lines += lines
         shape.dict_any += text.count("dict[str, Any]")
+        shape.json_object += len(re.findall(r"\bJsonObject\b", text))
+        shape.row_alias += len(re.findall(r"\bRow\b", text))
         if lines > MAX_MODULE_LINES:
             shape.long_modules.append((name, lines))
         for node in ast.walk(ast.parse(text)):
@@ -92,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         mark = "ok" if measured <= target else "MISSED"
         missed += measured > target
         print(f"  {what:32} {measured:5}   target <= {target:<4} {mark}")
+    print(f"  JsonObject spelled (documents)   {shape.json_object:5}")
+    print(f"  Row spelled (rows as dicts)      {shape.row_alias:5}")
     print(f"  functions over {MAX_PARAMETERS} parameters     {len(shape.wide_functions):5}")
     for title, rows in (
         ("modules", shape.long_modules),
