@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from nightcrew.clock import Clock
+from nightcrew.jsonable import JsonObject
 from nightcrew.lifecycle.reconcile.core import SCHEDULED_OPTIONS
 from nightcrew.lifecycle.reconcile.engine import run_reconcile
 from nightcrew.lifecycle.reconcile.feed_drain import drain_feed_outbox
@@ -33,9 +33,9 @@ class ScheduledReconcileReport:
             ),
         }
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         if self.report is None:
-            skipped: dict[str, Any] = {"skipped": self.skipped}
+            skipped: JsonObject = {"skipped": self.skipped}
             if self.outbox is not None:
                 skipped["outbox"] = self.outbox.to_json()
             return skipped

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 from nightcrew.adapters.storage import open_store
 from nightcrew.db.database import Database
 from nightcrew.lifecycle.reconcile.core import ReconcileOptions
 from nightcrew.lifecycle.reconcile.engine import run_reconcile
-from nightcrew.lifecycle.reconcile.missing import quarantine_episode
+from nightcrew.lifecycle.reconcile.missing import MissingCandidate, quarantine_episode
 from tests import factories as f
 from tests.integration.lifecycle.test_reconcile import BASE, later, rt
 
@@ -44,6 +45,18 @@ async def _episode_with_jobs(db: Database, podcast: str, status: str) -> str:
         {"e": episode},
     )
     return episode
+
+
+async def _scanned(db: Database, episode: str, status: str) -> MissingCandidate:
+    """The episode as the missing check's scan saw it, ``status`` then."""
+    row = await db.fetch_one(
+        "SELECT audio_url FROM public.episodes WHERE id = %(e)s", {"e": episode}
+    )
+    assert row is not None
+    url: str = row["audio_url"]
+    return MissingCandidate(
+        id=UUID(episode), status=status, audio_url=url, key=url.removeprefix(f"{BASE}/")
+    )
 
 
 async def _jobs(db: Database, episode: str) -> list[tuple[str, str]]:
@@ -98,13 +111,10 @@ async def test_quarantine_episode_decides_by_the_current_status_not_the_scanned_
     was_published = await _episode_with_jobs(db, podcast, "published")
     # scanned while a draft; scheduled by its owner before the quarantine
     was_draft = await _episode_with_jobs(db, podcast, "draft")
-    scanned = {}
-    for episode, status in ((was_published, "published"), (was_draft, "draft")):
-        row = await db.fetch_one(
-            "SELECT id, audio_url FROM public.episodes WHERE id = %(e)s", {"e": episode}
-        )
-        assert row is not None
-        scanned[episode] = {**row, "status": status}
+    scanned = {
+        episode: await _scanned(db, episode, status)
+        for episode, status in ((was_published, "published"), (was_draft, "draft"))
+    }
     await db.execute(
         "UPDATE public.episodes SET status = 'draft', published_at = NULL WHERE id = %(e)s",
         {"e": was_published},
@@ -128,14 +138,11 @@ async def test_an_archived_episodes_pending_time_automation_stays_pending(
 ) -> None:
     podcast = await f.podcast(db)
     archived = await _episode_with_jobs(db, podcast, "archived")
-    row = await db.fetch_one(
-        "SELECT id, audio_url, status FROM public.episodes WHERE id = %(e)s", {"e": archived}
-    )
-    assert row is not None
+    scanned = await _scanned(db, archived, "archived")
     clock = later(days=1)
     runtime = await rt(db, clock, fresh_db_url, open_store("memory://"))
 
-    assert await quarantine_episode(runtime, row, clock.now())
+    assert await quarantine_episode(runtime, scanned, clock.now())
 
     assert await _jobs(db, archived) == _expected(canceled=False)
     after = await db.fetch_one(

@@ -17,9 +17,10 @@ from nightcrew.adapters.feedcache import HttpFeedCache
 from nightcrew.adapters.storage import ObjectStore, open_store
 from nightcrew.clock import FrozenClock, SystemClock
 from nightcrew.db.database import Database
+from nightcrew.db.records import R, as_records
 from nightcrew.lifecycle.reconcile.core import ReconcileOptions
 from nightcrew.lifecycle.reconcile.engine import run_reconcile
-from nightcrew.lifecycle.reconcile.missing import quarantine_episode
+from nightcrew.lifecycle.reconcile.missing import MissingCandidate, quarantine_episode
 from nightcrew.lifecycle.reconcile.queries import SQL
 from nightcrew.lifecycle.reconcile.records import OutboxDrain
 from nightcrew.runtime import Runtime
@@ -68,6 +69,9 @@ class RecheckWindow:
             self.rechecks += 1
             await self._land()
         return await self._inner.fetch(query, params)
+
+    async def fetch_as(self, record: type[R], query: str, params: Any = None) -> list[R]:
+        return as_records(record, await self.fetch(query, params))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -340,7 +344,9 @@ async def test_quarantine_uses_the_current_status_not_the_scanned_one(
     w = await World(db, store).setup()
     key = w.key("went-live.mp3")
     episode = await w.episode(key, status="draft")
-    scanned = {"id": episode, "audio_url": f"{BASE}/{key}", "status": "draft"}
+    scanned = MissingCandidate(
+        id=uuid.UUID(episode), status="draft", audio_url=f"{BASE}/{key}", key=key
+    )
     # between the scan and the quarantine, the draft goes live
     await db.execute(
         "UPDATE public.episodes SET status = 'published', published_at = now() WHERE id = %(e)s",

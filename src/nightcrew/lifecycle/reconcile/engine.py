@@ -33,7 +33,9 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from decimal import Decimal
+from uuid import UUID
 
 from nightcrew.adapters.storage import ObjectStore
 from nightcrew.clock import Clock
@@ -55,7 +57,7 @@ from nightcrew.lifecycle.reconcile.records import (
     ReconcileUnavailable,
     Sweep,
 )
-from nightcrew.lifecycle.reconcile.sizes import backfill_sizes, measured_from
+from nightcrew.lifecycle.reconcile.sizes import ForeignEpisode, backfill_sizes, measured_from
 from nightcrew.lifecycle.reconcile.sweeps import SweepContext, sweep, sweep_specs
 from nightcrew.lifecycle.watchdogs import sweep_wedged_media_jobs
 from nightcrew.runtime import Runtime
@@ -69,6 +71,31 @@ JOIN_SETTINGS = {"temp_buffers": "512MB", "work_mem": "64MB", "enable_nestloop":
 # How an operator finds the reconciler's long session in pg_stat_activity (the pool's
 # connections are "nightcrew").
 SESSION_NAME = "nightcrew-reconcile"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Keyed:
+    """keyed_enclosures: the enclosures under R2_PUBLIC_URL whose key could be derived."""
+
+    keyed: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _OverCapUsage:
+    """over_cap_accounts: an account's bytes against its live cap, both numeric."""
+
+    account_id: UUID
+    bytes: Decimal
+    cap_gb: Decimal
+
+
+def _over_cap_account(usage: _OverCapUsage) -> OverCapAccount:
+    return OverCapAccount(
+        account_id=str(usage.account_id),
+        bytes=int(usage.bytes),
+        cap_bytes=int(usage.cap_gb * 1_000_000_000),
+        over_bytes=int(usage.bytes - usage.cap_gb * 1_000_000_000),
+    )
 
 
 @contextlib.contextmanager
@@ -127,8 +154,8 @@ async def run_reconcile(
                     await conn.execute(SQL["index_refs"])
                     await conn.execute(SQL["analyze_refs"])
                     await conn.execute(SQL["create_unlisted"])
-                    [row] = await conn.fetch(SQL["keyed_enclosures"])
-                    keyed = row["keyed"]
+                    [counted] = await conn.fetch_as(_Keyed, SQL["keyed_enclosures"])
+                    keyed = counted.keyed
 
             with _timed(phases, "listing"):
                 listing = await load_listing(
@@ -138,8 +165,10 @@ async def run_reconcile(
                 heads, by_head = await head_unlisted(conn, store, tick)
                 # after the listing, not beside it: a scan of every episode on a second
                 # connection took CPU from the listers (a 300k dry run 8.8 -> 9.9 s)
-                foreign = await conn.fetch(
-                    SQL["not_under_public_url"], {"prefix": prefix, "sample": SAMPLE_KEYS}
+                foreign = await conn.fetch_as(
+                    ForeignEpisode,
+                    SQL["not_under_public_url"],
+                    {"prefix": prefix, "sample": SAMPLE_KEYS},
                 )
             measured = measured_from(keyed, heads, by_head, foreign)
             with _timed(phases, "sizeBackfill"):
@@ -174,7 +203,7 @@ async def run_reconcile(
             await conn.execute(SQL["drop_listing"])
 
     media = await sweep_wedged_media_jobs(runtime, clock)
-    over_cap = await runtime.db.fetch(SQL["over_cap_accounts"])
+    over_cap = await runtime.db.fetch_as(_OverCapUsage, SQL["over_cap_accounts"])
     orphans, episode_images, transcribe_prep = sweeps
     return ReconcileReport(
         options=options,
@@ -187,7 +216,7 @@ async def run_reconcile(
         episode_images=episode_images,
         transcribe_prep=transcribe_prep,
         media_jobs=MediaJobs(flagged=media.media_jobs_flagged, job_ids=tuple(media.job_ids)),
-        over_cap=tuple(OverCapAccount.from_row(r) for r in over_cap),
+        over_cap=tuple(_over_cap_account(u) for u in over_cap),
         phases_ms=phases,
         duration_ms=round((time.perf_counter() - started) * 1000, 1),
     )

@@ -8,6 +8,7 @@ import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from nightcrew.adapters.storage import ObjectStore, StoredObject
@@ -25,6 +26,14 @@ REMOTE_LIST_CONCURRENCY = 16
 # episodes: 0.8 s of it, ~14k objects/s listed on local disk).
 OVERLAP_PAGES = 64
 HEAD_CONCURRENCY = 32
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Unlisted:
+    """unlisted_keys: an enclosure key outside the listing, and how many enclosures name it."""
+
+    key: str
+    episodes: int
 
 
 def _listing_rows(page: list[StoredObject], kinds: dict[str, int]) -> list[tuple[Any, ...]]:
@@ -156,11 +165,13 @@ async def head_unlisted(conn: Tx, store: ObjectStore, tick: Progress) -> tuple[i
         async with gate:
             return await store.head(key)
 
-    while page := await conn.fetch(SQL["unlisted_keys"], {"after": after, "limit": LIST_PAGE}):
-        found = await asyncio.gather(*(head(r["key"]) for r in page))
+    while page := await conn.fetch_as(
+        _Unlisted, SQL["unlisted_keys"], {"after": after, "limit": LIST_PAGE}
+    ):
+        found = await asyncio.gather(*(head(u.key) for u in page))
         heads += len(page)
-        by_head += sum(r["episodes"] for r, o in zip(page, found, strict=True) if o is not None)
-        after = page[-1]["key"]
+        by_head += sum(u.episodes for u, o in zip(page, found, strict=True) if o is not None)
+        after = page[-1].key
         present = [o for o in found if o is not None]
         if present:
             await conn.execute(

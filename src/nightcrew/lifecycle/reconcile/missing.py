@@ -4,10 +4,12 @@ transaction per episode."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from uuid import UUID
 
 from nightcrew.db.database import Tx
+from nightcrew.db.records import as_records
 from nightcrew.effects import feed_outbox
 from nightcrew.lifecycle.reconcile.core import (
     SAMPLE_KEYS,
@@ -19,6 +21,25 @@ from nightcrew.lifecycle.reconcile.records import Missing, MissingSample, Progre
 from nightcrew.log import event
 from nightcrew.reports import Failure, one_item
 from nightcrew.runtime import Runtime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MissingCandidate:
+    """missing_candidates: an enclosure whose key is not in the listing, as the scan saw it."""
+
+    id: UUID
+    status: str
+    audio_url: str
+    key: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Locked:
+    """lock_episode: the episode's current state, locked for its quarantine."""
+
+    podcast_id: UUID
+    status: str
+    audio_url: str | None
 
 
 async def find_missing(
@@ -40,23 +61,25 @@ async def find_missing(
             return await store.head(key) is not None
 
     async for rows in conn.stream(SQL["missing_candidates"], {"prefix": prefix}):
+        batch = as_records(MissingCandidate, rows)
         # One HEAD per candidate (it may have been uploaded after the listing passed its key),
         # a batch of them at a time.
-        uploaded_since = await asyncio.gather(*(present(r["key"]) for r in rows))
-        for row, late in zip(rows, uploaded_since, strict=True):
+        uploaded_since = await asyncio.gather(*(present(c.key) for c in batch))
+        for candidate, late in zip(batch, uploaded_since, strict=True):
             candidates += 1
             if late:
                 continue
             count += 1
+            episode_id = str(candidate.id)
             if len(sample) < SAMPLE_KEYS:
                 sample.append(
-                    MissingSample(episode_id=str(row["id"]), key=row["key"], status=row["status"])
+                    MissingSample(episode_id=episode_id, key=candidate.key, status=candidate.status)
                 )
             if not (options.apply and options.quarantine_missing):
                 continue
             # rolled back whole on a failure; the next run rediscovers it
-            with one_item(failures, "reconcile_quarantine_failed", episode_id=str(row["id"])):
-                if await quarantine_episode(runtime, row, now):
+            with one_item(failures, "reconcile_quarantine_failed", episode_id=episode_id):
+                if await quarantine_episode(runtime, candidate, now):
                     quarantined += 1
         tick("missing objects", candidates)
     return Missing(
@@ -68,20 +91,20 @@ async def find_missing(
     )
 
 
-async def quarantine_episode(runtime: Runtime, row: dict[str, Any], now: datetime) -> bool:
-    """The complete transition, in one transaction, by the row's CURRENT state."""
+async def quarantine_episode(runtime: Runtime, scanned: MissingCandidate, now: datetime) -> bool:
+    """The complete transition, in one transaction, by the episode's CURRENT state."""
     async with runtime.db.transaction() as tx:
-        current = await tx.fetch_one(SQL["lock_episode"], {"id": row["id"]})
-        if current is None or current["audio_url"] != row["audio_url"]:
+        current = await tx.fetch_one_as(_Locked, SQL["lock_episode"], {"id": scanned.id})
+        if current is None or current.audio_url != scanned.audio_url:
             return False  # deleted, or re-uploaded since the scan
-        await tx.execute(SQL["quarantine_episode"], {"id": row["id"], "now": now})
-        if current["status"] in ("published", "scheduled"):
-            await tx.execute(SQL["cancel_time_automation"], {"id": row["id"], "now": now})
-        if current["status"] == "published":
-            await feed_outbox.record(tx, [str(current["podcast_id"])], "quarantine_missing", now)
+        await tx.execute(SQL["quarantine_episode"], {"id": scanned.id, "now": now})
+        if current.status in ("published", "scheduled"):
+            await tx.execute(SQL["cancel_time_automation"], {"id": scanned.id, "now": now})
+        if current.status == "published":
+            await feed_outbox.record(tx, [str(current.podcast_id)], "quarantine_missing", now)
     event(
         "reconcile_episode_quarantined",
-        episode_id=str(row["id"]),
-        previous_status=current["status"],
+        episode_id=str(scanned.id),
+        previous_status=current.status,
     )
     return True

@@ -100,7 +100,7 @@ SELECT count(*) OVER () AS total, id, audio_url
 -- Episodes whose object exists but whose recorded size is NULL or differs: whatever the key's
 -- layout (podcasts/{p}/e/{e}/{file}, a flat podcasts/{p}/e/{file}, or a legacy key HEADed
 -- into the listing), the object the enclosure names is what its size measures.
-SELECT r.id, r.podcast_id, r.status, r.audio_url, r.recorded, o.size AS actual, o.key
+SELECT r.id, r.podcast_id, r.audio_url, r.recorded, o.size AS actual, o.key
   FROM reconcile_refs r
   JOIN reconcile_objects o ON o.key = r.key
  WHERE r.enclosure
@@ -112,7 +112,7 @@ SELECT r.id, r.podcast_id, r.status, r.audio_url, r.recorded, o.size AS actual, 
 -- it may have been uploaded after the listing passed its key).
 -- A URL whose key cannot be derived is not a candidate: it cannot be HEAD-checked, and
 -- quarantining on a guess would unpublish an episode that may be fine.
-SELECT r.id, r.podcast_id, r.status, r.audio_url, r.key
+SELECT r.id, r.status, r.audio_url, r.key
   FROM reconcile_refs r
  WHERE r.enclosure
    AND r.key IS NOT NULL
@@ -239,7 +239,7 @@ UPDATE public.episodes e
  WHERE e.id = v.id
    AND e.audio_url = v.audio_url
    AND e.audio_file_size_bytes IS NOT DISTINCT FROM v.recorded
-RETURNING e.id, e.podcast_id, e.status;
+RETURNING e.podcast_id, e.status;
 
 -- name: savepoint_batch
 SAVEPOINT size_batch;
@@ -258,7 +258,7 @@ ALTER TABLE public.episodes DISABLE TRIGGER trigger_enforce_storage_account_cap;
 ALTER TABLE public.episodes ENABLE TRIGGER trigger_enforce_storage_account_cap;
 
 -- name: lock_episode
-SELECT id, podcast_id, status, audio_url FROM public.episodes WHERE id = %(id)s FOR UPDATE;
+SELECT podcast_id, status, audio_url FROM public.episodes WHERE id = %(id)s FOR UPDATE;
 
 -- name: quarantine_episode
 UPDATE public.episodes

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from nightcrew.errors import ConfigError
+from nightcrew.jsonable import Jsonable, JsonObject, omitted
 from nightcrew.lifecycle.reconcile.core import (
     SAMPLE_KEYS,
     ReconcileOptions,
@@ -34,6 +34,7 @@ class Listing:
     kinds: Mapping[str, int]  # objects per ObjectKind
 
     def to_json(self) -> dict[str, int]:
+        # the kinds' counts are members of the listing's object itself, beside its totals
         return {
             "objects": self.objects,
             "bytes": self.bytes,
@@ -46,23 +47,15 @@ class Listing:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class SizeSample:
+class SizeSample(Jsonable):
     episode_id: str
     key: str
     recorded: int | None
     measured: int
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "episodeId": self.episode_id,
-            "key": self.key,
-            "recorded": self.recorded,
-            "measured": self.measured,
-        }
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class BlockedWrite:
+class BlockedWrite(Jsonable):
     """A measured size the storage cap trigger refused (23514): listed, never fatal."""
 
     episode_id: str
@@ -70,24 +63,13 @@ class BlockedWrite:
     measured: int
     error: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "episodeId": self.episode_id,
-            "podcastId": self.podcast_id,
-            "measured": self.measured,
-            "error": self.error,
-        }
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class ForeignUrl:
+class ForeignUrl(Jsonable):
     """An episode whose audio_url is not under R2_PUBLIC_URL: no key, so no size measured."""
 
     episode_id: str
     audio_url: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"episodeId": self.episode_id, "audioUrl": self.audio_url}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -117,8 +99,10 @@ class SizeBackfill:
     cap_bypass_fallback: bool | None = None  # None: the bypass was not asked for
     measured: Measured = field(default_factory=Measured)
 
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
+    def to_json(self) -> JsonObject:
+        # how the sizes were measured is flattened into this object, and the bypass's fallback
+        # is a member only when the bypass was asked for
+        body: JsonObject = {
             "checked": self.checked,
             "mismatched": self.mismatched,
             "written": self.written,
@@ -138,13 +122,10 @@ class SizeBackfill:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class MissingSample:
+class MissingSample(Jsonable):
     episode_id: str
     key: str
     status: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"episodeId": self.episode_id, "key": self.key, "status": self.status}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -155,7 +136,8 @@ class Missing:
     sample: tuple[MissingSample, ...] = ()
     failures: tuple[Failure, ...] = ()  # one per episode whose quarantine rolled back
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
+        # counts the failures (each one is in the run's errors) and leaves the candidates out
         return {
             "count": self.count,
             "quarantined": self.quarantined,
@@ -165,22 +147,14 @@ class Missing:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class OutboxDrain:
+class OutboxDrain(Jsonable):
     pending: int  # undelivered intents left in the table after the drain: still owed
     delivered: int
     failed: int  # failed deliveries (each also in the run's errors)
     dead: int  # of the failed, the effects that died (revived by the next apply run)
     revived: int = 0  # earlier effects made due again (dead, or waiting out a backoff)
-    failures: tuple[Failure, ...] = field(default=(), compare=False)
-
-    def to_json(self) -> dict[str, int]:
-        return {
-            "pending": self.pending,
-            "delivered": self.delivered,
-            "failed": self.failed,
-            "dead": self.dead,
-            "revived": self.revived,
-        }
+    # in the run's errors, not in this object
+    failures: tuple[Failure, ...] = omitted(default=(), compare=False)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -189,7 +163,9 @@ class OrphanSample:
     size: int
     last_modified: datetime
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
+        # an ISO string here, whoever serialises the report (a derived one would leave the
+        # datetime to the caller's json.dumps)
         return {"key": self.key, "size": self.size, "lastModified": self.last_modified.isoformat()}
 
 
@@ -220,8 +196,10 @@ class Sweep:
             "error": next(iter(self.failed.values())),
         }
 
-    def to_json(self, *, protected_key: str | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {
+    def to_json(self, *, protected_key: str | None = None) -> JsonObject:
+        # the spec's names (count, skippedReferenced) and derived members (failed, failedKeys),
+        # and the protected count only under the name the caller's category gives it
+        body: JsonObject = {
             "count": self.found,
             "bytes": self.bytes,
             "tooYoung": self.too_young,
@@ -239,44 +217,23 @@ class Sweep:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class MediaJobs:
+class MediaJobs(Jsonable):
     """The media_jobs watchdog's result, run with the reconciler."""
 
     flagged: int
     job_ids: tuple[str, ...]
 
-    def to_json(self) -> dict[str, Any]:
-        return {"flagged": self.flagged, "jobIds": list(self.job_ids)}
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class OverCapAccount:
+class OverCapAccount(Jsonable):
     account_id: str
     bytes: int
     cap_bytes: int
     over_bytes: int
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> OverCapAccount:
-        cap = int(row["cap_gb"] * 1_000_000_000)
-        return cls(
-            account_id=str(row["account_id"]),
-            bytes=int(row["bytes"]),
-            cap_bytes=cap,
-            over_bytes=int(row["bytes"] - row["cap_gb"] * 1_000_000_000),
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "accountId": self.account_id,
-            "bytes": self.bytes,
-            "capBytes": self.cap_bytes,
-            "overBytes": self.over_bytes,
-        }
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class ReconcileSummary:
+class ReconcileSummary(Jsonable):
     """The spec's ``scheduled_reconcile`` fields, typed."""
 
     size_written: int
@@ -285,16 +242,6 @@ class ReconcileSummary:
     outbox_drained: int
     errors: int
     duration_ms: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "sizeWritten": self.size_written,
-            "orphansDeleted": self.orphans_deleted,
-            "overCapAccounts": self.over_cap_accounts,
-            "outboxDrained": self.outbox_drained,
-            "errors": self.errors,
-            "durationMs": self.duration_ms,
-        }
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -339,7 +286,9 @@ class ReconcileReport:
             duration_ms=self.duration_ms,
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
+        # the phases' own documents under the spec's names, the mode repeated at the top, the
+        # phases' timings left out
         return {
             "mode": self.options.mode,
             "options": self.options.to_json(),

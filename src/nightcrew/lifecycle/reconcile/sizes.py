@@ -4,10 +4,12 @@ or wrong, a batch a transaction; a row the cap trigger refuses is listed, never 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from uuid import UUID
 
-from nightcrew.db.database import QueryError, Tx
+from nightcrew.db.database import Params, QueryError, Tx
+from nightcrew.db.records import as_records
 from nightcrew.effects import feed_outbox
 from nightcrew.lifecycle.reconcile.core import (
     SAMPLE_KEYS,
@@ -36,14 +38,44 @@ CHECK_VIOLATION = "23514"
 INSUFFICIENT_PRIVILEGE = "42501"
 
 
-def measured_from(keyed: int, heads: int, by_head: int, foreign: list[dict[str, Any]]) -> Measured:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ForeignEpisode:
+    """not_under_public_url: one of the first episodes whose audio_url is not ours, with how
+    many there are in all."""
+
+    total: int
+    id: UUID
+    audio_url: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SizeCandidate:
+    """size_candidates: an enclosure whose object's size differs from the recorded one."""
+
+    id: UUID
+    podcast_id: UUID
+    audio_url: str
+    recorded: int | None
+    actual: int
+    key: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Written:
+    """write_sizes: an episode whose size was written."""
+
+    podcast_id: UUID
+    status: str
+
+
+def measured_from(keyed: int, heads: int, by_head: int, foreign: list[ForeignEpisode]) -> Measured:
     return Measured(
         keyed=keyed,
         by_head=by_head,
         heads=heads,
-        not_under_public_url=foreign[0]["total"] if foreign else 0,
+        not_under_public_url=foreign[0].total if foreign else 0,
         not_under_public_url_sample=tuple(
-            ForeignUrl(episode_id=str(r["id"]), audio_url=r["audio_url"]) for r in foreign
+            ForeignUrl(episode_id=str(f.id), audio_url=f.audio_url) for f in foreign
         ),
     )
 
@@ -64,35 +96,35 @@ async def backfill_sizes(
     # session's cursor still reads the table (it would wait on us forever): collect first.
     # The active path writes a batch at a time as the rows stream by, so its memory stays flat.
     bypass = options.apply and options.bypass_cap_for_backfill
-    collected: list[dict[str, Any]] = []
-    pending: list[dict[str, Any]] = []
+    collected: list[SizeCandidate] = []
+    pending: list[SizeCandidate] = []
 
-    async def write_active(rows: list[dict[str, Any]]) -> None:
+    async def write_active(candidates: list[SizeCandidate]) -> None:
         nonlocal written
-        for batch in _batches(rows):
+        for batch in _batches(candidates):
             updated, refused = await _write_size_batch(runtime, batch, now)
             written += updated
             blocked.extend(refused)
 
     async for rows in conn.stream(SQL["size_candidates"], {"prefix": prefix}):
-        for row in rows:
+        for candidate in as_records(SizeCandidate, rows):
             checked += 1
-            if not size_needs_write(row["recorded"], row["actual"]):
+            if not size_needs_write(candidate.recorded, candidate.actual):
                 continue
             mismatched += 1
             if len(sample) < SAMPLE_KEYS:
                 sample.append(
                     SizeSample(
-                        episode_id=str(row["id"]),
-                        key=row["key"],
-                        recorded=row["recorded"],
-                        measured=row["actual"],
+                        episode_id=str(candidate.id),
+                        key=candidate.key,
+                        recorded=candidate.recorded,
+                        measured=candidate.actual,
                     )
                 )
             if bypass:
-                collected.append(row)
+                collected.append(candidate)
             elif options.apply:
-                pending.append(row)
+                pending.append(candidate)
         if len(pending) >= SIZE_WRITE_BATCH:  # full batches now, the rest with the next page
             full = len(pending) - len(pending) % SIZE_WRITE_BATCH
             await write_active(pending[:full])
@@ -121,26 +153,26 @@ async def backfill_sizes(
     )
 
 
-def _batches(rows: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
-    for start in range(0, len(rows), SIZE_WRITE_BATCH):
-        yield rows[start : start + SIZE_WRITE_BATCH]
+def _batches(candidates: list[SizeCandidate]) -> Iterator[list[SizeCandidate]]:
+    for start in range(0, len(candidates), SIZE_WRITE_BATCH):
+        yield candidates[start : start + SIZE_WRITE_BATCH]
 
 
 async def _write_size_batch(
-    runtime: Runtime, rows: list[dict[str, Any]], now: datetime
+    runtime: Runtime, batch: list[SizeCandidate], now: datetime
 ) -> tuple[int, list[BlockedWrite]]:
     """One transaction per batch: its sizes, and an outbox intent for each published episode
     written. Rows the cap trigger refuses are left out and returned; every other row of the
     batch is written. Returns (rows written, refused writes)."""
     async with runtime.db.transaction() as tx:
-        updated, refused = await _write_sizes_isolating_refusals(tx, rows, now)
+        updated, refused = await _write_sizes_isolating_refusals(tx, batch, now)
         await _record_size_intents(tx, updated, now)
     return len(updated), refused
 
 
 async def _write_sizes_isolating_refusals(
-    tx: Tx, rows: list[dict[str, Any]], now: datetime
-) -> tuple[list[dict[str, Any]], list[BlockedWrite]]:
+    tx: Tx, batch: list[SizeCandidate], now: datetime
+) -> tuple[list[_Written], list[BlockedWrite]]:
     """The batch in one statement under a savepoint. 23514 fails the statement as a whole and
     names the account, not the row, so the refused statement is rolled back to its savepoint
     and its halves are written the same way, first half first: each refused row costs about
@@ -149,49 +181,49 @@ async def _write_sizes_isolating_refusals(
     its last statement, its error the trigger's own."""
     await tx.execute(SQL["savepoint_batch"])
     try:
-        updated = await tx.fetch(SQL["write_sizes"], _size_params(rows, now))
+        updated = await tx.fetch_as(_Written, SQL["write_sizes"], _size_params(batch, now))
     except QueryError as exc:
         if exc.sqlstate != CHECK_VIOLATION:
             raise
         await tx.execute(SQL["rollback_batch"])
         await tx.execute(SQL["release_batch"])
-        if len(rows) == 1:
-            [row] = rows
+        if len(batch) == 1:
+            [candidate] = batch
             refused = BlockedWrite(
-                episode_id=str(row["id"]),
-                podcast_id=str(row["podcast_id"]),
-                measured=row["actual"],
+                episode_id=str(candidate.id),
+                podcast_id=str(candidate.podcast_id),
+                measured=candidate.actual,
                 error=str(exc),
             )
             return [], [refused]
-        half = len(rows) // 2
-        first, first_refused = await _write_sizes_isolating_refusals(tx, rows[:half], now)
-        second, second_refused = await _write_sizes_isolating_refusals(tx, rows[half:], now)
+        half = len(batch) // 2
+        first, first_refused = await _write_sizes_isolating_refusals(tx, batch[:half], now)
+        second, second_refused = await _write_sizes_isolating_refusals(tx, batch[half:], now)
         return first + second, first_refused + second_refused
     await tx.execute(SQL["release_batch"])
     return updated, []
 
 
-def _size_params(rows: list[dict[str, Any]], now: datetime) -> dict[str, Any]:
+def _size_params(batch: list[SizeCandidate], now: datetime) -> Params:
     return {
-        "ids": [r["id"] for r in rows],
-        "audio_urls": [r["audio_url"] for r in rows],
-        "recorded": [r["recorded"] for r in rows],
-        "actual": [r["actual"] for r in rows],
+        "ids": [c.id for c in batch],
+        "audio_urls": [c.audio_url for c in batch],
+        "recorded": [c.recorded for c in batch],
+        "actual": [c.actual for c in batch],
         "now": now,
     }
 
 
-async def _record_size_intents(tx: Tx, updated: list[dict[str, Any]], now: datetime) -> None:
+async def _record_size_intents(tx: Tx, updated: list[_Written], now: datetime) -> None:
     """One intent per published episode written (its feed's <enclosure length> changed), in
     the transaction of its size write; a row that changed since the scan is not written and
     owes none."""
-    podcasts = [str(u["podcast_id"]) for u in updated if u["status"] == "published"]
+    podcasts = [str(u.podcast_id) for u in updated if u.status == "published"]
     await feed_outbox.record(tx, podcasts, "size_backfill", now)
 
 
 async def _write_sizes_bypassing_cap(
-    runtime: Runtime, rows: list[dict[str, Any]], now: datetime
+    runtime: Runtime, candidates: list[SizeCandidate], now: datetime
 ) -> int:
     """One transaction with only the cap trigger disabled; ENABLE runs before the commit
     whatever happens, and any error rolls back the DISABLE with everything else."""
@@ -200,8 +232,8 @@ async def _write_sizes_bypassing_cap(
         await tx.execute(SQL["disable_cap_trigger"])
         # Re-enabled before the commit. On an error the transaction is aborted, so ENABLE could
         # not run (and would hide the real error); the rollback undoes the DISABLE instead.
-        for batch in _batches(rows):
-            updated = await tx.fetch(SQL["write_sizes"], _size_params(batch, now))
+        for batch in _batches(candidates):
+            updated = await tx.fetch_as(_Written, SQL["write_sizes"], _size_params(batch, now))
             await _record_size_intents(tx, updated, now)
             written += len(updated)
         await tx.execute(SQL["enable_cap_trigger"])

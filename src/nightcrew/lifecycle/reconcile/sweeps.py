@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
 from nightcrew.adapters.storage import ObjectStore
-from nightcrew.db.database import Database, Tx
+from nightcrew.db.database import Database, Params, Tx
+from nightcrew.db.records import as_records
 from nightcrew.lifecycle.reconcile.core import (
     PREP_TTL_DAYS,
     SAMPLE_KEYS,
@@ -31,9 +31,26 @@ class SweepSpec:
 
     kind: str
     query: str
-    params: dict[str, Any]
+    params: Params
     recheck: str | None
     min_age: timedelta
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Found:
+    """A sweep query's row (unreferenced_audio, unreferenced_episode_images, expired_prep)."""
+
+    key: str
+    size: int
+    last_modified: datetime
+    invalidation_pending: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Kept:
+    """A re-check's row (recheck_audio_references, recheck_image_references): a key to keep."""
+
+    key: str
 
 
 def sweep_specs(options: ReconcileOptions, prefix: str, now: datetime) -> tuple[SweepSpec, ...]:
@@ -105,9 +122,9 @@ async def sweep(ctx: SweepContext, spec: SweepSpec) -> Sweep:
         if spec.recheck is not None:
             # Immediately before the delete: anything referenced now stays.
             keep = {
-                r["key"]
-                for r in await ctx.db.fetch(
-                    spec.recheck, {"keys": keys, "prefix": ctx.prefix, "uuid_re": UUID_RE}
+                kept.key
+                for kept in await ctx.db.fetch_as(
+                    _Kept, spec.recheck, {"keys": keys, "prefix": ctx.prefix, "uuid_re": UUID_RE}
                 )
             }
             tally.referenced_at_recheck += len(keep)
@@ -120,23 +137,23 @@ async def sweep(ctx: SweepContext, spec: SweepSpec) -> Sweep:
         batch.clear()
 
     async for rows in ctx.conn.stream(spec.query, spec.params):
-        for row in rows:
-            size = int(row["size"])
+        for found in as_records(_Found, rows):
+            size = found.size
             tally.found += 1
             tally.bytes += size
             if len(tally.sample) < SAMPLE_KEYS:
                 tally.sample.append(
-                    OrphanSample(key=row["key"], size=size, last_modified=row["last_modified"])
+                    OrphanSample(key=found.key, size=size, last_modified=found.last_modified)
                 )
-            if row["last_modified"] >= cutoff:
+            if found.last_modified >= cutoff:
                 tally.too_young += 1
                 continue
-            if row["invalidation_pending"]:
+            if found.invalidation_pending:
                 tally.protected += 1
                 continue
             tally.eligible += 1
             if ctx.delete:
-                batch.append((row["key"], size))
+                batch.append((found.key, size))
                 if len(batch) >= DELETE_BATCH:
                     await flush()
         ctx.tick(f"{spec.kind} sweep", tally.found)
