@@ -27,6 +27,9 @@ from nightcrew.db.contract import (
 )
 from nightcrew.db.database import Database
 from nightcrew.db.migrate import applied_migrations, discover_migrations
+from nightcrew.db.queries import load_queries
+
+SQL = load_queries(__file__)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,7 +93,7 @@ class _FunctionRow:
 
 
 async def check_schema(db: Database) -> CheckReport:
-    role_row = await db.fetch_one_as(_RoleRow, _ROLE_SQL)
+    role_row = await db.fetch_one_as(_RoleRow, SQL["role"])
     assert role_row is not None
     role = role_row.name
 
@@ -102,10 +105,10 @@ async def check_schema(db: Database) -> CheckReport:
             open_policy=r.open_policy,
             granted=frozenset(p for p, ok in zip(_PRIVILEGES, r.granted, strict=True) if ok),
         )
-        for r in await db.fetch_as(_RelationRow, _RELATIONS_SQL, {"tables": list(TABLES)})
+        for r in await db.fetch_as(_RelationRow, SQL["relations"], {"tables": list(TABLES)})
     }
     live: dict[str, dict[str, LiveType]] = {}
-    for c in await db.fetch_as(_ColumnRow, _COLUMNS_SQL, {"tables": list(TABLES)}):
+    for c in await db.fetch_as(_ColumnRow, SQL["columns"], {"tables": list(TABLES)}):
         live.setdefault(c.tbl, {})[c.column_name] = LiveType(c.data_type, c.is_enum)
 
     indexes = [
@@ -117,16 +120,12 @@ async def check_schema(db: Database) -> CheckReport:
             predicate=i.predicate,
             constraint=i.is_constraint,
         )
-        for i in await db.fetch_as(_IndexRow, _INDEXES_SQL, {"tables": list(TABLES)})
+        for i in await db.fetch_as(_IndexRow, SQL["indexes"], {"tables": list(TABLES)})
     ]
 
     triggers = await db.fetch_as(
         _TriggerRow,
-        "SELECT t.tgname, n.nspname || '.' || c.relname AS tbl FROM pg_trigger t"
-        " JOIN pg_class c ON c.oid = t.tgrelid"
-        " JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE NOT t.tgisinternal AND t.tgname = ANY(%(names)s)"
-        " ORDER BY 2",
+        SQL["triggers"],
         {"names": [name for _, name in TRIGGERS]},
     )
     live_triggers: dict[str, list[str]] = {}
@@ -172,7 +171,7 @@ async def check_schema(db: Database) -> CheckReport:
 async def _live_functions(db: Database) -> dict[str, list[LiveFunction]]:
     """The functions the spec names, as the database has them: every overload, by name."""
     found = await db.fetch_as(
-        _FunctionRow, _FUNCTIONS_SQL, {"names": [fn.name for fn in FUNCTIONS]}
+        _FunctionRow, SQL["functions"], {"names": [fn.name for fn in FUNCTIONS]}
     )
     overloads: dict[str, list[LiveFunction]] = {}
     for f in found:
@@ -203,9 +202,7 @@ async def _role_and_migrations(db: Database, role_row: _RoleRow) -> tuple[list[s
         f"schema {schema.nspname}: role {role} lacks the USAGE privilege"
         for schema in await db.fetch_as(
             _SchemaRow,
-            "SELECT nspname FROM pg_namespace"
-            " WHERE nspname = ANY(%(schemas)s) AND NOT has_schema_privilege(oid, 'USAGE')"
-            " ORDER BY nspname",
+            SQL["schemas_without_usage"],
             {"schemas": sorted({t.split(".")[0] for t in TABLES} | _function_schemas())},
         )
     ]
@@ -214,7 +211,7 @@ async def _role_and_migrations(db: Database, role_row: _RoleRow) -> tuple[list[s
             f"database {role_row.database}: role {role} lacks the TEMPORARY privilege"
             " (the reconciler lists the store into temporary tables)"
         )
-    migrations_table = await db.fetch_one_as(_Readable, _MIGRATIONS_TABLE_SQL)
+    migrations_table = await db.fetch_one_as(_Readable, SQL["migrations_table"])
     if migrations_table is not None and not migrations_table.readable:
         role_problems.append(
             f"table nightcrew.schema_migrations: role {role} lacks the SELECT privilege"
@@ -236,22 +233,6 @@ def _function_schemas() -> set[str]:
 
 # --- the role ------------------------------------------------------------------------------------
 
-# The role every privilege below is checked for: current_user, as nightcrew's sessions run.
-_ROLE_SQL = """
-SELECT current_user AS name, r.rolsuper AS superuser, r.rolbypassrls AS bypassrls,
-       current_database() AS database,
-       has_database_privilege(current_database(), 'TEMPORARY') AS temporary
-  FROM pg_roles r
- WHERE r.rolname = current_user
-"""
-
-# Exists, and may this role read it (it never needs to write it: `db migrate` does).
-_MIGRATIONS_TABLE_SQL = """
-SELECT has_schema_privilege(n.oid, 'USAGE') AND has_table_privilege(c.oid, 'SELECT') AS readable
-  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
- WHERE n.nspname = 'nightcrew' AND c.relname = 'schema_migrations'
-"""
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Access:
@@ -261,41 +242,6 @@ class Access:
 
 
 # --- functions, live -----------------------------------------------------------------------------
-
-# Every function of a contract name: its input argument types in order (proargtypes: OUT and
-# TABLE columns excluded), its result as PostgreSQL prints it, how many trailing arguments have
-# defaults (which lets a shorter call reach it), whether it returns a set, and the columns a
-# row result has — from the OUT/INOUT/TABLE arguments, or else the composite type it returns —
-# so RETURNS TABLE(…), OUT parameters and RETURNS SETOF a_row_type are read alike. And whether
-# the current role may execute it.
-_FUNCTIONS_SQL = """
-SELECT n.nspname || '.' || p.proname AS fn,
-       ARRAY(SELECT format_type(a.oid, NULL)
-               FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY AS a (oid, i)
-              ORDER BY a.i) AS args,
-       pg_get_function_result(p.oid) AS result,
-       p.pronargdefaults AS defaults,
-       p.proretset AS retset,
-       format_type(p.prorettype, NULL) AS rettype,
-       coalesce(
-           (SELECT array_agg(ARRAY[coalesce(p.proargnames[o.i], ''), format_type(o.t, NULL)]
-                             ORDER BY o.i)
-              FROM unnest(p.proallargtypes, p.proargmodes) WITH ORDINALITY AS o (t, m, i)
-             WHERE o.m IN ('o', 'b', 't')),
-           (SELECT array_agg(ARRAY[a.attname::text, format_type(a.atttypid, NULL)]
-                             ORDER BY a.attnum)
-              FROM pg_type rt
-              JOIN pg_attribute a ON a.attrelid = rt.typrelid
-             WHERE rt.oid = p.prorettype AND rt.typrelid <> 0
-               AND a.attnum > 0 AND NOT a.attisdropped),
-           '{}') AS columns,
-       has_function_privilege(p.oid, 'EXECUTE') AS executable
-  FROM pg_proc p
-  JOIN pg_namespace n ON n.oid = p.pronamespace
- WHERE p.prokind = 'f'
-   AND n.nspname || '.' || p.proname = ANY(%(names)s)
- ORDER BY 1, p.pronargs, p.oid
-"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -394,57 +340,6 @@ def _check_function(spec: FunctionSpec, found: list[LiveFunction], role: str) ->
 # --- tables, triggers, indexes -------------------------------------------------------------------
 
 _PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
-
-# Every contract table that exists, whatever the role may see of it (pg_class, not
-# information_schema, which lists only what the role has a privilege on): whether the role owns
-# it (a member of the owner role does), its row-level security, whether a permissive policy for
-# every command with `USING (true)` (and no restrictive one) opens it to the role anyway, and
-# which of _PRIVILEGES the role holds on the table as a whole.
-_RELATIONS_SQL = """
-SELECT n.nspname || '.' || c.relname AS tbl,
-       pg_has_role(c.relowner, 'USAGE') AS owned,
-       c.relrowsecurity AS rls,
-       c.relforcerowsecurity AS forced,
-       (EXISTS (SELECT 1 FROM pg_policy p
-                 WHERE p.polrelid = c.oid AND p.polpermissive AND p.polcmd = '*'
-                   AND pg_get_expr(p.polqual, p.polrelid) = 'true'
-                   AND (p.polwithcheck IS NULL
-                        OR pg_get_expr(p.polwithcheck, p.polrelid) = 'true')
-                   AND EXISTS (SELECT 1 FROM unnest(p.polroles) AS r (oid)
-                                WHERE CASE WHEN r.oid = 0 THEN true
-                                           ELSE pg_has_role(r.oid, 'USAGE') END))
-        AND NOT EXISTS (SELECT 1 FROM pg_policy p
-                         WHERE p.polrelid = c.oid AND NOT p.polpermissive
-                           AND EXISTS (SELECT 1 FROM unnest(p.polroles) AS r (oid)
-                                        WHERE CASE WHEN r.oid = 0 THEN true
-                                                   ELSE pg_has_role(r.oid, 'USAGE') END)))
-           AS open_policy,
-       ARRAY[has_table_privilege(c.oid, 'SELECT'), has_table_privilege(c.oid, 'INSERT'),
-             has_table_privilege(c.oid, 'UPDATE'), has_table_privilege(c.oid, 'DELETE')]
-           AS granted
-  FROM pg_class c
-  JOIN pg_namespace n ON n.oid = c.relnamespace
- WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f')
-   AND n.nspname || '.' || c.relname = ANY(%(tables)s)
-"""
-
-# Every column of a contract table (pg_attribute: all of them, whatever the role's grants), by
-# its type's name — a domain's base type; an enum's schema-qualified — and whether that is an
-# enum.
-_COLUMNS_SQL = """
-SELECT n.nspname || '.' || c.relname AS tbl, a.attname AS column_name,
-       CASE WHEN b.typtype = 'e' THEN b.typnamespace::regnamespace::text || '.' || b.typname
-            ELSE format_type(b.oid, NULL) END AS data_type,
-       b.typtype = 'e' AS is_enum
-  FROM pg_attribute a
-  JOIN pg_class c ON c.oid = a.attrelid
-  JOIN pg_namespace n ON n.oid = c.relnamespace
-  JOIN pg_type t ON t.oid = a.atttypid
-  JOIN pg_type b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
- WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f')
-   AND n.nspname || '.' || c.relname = ANY(%(tables)s)
-   AND a.attnum > 0 AND NOT a.attisdropped
-"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -545,27 +440,6 @@ def _check_table(
         advice=advice,
         notes=notes,
     )
-
-
-# Every index on a contract table: its key columns (or expressions) in order, whether it is
-# unique, its predicate (partial index), and whether a constraint owns it.
-_INDEXES_SQL = """
-SELECT c.relname AS name, n.nspname || '.' || t.relname AS tbl,
-       ARRAY(SELECT pg_get_indexdef(i.indexrelid, k, true)
-               FROM generate_series(1, i.indnkeyatts) AS k
-              ORDER BY k) AS columns,
-       i.indisunique AS is_unique,
-       pg_get_expr(i.indpred, i.indrelid, true) AS predicate,
-       EXISTS (SELECT 1 FROM pg_constraint k
-                WHERE k.conindid = i.indexrelid AND k.conrelid = i.indrelid
-                  AND k.contype IN ('u', 'p')) AS is_constraint
-  FROM pg_index i
-  JOIN pg_class c ON c.oid = i.indexrelid
-  JOIN pg_class t ON t.oid = i.indrelid
-  JOIN pg_namespace n ON n.oid = t.relnamespace
- WHERE n.nspname || '.' || t.relname = ANY(%(tables)s)
- ORDER BY 2, 1
-"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
