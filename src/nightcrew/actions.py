@@ -10,14 +10,19 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from nightcrew import runs
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database, json_param
 from nightcrew.db.queries import load_queries
+from nightcrew.jsonable import Jsonable, JsonObject
 from nightcrew.log import event
 from nightcrew.runtime import Runtime
+
+if TYPE_CHECKING:
+    from nightcrew.effects.outbox import Dropped
+    from nightcrew.news.sources.registry import Source as FeedSource
 
 SQL = load_queries(__file__)
 
@@ -55,7 +60,7 @@ async def record(
     action: str,
     target: str,
     ids: Sequence[object] = (),
-    outcome: dict[str, Any] | None = None,
+    outcome: JsonObject | None = None,  # stored with the action, as its page shows it
 ) -> None:
     shown = [str(i) for i in ids]
     await db.execute(
@@ -81,30 +86,39 @@ async def record(
         )
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecentAction:
+    """A row of recent_actions: one remembered action."""
+
+    id: int
+    at: datetime
+    source: Source
+    action: str
+    target: str
+    ids: list[str]
+    client: str | None
+    outcome: JsonObject
+
+
 async def recent(
     db: Database, *, actions: Sequence[str], limit: int = RECENT_ACTIONS
-) -> list[dict[str, Any]]:
+) -> list[RecentAction]:
     """The newest actions of these kinds, newest first."""
-    return await db.fetch(SQL["recent_actions"], {"actions": list(actions), "limit": limit})
+    return await db.fetch_as(
+        RecentAction, SQL["recent_actions"], {"actions": list(actions), "limit": limit}
+    )
 
 
 # --- effects -------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True, slots=True)
-class EffectRetried:
+class EffectRetried(Jsonable):
+    """One re-driven effect, as ``effects retry --json`` prints it."""
+
     id: int
     kind: str
     key: str
     outcome: str  # "pending" (due now; the drain attempts it), or a delivery's status
     error: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "kind": self.kind,
-            "key": self.key,
-            "outcome": self.outcome,
-            "error": self.error,
-        }
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -168,25 +182,30 @@ async def retry_effects(
     return RetryResult(retried=retried, remaining=remaining)
 
 
-async def drop_effect(
-    db: Database, clock: Clock, actor: Actor, effect_id: int
-) -> dict[str, Any] | None:
-    """Forget an undelivered effect for good; the dropped row (None: no such effect at rest)."""
+async def drop_effect(db: Database, clock: Clock, actor: Actor, effect_id: int) -> Dropped | None:
+    """Forget an undelivered effect for good; what it was (None: no such effect at rest)."""
     from nightcrew.effects import outbox
 
     dropped = await outbox.drop(db, effect_id, clock.now())
     if dropped is not None:  # the row is gone: the log and the actions keep what it was
         event(
-            "effect_dropped", **{k: v for k, v in dropped.items() if k != "id"}, effect_id=effect_id
+            "effect_dropped",
+            kind=dropped.kind,
+            key=dropped.key,
+            payload=dropped.payload,
+            attempts=dropped.attempts,
+            last_error=dropped.last_error,
+            dead_at=dropped.dead_at,
+            effect_id=effect_id,
         )
         await record(
             db,
             clock.now(),
             actor,
             action="effects.drop",
-            target=str(dropped["kind"]),
+            target=dropped.kind,
             ids=[effect_id],
-            outcome={"key": dropped["key"]},
+            outcome={"key": dropped.key},
         )
     return dropped
 
@@ -267,21 +286,21 @@ async def purge_letters(
 
 async def set_source_enabled(
     db: Database, clock: Clock, actor: Actor, ref: str, *, enabled: bool
-) -> dict[str, Any]:
+) -> FeedSource:
     """Enable (un-park, failures cleared, due now) or disable a source by id or feed URL."""
     from nightcrew.news.sources.registry import set_enabled
 
-    row = await set_enabled(db, ref, enabled=enabled)
+    source = await set_enabled(db, ref, enabled=enabled)
     await record(
         db,
         clock.now(),
         actor,
         action="news.source_enable" if enabled else "news.source_disable",
-        target=str(row["shard"]),
-        ids=[row["id"]],
-        outcome={"name": row["name"]},
+        target=str(source.shard),
+        ids=[source.id],
+        outcome={"name": source.name},
     )
-    return row
+    return source
 
 
 # --- runs ----------------------------------------------------------------------------------------
@@ -296,7 +315,7 @@ async def run_lane_now(
     *,
     on_started: OnStarted | None = None,
     progress: Any = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """A manual run of a lifecycle lane (``daily``, ``minute``) or a news shard (``news:S``):
     exclusive of the lane's other runs (runs.LaneBusy when one runs; no scheduled slot is
     claimed while it runs), recorded with who asked. Its report, as JSON."""

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from nightcrew.jsonable import JsonObject
 from nightcrew.lifecycle import watchdogs as wd
 
 Name = Callable[[str, Any], str]  # (id, the report item it came from) → a name
@@ -24,7 +25,7 @@ def short_name(row_id: str, item: Any = None) -> str:
     return str(row_id)[:8]
 
 
-def _d(value: Any) -> dict[str, Any]:
+def _d(value: Any) -> JsonObject:
     """A stored report's object, or {} for anything else (a list, a number, null)."""
     return value if isinstance(value, dict) else {}
 
@@ -38,7 +39,7 @@ def _n(value: Any) -> int | float:
     return value if isinstance(value, int | float) and not isinstance(value, bool) else 0
 
 
-def _jobs(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _jobs(report: JsonObject) -> dict[str, JsonObject]:
     """The jobs that ran to the end; a job that crashed is told among the failures."""
     return {
         name: job
@@ -47,7 +48,7 @@ def _jobs(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
-def minute_sentences(report: dict[str, Any], name: Name = short_name) -> list[str]:
+def minute_sentences(report: JsonObject, name: Name = short_name) -> list[str]:
     jobs = _jobs(report)
     lines: list[str] = []
     if imports := jobs.get("sweepStalledImports"):
@@ -90,7 +91,7 @@ def minute_sentences(report: dict[str, Any], name: Name = short_name) -> list[st
     return lines
 
 
-def daily_sentences(report: dict[str, Any], name: Name = short_name) -> list[str]:
+def daily_sentences(report: JsonObject, name: Name = short_name) -> list[str]:
     jobs = _jobs(report)
     lines: list[str] = []
     for podcast in map(_d, _l(_d(jobs.get("reactivateExpiredPauses")).get("podcasts"))):

@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nightcrew.errors import DatabaseUnavailableError
+from nightcrew.jsonable import JsonObject
 from nightcrew.log import describe_error, error
 
-# One failed item: {"event": <the spec's event name>, "error": <one line>, **ids}.
-Failure = dict[str, Any]
+# One failed item, as the report's ``errors`` and the log write it: {"event": <the spec's event
+# name>, "error": <one line>, **ids}.
+Failure = JsonObject
 
 
 class JobReport(Protocol):
@@ -24,7 +26,7 @@ class JobReport(Protocol):
         """Counters surfaced at the top of the lane report and in its completion event."""
         ...
 
-    def to_json(self) -> dict[str, Any]: ...
+    def to_json(self) -> JsonObject: ...
 
 
 @dataclass

@@ -81,6 +81,9 @@ def test_migrate_twice_then_run_the_minute_lane(empty_db_url: str) -> None:
         "sweepWedgedMediaJobs",
         "deliverEffects",
     }
+    # the duration as every report spells it, the lane's and each job's
+    for measured in (report, *report["jobs"].values()):
+        assert measured["durationMs"] >= 0 and "duration_ms" not in measured
     events = [json.loads(line)["event"] for line in tick.stderr.splitlines()]
     assert events == ["lifecycle_cron_started", "import_watchdog_completed"]
 

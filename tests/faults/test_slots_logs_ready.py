@@ -296,8 +296,8 @@ async def test_objects_deleted_is_exact_across_a_crash_mid_cleanup(
     )
     assert report.errors == [] and report.deleted == []
     [retried] = report.retried
-    assert retried["podcast_id"] == doomed and retried["storage_cleaned"] is True
-    assert retried["objects_deleted"] == total - LIST_PAGE_SIZE  # what this run deleted
+    assert retried.podcast_id == doomed and retried.storage_cleaned is True
+    assert retried.objects_deleted == total - LIST_PAGE_SIZE  # what this run deleted
     assert await _sizes(store, podcast_prefix(doomed)) == {}
     assert await _sizes(store, podcast_prefix(bystander)) == {
         f"{podcast_prefix(bystander)}cover.jpg": 4
@@ -367,9 +367,9 @@ async def test_objects_deleted_is_exact_after_a_sigkill_between_the_delete_and_i
     )
     assert report.errors == []
     [retried] = report.retried
-    assert retried["storage_cleaned"] is True
+    assert retried.storage_cleaned is True
     # what this run counted: the settled page, and what was still there
-    assert retried["objects_deleted"] == total - crashed["objects_deleted"]
+    assert retried.objects_deleted == total - crashed["objects_deleted"]
     assert await _sizes(store, prefix) == {}
     settled = await _deletion(db, doomed)
     assert settled["objects_deleted"] == total  # every object that existed, exactly once

@@ -37,7 +37,7 @@ def test_a_repeated_failure_is_said_once_with_how_many_times() -> None:
 @pytest.mark.parametrize("lane", [MINUTE, DAILY])
 def test_a_runs_jobs_are_listed_in_the_lanes_order(lane: Lane) -> None:
     names = [job.name for job in lane.jobs]
-    stored = {name: {"status": "ok", "duration_ms": 1.0} for name in sorted(names)}
+    stored = {name: {"status": "ok", "durationMs": 1.0} for name in sorted(names)}
     now = datetime(2026, 12, 4, tzinfo=UTC)
     run = RunDetail(
         id=1,

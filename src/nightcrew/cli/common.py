@@ -37,6 +37,7 @@ from nightcrew.log import SecretScrubber, configure_logging, describe_error
 
 if TYPE_CHECKING:  # the commands import what they use when they run: `--help` imports none
     from nightcrew.config import Settings
+    from nightcrew.jsonable import JsonObject
     from nightcrew.runtime import Runtime
 
 T = TypeVar("T")
@@ -189,11 +190,11 @@ def _run(work: Callable[[], Awaitable[T]], settings: Settings) -> T:
 
 
 def _run_and_print(
-    job: Callable[[Runtime, Clock], Awaitable[dict[str, Any]]],
+    job: Callable[[Runtime, Clock], Awaitable[JsonObject]],
     *,
     now: str | None,
     as_json: bool,
-    summary: Callable[[dict[str, Any]], None],
+    summary: Callable[[JsonObject], None],
     cannot_start: Callable[[BaseException], None] | None = None,
 ) -> None:
     """Run ``job`` on the runtime (one failure: one line and an exit code), then print its
@@ -202,7 +203,7 @@ def _run_and_print(
     settings = _settings()
     clock = _clock(now)
 
-    async def work() -> dict[str, Any]:
+    async def work() -> JsonObject:
         opened = False
         try:
             async with open_runtime(settings, clock) as runtime:
@@ -239,7 +240,7 @@ def _json_default(value: object) -> str:
     return str(value)
 
 
-def _print_json(payload: dict[str, Any] | list[Any]) -> None:
+def _print_json(payload: JsonObject | list[Any]) -> None:
     typer.echo(json.dumps(payload, indent=2, default=_json_default))
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,6 +18,10 @@ from nightcrew.cli.common import (
     open_runtime,
 )
 from nightcrew.clock import SystemClock
+
+if TYPE_CHECKING:
+    from nightcrew.actions import EffectRetried
+    from nightcrew.effects.outbox import Dropped, Effect
 
 KindOption = Annotated[EffectKind | None, typer.Option("--kind", help="Only effects of this kind.")]
 
@@ -36,28 +40,25 @@ def effects_list(
 
     settings = _settings()
 
-    async def work() -> list[dict[str, Any]]:
+    async def work() -> list[Effect]:
         async with open_database(settings) as db:
-            found = await outbox.list_undelivered(
+            return await outbox.list_undelivered(
                 db, kind=kind.value if kind else None, dead=True if dead else None, limit=limit
             )
-            return [e.to_json() for e in found]
 
     found = _run(work, settings)
     if as_json:
-        _print_json(found)
+        _print_json([e.to_json() for e in found])
         return
     if not found:
         typer.echo("no dead effects" if dead else "nothing owed: every effect is delivered")
         return
     for e in found:
-        state = f"dead since {e['dead_at']}" if e["dead_at"] else "pending"
-        typer.echo(
-            f"{e['id']:>8}  {e['kind']:<15} {state:<40} attempts={e['attempts']}  {e['key']}"
-        )
-        if e["last_error"]:
-            typer.echo(f"          last error: {e['last_error']}")
-    if any(e["dead_at"] for e in found):
+        state = f"dead since {e.dead_at.isoformat()}" if e.dead_at else "pending"
+        typer.echo(f"{e.id:>8}  {e.kind:<15} {state:<40} attempts={e.attempts}  {e.key}")
+        if e.last_error:
+            typer.echo(f"          last error: {e.last_error}")
+    if any(e.dead_at for e in found):
         typer.echo("re-drive with: nightcrew effects retry ID  (or --dead [--kind K])")
 
 
@@ -82,7 +83,7 @@ def effects_retry(
     settings = _settings()
     clock = SystemClock()
 
-    async def work() -> list[dict[str, Any]]:
+    async def work() -> list[EffectRetried]:
         async with open_runtime(settings, clock) as runtime:
             result = await retry_effects(
                 runtime,
@@ -92,7 +93,7 @@ def effects_retry(
                 all_dead=dead,
                 kind=kind.value if kind else None,
             )
-            return [r.to_json() for r in result.retried]
+            return result.retried
 
     outcomes = _run(work, settings)
     if effect_id is not None and not outcomes:
@@ -102,11 +103,11 @@ def effects_retry(
             1,
         )
     if as_json:
-        typer.echo(json.dumps(outcomes, indent=2))
+        typer.echo(json.dumps([o.to_json() for o in outcomes], indent=2))
         return
     for o in outcomes:
-        detail = "delivered" if o["outcome"] == "delivered" else f"{o['outcome']}: {o['error']}"
-        typer.echo(f"{o['id']:>8}  {o['kind']:<15} {detail}")
+        detail = "delivered" if o.outcome == "delivered" else f"{o.outcome}: {o.error}"
+        typer.echo(f"{o.id:>8}  {o.kind:<15} {detail}")
     if not outcomes:
         typer.echo("no dead effects to retry")
 
@@ -120,11 +121,11 @@ def effects_drop(
 
     settings = _settings()
 
-    async def work() -> dict[str, Any] | None:
+    async def work() -> Dropped | None:
         async with open_database(settings) as db:
             return await drop_effect(db, SystemClock(), CLI, effect_id)
 
     dropped = _run(work, settings)
     if dropped is None:
         _fail(f"effects drop: no undelivered effect {effect_id}", 1)
-    typer.echo(f"dropped effect {effect_id} ({dropped['kind']} {dropped['key']})")
+    typer.echo(f"dropped effect {effect_id} ({dropped.kind} {dropped.key})")

@@ -15,6 +15,7 @@ from nightcrew.errors import NightcrewError
 from nightcrew.log import event
 
 if TYPE_CHECKING:
+    from nightcrew.jsonable import JsonObject
     from nightcrew.runtime import Runtime
 
 
@@ -33,7 +34,7 @@ def lifecycle_run(
     from nightcrew.actions import CLI, run_lane_now
     from nightcrew.lifecycle.lanes import run_lane
 
-    async def job(runtime: Runtime, clock: Clock) -> dict[str, Any]:
+    async def job(runtime: Runtime, clock: Clock) -> JsonObject:
         if dry_run:  # no run record, so nothing to be exclusive of
             report = await run_lane(runtime, clock, lane.value, dry_run=True)
             assert report is not None  # manual runs always run
@@ -58,22 +59,22 @@ def lifecycle_run(
     )
 
 
-def _print_lane_summary(report: dict[str, Any]) -> None:
+def _print_lane_summary(report: JsonObject) -> None:
     run = "dry run (nothing changed)" if report["dry_run"] else f"run {report['run_id']}"
     typer.echo(
-        f"{report['lane']} lane as of {report['now']} — {run}, {report['duration_ms']:.0f} ms"
+        f"{report['lane']} lane as of {report['now']} — {run}, {report['durationMs']:.0f} ms"
     )
     for name, job in report["jobs"].items():
         counts = ", ".join(
             f"{k}={v}"
             for k, v in job.items()
-            if isinstance(v, int) and not isinstance(v, bool) and k != "duration_ms"
+            if isinstance(v, int) and not isinstance(v, bool) and k != "durationMs"
         )
         status = {"ok": "ok     ", "skipped": "skipped", "failed": "FAILED "}[job["status"]]
         detail = job.get("error") or (
             f"skipped: {job['skipped']}" if job.get("skipped") else counts
         )
-        typer.echo(f"  {status} {name:<36} {job['duration_ms']:>7.1f} ms  {detail}")
+        typer.echo(f"  {status} {name:<36} {job['durationMs']:>7.1f} ms  {detail}")
     for failure in report["errors"]:
         ids = ", ".join(
             f"{k}={v}"
@@ -127,7 +128,7 @@ def lifecycle_reconcile(
         min_orphan_age_hours=min_orphan_age_hours,
     )
 
-    async def job(runtime: Runtime, clock: Clock) -> dict[str, Any]:
+    async def job(runtime: Runtime, clock: Clock) -> JsonObject:
         if as_json or not sys.stderr.isatty():
             report = await run_reconcile(runtime, clock, options)
         else:
@@ -187,7 +188,7 @@ async def _with_progress(runtime: Any, clock: Clock, options: Any, run: Any) -> 
         return await run(runtime, clock, options, progress=tick)
 
 
-def _print_reconcile_summary(report: dict[str, Any]) -> None:
+def _print_reconcile_summary(report: JsonObject) -> None:
     mode = "APPLY" if report["mode"] == "apply" else "dry run (nothing changed)"
     listing, size, missing = report["listing"], report["sizeBackfill"], report["missing"]
     typer.echo(f"storage reconcile — {mode}, as of {report['now']}, {report['durationMs']:.0f} ms")
@@ -249,7 +250,7 @@ def lifecycle_overage(
     except ValueError:
         _fail(f"--account: {account!r} is not a billing account id (a UUID)", 2)
 
-    async def job(runtime: Runtime, clock: Clock) -> dict[str, Any]:
+    async def job(runtime: Runtime, clock: Clock) -> JsonObject:
         view = runtime.dry_run_view(clock) if dry_run else runtime
         report = await reconcile_account_overage(view, clock, account_id)
         if report.scanned == 0:
@@ -259,7 +260,7 @@ def lifecycle_overage(
     _run_and_print(job, now=now, as_json=as_json, summary=_print_overage_summary)
 
 
-def _print_overage_summary(report: dict[str, Any]) -> None:
+def _print_overage_summary(report: JsonObject) -> None:
     mode = "dry run (nothing changed)" if report["dry_run"] else "done"
     typer.echo(f"overage escalation for {report['account_id']} — {mode}")
     for key in ("armed", "emails_sent", "suspended_podcasts", "restored_podcasts"):

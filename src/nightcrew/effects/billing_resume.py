@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+from uuid import UUID
 
 from nightcrew.db.database import Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import BillingError
+from nightcrew.jsonable import JsonObject
 from nightcrew.log import event
 from nightcrew.runtime import Runtime
 
@@ -36,7 +38,8 @@ class BillingResume:
     self_healed: bool = False
     effect_id: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
+        # only what the outcome has: no null members, and self_healed only when it was
         return {
             k: v
             for k, v in {
@@ -51,16 +54,28 @@ class BillingResume:
         }
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _BillingAccount:
+    """A row of owner_billing_account and billing_account."""
+
+    id: UUID
+    billing_model: str | None
+    stripe_customer_id: str | None
+    stripe_subscription_id: str | None
+
+
 async def owed_resume(tx: Tx, podcast_id: str) -> tuple[str | None, BillingResume | None]:
     """(account id owed a resume, None) — or (None, the skip) when nothing is owed."""
-    account = await tx.fetch_one(SQL["owner_billing_account"], {"podcast_id": podcast_id})
+    account = await tx.fetch_one_as(
+        _BillingAccount, SQL["owner_billing_account"], {"podcast_id": podcast_id}
+    )
     if account is None:
         return None, BillingResume(outcome="skipped", reason="no owner billing account")
-    account_id = str(account["id"])
-    if account["billing_model"] in NON_SUBSCRIPTION_BILLING_MODELS:
+    account_id = str(account.id)
+    if account.billing_model in NON_SUBSCRIPTION_BILLING_MODELS:
         return None, BillingResume(
             outcome="skipped",
-            reason=f"billing_model {account['billing_model']}",
+            reason=f"billing_model {account.billing_model}",
             account_id=account_id,
         )
     return account_id, None
@@ -94,13 +109,15 @@ async def resume_billing(
     ``pause_collection``. Raises BillingError when Stripe fails or is not configured."""
     if not runtime.billing.configured:
         raise BillingError(STRIPE_NOT_CONFIGURED)
-    account = await runtime.db.fetch_one(SQL["billing_account"], {"account_id": account_id})
+    account = await runtime.db.fetch_one_as(
+        _BillingAccount, SQL["billing_account"], {"account_id": account_id}
+    )
     if account is None:
         return BillingResume(outcome="skipped", reason="billing account is gone")
-    subscription_id = account["stripe_subscription_id"]
+    subscription_id = account.stripe_subscription_id
     self_healed = False
     if not subscription_id:
-        customer_id = account["stripe_customer_id"]
+        customer_id = account.stripe_customer_id
         if not customer_id:
             return BillingResume(
                 outcome="skipped", reason="no stripe customer", account_id=account_id

@@ -26,8 +26,17 @@ from nightcrew.adapters.billing import is_transient
 from nightcrew.adapters.mail import Email
 from nightcrew.clock import Clock, wall_now
 from nightcrew.effects import billing_resume, feed_outbox, outbox
-from nightcrew.effects.outbox import KINDS, Effect, Settle
+from nightcrew.effects.outbox import (
+    KINDS,
+    BillingResumePayload,
+    Effect,
+    FeedInvalidatePayload,
+    MailPayload,
+    QueuePayload,
+    Settle,
+)
 from nightcrew.errors import BillingError, DatabaseUnavailableError, NightcrewError
+from nightcrew.jsonable import JsonObject
 from nightcrew.log import describe_error, event, warning
 from nightcrew.reports import Failure
 from nightcrew.runtime import Runtime
@@ -99,16 +108,16 @@ async def deliver(
 
 
 async def _queue(runtime: Runtime, effect: Effect) -> Delivery:
-    payload = effect.payload
-    body = {**payload["body"], "effect_id": effect.id}
+    message = effect.read(QueuePayload)
+    body = {**message.body, "effect_id": effect.id}
     try:
-        await runtime.queues.send(payload["queue"], body, int(payload.get("delay_seconds", 0)))
+        await runtime.queues.send(message.queue, body, int(message.delay_seconds or 0))
         return _delivered(via="queue")
     except DatabaseUnavailableError:
         raise
     except NightcrewError as exc:
         queue_error = describe_error(exc)
-    fallback = payload.get("fallback_invalidate")
+    fallback = message.fallback_invalidate
     if not fallback:
         return _failed(queue_error, permanent=False)
     # The deletion's feed invalidation: the feed worker's endpoint when the queue refuses.
@@ -122,13 +131,13 @@ async def _queue(runtime: Runtime, effect: Effect) -> Delivery:
 
 
 async def _mail(runtime: Runtime, effect: Effect) -> Delivery:
-    p = effect.payload
+    mail = effect.read(MailPayload)
     result = await runtime.mail.send(
         Email(
-            to=p["to"],
-            subject=p["subject"],
-            text=p["text"],
-            html=p["html"],
+            to=mail.to,
+            subject=mail.subject,
+            text=mail.text,
+            html=mail.html,
             idempotency_key=effect.key,
         )
     )
@@ -140,7 +149,7 @@ async def _mail(runtime: Runtime, effect: Effect) -> Delivery:
 async def _billing(runtime: Runtime, effect: Effect) -> Delivery:
     try:
         resumed = await billing_resume.resume_billing(
-            runtime, str(effect.payload["account_id"]), idempotency_key=effect.key
+            runtime, effect.read(BillingResumePayload).account_id, idempotency_key=effect.key
         )
     except BillingError as exc:
         permanent = not runtime.billing.configured or not is_transient(exc)
@@ -150,11 +159,12 @@ async def _billing(runtime: Runtime, effect: Effect) -> Delivery:
 
 async def _feed(runtime: Runtime, effects: Sequence[Effect], now: datetime) -> Delivery:
     """One confirmable call per podcast, for every intent of it the given effects drive."""
-    podcast_id = str(effects[0].payload["podcast_id"])
+    intents = [e.read(FeedInvalidatePayload) for e in effects]
+    podcast_id = intents[0].podcast_id
     # A confirmation settles every intent of the podcast owed before the call; intents that an
     # earlier confirmation already settled need no call at all.
     owed = await feed_outbox.pending_for_podcast(runtime.db, podcast_id)
-    mine = [str(e.payload["outbox_id"]) for e in effects if e.payload.get("outbox_id")]
+    mine = [i.outbox_id for i in intents if i.outbox_id]
     if mine and not runtime.dry_run and not set(mine) & set(owed):
         return _delivered(via="an earlier confirmed invalidation")
     result = await runtime.feedcache.invalidate(podcast_id, wait=True)
@@ -170,7 +180,7 @@ def _same_delivery(effect: Effect) -> str:
     """Effects that one attempt delivers together: a podcast's feed invalidations (a
     confirmed call settles every intent of that podcast); every other effect is its own."""
     if effect.kind == "feed_invalidate":
-        return f"feed_invalidate:{effect.payload['podcast_id']}"
+        return f"feed_invalidate:{effect.read(FeedInvalidatePayload).podcast_id}"
     return f"effect:{effect.id}"
 
 
@@ -197,7 +207,8 @@ class DrainReport:
             "effects_dead": self.dead,
         }
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
+        # the counts under the lane's names, beside the outbox's state by kind
         return {
             **self.counts(),
             "effects_adopted": self.adopted,
@@ -279,9 +290,10 @@ def _settlement(
         if log_delivered:
             event("effect_delivered", **_ids(effect), attempts=effect.attempts, **delivery.detail)
             if effect.kind == "billing_resume":  # a retry succeeded: its caller logged nothing
+                resume = effect.read(BillingResumePayload)
                 billing_resume.log_resumed(
-                    podcast_id=str(effect.payload.get("podcast_id")),
-                    account_id=str(effect.payload["account_id"]),
+                    podcast_id=str(resume.podcast_id),
+                    account_id=resume.account_id,
                     detail=delivery.detail,
                     effect_id=effect.id,
                     attempts=effect.attempts,

@@ -5,13 +5,25 @@ the ``feed_invalidate`` effect that delivers it; mark intents delivered only on 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
+from uuid import UUID
 
 from nightcrew.db.database import Database, Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.effects.outbox import Effect, adopt_feed_outbox
 
 SQL = load_queries(__file__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Intent:
+    id: UUID
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Pending:
+    pending: int
 
 
 async def record(
@@ -21,20 +33,22 @@ async def record(
     ``outbox_id``) for the caller's first delivery attempt after its commit."""
     if not podcast_ids:
         return []
-    rows = await db.fetch(SQL["record"], {"podcast_ids": podcast_ids, "reason": reason, "now": now})
-    ids = [str(r["id"]) for r in rows]
+    intents = await db.fetch_as(
+        _Intent, SQL["record"], {"podcast_ids": podcast_ids, "reason": reason, "now": now}
+    )
+    ids = [str(i.id) for i in intents]
     return await adopt_feed_outbox(db, now, limit=len(ids), ids=ids)
 
 
 async def count_pending(db: Database) -> int:
     """Undelivered intents, of every podcast: how many invalidations are still owed."""
-    row = await db.fetch_one(SQL["count_pending"])
-    return int(row["pending"]) if row else 0
+    found = await db.fetch_one_as(_Pending, SQL["count_pending"])
+    return int(found.pending) if found else 0
 
 
 async def pending_for_podcast(db: Database, podcast_id: str) -> list[str]:
-    rows = await db.fetch(SQL["pending_for_podcast"], {"podcast_id": podcast_id})
-    return [str(r["id"]) for r in rows]
+    intents = await db.fetch_as(_Intent, SQL["pending_for_podcast"], {"podcast_id": podcast_id})
+    return [str(i.id) for i in intents]
 
 
 async def mark_delivered(db: Database, ids: list[str], now: datetime) -> None:

@@ -12,11 +12,12 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import ClassVar, Literal, TypeVar
 
 from nightcrew.db.database import Database, Tx, json_param
 from nightcrew.db.queries import load_queries
-from nightcrew.db.records import as_record, as_records
+from nightcrew.db.records import as_record
+from nightcrew.jsonable import Jsonable, JsonObject, named
 
 SQL = load_queries(__file__)
 
@@ -46,12 +47,84 @@ MAX_AGE: dict[str, timedelta] = {
 CLAIM_LEASE = timedelta(minutes=5)
 
 
+# --- payloads: what an effect of each kind carries ----------------------------------------------
+class _Payload(Jsonable):
+    """An effect's payload as its kind's record. The stored members are snake_case (they always
+    were, and the drain reads payloads stored by earlier builds), so a two-word field names
+    itself with ``named``."""
+
+    __slots__ = ()
+    kind: ClassVar[Kind]
+
+    def to_json(self) -> JsonObject:
+        # An optional member left unset is not written: no payload ever carried one as null.
+        return {name: value for name, value in super().to_json().items() if value is not None}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QueuePayload(_Payload):
+    """A message: ``body`` (with ``effect_id`` added) sent on ``queue``; ``fallback_invalidate``
+    is the podcast whose feed the feed worker's endpoint invalidates when the queue refuses."""
+
+    kind: ClassVar[Kind] = "queue"
+    queue: str
+    body: JsonObject  # the message as its consumer reads it (PodcastInvalidation, …)
+    delay_seconds: int | None = named("delay_seconds", default=None)
+    fallback_invalidate: str | None = named("fallback_invalidate", default=None)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PodcastInvalidation(Jsonable):
+    """The body of a podcast's cache-invalidation message (``rss-invalidation``,
+    ``public-api-invalidation``): ``type`` says what happened to it."""
+
+    type: str  # podcast.deleted, podcast.suspended, podcast.restored
+    podcast_id: str = named("podcast_id")
+    podcast_slug: str = named("podcast_slug")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MailPayload(_Payload):
+    """An email, sent with the effect's key as its Idempotency-Key."""
+
+    kind: ClassVar[Kind] = "mail"
+    to: str
+    subject: str
+    text: str
+    html: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BillingResumePayload(_Payload):
+    """The owner's Stripe billing to resume after ``podcast_id`` was reactivated."""
+
+    kind: ClassVar[Kind] = "billing_resume"
+    account_id: str = named("account_id")
+    podcast_id: str | None = named("podcast_id", default=None)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FeedInvalidatePayload(_Payload):
+    """A feed_invalidation_outbox intent to deliver. outbox.sql writes it (adopt_feed_outbox),
+    and a revival adds what only a reader of the row needs (``revived``, ``last_death``)."""
+
+    kind: ClassVar[Kind] = "feed_invalidate"
+    podcast_id: str = named("podcast_id")
+    outbox_id: str | None = named("outbox_id", default=None)
+
+
+Payload = QueuePayload | MailPayload | BillingResumePayload | FeedInvalidatePayload
+P = TypeVar("P", bound=_Payload)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Effect:
+    """A row of nightcrew.effects."""
+
     id: int
     kind: Kind
     key: str
-    payload: dict[str, Any]
+    payload: JsonObject  # as stored; ``read`` gives its kind's record
     created_at: datetime
     expires_at: datetime
     attempts: int = 0
@@ -70,7 +143,15 @@ class Effect:
         """Given up only because it was not confirmed in time (not because it cannot work)."""
         return self.dead_reason == "expired"
 
-    def to_json(self) -> dict[str, Any]:
+    def read(self, payload: type[P]) -> P:
+        """The payload as ``payload``, the record of this effect's kind."""
+        if payload.kind != self.kind:
+            raise TypeError(f"effect {self.id} is a {self.kind} effect, not a {payload.kind} one")
+        return payload.from_json(self.payload)
+
+    def to_json(self) -> JsonObject:
+        # `effects list --json`: the columns as they are named, times as ISO 8601 text, and no
+        # claim (a lease is not the operator's business)
         return {
             "id": self.id,
             "kind": self.kind,
@@ -89,31 +170,32 @@ class Effect:
 async def record(
     tx: Database | Tx,
     *,
-    kind: Kind,
     key: str,
-    payload: dict[str, Any],
+    payload: Payload,
     now: datetime,
     held_until: datetime | None = None,
 ) -> Effect:
-    """Owe an effect, inside the caller's transaction. The same (kind, key) twice is one
-    effect: the second call returns the first one's row, delivered or not. ``held_until``: not
-    due before then unless ``release``d sooner (what must wait for other work first)."""
+    """Owe an effect of the payload's kind, inside the caller's transaction. The same (kind,
+    key) twice is one effect: the second call returns the first one's row, delivered or not.
+    ``held_until``: not due before then unless ``release``d sooner (what must wait for other
+    work first)."""
     due = held_until or now
-    row = await tx.fetch_one(
+    effect = await tx.fetch_one_as(
+        Effect,
         SQL["record"],
         {
-            "kind": kind,
+            "kind": payload.kind,
             "key": key,
-            "payload": json_param(payload),
+            "payload": json_param(payload.to_json()),
             "now": now,
             "due": due,
-            "expires_at": due + MAX_AGE[kind],
+            "expires_at": due + MAX_AGE[payload.kind],
         },
     )
-    if row is None:
-        row = await tx.fetch_one(SQL["by_key"], {"kind": kind, "key": key})
-        assert row is not None  # the conflicting row exists: it is what stopped the insert
-    return as_record(Effect, row)
+    if effect is None:
+        effect = await tx.fetch_one_as(Effect, SQL["by_key"], {"kind": payload.kind, "key": key})
+        assert effect is not None  # the conflicting row exists: it is what stopped the insert
+    return effect
 
 
 async def release(db: Database | Tx, ids: Sequence[int], now: datetime) -> list[Effect]:
@@ -121,14 +203,14 @@ async def release(db: Database | Tx, ids: Sequence[int], now: datetime) -> list[
     already due is left as it is)."""
     if not ids:
         return []
-    rows = await db.fetch(SQL["release"], {"ids": list(ids), "now": now})
-    return as_records(Effect, rows)
+    return await db.fetch_as(Effect, SQL["release"], {"ids": list(ids), "now": now})
 
 
 async def claim_due(
     db: Database, now: datetime, *, limit: int, kinds: Sequence[str] | None = None
 ) -> list[Effect]:
-    rows = await db.fetch(
+    return await db.fetch_as(
+        Effect,
         SQL["claim_due"],
         {
             "now": now,
@@ -137,16 +219,16 @@ async def claim_due(
             "kinds": list(kinds) if kinds is not None else None,
         },
     )
-    return as_records(Effect, rows)
 
 
 async def claim_ids(db: Database, ids: Sequence[int], now: datetime) -> list[Effect]:
     if not ids:
         return []
-    rows = await db.fetch(
-        SQL["claim_ids"], {"ids": list(ids), "now": now, "lease_until": now + CLAIM_LEASE}
+    return await db.fetch_as(
+        Effect,
+        SQL["claim_ids"],
+        {"ids": list(ids), "now": now, "lease_until": now + CLAIM_LEASE},
     )
-    return as_records(Effect, rows)
 
 
 Settlement = Literal["delivered", "retry", "permanent", "expired", "released"]
@@ -191,6 +273,13 @@ def retry_delay(effect_id: int, attempts: int) -> timedelta:
     return timedelta(seconds=base * jitter)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _KindCounts:
+    kind: str
+    pending: int
+    dead: int
+
+
 async def counts(db: Database) -> dict[str, dict[str, int]]:
     """``{kind: {"pending": n, "dead": m}}`` for every kind, zeros included."""
     out: dict[str, dict[str, int]] = {kind: {"pending": 0, "dead": 0} for kind in KINDS}
@@ -199,22 +288,20 @@ async def counts(db: Database) -> dict[str, dict[str, int]]:
         # still believes most rows undelivered and scans the whole table (20-60 ms at 1M rows,
         # bench.effects); the partial index is always the right plan for this query.
         await tx.execute("SET LOCAL enable_seqscan = off")
-        rows = await tx.fetch(SQL["counts"])
-    for row in rows:
-        out[row["kind"]] = {"pending": int(row["pending"]), "dead": int(row["dead"])}
+        found = await tx.fetch_as(_KindCounts, SQL["counts"])
+    for one in found:
+        out[one.kind] = {"pending": int(one.pending), "dead": int(one.dead)}
     return out
 
 
 async def list_undelivered(
     db: Database, *, kind: str | None = None, dead: bool | None = None, limit: int = 1000
 ) -> list[Effect]:
-    rows = await db.fetch(SQL["list"], {"kind": kind, "dead": dead, "limit": limit})
-    return as_records(Effect, rows)
+    return await db.fetch_as(Effect, SQL["list"], {"kind": kind, "dead": dead, "limit": limit})
 
 
 async def get(db: Database, effect_id: int) -> Effect | None:
-    row = await db.fetch_one(SQL["get"], {"id": effect_id})
-    return as_record(Effect, row) if row else None
+    return await db.fetch_one_as(Effect, SQL["get"], {"id": effect_id})
 
 
 async def retry(
@@ -228,7 +315,8 @@ async def retry(
 ) -> list[Effect]:
     """Make undelivered effects due now, with a fresh maximum age; returns what was re-driven
     (at most ``limit``, the oldest first), as the update left it."""
-    rows = await db.fetch(
+    return await db.fetch_as(
+        Effect,
         SQL["retry"],
         {
             "ids": list(ids),
@@ -238,13 +326,23 @@ async def retry(
             "limit": limit,
         },
     )
-    return as_records(Effect, rows)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Count:
+    n: int
 
 
 async def count_retryable_dead(db: Database, kind: str | None = None) -> int:
     """Dead effects a bulk retry (``--dead [--kind K]``) would re-drive."""
-    row = await db.fetch_one(SQL["count_retryable_dead"], {"kind": kind})
-    return int(row["n"]) if row else 0
+    found = await db.fetch_one_as(_Count, SQL["count_retryable_dead"], {"kind": kind})
+    return int(found.n) if found else 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Superseded:
+    id: int
+    key: str
 
 
 async def supersede(
@@ -255,10 +353,11 @@ async def supersede(
     reason: str,
     keys: Sequence[str] = (),
     patterns: Sequence[str] = (),
-) -> list[dict[str, Any]]:
+) -> list[Superseded]:
     """Give up undelivered effects that a later state change made wrong to deliver (by exact
     key, or by LIKE pattern); one in flight is left to finish."""
-    return await tx.fetch(
+    return await tx.fetch_as(
+        Superseded,
         SQL["supersede"],
         {
             "kind": kind,
@@ -270,9 +369,22 @@ async def supersede(
     )
 
 
-async def drop(db: Database, effect_id: int, now: datetime) -> dict[str, Any] | None:
-    """Forget an undelivered effect for good (not one in flight); returns the dropped row."""
-    return await db.fetch_one(SQL["drop"], {"id": effect_id, "now": now})
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Dropped:
+    """What a dropped effect was (its row is gone)."""
+
+    id: int
+    kind: Kind
+    key: str
+    payload: JsonObject
+    attempts: int
+    last_error: str | None
+    dead_at: datetime | None
+
+
+async def drop(db: Database, effect_id: int, now: datetime) -> Dropped | None:
+    """Forget an undelivered effect for good (not one in flight); returns what it was."""
+    return await db.fetch_one_as(Dropped, SQL["drop"], {"id": effect_id, "now": now})
 
 
 async def purge_delivered(db: Database, before: datetime, *, limit: int) -> int:
@@ -305,6 +417,13 @@ async def revive_feed_outbox(db: Database | Tx, now: datetime, *, limit: int) ->
     return FeedOutboxDrive(created=created, revived=revived)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Adopted:
+    """Whether a row of adopt_feed_outbox is an effect revived in place (or one created)."""
+
+    revived: bool
+
+
 async def _adopt(
     db: Database | Tx,
     now: datetime,
@@ -313,7 +432,7 @@ async def _adopt(
     ids: Sequence[str] | None,
     revive: bool,
 ) -> tuple[list[Effect], list[Effect]]:
-    rows = await db.fetch(
+    rows = await db.fetch(  # each row feeds two records: the effect, and how it was driven
         SQL["adopt_feed_outbox"],
         {
             "now": now,
@@ -323,6 +442,9 @@ async def _adopt(
             "revive": revive,
         },
     )
-    created = [as_record(Effect, r) for r in rows if not r["revived"]]
-    revived = [as_record(Effect, r) for r in rows if r["revived"]]
+    created: list[Effect] = []
+    revived: list[Effect] = []
+    for row in rows:
+        driven = revived if as_record(_Adopted, row).revived else created
+        driven.append(as_record(Effect, row))
     return created, revived

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from uuid import UUID
 
 from nightcrew.adapters.queues import RSS_INVALIDATION
 from nightcrew.adapters.storage import PrefixDeletion, StoredObject, delete_prefix
@@ -35,6 +35,7 @@ from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects
 from nightcrew.effects.deliver import Delivery, deliver_now
 from nightcrew.errors import DatabaseUnavailableError
+from nightcrew.jsonable import Jsonable, JsonObject, named, omitted
 from nightcrew.log import describe_error, error, event
 from nightcrew.reports import Failure, one_item
 from nightcrew.runtime import Runtime
@@ -60,39 +61,85 @@ def podcast_prefix(podcast_id: str) -> str:
     return f"podcasts/{podcast_id}/"
 
 
-@dataclass(kw_only=True, slots=True)
-class Cleanup:
-    podcast_id: str
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _DueDeletion:
+    """A row of due_deletions."""
+
+    id: UUID
     slug: str
-    objects_deleted: int = 0
-    bytes_deleted: int = 0
-    objects_left: int | None = None
-    storage_done: bool = False
-    invalidated_via: str | None = None  # "queue" | "http" | "earlier run" | None (not yet)
-    invalidated_at: datetime | None = None
-    invalidation_effect_id: int | None = None
-    invalidation_state: str | None = None  # while not confirmed: "retrying" | "dead"
+    deletion_scheduled_at: datetime
+    deletion_redirect_url: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Unfinished:
+    """A row of unfinished_deletions: an earlier deletion, and its invalidation effect's state."""
+
+    podcast_id: UUID
+    slug: str
+    deleted_at: datetime
+    storage_cleaned_at: datetime | None
+    invalidated_at: datetime | None
+    attempts: int
+    invalidation_effect_id: int | None
+    effect_exists: bool
+    effect_delivered_at: datetime | None
+    effect_dead_at: datetime | None
+    effect_attempts: int | None
+    effect_error: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Lock:
+    locked: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _InFlight:
+    in_flight: dict[str, int] | None  # {key: size} of the page being deleted
+
+
+@dataclass(kw_only=True, slots=True)
+class Cleanup(Jsonable):
+    """One deleted podcast's cleanup, as this run took it; the report's entry for it (spec
+    000's snake_case member names)."""
+
+    podcast_id: str = named("podcast_id")
+    slug: str
+    objects_deleted: int = named("objects_deleted", default=0)
+    bytes_deleted: int = named("bytes_deleted", default=0)
+    objects_left: int | None = named("objects_left", default=None)
+    storage_cleaned: bool = named("storage_cleaned", default=False)
+    # "queue" | "http" | "earlier run" | … | None (not yet)
+    invalidated_via: str | None = named("invalidated_via", default=None)
+    invalidated_at: datetime | None = omitted(default=None)  # noqa: RUF009 - a dataclasses.field
+    invalidation_effect_id: int | None = named("invalidation_effect_id", default=None)
+    invalidation_state: str | None = omitted(default=None)  # not confirmed: "retrying" | "dead"
     errors: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "podcast_id": self.podcast_id,
-            "slug": self.slug,
-            "objects_deleted": self.objects_deleted,
-            "bytes_deleted": self.bytes_deleted,
-            "objects_left": self.objects_left,
-            "storage_cleaned": self.storage_done,
-            "invalidated_via": self.invalidated_via,
-            "invalidation_effect_id": self.invalidation_effect_id,
-            "errors": self.errors,
-        }
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Leftover(Jsonable):
+    """A deletion with storage or a feed invalidation still owed after this run."""
+
+    podcast_id: str = named("podcast_id")
+    slug: str
+    deleted_at: str = named("deleted_at")  # ISO 8601, as the stored report carries it
+    prefix: str
+    objects_left: int | None = named("objects_left")
+    storage_cleaned: bool = named("storage_cleaned")
+    invalidation_pending: bool = named("invalidation_pending")
+    invalidation_state: str | None = named("invalidation_state")
+    invalidation_effect_id: int | None = named("invalidation_effect_id")
+    attempts: int
+    errors: list[str]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DeletionsReport:
-    deleted: list[dict[str, Any]] = field(default_factory=list)
-    retried: list[dict[str, Any]] = field(default_factory=list)
-    leftovers: list[dict[str, Any]] = field(default_factory=list)
+    deleted: list[Cleanup] = field(default_factory=list)
+    retried: list[Cleanup] = field(default_factory=list)
+    leftovers: list[Leftover] = field(default_factory=list)
     errors: list[Failure] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
@@ -102,16 +149,16 @@ class DeletionsReport:
             "deletion_failed": sum(
                 1 for e in self.errors if e["event"] == "podcast_deletion_failed"
             ),
-            "objects_deleted": sum(c["objects_deleted"] for c in cleanups),
+            "objects_deleted": sum(c.objects_deleted for c in cleanups),
             "cleanup_leftovers": len(self.leftovers),
         }
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             **self.counts(),
-            "podcasts": self.deleted,
-            "retried": self.retried,
-            "leftovers": self.leftovers,
+            "podcasts": [c.to_json() for c in self.deleted],
+            "retried": [c.to_json() for c in self.retried],
+            "leftovers": [left.to_json() for left in self.leftovers],
             "errors": self.errors,
         }
 
@@ -121,8 +168,8 @@ async def hard_delete_expired_podcasts(runtime: Runtime, clock: Clock) -> Deleti
     errors: list[Failure] = []
     deleted: list[Cleanup] = []
 
-    for podcast in await runtime.db.fetch(SQL["due_deletions"], {"now": now}):
-        async with _exclusive(runtime, str(podcast["id"])) as mine:
+    for podcast in await runtime.db.fetch_as(_DueDeletion, SQL["due_deletions"], {"now": now}):
+        async with _exclusive(runtime, str(podcast.id)) as mine:
             if not mine:
                 continue  # another run is deleting it right now
             cleanup = await _delete_one(runtime, clock, podcast, errors)
@@ -131,42 +178,38 @@ async def hard_delete_expired_podcasts(runtime: Runtime, clock: Clock) -> Deleti
 
     # Earlier deletions whose storage or feed is still dirty: retry, and keep reporting them.
     retried: list[Cleanup] = []
-    leftovers: list[dict[str, Any]] = []
-    earlier = await runtime.db.fetch(
+    leftovers: list[Leftover] = []
+    earlier = await runtime.db.fetch_as(
+        _Unfinished,
         SQL["unfinished_deletions"],
         {"exclude": [c.podcast_id for c in deleted], "limit": DELETION_FOLLOWUP_MAX},
     )
     for record in earlier:
         cleanup = Cleanup(
-            podcast_id=str(record["podcast_id"]),
-            slug=record["slug"],
-            invalidation_effect_id=record["invalidation_effect_id"],
+            podcast_id=str(record.podcast_id),
+            slug=record.slug,
+            invalidation_effect_id=record.invalidation_effect_id,
         )
         async with _exclusive(runtime, cleanup.podcast_id) as mine:
             if not mine:
                 continue  # another run is cleaning it up right now: its report says how far
-            if record["storage_cleaned_at"] is None:
+            if record.storage_cleaned_at is None:
                 await _clean_storage(runtime, cleanup, errors)
             else:
-                cleanup.storage_done = True
+                cleanup.storage_cleaned = True
             await _release_invalidation(runtime, clock, cleanup, errors)  # if still held
             if cleanup.invalidated_via is None and cleanup.invalidation_state is None:
                 await _follow_invalidation(runtime, clock, cleanup, record, errors)
             await _record(runtime, now, cleanup, errors)
         retried.append(cleanup)
-        if not cleanup.storage_done or cleanup.invalidated_via is None:
-            leftovers.append(_leftover(cleanup, record["deleted_at"], record["attempts"] + 1))
+        if not cleanup.storage_cleaned or cleanup.invalidated_via is None:
+            leftovers.append(_leftover(cleanup, record.deleted_at, record.attempts + 1))
 
     for cleanup in deleted:
-        if not cleanup.storage_done or cleanup.invalidated_via is None:
+        if not cleanup.storage_cleaned or cleanup.invalidated_via is None:
             leftovers.append(_leftover(cleanup, now, 1))
 
-    return DeletionsReport(
-        deleted=[c.to_json() for c in deleted],
-        retried=[c.to_json() for c in retried],
-        leftovers=leftovers,
-        errors=errors,
-    )
+    return DeletionsReport(deleted=deleted, retried=retried, leftovers=leftovers, errors=errors)
 
 
 @asynccontextmanager
@@ -174,8 +217,8 @@ async def _exclusive(runtime: Runtime, podcast_id: str) -> AsyncIterator[bool]:
     """Whether this run may delete and clean up ``podcast_id`` now: held on a connection of
     its own for the whole cleanup, so it ends with that connection if the process dies."""
     async with runtime.db.session() as conn:
-        row = await conn.fetch_one(SQL["try_lock_cleanup"], {"id": podcast_id})
-        locked = bool(row and row["locked"])
+        lock = await conn.fetch_one_as(_Lock, SQL["try_lock_cleanup"], {"id": podcast_id})
+        locked = bool(lock and lock.locked)
         try:
             yield locked
         finally:
@@ -185,32 +228,32 @@ async def _exclusive(runtime: Runtime, podcast_id: str) -> AsyncIterator[bool]:
 
 
 async def _delete_one(
-    runtime: Runtime, clock: Clock, podcast: dict[str, Any], errors: list[Failure]
+    runtime: Runtime, clock: Clock, podcast: _DueDeletion, errors: list[Failure]
 ) -> Cleanup | None:
     """Delete one due podcast and clean up after it; None when it failed, was restored, or was
     deleted by another replica since the scan."""
     now = clock.now()
-    podcast_id, slug = str(podcast["id"]), podcast["slug"]
+    podcast_id, slug = str(podcast.id), podcast.slug
     owed: effects.Effect | None = None
-    row = None
+    gone = None
     with one_item(errors, "podcast_deletion_failed", podcast_id=podcast_id, slug=slug) as item:
         async with runtime.db.transaction() as tx:
-            row = await tx.fetch_one(SQL["delete_podcast"], {"id": podcast_id, "now": now})
-            if row is not None:
+            gone = await tx.fetch_one(SQL["delete_podcast"], {"id": podcast_id, "now": now})
+            if gone is not None:
                 await tx.execute(
                     SQL["record_deletion"], {"id": podcast_id, "slug": slug, "now": now}
                 )
                 owed = await _owe_invalidation(tx, podcast_id, slug, now)
     if item.failed:
         return None
-    if row is None or owed is None:
+    if gone is None or owed is None:
         return None  # restored, or deleted by another replica, since the scan
     event(
         "podcast_hard_deleted",
         podcast_id=podcast_id,
         slug=slug,
-        deletion_scheduled_at=podcast["deletion_scheduled_at"].isoformat(),
-        deletion_redirect_url=podcast["deletion_redirect_url"],
+        deletion_scheduled_at=podcast.deletion_scheduled_at.isoformat(),
+        deletion_redirect_url=podcast.deletion_redirect_url,
     )
     cleanup = Cleanup(podcast_id=podcast_id, slug=slug, invalidation_effect_id=owed.id)
     await _clean_storage(runtime, cleanup, errors)
@@ -238,15 +281,15 @@ async def _owe_invalidation(
 ) -> effects.Effect:
     """The feed invalidation a deletion owes, recorded in the deletion's transaction — held
     (``held``) until its storage cleanup is over (``_release_invalidation``)."""
+    message = effects.PodcastInvalidation(
+        type="podcast.deleted", podcast_id=podcast_id, podcast_slug=slug
+    )
     owed = await effects.record(
         tx,
-        kind="queue",
         key=f"{RSS_INVALIDATION}:podcast.deleted:{podcast_id}",
-        payload={
-            "queue": RSS_INVALIDATION,
-            "body": {"type": "podcast.deleted", "podcast_id": podcast_id, "podcast_slug": slug},
-            "fallback_invalidate": podcast_id,
-        },
+        payload=effects.QueuePayload(
+            queue=RSS_INVALIDATION, body=message.to_json(), fallback_invalidate=podcast_id
+        ),
         now=now,
         held_until=now + CLEANUP_HOLD if held else None,
     )
@@ -280,17 +323,17 @@ async def _follow_invalidation(
     runtime: Runtime,
     clock: Clock,
     cleanup: Cleanup,
-    record: dict[str, Any],
+    record: _Unfinished,
     errors: list[Failure],
 ) -> None:
     """Where an earlier deletion's invalidation stands. The minute lane delivers it; a deletion
     recorded before effects existed gets its effect now."""
-    if record["invalidated_at"] is not None:
+    if record.invalidated_at is not None:
         cleanup.invalidated_via = "earlier run"
-    elif record["effect_delivered_at"] is not None:
+    elif record.effect_delivered_at is not None:
         cleanup.invalidated_via = "deliverEffects"
-        cleanup.invalidated_at = record["effect_delivered_at"]
-    elif record["invalidation_effect_id"] is None:
+        cleanup.invalidated_at = record.effect_delivered_at
+    elif record.invalidation_effect_id is None:
         try:
             async with runtime.db.transaction() as tx:
                 owed = await _owe_invalidation(
@@ -304,18 +347,18 @@ async def _follow_invalidation(
         cleanup.invalidation_effect_id = owed.id
         [delivery] = await deliver_now(runtime, clock, [owed])
         _invalidation_outcome(cleanup, delivery, clock.now(), errors)
-    elif not record["effect_exists"]:
+    elif not record.effect_exists:
         # `nightcrew effects drop`: the operator decided nothing more is owed. Settle the
         # record (or it would be reported forever), and say so.
         cleanup.invalidated_via = "given up (effect dropped)"
         cleanup.invalidated_at = clock.now()
     else:
-        dead = record["effect_dead_at"] is not None
+        dead = record.effect_dead_at is not None
         cleanup.invalidation_state = "dead" if dead else "retrying"
         cleanup.errors.append(
             f"feed invalidation {'dead' if dead else 'retrying'} "
-            f"(effect {record['invalidation_effect_id']}, {record['effect_attempts']} attempts): "
-            f"{record['effect_error']}"
+            f"(effect {record.invalidation_effect_id}, {record.effect_attempts} attempts): "
+            f"{record.effect_error}"
         )
 
 
@@ -364,7 +407,7 @@ async def _clean_storage(runtime: Runtime, cleanup: Cleanup, errors: list[Failur
         error(**failure)
         errors.append(failure)
         return
-    cleanup.storage_done = True
+    cleanup.storage_cleaned = True
     event(
         "r2_cleanup_completed",
         podcast_id=cleanup.podcast_id,
@@ -379,8 +422,8 @@ async def _settle_in_flight(runtime: Runtime, cleanup: Cleanup) -> None:
     were deleted and never counted. Count them (and clear the page) before deleting anything
     else, or the next page's mark would overwrite them. A key still there is deleted, and
     counted, with the listing that follows."""
-    row = await runtime.db.fetch_one(SQL["in_flight"], {"id": cleanup.podcast_id})
-    pending: dict[str, int] = (row or {}).get("in_flight") or {}
+    page = await runtime.db.fetch_one_as(_InFlight, SQL["in_flight"], {"id": cleanup.podcast_id})
+    pending = (page.in_flight if page else None) or {}
     if not pending:
         return
     limit = asyncio.Semaphore(IN_FLIGHT_HEAD_CONCURRENCY)
@@ -422,7 +465,7 @@ async def _record(runtime: Runtime, now: datetime, cleanup: Cleanup, errors: lis
             {
                 "id": cleanup.podcast_id,
                 "now": now,
-                "storage_done": cleanup.storage_done,
+                "storage_done": cleanup.storage_cleaned,
                 "objects_left": cleanup.objects_left,
                 "invalidated_at": cleanup.invalidated_at,
                 "last_error": "; ".join(cleanup.errors) or None,
@@ -430,17 +473,17 @@ async def _record(runtime: Runtime, now: datetime, cleanup: Cleanup, errors: lis
         )
 
 
-def _leftover(cleanup: Cleanup, deleted_at: datetime, attempts: int) -> dict[str, Any]:
-    return {
-        "podcast_id": cleanup.podcast_id,
-        "slug": cleanup.slug,
-        "deleted_at": deleted_at.isoformat(),
-        "prefix": podcast_prefix(cleanup.podcast_id),
-        "objects_left": cleanup.objects_left,
-        "storage_cleaned": cleanup.storage_done,
-        "invalidation_pending": cleanup.invalidated_via is None,
-        "invalidation_state": cleanup.invalidation_state,
-        "invalidation_effect_id": cleanup.invalidation_effect_id,
-        "attempts": attempts,
-        "errors": cleanup.errors,
-    }
+def _leftover(cleanup: Cleanup, deleted_at: datetime, attempts: int) -> Leftover:
+    return Leftover(
+        podcast_id=cleanup.podcast_id,
+        slug=cleanup.slug,
+        deleted_at=deleted_at.isoformat(),
+        prefix=podcast_prefix(cleanup.podcast_id),
+        objects_left=cleanup.objects_left,
+        storage_cleaned=cleanup.storage_cleaned,
+        invalidation_pending=cleanup.invalidated_via is None,
+        invalidation_state=cleanup.invalidation_state,
+        invalidation_effect_id=cleanup.invalidation_effect_id,
+        attempts=attempts,
+        errors=cleanup.errors,
+    )

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Literal
 
 import structlog
 
@@ -21,6 +21,7 @@ from nightcrew import runs
 from nightcrew.clock import Clock, SlotClock
 from nightcrew.db.database import statement_deadline
 from nightcrew.errors import DatabaseUnavailableError
+from nightcrew.jsonable import JsonObject
 from nightcrew.lifecycle import (
     deletions,
     overage,
@@ -142,7 +143,7 @@ LANES: dict[str, Lane] = {lane.name: lane for lane in (MINUTE, DAILY)}
 class JobOutcome:
     name: str
     duration_ms: float
-    report: dict[str, Any] | None = None
+    report: JsonObject | None = None  # the job's own report, as its to_json wrote it
     counts: dict[str, int] = field(default_factory=dict)
     errors: list[Failure] = field(default_factory=list)
     crashed: str | None = None  # the job itself threw
@@ -161,11 +162,12 @@ class JobOutcome:
     def count(self, key: str) -> int:
         return self.counts.get(key, 0)
 
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
+    def to_json(self) -> JsonObject:
+        # the job's own report, flattened beside how it went (durationMs: as every report says it)
+        body: JsonObject = {
             "ok": self.ok,
             "status": self.status,
-            "duration_ms": self.duration_ms,
+            "durationMs": self.duration_ms,
         }
         if self.report is not None:
             body.update(self.report)
@@ -200,7 +202,8 @@ class LaneReport:
             out.extend({"job": job.name, **failure} for failure in job.errors)
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
+        # the jobs' counts summed at the top, their failures gathered, each job by its name
         return {
             "lane": self.lane,
             "run_id": self.run_id,
@@ -208,7 +211,7 @@ class LaneReport:
             "now": self.now.isoformat(),
             **self.totals,
             "errors": self.errors,
-            "duration_ms": self.duration_ms,
+            "durationMs": self.duration_ms,
             "jobs": {j.name: j.to_json() for j in self.jobs},
         }
 

@@ -29,17 +29,21 @@ the email effect's key); the conditional claims are the advance-once guard.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
+from decimal import Decimal
+from typing import TypeVar
+from uuid import UUID
 
 from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects
 from nightcrew.effects.deliver import DrainReport, deliver_effects
+from nightcrew.jsonable import JsonObject
 from nightcrew.lifecycle.overage_mail import Overage
 from nightcrew.lifecycle.overage_owed import (
+    Feed,
     claim_stage,
     idempotency_key,
     invalidate_feeds,
@@ -48,7 +52,7 @@ from nightcrew.lifecycle.overage_owed import (
     parse_key,
     send_owed,
 )
-from nightcrew.lifecycle.overage_report import EscalationReport, Tally
+from nightcrew.lifecycle.overage_report import EscalationReport, Restored, StageClaim, Tally
 from nightcrew.log import event
 from nightcrew.reports import Failure, one_item
 from nightcrew.runtime import Runtime
@@ -68,7 +72,7 @@ GB = 1_000_000_000
 SCAN_SETTINGS = {"enable_nestloop": "off"}
 
 
-def _number(value: Any) -> float | None:
+def _number(value: Decimal | None) -> float | None:
     return None if value is None else float(value)
 
 
@@ -88,7 +92,7 @@ class DrainAndClaims:
     attempt) claims its stage then, as the sweep would have: ``emails_sent`` counts them."""
 
     drain: DrainReport
-    claims: list[dict[str, Any]]
+    claims: list[StageClaim]
     emails_sent: int
 
     @property
@@ -98,8 +102,13 @@ class DrainAndClaims:
     def counts(self) -> dict[str, int]:
         return {**self.drain.counts(), "emails_sent": self.emails_sent}
 
-    def to_json(self) -> dict[str, Any]:
-        return {**self.drain.to_json(), "emails_sent": self.emails_sent, "claims": self.claims}
+    def to_json(self) -> JsonObject:
+        # the drain's report, and what its emails claimed beside it
+        return {
+            **self.drain.to_json(),
+            "emails_sent": self.emails_sent,
+            "claims": [c.to_json() for c in self.claims],
+        }
 
 
 async def deliver_and_claim(runtime: Runtime, clock: Clock) -> DrainAndClaims:
@@ -120,13 +129,16 @@ async def deliver_and_claim(runtime: Runtime, clock: Clock) -> DrainAndClaims:
     return DrainAndClaims(drain=drain, claims=tally.claims, emails_sent=sent)
 
 
+Podcast = TypeVar("Podcast")
+
+
 def sanction_set(
-    podcasts: list[dict[str, Any]],
+    podcasts: Sequence[Podcast],
     *,
     over_storage: bool,
     over_count: bool,
     podcast_cap: float | None,
-) -> list[dict[str, Any]]:
+) -> list[Podcast]:
     """Storage overage → every occupying feed (bytes have no per-feed excess); count overage
     only → the excess, newest first, keeping the oldest ``cap`` serving. ``podcasts`` are the
     occupying ones (active/paused), oldest first by created_at then id."""
@@ -137,7 +149,51 @@ def sanction_set(
     return []
 
 
-async def scan(runtime: Runtime) -> list[dict[str, Any]]:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClockColumns:
+    """An account's 30-day clock as stored (arm, read_clock)."""
+
+    content_overage_since: datetime | None
+    content_overage_deadline: datetime | None
+    content_overage_nag_stage: int | None
+    content_overage_last_nag_at: datetime | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Measured(ClockColumns):
+    """An account measured against its live caps, and its clock (scan, measure_account)."""
+
+    id: UUID
+    podcasts: int
+    bytes: Decimal  # NUMERIC: coerced where it is used
+    stamped: bool
+    podcast_cap: Decimal | None  # None: unlimited
+    storage_cap_gb: Decimal | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Locked:
+    """A row of lock_clock."""
+
+    content_overage_since: datetime | None
+    content_overage_nag_stage: int | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Occupying:
+    """A row of occupying_podcasts, oldest first."""
+
+    id: UUID
+    slug: str
+    title: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Newest:
+    newest: datetime | None
+
+
+async def scan(runtime: Runtime) -> list[Measured]:
     """Every account that can need work, ordered by id. The platform's effective_cap() is
     called per account and cannot run in a parallel query, so the scan's slices
     (NIGHTCREW_OVERAGE_SCAN_SLICES) run at once, each on a pooled connection (one is left free
@@ -151,21 +207,21 @@ async def scan(runtime: Runtime) -> list[dict[str, Any]]:
             parts = [group.create_task(scan_slice(runtime, slices, n)) for n in range(slices)]
     except ExceptionGroup as failed:  # the lane names the first cause, not a group of them
         raise failed.exceptions[0] from None
-    return sorted((row for part in parts for row in part.result()), key=lambda r: str(r["id"]))
+    return sorted((found for part in parts for found in part.result()), key=lambda m: str(m.id))
 
 
-async def scan_slice(runtime: Runtime, slices: int, n: int) -> list[dict[str, Any]]:
+async def scan_slice(runtime: Runtime, slices: int, n: int) -> list[Measured]:
     async with runtime.db.session(settings=SCAN_SETTINGS) as session:
-        return await session.fetch(SQL["scan"], {"slices": slices, "slice": n})
+        return await session.fetch_as(Measured, SQL["scan"], {"slices": slices, "slice": n})
 
 
 async def run_overage_escalation(runtime: Runtime, clock: Clock) -> EscalationReport:
     """The daily sweep: every account that can need work; one failing never stops the next."""
     tally = Tally()
-    rows = await scan(runtime)
-    for row in rows:
-        await _isolated(runtime, clock, row, tally)
-    report = tally.report(scanned=len(rows))
+    accounts = await scan(runtime)
+    for measured in accounts:
+        await _isolated(runtime, clock, measured, tally)
+    report = tally.report(scanned=len(accounts))
     event("overage_escalation_completed", **report.counts(), errors=len(report.errors))
     return report
 
@@ -175,15 +231,17 @@ async def reconcile_account_overage(
 ) -> EscalationReport:
     """The webhook's entry: the same legs and claims, for one account."""
     tally = Tally()
-    rows = await runtime.db.fetch(SQL["measure_account"], {"account_id": account_id})
-    for row in rows:
-        await _isolated(runtime, clock, row, tally)
-    return tally.report(scanned=len(rows))
+    accounts = await runtime.db.fetch_as(
+        Measured, SQL["measure_account"], {"account_id": account_id}
+    )
+    for measured in accounts:
+        await _isolated(runtime, clock, measured, tally)
+    return tally.report(scanned=len(accounts))
 
 
-async def _isolated(runtime: Runtime, clock: Clock, row: dict[str, Any], tally: Tally) -> None:
-    with one_item(tally.errors, "overage_escalation_account_failed", account_id=str(row["id"])):
-        await _process(runtime, clock, row, tally)
+async def _isolated(runtime: Runtime, clock: Clock, scanned: Measured, tally: Tally) -> None:
+    with one_item(tally.errors, "overage_escalation_account_failed", account_id=str(scanned.id)):
+        await _process(runtime, clock, scanned, tally)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,12 +254,12 @@ class OverageClock:
     last_nag_at: datetime | None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> OverageClock:
+    def of(cls, stored: ClockColumns) -> OverageClock:
         return cls(
-            since=row["content_overage_since"],
-            deadline=row["content_overage_deadline"],
-            stage=int(row["content_overage_nag_stage"] or 0),
-            last_nag_at=row["content_overage_last_nag_at"],
+            since=stored.content_overage_since,
+            deadline=stored.content_overage_deadline,
+            stage=int(stored.content_overage_nag_stage or 0),
+            last_nag_at=stored.content_overage_last_nag_at,
         )
 
 
@@ -217,21 +275,21 @@ class _Leg:
     tally: Tally
 
 
-async def _process(runtime: Runtime, clock: Clock, row: dict[str, Any], tally: Tally) -> None:
+async def _process(runtime: Runtime, clock: Clock, scanned: Measured, tally: Tally) -> None:
     now = clock.now()
-    account = str(row["id"])
+    account = str(scanned.id)
     # Measure again, now: the scan row may be minutes old, and the webhook may have moved the
     # clock or the owner the usage since. Decisions are taken on live state only.
-    fresh = await runtime.db.fetch_one(SQL["measure_account"], {"account_id": account})
+    fresh = await runtime.db.fetch_one_as(Measured, SQL["measure_account"], {"account_id": account})
     if fresh is None:
         return  # the account is gone
     # NUMERIC and BIGINT sums arrive as Decimal: coerce at the boundary (invariant 7).
-    podcast_cap = _number(fresh["podcast_cap"])
-    storage_cap = _number(fresh["storage_cap_gb"])
-    used_podcasts, used_bytes = int(fresh["podcasts"]), int(fresh["bytes"])
+    podcast_cap = _number(fresh.podcast_cap)
+    storage_cap = _number(fresh.storage_cap_gb)
+    used_podcasts, used_bytes = int(fresh.podcasts), int(fresh.bytes)
     over_count = podcast_cap is not None and used_podcasts > podcast_cap
     over_storage = storage_cap is not None and used_bytes > storage_cap * GB
-    clock_state = OverageClock.from_row(fresh)
+    clock_state = OverageClock.of(fresh)
     overage = Overage(
         podcasts=used_podcasts,
         podcast_cap=podcast_cap,
@@ -242,7 +300,7 @@ async def _process(runtime: Runtime, clock: Clock, row: dict[str, Any], tally: T
     )
 
     if not (over_count or over_storage):
-        if clock_state.since is not None or fresh["stamped"]:
+        if clock_state.since is not None or fresh.stamped:
             await _restore(_Leg(runtime, clock, account, clock_state, overage, tally))
         return
     armed = await _arm(runtime, now, account, clock_state, tally)
@@ -270,20 +328,18 @@ async def _arm(
     """Start the clock if it is not running; the clock as it now stands (None: no account)."""
     if clock_state.since is not None:
         return clock_state
-    armed = await runtime.db.fetch_one(
-        SQL["arm"], {"id": account, "now": now, "grace_days": OVERAGE_GRACE_DAYS}
+    armed = await runtime.db.fetch_one_as(
+        ClockColumns, SQL["arm"], {"id": account, "now": now, "grace_days": OVERAGE_GRACE_DAYS}
     )
     if armed is not None:
         tally.counts["armed"] += 1
-        event(
-            "overage_armed",
-            account_id=account,
-            deadline=armed["content_overage_deadline"].isoformat(),
-        )
-        return OverageClock.from_row(armed)
+        deadline = armed.content_overage_deadline
+        assert deadline is not None  # arm sets it
+        event("overage_armed", account_id=account, deadline=deadline.isoformat())
+        return OverageClock.of(armed)
     # lost the race to the other entry point: take its clock
-    current = await runtime.db.fetch_one(SQL["read_clock"], {"id": account})
-    return OverageClock.from_row(current) if current is not None else None
+    current = await runtime.db.fetch_one_as(ClockColumns, SQL["read_clock"], {"id": account})
+    return OverageClock.of(current) if current is not None else None
 
 
 async def _nag(leg: _Leg) -> None:
@@ -315,28 +371,30 @@ async def _suspend(
         last_nag is None or last_nag + timedelta(days=SUSPEND_NOTICE_DAYS) > now
     ):
         return  # the final warning has not aged its full notice yet
-    podcasts = await runtime.db.fetch(SQL["occupying_podcasts"], {"id": account})
+    podcasts = await runtime.db.fetch_as(_Occupying, SQL["occupying_podcasts"], {"id": account})
     sanctioned = sanction_set(
         podcasts, over_storage=over_storage, over_count=over_count, podcast_cap=podcast_cap
     )
-    ids = [str(p["id"]) for p in sanctioned]
+    ids = [str(p.id) for p in sanctioned]
     notice: effects.Effect | None = None
     async with runtime.db.transaction() as tx:
-        locked = await tx.fetch_one(SQL["lock_clock"], {"id": account})
+        locked = await tx.fetch_one_as(_Locked, SQL["lock_clock"], {"id": account})
         if locked is None or (
-            locked["content_overage_since"],
-            locked["content_overage_nag_stage"],
+            locked.content_overage_since,
+            locked.content_overage_nag_stage,
         ) != (since, stage):
             return  # restored or moved on by the other entry point meanwhile
-        stamped = await tx.fetch(SQL["stamp"], {"ids": ids, "now": now})
-        cleared = await tx.fetch(SQL["unstamp_except"], {"id": account, "keep": ids, "now": now})
+        stamped = await tx.fetch_as(Feed, SQL["stamp"], {"ids": ids, "now": now})
+        cleared = await tx.fetch_as(
+            Feed, SQL["unstamp_except"], {"id": account, "keep": ids, "now": now}
+        )
         # Newly stamped feeds are suspended; feeds no longer in the re-derived set are restored.
         owed = [
             *await owe_invalidations(tx, now, stamped, "podcast.suspended", "overage_suspension"),
             *await owe_invalidations(tx, now, cleared, "podcast.restored", "overage_restored"),
         ]
         if stage == FINAL_STAGE:
-            names = [p["title"] or p["slug"] for p in sanctioned]
+            names = [p.title or p.slug for p in sanctioned]
             notice = await owe_email(
                 runtime, tx, now, account, since, SUSPENDED_STAGE, overage, names
             )
@@ -344,7 +402,7 @@ async def _suspend(
         event(
             "overage_podcasts_suspended",
             account_id=account,
-            podcast_ids=[str(p["id"]) for p in stamped],
+            podcast_ids=[str(p.id) for p in stamped],
         )
     await invalidate_feeds(runtime, clock, owed, tally)
     if stage == FINAL_STAGE:
@@ -363,8 +421,8 @@ async def _restore(leg: _Leg) -> None:
     since = clock_state.since
     restored: effects.Effect | None = None
     async with runtime.db.transaction() as tx:
-        locked = await tx.fetch_one(SQL["lock_clock"], {"id": account})
-        if locked is None or locked["content_overage_since"] != since:
+        locked = await tx.fetch_one_as(_Locked, SQL["lock_clock"], {"id": account})
+        if locked is None or locked.content_overage_since != since:
             return  # re-armed (or restored) by the other entry point meanwhile
         await tx.execute(SQL["disarm"], {"id": account, "since": since})
         # The restored email is owed armed or stamped (spec 000, leg 4), keyed by the `{since}`
@@ -376,9 +434,11 @@ async def _restore(leg: _Leg) -> None:
         # stamps later, so its restore gets its own email instead of deduping against this one.
         episode = since
         if since is None:
-            newest = await tx.fetch_one(SQL["newest_stamp"], {"id": account})
-            episode = newest["newest"] if newest else None
-        cleared = await tx.fetch(SQL["unstamp_except"], {"id": account, "keep": [], "now": now})
+            newest = await tx.fetch_one_as(_Newest, SQL["newest_stamp"], {"id": account})
+            episode = newest.newest if newest else None
+        cleared = await tx.fetch_as(
+            Feed, SQL["unstamp_except"], {"id": account, "keep": [], "now": now}
+        )
         if since is None and not cleared:
             return  # another caller restored it first
         owed = await owe_invalidations(tx, now, cleared, "podcast.restored", "overage_restored")
@@ -399,19 +459,19 @@ async def _restore(leg: _Leg) -> None:
                 keys=keys,
                 patterns=patterns,
             )
-            names = [p["slug"] for p in cleared]
+            names = [p.slug for p in cleared]
             restored = await owe_email(
                 runtime, tx, now, account, episode, "restored", overage, names
             )
     tally.counts["restored_podcasts"] += len(cleared)
     tally.restored.append(
-        {
-            "account_id": account,
-            "since": since.isoformat() if since else None,
-            "podcasts": [p["slug"] for p in cleared],
-        }
+        Restored(
+            account_id=account,
+            since=since.isoformat() if since else None,
+            podcasts=[p.slug for p in cleared],
+        )
     )
-    event("overage_restored", account_id=account, podcast_ids=[str(p["id"]) for p in cleared])
+    event("overage_restored", account_id=account, podcast_ids=[str(p.id) for p in cleared])
     await invalidate_feeds(runtime, clock, owed, tally)
     if episode is not None:
         await send_owed(runtime, clock, account, "restored", restored, tally)

@@ -4,8 +4,10 @@ invalidate, and the claim of a stage once its email was really sent."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from uuid import UUID
 
 from nightcrew.adapters.queues import PUBLIC_API_INVALIDATION
 from nightcrew.clock import Clock
@@ -15,12 +17,25 @@ from nightcrew.effects import feed_outbox
 from nightcrew.effects import outbox as effects
 from nightcrew.effects.deliver import deliver_now
 from nightcrew.lifecycle.overage_mail import Overage, render
-from nightcrew.lifecycle.overage_report import Tally
+from nightcrew.lifecycle.overage_report import SentEmail, StageClaim, Tally
 from nightcrew.log import event, warning
 from nightcrew.reports import Failure
 from nightcrew.runtime import Runtime
 
 SQL = load_queries(__file__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Feed:
+    """A podcast whose feed changed: the rows overage.sql's stamp and unstamp_except return."""
+
+    id: UUID
+    slug: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Owner:
+    email: str | None
 
 
 def idempotency_key(account_id: str, since: datetime, stage: int | str) -> str:
@@ -52,8 +67,8 @@ async def owe_email(
 ) -> effects.Effect | None:
     """Record a stage's email as an effect keyed ``overage:{account}:{since}:{stage}``; None
     when the account has no owner address to write to."""
-    owner = await tx.fetch_one(SQL["owner_email"], {"id": account})
-    recipient = owner["email"] if owner else None
+    owner = await tx.fetch_one_as(_Owner, SQL["owner_email"], {"id": account})
+    recipient = owner.email if owner else None
     if not recipient:
         warning("overage_email_no_owner", account_id=account, stage=stage)
         return None
@@ -69,9 +84,8 @@ async def owe_email(
     subject, text, markup = render(stage, overage, suspended)
     return await effects.record(
         tx,
-        kind="mail",
         key=idempotency_key(account, since, stage),
-        payload={"to": recipient, "subject": subject, "text": text, "html": markup},
+        payload=effects.MailPayload(to=recipient, subject=subject, text=text, html=markup),
         now=now,
     )
 
@@ -99,12 +113,12 @@ async def send_owed(
     if delivery.status == "delivered":
         if not delivery.detail.get("earlier"):
             tally.emails.append(
-                {
-                    "account_id": account,
-                    "stage": stage,
-                    "to": email.payload["to"],
-                    "idempotency_key": email.key,
-                }
+                SentEmail(
+                    account_id=account,
+                    stage=stage,
+                    to=email.read(effects.MailPayload).to,
+                    idempotency_key=email.key,
+                )
             )
             event("overage_email_sent", account_id=account, stage=stage, idempotency_key=email.key)
         return True
@@ -135,11 +149,11 @@ async def claim_stage(
         SQL["claim_stage"], {"id": account, "since": since, "stage": stage, "now": now}
     )
     if claimed is not None:
-        tally.claims.append({"account_id": account, "stage": stage})
+        tally.claims.append(StageClaim(account_id=account, stage=stage))
 
 
 async def owe_invalidations(
-    tx: Tx, now: datetime, podcasts: list[dict[str, Any]], kind: str, reason: str
+    tx: Tx, now: datetime, podcasts: Sequence[Feed], kind: str, reason: str
 ) -> list[effects.Effect]:
     """Both caches, per podcast, owed in the transaction that changed its stamp: the feed
     worker's confirmable lane (a feed_invalidation_outbox intent and its effect) and a
@@ -152,28 +166,31 @@ async def owe_invalidations(
             kind="queue",
             now=now,
             reason=f"superseded: {kind} is owed after it",
-            patterns=[f"{PUBLIC_API_INVALIDATION}:{opposite}:{p['id']}:%" for p in podcasts],
+            patterns=[f"{PUBLIC_API_INVALIDATION}:{opposite}:{p.id}:%" for p in podcasts],
         )
-    owed = await feed_outbox.record(tx, [str(p["id"]) for p in podcasts], reason, now)
+    owed = await feed_outbox.record(tx, [str(p.id) for p in podcasts], reason, now)
     for podcast in podcasts:
-        podcast_id = str(podcast["id"])
+        podcast_id = str(podcast.id)
+        message = effects.PodcastInvalidation(
+            type=kind, podcast_id=podcast_id, podcast_slug=podcast.slug
+        )
         owed.append(
             await effects.record(
                 tx,
-                kind="queue",
                 key=f"{PUBLIC_API_INVALIDATION}:{kind}:{podcast_id}:{int(now.timestamp() * 1000)}",
-                payload={
-                    "queue": PUBLIC_API_INVALIDATION,
-                    "body": {
-                        "type": kind,
-                        "podcast_id": podcast_id,
-                        "podcast_slug": podcast["slug"],
-                    },
-                },
+                payload=effects.QueuePayload(queue=PUBLIC_API_INVALIDATION, body=message.to_json()),
                 now=now,
             )
         )
     return owed
+
+
+def _podcast_of(effect: effects.Effect) -> str:
+    """The podcast an owed invalidation is about: the feed worker's intent, or the message."""
+    if effect.kind == "feed_invalidate":
+        return effect.read(effects.FeedInvalidatePayload).podcast_id
+    body = effect.read(effects.QueuePayload).body
+    return effects.PodcastInvalidation.from_json(body).podcast_id
 
 
 async def invalidate_feeds(
@@ -187,9 +204,7 @@ async def invalidate_feeds(
         tally.errors.append(
             {
                 "event": "overage_cache_invalidation_failed",
-                "podcast_id": str(
-                    effect.payload.get("podcast_id") or effect.payload["body"]["podcast_id"]
-                ),
+                "podcast_id": _podcast_of(effect),
                 "cache": "rss" if effect.kind == "feed_invalidate" else "public-api",
                 "effect_id": effect.id,
                 "retried": delivery.status == "transient",

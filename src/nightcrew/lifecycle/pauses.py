@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from uuid import UUID
 
 from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
@@ -24,6 +24,7 @@ from nightcrew.effects.billing_resume import (
     owed_resume,
 )
 from nightcrew.effects.deliver import Delivery, deliver_now
+from nightcrew.jsonable import JsonObject
 from nightcrew.log import error, event, warning
 from nightcrew.reports import Failure, one_item
 from nightcrew.runtime import Runtime
@@ -37,12 +38,34 @@ def billing_resume_key(podcast_id: str, reactivated_at: datetime) -> str:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class _DuePause:
+    """A row of due_paused_podcasts."""
+
+    id: UUID
+    slug: str
+    pause_expires_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Reactivation:
+    """A podcast this run reactivated, and what became of its owner's billing."""
+
+    podcast_id: str
+    slug: str
+    billing: BillingResume
+
+    def to_json(self) -> JsonObject:
+        # the billing outcome as BillingResume writes it: only the members it has
+        return {"podcast_id": self.podcast_id, "slug": self.slug, "billing": self.billing.to_json()}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PausesReport:
-    reactivated: list[dict[str, Any]] = field(default_factory=list)
+    reactivated: list[Reactivation] = field(default_factory=list)
     errors: list[Failure] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
-        billing = [r["billing"]["outcome"] for r in self.reactivated]
+        billing = [r.billing.outcome for r in self.reactivated]
         return {
             "podcasts_reactivated": len(self.reactivated),
             "reactivation_failed": sum(
@@ -54,17 +77,21 @@ class PausesReport:
             "billing_pending": billing.count("pending"),
         }
 
-    def to_json(self) -> dict[str, Any]:
-        return {**self.counts(), "podcasts": self.reactivated, "errors": self.errors}
+    def to_json(self) -> JsonObject:
+        return {
+            **self.counts(),
+            "podcasts": [r.to_json() for r in self.reactivated],
+            "errors": self.errors,
+        }
 
 
 async def reactivate_expired_pauses(runtime: Runtime, clock: Clock) -> PausesReport:
     now = clock.now()
-    due = await runtime.db.fetch(SQL["due_paused_podcasts"], {"now": now})
-    reactivated: list[dict[str, Any]] = []
+    due = await runtime.db.fetch_as(_DuePause, SQL["due_paused_podcasts"], {"now": now})
+    reactivated: list[Reactivation] = []
     errors: list[Failure] = []
     for podcast in due:
-        podcast_id, slug = str(podcast["id"]), podcast["slug"]
+        podcast_id, slug = str(podcast.id), podcast.slug
         owed: effects.Effect | None = None
         skipped: BillingResume | None = None
         claimed = None
@@ -80,9 +107,10 @@ async def reactivate_expired_pauses(runtime: Runtime, clock: Clock) -> PausesRep
                     if account_id is not None:
                         owed = await effects.record(
                             tx,
-                            kind="billing_resume",
                             key=billing_resume_key(podcast_id, now),
-                            payload={"podcast_id": podcast_id, "account_id": account_id},
+                            payload=effects.BillingResumePayload(
+                                podcast_id=podcast_id, account_id=account_id
+                            ),
                             now=now,
                         )
         if item.failed:
@@ -93,20 +121,20 @@ async def reactivate_expired_pauses(runtime: Runtime, clock: Clock) -> PausesRep
             "pause_auto_reactivated",
             podcast_id=podcast_id,
             slug=slug,
-            pause_expires_at=podcast["pause_expires_at"].isoformat(),
+            pause_expires_at=podcast.pause_expires_at.isoformat(),
         )
         billing = skipped or BillingResume(outcome="skipped")
         if owed is not None:
             [delivery] = await deliver_now(runtime, clock, [owed])
             billing = _billing_outcome(podcast_id, slug, owed, delivery, errors)
-        reactivated.append({"podcast_id": podcast_id, "slug": slug, "billing": billing.to_json()})
+        reactivated.append(Reactivation(podcast_id=podcast_id, slug=slug, billing=billing))
     return PausesReport(reactivated=reactivated, errors=errors)
 
 
 def _billing_outcome(
     podcast_id: str, slug: str, owed: effects.Effect, delivery: Delivery, errors: list[Failure]
 ) -> BillingResume:
-    account_id = str(owed.payload["account_id"])
+    account_id = owed.read(effects.BillingResumePayload).account_id
     if delivery.status == "delivered":
         detail = delivery.detail
         resumed = BillingResume(

@@ -8,10 +8,10 @@ retention, skipping (with a WARNING, counted) any that a NO ACTION foreign key s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
+from nightcrew.jsonable import JsonObject
 from nightcrew.log import event
 from nightcrew.reports import Failure
 from nightcrew.runtime import Runtime
@@ -37,18 +37,27 @@ class SignupsReport:
     def counts(self) -> dict[str, int]:
         return {"users_reaped": self.deleted, "users_reap_skipped": self.reap_skipped}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {**self.counts(), "retention_days": self.retention_days}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Reaped:
+    """The one row public.reap_unconfirmed_users returns."""
+
+    deleted: int
+    skipped: int
 
 
 async def reap_unconfirmed_users(runtime: Runtime, clock: Clock) -> SignupsReport:
     """Failures propagate to the lane, which logs ``unconfirmed_users_reap_failed``."""
-    row = await runtime.db.fetch_one(
+    reaped = await runtime.db.fetch_one_as(
+        _Reaped,
         SQL["reap_unconfirmed_users"],
         {"retention_days": UNCONFIRMED_USER_RETENTION_DAYS, "now": clock.now()},
     )
-    assert row is not None  # the function always returns one row
-    report = SignupsReport(deleted=int(row["deleted"]), reap_skipped=int(row["skipped"]))
+    assert reaped is not None  # the function always returns one row
+    report = SignupsReport(deleted=int(reaped.deleted), reap_skipped=int(reaped.skipped))
     event(
         "unconfirmed_users_reaped",
         deleted=report.deleted,

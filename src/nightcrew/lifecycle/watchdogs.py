@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 from uuid import UUID
 
 from nightcrew.adapters.queues import EXTERNAL_EPISODE_LINK, PODCAST_IMPORTS
 from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import QueueError, QueueMisconfiguredError
+from nightcrew.jsonable import Jsonable, JsonObject, named
 from nightcrew.log import describe_error, error, event, warning
 from nightcrew.reports import Failure
 from nightcrew.runtime import Runtime
@@ -68,17 +68,12 @@ def _minutes(now: datetime, since: datetime) -> float:
 
 # ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True, slots=True)
-class StalledImport:
-    import_id: str
-    count: int
-    oldest_stale_minutes: float
+class StalledImport(Jsonable):
+    """An import with stalled items, as the report and import_watchdog_found_stalled name it."""
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "import_id": self.import_id,
-            "count": self.count,
-            "oldest_stale_minutes": self.oldest_stale_minutes,
-        }
+    import_id: str = named("import_id")
+    count: int
+    oldest_stale_minutes: float = named("oldest_stale_minutes")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,7 +90,7 @@ class StalledImportsReport:
             "items_resend_failed": len(self.errors),
         }
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             **self.counts(),
             "imports": [i.to_json() for i in self.imports],
@@ -113,6 +108,16 @@ class _ClaimedItem:
     attempts: int
     stale_since: datetime
     claimed_from: datetime | None  # what an undone claim puts back
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Canceled:
+    import_id: UUID
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Flagged:
+    job_id: UUID
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -257,7 +262,7 @@ class StalledLinksReport:
             "links_resend_failed": len(self.errors),
         }
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {**self.counts(), "errors": self.errors}
 
 
@@ -343,7 +348,7 @@ class StuckPreviewsReport:
     def counts(self) -> dict[str, int]:
         return {"previews_canceled": self.previews_canceled}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {**self.counts(), "import_ids": self.import_ids}
 
 
@@ -351,7 +356,8 @@ async def sweep_stuck_hosting_migration_previews(
     runtime: Runtime, clock: Clock
 ) -> StuckPreviewsReport:
     """Cancel hosting-migration rows wedged in preview, which would 409 every retry."""
-    rows = await runtime.db.fetch(
+    canceled = await runtime.db.fetch_as(
+        _Canceled,
         SQL["cancel_stuck_hosting_migration_previews"],
         {
             "now": clock.now(),
@@ -359,7 +365,7 @@ async def sweep_stuck_hosting_migration_previews(
             "limit": STUCK_HOSTING_MIGRATION_PREVIEW_MAX,
         },
     )
-    ids = [str(r["import_id"]) for r in rows]
+    ids = [str(c.import_id) for c in canceled]
     if ids:
         event("hosting_migration_preview_watchdog_canceled", count=len(ids), import_ids=ids)
     return StuckPreviewsReport(previews_canceled=len(ids), import_ids=ids)
@@ -378,7 +384,7 @@ class WedgedMediaJobsReport:
     def counts(self) -> dict[str, int]:
         return {"media_jobs_flagged": self.media_jobs_flagged}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {**self.counts(), "job_ids": self.job_ids}
 
 
@@ -389,7 +395,8 @@ async def sweep_wedged_media_jobs(runtime: Runtime, clock: Clock) -> WedgedMedia
     never hears of a failure that was rolled back, nor misses one that stuck.
     """
     async with runtime.db.transaction() as tx:
-        rows = await tx.fetch(
+        flagged = await tx.fetch_as(
+            _Flagged,
             SQL["fail_wedged_media_jobs"],
             {
                 "now": clock.now(),
@@ -398,7 +405,7 @@ async def sweep_wedged_media_jobs(runtime: Runtime, clock: Clock) -> WedgedMedia
                 "error": WEDGED_MEDIA_JOB_ERROR,
             },
         )
-        ids = [str(r["job_id"]) for r in rows]
+        ids = [str(f.job_id) for f in flagged]
         if ids:
             await tx.execute(SQL["notify_media_job_results"], {"job_ids": ids})
     if ids:

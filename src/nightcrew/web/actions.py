@@ -76,10 +76,15 @@ def _refused(request: Request, reason: str) -> Response:
     return Response(f"action refused: {reason}\n", 403, media_type="text/plain", headers=HEADERS)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Shard:
+    shard: str
+
+
 async def news_lanes(ctx: DashboardContext) -> list[str]:
     """``news:<shard>`` for every shard with a source or named by NEWS_SHARDS."""
     shards = {
-        str(r["shard"]) for r in await ctx.db.fetch("SELECT DISTINCT shard FROM news.sources")
+        s.shard for s in await ctx.db.fetch_as(_Shard, "SELECT DISTINCT shard FROM news.sources")
     }
     if ctx.runtime is not None:
         shards |= set(ctx.runtime.settings.news_shard_list)
@@ -319,8 +324,8 @@ async def enable(act: Act) -> Response:
     text = str(request.path_params["source_id"])
     if not text.isdigit() or len(text) > 18:
         return bad(act.pages, request, "no such source")
-    row = await actions.set_source_enabled(runtime.db, act.clock, actor, text, enabled=True)
-    return back(f"/news#source-{row['id']}")
+    source = await actions.set_source_enabled(runtime.db, act.clock, actor, text, enabled=True)
+    return back(f"/news#source-{source.id}")
 
 
 # --- runs ------------------------------------------------------------------------------------

@@ -550,9 +550,8 @@ async def test_two_minute_lanes_in_parallel_never_deliver_an_effect_twice(
         for n in range(150):
             await outbox.record(
                 tx,
-                kind="mail",
                 key=f"parallel:{n}",
-                payload={"to": "a@example.test", "subject": "s", "text": "t", "html": "h"},
+                payload=outbox.MailPayload(to="a@example.test", subject="s", text="t", html="h"),
                 now=NOW,
             )
     other = await Database.open(fresh_db_url)
@@ -591,9 +590,10 @@ async def test_an_effect_that_keeps_failing_dies_at_its_maximum_age_and_retry_de
     async with db.transaction() as tx:
         effect = await outbox.record(
             tx,
-            kind="mail",
             key="overage:acct:1:0",
-            payload={"to": "owner@example.test", "subject": "s", "text": "t", "html": "<p>h</p>"},
+            payload=outbox.MailPayload(
+                to="owner@example.test", subject="s", text="t", html="<p>h</p>"
+            ),
             now=NOW,
         )
     attempts_at: list[datetime] = []
@@ -651,11 +651,9 @@ async def test_drop_forgets_an_undelivered_effect_and_metrics_count_by_kind(
 ) -> None:
     async with db.transaction() as tx:
         doomed = await outbox.record(
-            tx, kind="queue", key="q:1", payload={"queue": "", "body": {}}, now=NOW
+            tx, key="q:1", payload=outbox.QueuePayload(queue="", body={}), now=NOW
         )
-        await outbox.record(
-            tx, kind="queue", key="q:2", payload={"queue": "x", "body": {}}, now=NOW
-        )
+        await outbox.record(tx, key="q:2", payload=outbox.QueuePayload(queue="x", body={}), now=NOW)
     clock.advance(MINUTE)
     report = await deliver_effects(runtime, clock)
     assert report.delivered == 1 and report.retried == 1  # an empty queue name is refused
@@ -683,16 +681,14 @@ async def test_a_dry_run_of_the_minute_lane_delivers_nothing_and_changes_no_effe
     async with db.transaction() as tx:
         await outbox.record(
             tx,
-            kind="mail",
             key="dry:1",
-            payload={"to": "a@example.test", "subject": "s", "text": "t", "html": "h"},
+            payload=outbox.MailPayload(to="a@example.test", subject="s", text="t", html="h"),
             now=NOW,
         )
         await outbox.record(
             tx,
-            kind="queue",
             key="dry:2",
-            payload={"queue": "rss-invalidation", "body": {}},
+            payload=outbox.QueuePayload(queue="rss-invalidation", body={}),
             now=NOW,
         )
     before = await db.fetch("SELECT * FROM nightcrew.effects ORDER BY id")
@@ -710,7 +706,7 @@ async def test_retry_never_starts_a_second_delivery_of_an_effect_in_flight(
 ) -> None:
     async with db.transaction() as tx:
         effect = await outbox.record(
-            tx, kind="queue", key="inflight:1", payload={"queue": "q", "body": {}}, now=NOW
+            tx, key="inflight:1", payload=outbox.QueuePayload(queue="q", body={}), now=NOW
         )
     [claimed] = await outbox.claim_due(db, NOW, limit=10)  # a drain holds it, mid-send
     assert claimed.id == effect.id
@@ -735,13 +731,65 @@ async def test_a_dropped_deletion_invalidation_stops_being_reported(
         )
         first = await hard_delete_expired_podcasts(runtime, clock)
     [left] = first.leftovers
-    assert left["invalidation_state"] == "retrying"
-    assert await outbox.drop(db, left["invalidation_effect_id"], NOW) is not None
+    assert left.invalidation_state == "retrying" and left.invalidation_effect_id is not None
+    assert await outbox.drop(db, left.invalidation_effect_id, NOW) is not None
     async with httpx.AsyncClient() as http:
         runtime = await make_runtime(
             db, clock, fresh_db_url, queues=down, feedcache=HttpFeedCache(http, None, None)
         )
         second = await hard_delete_expired_podcasts(runtime, clock)
     assert second.leftovers == []
-    assert second.retried[0]["invalidated_via"] == "given up (effect dropped)"
-    assert second.retried[0]["podcast_id"] == podcast
+    assert second.retried[0].invalidated_via == "given up (effect dropped)"
+    assert second.retried[0].podcast_id == podcast
+
+
+async def test_each_kinds_payload_is_stored_with_the_members_it_always_had(db: Database) -> None:
+    """A payload is its kind's record, written as the snake_case members the drain (and every
+    earlier build's drain) reads: no member added, none left null."""
+    deleted = outbox.PodcastInvalidation(type="podcast.deleted", podcast_id="p1", podcast_slug="s")
+    payloads: list[tuple[outbox.Payload, dict[str, Any]]] = [
+        (
+            outbox.MailPayload(to="a@example.test", subject="s", text="t", html="h"),
+            {"to": "a@example.test", "subject": "s", "text": "t", "html": "h"},
+        ),
+        (
+            outbox.QueuePayload(
+                queue="rss-invalidation", body=deleted.to_json(), fallback_invalidate="p1"
+            ),
+            {
+                "queue": "rss-invalidation",
+                "body": {"type": "podcast.deleted", "podcast_id": "p1", "podcast_slug": "s"},
+                "fallback_invalidate": "p1",
+            },
+        ),
+        (
+            outbox.QueuePayload(queue=PUBLIC_API_INVALIDATION, body={"type": "podcast.restored"}),
+            {"queue": PUBLIC_API_INVALIDATION, "body": {"type": "podcast.restored"}},
+        ),
+        (
+            outbox.BillingResumePayload(podcast_id="p1", account_id="a1"),
+            {"podcast_id": "p1", "account_id": "a1"},
+        ),
+        (
+            outbox.FeedInvalidatePayload(podcast_id="p1", outbox_id="o1"),
+            {"podcast_id": "p1", "outbox_id": "o1"},
+        ),
+    ]
+    for n, (payload, stored) in enumerate(payloads):
+        effect = await outbox.record(db, key=f"payload:{n}", payload=payload, now=NOW)
+        assert effect.kind == payload.kind
+        row = await db.fetch_one(
+            "SELECT payload FROM nightcrew.effects WHERE id = %(id)s", {"id": effect.id}
+        )
+        assert row is not None and row["payload"] == stored
+        assert effect.read(type(payload)) == payload
+    with pytest.raises(TypeError, match="not a mail one"):
+        effect.read(outbox.MailPayload)
+    # a revived intent's payload carries what only the row's reader needs: still read
+    revived = {**stored, "revived": 1, "last_death": {"dead_reason": "expired"}}
+    await db.execute(
+        "UPDATE nightcrew.effects SET payload = %(p)s::jsonb WHERE id = %(id)s",
+        {"p": json.dumps(revived), "id": effect.id},
+    )
+    again = await outbox.get(db, effect.id)
+    assert again is not None and again.read(outbox.FeedInvalidatePayload) == payload

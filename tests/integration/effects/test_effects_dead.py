@@ -132,7 +132,7 @@ async def test_a_400_from_stripe_kills_the_billing_resume_at_once_and_says_so(
         with capture_logs() as logs:
             report = await reactivate_expired_pauses(runtime, clock)
             outcome = "failed" if when == "first attempt" else "pending"
-            assert [r["billing"]["outcome"] for r in report.reactivated] == [outcome]
+            assert [r.billing.outcome for r in report.reactivated] == [outcome]
             if when == "drain":
                 assert _died(logs) == []
                 stripe_server.responder = stripe_responder({}, fail_status=400)
@@ -174,21 +174,19 @@ async def test_effects_list_and_retry_dead_by_kind(
     podcast, account = await _paused_podcast(db, expires=NOW + DAY)
     billing = StripeBilling("sk_test_123", api_base=stripe_server.url, max_network_retries=0)
     runtime = await _runtime(db, clock, fresh_db_url, http, resend, feed_server, billing=billing)
-    mail = {"to": "owner@example.test", "subject": "s", "text": "t", "html": "<p>h</p>"}
+    mail = outbox.MailPayload(to="owner@example.test", subject="s", text="t", html="<p>h</p>")
     async with db.transaction() as tx:
-        dead_mail = await outbox.record(tx, kind="mail", key="cli:mail", payload=mail, now=NOW)
+        dead_mail = await outbox.record(tx, key="cli:mail", payload=mail, now=NOW)
         dead_resume = await outbox.record(
             tx,
-            kind="billing_resume",
             key="cli:resume",
-            payload={"podcast_id": podcast, "account_id": account},
+            payload=outbox.BillingResumePayload(podcast_id=podcast, account_id=account),
             now=NOW,
         )
         dead_queue = await outbox.record(  # owed for longer than a queue message's max age
             tx,
-            kind="queue",
             key="cli:queue",
-            payload={"queue": RSS_INVALIDATION, "body": {"type": "podcast.deleted"}},
+            payload=outbox.QueuePayload(queue=RSS_INVALIDATION, body={"type": "podcast.deleted"}),
             now=NOW - outbox.IDEMPOTENT_EFFECT_MAX_AGE - DAY,
         )
     resend.mode = "422"
@@ -200,9 +198,7 @@ async def test_effects_list_and_retry_dead_by_kind(
         await billing.close()
     assert drained.dead == 3
     async with db.transaction() as tx:  # and one still pending, owed just now
-        pending_mail = await outbox.record(
-            tx, kind="mail", key="cli:pending", payload=mail, now=clock.now()
-        )
+        pending_mail = await outbox.record(tx, key="cli:pending", payload=mail, now=clock.now())
     resend_calls, stripe_calls = len(resend.keys), len(stripe_server.requests)
 
     env = _env(
@@ -261,9 +257,8 @@ async def test_an_effect_whose_window_closed_before_any_attempt_dies_with_no_att
     clock = FrozenClock(NOW)
     queued = await outbox.record(
         db,
-        kind="queue",
         key="never-tried",
-        payload={"queue": RSS_INVALIDATION, "body": {"type": "podcast.deleted"}},
+        payload=outbox.QueuePayload(queue=RSS_INVALIDATION, body={"type": "podcast.deleted"}),
         now=NOW - DAY * 8,
     )
     await db.execute(

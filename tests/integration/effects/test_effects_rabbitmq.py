@@ -36,9 +36,10 @@ async def test_a_message_refused_while_the_broker_is_away_is_published_once_it_i
         async with db.transaction() as tx:
             effect = await outbox.record(
                 tx,
-                kind="queue",
                 key=f"{queue}:1",
-                payload={"queue": queue, "body": {"type": "podcast.deleted", "podcast_id": "p"}},
+                payload=outbox.QueuePayload(
+                    queue=queue, body={"type": "podcast.deleted", "podcast_id": "p"}
+                ),
                 now=NOW,
             )
         await proxy.cut()  # the broker goes away between the commit and the first send

@@ -36,7 +36,7 @@ async def test_a_resume_that_succeeds_on_the_drains_retry_logs_the_event_once(
             report = await reactivate_expired_pauses(runtime, clock)
         assert report.counts()["billing_pending"] == 1
         assert EVENT not in [e["event"] for e in first_logs]  # not resumed yet
-        effect_id = report.reactivated[0]["billing"]["effect_id"]
+        effect_id = report.reactivated[0].billing.effect_id
 
         stripe_server.responder = stripe_responder({})  # Stripe recovers
         clock.advance(timedelta(hours=1))  # past the retry's backoff

@@ -49,7 +49,7 @@ async def test_a_failing_cleanup_record_never_stops_the_next_podcast(
         report = await hard_delete_expired_podcasts(runtime, clock)
 
     # both are gone, rows and files alike
-    assert [d["podcast_id"] for d in report.deleted] == [first, second]
+    assert [d.podcast_id for d in report.deleted] == [first, second]
     assert await db.fetch("SELECT id FROM public.podcasts") == []
     assert await _keys(store, f"podcasts/{first}/") == []
     assert await _keys(store, f"podcasts/{second}/") == []
@@ -79,7 +79,7 @@ async def test_a_failing_cleanup_record_never_stops_the_next_podcast(
     clock.advance(timedelta(days=1))
     again = await hard_delete_expired_podcasts(runtime, clock)
     assert again.errors == [] and again.leftovers == []
-    assert [r["podcast_id"] for r in again.retried] == [first]
+    assert [r.podcast_id for r in again.retried] == [first]
     settled = await _record(db, first)
     assert settled is not None
     assert settled["storage_cleaned_at"] == clock.now() and settled["attempts"] == 1

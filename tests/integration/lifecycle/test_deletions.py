@@ -176,8 +176,8 @@ async def test_a_store_failing_half_its_deletes_never_blocks_the_row_and_is_repo
     assert await db.fetch_one("SELECT count(*) AS n FROM public.podcasts") == {"n": 0}
     [failed] = [e for e in logs if e["event"] == "r2_cleanup_failed"]
     assert failed["failed"] == 5 and failed["left"] == 5 and len(failed["failed_keys"]) == 5
-    assert [lo["podcast_id"] for lo in first.leftovers] == [podcast]
-    assert first.leftovers[0]["objects_left"] == 5
+    assert [lo.podcast_id for lo in first.leftovers] == [podcast]
+    assert first.leftovers[0].objects_left == 5
     assert first.errors[0]["event"] == "r2_cleanup_failed"
 
     # next day, still sick: the leftover is retried and still reported
@@ -186,15 +186,15 @@ async def test_a_store_failing_half_its_deletes_never_blocks_the_row_and_is_repo
         await _runtime(db, clock, fresh_db_url, sick), clock
     )
     assert second.counts()["podcasts_deleted"] == 0
-    assert [lo["podcast_id"] for lo in second.leftovers] == [podcast]
-    assert second.leftovers[0]["attempts"] == 2 and second.leftovers[0]["objects_left"] < 5
+    assert [lo.podcast_id for lo in second.leftovers] == [podcast]
+    assert second.leftovers[0].attempts == 2 and second.leftovers[0].objects_left < 5
 
     # the store heals: the leftover is cleaned and disappears from the report
     clock.advance(timedelta(days=1))
     third = await hard_delete_expired_podcasts(
         await _runtime(db, clock, fresh_db_url, store), clock
     )
-    assert third.leftovers == [] and third.retried[0]["storage_cleaned"] is True
+    assert third.leftovers == [] and third.retried[0].storage_cleaned is True
     assert await _keys(store, f"podcasts/{podcast}/") == []
     fourth = await hard_delete_expired_podcasts(
         await _runtime(db, clock, fresh_db_url, store), clock
@@ -218,7 +218,7 @@ async def test_queue_send_failing_falls_back_to_http_with_the_secret(
             feedcache=HttpFeedCache(http, feed.url, "feed-secret-xyz"),
         )
         report = await hard_delete_expired_podcasts(runtime, clock)
-    assert report.deleted[0]["invalidated_via"] == "http"
+    assert report.deleted[0].invalidated_via == "http"
     [call] = feed.requests
     assert (call.method, call.path) == ("POST", "/_internal/invalidate")
     assert call.headers["Authorization"] == "Bearer feed-secret-xyz"
@@ -246,16 +246,16 @@ async def test_queue_and_http_both_failing_is_cache_invalidation_failed_and_retr
         with capture_logs() as logs:
             first = await hard_delete_expired_podcasts(runtime, clock)
         assert [e for e in logs if e["event"] == "cache_invalidation_failed"]
-        assert first.leftovers[0]["invalidation_pending"] is True
-        assert first.leftovers[0]["storage_cleaned"] is True
-        assert first.leftovers[0]["invalidation_state"] == "retrying"
+        assert first.leftovers[0].invalidation_pending is True
+        assert first.leftovers[0].storage_cleaned is True
+        assert first.leftovers[0].invalidation_state == "retrying"
         feed.status = 204
         # the minute lane delivers it, within minutes rather than at the next daily run
         clock.advance(timedelta(minutes=1))
         drained = await deliver_effects(runtime, clock)
         assert drained.delivered == 1
         second = await hard_delete_expired_podcasts(runtime, clock)
-    assert second.retried[0]["invalidated_via"] == "deliverEffects" and second.leftovers == []
+    assert second.retried[0].invalidated_via == "deliverEffects" and second.leftovers == []
     assert [c.json() for c in feed.requests] == [{"id": podcast}, {"id": podcast}]
 
 
@@ -269,7 +269,7 @@ async def test_one_podcast_whose_deletion_throws_does_not_stop_the_next(
     await db.execute("INSERT INTO public.invoices VALUES (%(p)s)", {"p": stuck})
     with capture_logs() as logs:
         report = await hard_delete_expired_podcasts(runtime, clock)
-    assert [d["podcast_id"] for d in report.deleted] == [fine]
+    assert [d.podcast_id for d in report.deleted] == [fine]
     [failed] = [e for e in logs if e["event"] == "podcast_deletion_failed"]
     assert failed["podcast_id"] == stuck and "foreign key" in failed["error"]
     assert report.counts()["deletion_failed"] == 1
@@ -301,7 +301,7 @@ async def test_a_podcast_another_run_is_cleaning_is_left_to_that_run(
         first = await hard_delete_expired_podcasts(
             await _runtime(db, clock, fresh_db_url, sick), clock
         )
-        assert [lo["podcast_id"] for lo in first.leftovers] == [doomed]
+        assert [lo.podcast_id for lo in first.leftovers] == [doomed]
         counted = await db.fetch_one("SELECT objects_deleted FROM nightcrew.podcast_deletions")
 
         # its leftover, while another run holds it: not retried, nothing counted
@@ -319,7 +319,7 @@ async def test_a_podcast_another_run_is_cleaning_is_left_to_that_run(
         await other_run.close()  # a holder that goes away takes its lock with it
 
     done = await hard_delete_expired_podcasts(await _runtime(db, clock, fresh_db_url, store), clock)
-    assert done.retried[0]["storage_cleaned"] is True and done.leftovers == []
+    assert done.retried[0].storage_cleaned is True and done.leftovers == []
     assert await _keys(store, f"podcasts/{doomed}/") == []
     assert await db.fetch_one("SELECT objects_deleted FROM nightcrew.podcast_deletions") == {
         "objects_deleted": 10
@@ -370,11 +370,11 @@ async def test_the_feed_is_invalidated_only_after_the_storage_cleanup(
         clock.advance(timedelta(days=1))  # the next daily run finishes the cleanup
         blocking.go.set()
         report = await hard_delete_expired_podcasts(runtime, clock)
-        assert report.retried[0]["storage_cleaned"] is True
+        assert report.retried[0].storage_cleaned is True
     else:
         blocking.go.set()
         report = await run
-        assert report.deleted[0]["invalidated_via"] == "queue"
+        assert report.deleted[0].invalidated_via == "queue"
     assert await _keys(store, f"podcasts/{podcast}/") == []
     [message] = await f.queue_messages(db, RSS_INVALIDATION)
     assert message["body"]["podcast_id"] == podcast

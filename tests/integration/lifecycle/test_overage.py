@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -304,7 +305,7 @@ async def test_the_sweep_and_the_webhook_racing_claim_every_stage_once(
         sweep, hooks = await asyncio.gather(run_overage_escalation(sweep_rt, clock), webhook())
     finally:
         await other_db.close()
-    claims = Counter((c["account_id"], c["stage"]) for r in [sweep, *hooks] for c in r.claims)
+    claims = Counter((c.account_id, c.stage) for r in [sweep, *hooks] for c in r.claims)
     assert set(claims) == {(a, 0) for a in accounts} and set(claims.values()) == {1}
     armed = sweep.armed + sum(h.armed for h in hooks)
     assert armed == 200  # first detection wins, once per account
@@ -512,7 +513,7 @@ async def test_the_scan_and_the_single_account_measurement_agree(
         {"n": NOW, "a": armed_empty},
     )
     runtime = await make_runtime(db, FrozenClock(NOW), fresh_db_url)
-    rows = {str(r["id"]): r for r in await overage.scan(runtime)}
+    rows = {str(m.id): m for m in await overage.scan(runtime)}
     # only accounts that can need work
     assert set(rows) == {over, armed_under, stamped, armed_empty}
     for slices in (1, 3, 7):  # the slices share out the accounts: each exactly once
@@ -525,9 +526,9 @@ async def test_the_scan_and_the_single_account_measurement_agree(
     for account in (over, armed_under, stamped, quiet, armed_empty):
         single = await db.fetch_one(overage.SQL["measure_account"], {"account_id": account})
         assert single is not None
-        if account in rows:
+        if account in rows:  # every column, the record's too
             assert {k: str(v) for k, v in single.items()} == {
-                k: str(v) for k, v in rows[account].items()
+                k: str(v) for k, v in dataclasses.asdict(rows[account]).items()
             }
 
 

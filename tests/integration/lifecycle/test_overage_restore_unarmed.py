@@ -62,9 +62,8 @@ async def test_stamped_but_unarmed_under_both_caps_restores_and_sends_the_restor
     # a final warning of the overage whose clock is gone, still being retried
     stale_nag = await outbox.record(
         db,
-        kind="mail",
         key=idempotency_key(account, NOW - 40 * DAY, 3),
-        payload={"to": "owner@example.test", "subject": "s", "text": "t", "html": "h"},
+        payload=outbox.MailPayload(to="owner@example.test", subject="s", text="t", html="h"),
         now=NOW - DAY,
     )
     clock = FrozenClock(NOW)

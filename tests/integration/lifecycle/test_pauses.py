@@ -111,8 +111,9 @@ async def test_missing_subscription_id_is_self_healed_and_cached(
     report = await reactivate_expired_pauses(
         await _with_stripe(db, clock, fresh_db_url, stripe), clock
     )
-    assert isinstance(report.reactivated[0]["billing"].pop("effect_id"), int)
-    assert report.reactivated[0]["billing"] == {
+    billing = report.reactivated[0].billing.to_json()  # as the run's report writes it
+    assert isinstance(billing.pop("effect_id"), int)
+    assert billing == {
         "outcome": "resumed",
         "account_id": account,
         "subscription_id": "sub_healed",
@@ -137,8 +138,8 @@ async def test_non_subscription_billing_models_are_skipped(
     report = await reactivate_expired_pauses(
         await _with_stripe(db, clock, fresh_db_url, stripe), clock
     )
-    assert report.reactivated[0]["billing"]["outcome"] == "skipped"
-    assert model in report.reactivated[0]["billing"]["reason"]
+    assert report.reactivated[0].billing.outcome == "skipped"
+    assert model in (report.reactivated[0].billing.reason or "")
     assert stripe.requests == []
     assert (await _podcast(db, podcast))["status"] == "active"
 
@@ -169,7 +170,7 @@ async def test_without_stripe_the_resume_is_skipped_loudly_and_the_podcast_react
     with capture_logs() as logs:
         report = await reactivate_expired_pauses(runtime, clock)  # runtime has NoBilling
     assert (await _podcast(db, podcast))["status"] == "active"
-    assert report.reactivated[0]["billing"]["reason"] == "stripe not configured"
+    assert report.reactivated[0].billing.reason == "stripe not configured"
     skipped = [e for e in logs if e["event"] == "billing_resume_skipped"]
     assert skipped and skipped[0]["log_level"] == "warning"
 

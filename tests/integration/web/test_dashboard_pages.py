@@ -270,6 +270,7 @@ async def test_odd_stored_reports_still_render(
         {"duration_ms": "NaN", "jobs": {"sweepStalledImports": [1, 2]}},
         {"duration_ms": 1e300, "errors": 5, "jobs": {"x": "not a job"}},
         {"jobs": {"sweepWedgedMediaJobs": {"job_ids": 3, "duration_ms": None}}},
+        {"durationMs": -1, "jobs": {"sweepStalledImports": {"durationMs": "1e999"}}},
         {"jobs": {"hardDeleteExpiredPodcasts": {"podcasts": [{"bytes_deleted": None}]}}},
         {"jobs": {"runReconcile": {"report": {"missing": None, "orphans": []}}}},
         {"items_requeued": 1.5, "links_requeued": "2", "jobs": {"runOverageEscalation": None}},
@@ -284,6 +285,25 @@ async def test_odd_stored_reports_still_render(
         assert (await open_client.get(f"/runs/{run_id}")).status_code == 200, run_id
     raw = await open_client.get(f"/runs/{ids[0]}/report.json")
     assert raw.json() == ["a", "list"]  # the JSON view shows what is stored
+
+
+@pytest.mark.parametrize("spelling", ["durationMs", "duration_ms"])
+async def test_a_lane_run_shows_how_long_it_took_whichever_spelling_its_report_has(
+    db: Database, clock: FrozenClock, open_client: httpx.AsyncClient, spelling: str
+) -> None:
+    """A lane's report says durationMs, as every report does; one stored before the lanes
+    spelled it so says duration_ms, and its run still shows the time the run measured."""
+    job = {"ok": True, "status": "ok", spelling: 350.0, "podcasts_reactivated": 1}
+    report = {"lane": "daily", spelling: 1234.5, "errors": [], "jobs": {"pauses": job}}
+    run_id = await seed.run(db, "daily", clock.now() - timedelta(hours=1), report)
+
+    page = (await open_client.get(f"/runs/{run_id}")).text
+    assert "(1.2 s)" in page  # measured, not the row's 2 s from start to finish
+    assert "<td>350 ms</td>" in page  # the job's own
+    assert "duration ms" not in page  # a duration is no count
+    listing = (await open_client.get("/runs")).text
+    row = re.search(rf'<a href="/runs/{run_id}">.*?</tr>', listing, re.S)
+    assert row is not None and "<td>1.2 s</td>" in row.group()
 
 
 @pytest.mark.parametrize(

@@ -260,11 +260,6 @@ def finite_ms(value: object) -> float | None:
     return number if math.isfinite(number) and 0 <= number < 1e12 else None
 
 
-def count_of(row: dict[str, Any] | None, key: str) -> int:
-    """A count(*) column of a one-row answer (no row: 0)."""
-    return int(row[key]) if row else 0
-
-
 def encode_cursor(at: datetime, key: object) -> str:
     raw = f"{at.isoformat()}|{key}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")

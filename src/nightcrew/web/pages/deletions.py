@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 from urllib.parse import urlencode
 
 from starlette.requests import Request
@@ -12,14 +13,12 @@ from starlette.responses import Response
 
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
-from nightcrew.db.records import as_records
 from nightcrew.web.pages.base import (
     FAR_FUTURE,
     MAX_UUID,
     PAGE_SIZE,
     BadRequest,
     Pages,
-    count_of,
     decode_cursor,
     encode_cursor,
 )
@@ -46,6 +45,26 @@ class Deletion:
         return self.storage_cleaned_at is not None and self.invalidated_at is not None
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Totals:
+    """The one row of deletions_recent_totals (its sums are NUMERIC)."""
+
+    podcasts: int
+    objects: Decimal
+    bytes: Decimal
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Count:
+    n: int
+
+
+async def unfinished_count(db: Database) -> int:
+    """Deletions with storage or a feed invalidation still owed."""
+    found = await db.fetch_one_as(_Count, SQL["deletions_unfinished_count"])
+    return int(found.n) if found else 0
+
+
 @dataclass(frozen=True, kw_only=True)
 class DeletionsView:
     unfinished: list[Deletion]  # the oldest 100
@@ -67,23 +86,25 @@ async def deletions(
             before_id = str(uuid.UUID(before_id))
         except ValueError:
             raise BadRequest("before: not a cursor this page made") from None
-    unfinished = await db.fetch(SQL["deletions_unfinished"], {"limit": 100})
-    unfinished_count = await db.fetch_one(SQL["deletions_unfinished_count"])
-    rows = await db.fetch(
+    unfinished = await db.fetch_as(Deletion, SQL["deletions_unfinished"], {"limit": 100})
+    listed = await db.fetch_as(
+        Deletion,
         SQL["deletions_page"],
         {"before_at": before_at, "before_id": before_id, "limit": limit + 1},
     )
-    page = as_records(Deletion, rows[:limit])
-    totals = await db.fetch_one(SQL["deletions_recent_totals"], {"since": now - timedelta(30)})
-    older = encode_cursor(page[-1].deleted_at, page[-1].podcast_id) if len(rows) > limit else None
+    page = listed[:limit]
+    totals = await db.fetch_one_as(
+        _Totals, SQL["deletions_recent_totals"], {"since": now - timedelta(30)}
+    )
+    older = encode_cursor(page[-1].deleted_at, page[-1].podcast_id) if len(listed) > limit else None
     return DeletionsView(
-        unfinished=as_records(Deletion, unfinished),
-        unfinished_count=count_of(unfinished_count, "n"),
+        unfinished=unfinished,
+        unfinished_count=await unfinished_count(db),
         page=page,
         older=older,
-        recent_podcasts=count_of(totals, "podcasts"),
-        recent_objects=count_of(totals, "objects"),
-        recent_bytes=count_of(totals, "bytes"),
+        recent_podcasts=int(totals.podcasts) if totals else 0,
+        recent_objects=int(totals.objects) if totals else 0,
+        recent_bytes=int(totals.bytes) if totals else 0,
     )
 
 

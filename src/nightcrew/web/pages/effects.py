@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -22,22 +22,68 @@ EFFECT_ACTIONS = ("effects.retry", "effects.retry_dead", "effects.drop")
 
 
 # --- effects ---------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Failing:
+    """A row of effects_failing: being retried."""
+
+    id: int
+    kind: str
+    key: str
+    attempts: int
+    last_attempt_at: datetime | None
+    next_attempt_at: datetime
+    last_error: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Dead:
+    """A row of effects_dead: given up."""
+
+    id: int
+    kind: str
+    key: str
+    attempts: int
+    dead_at: datetime
+    dead_reason: str | None
+    last_error: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Due:
+    """A row of effects_due: waiting for a first attempt (or a re-drive)."""
+
+    id: int
+    kind: str
+    key: str
+    attempts: int
+    next_attempt_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Candidates:
+    """A row of news_candidates: how many stories wait in one state of one stage."""
+
+    stage: str
+    state: str
+    n: int
+
+
 @dataclass(frozen=True, kw_only=True)
 class EffectsView:
     counts: dict[str, dict[str, int]]
-    failing: list[dict[str, Any]]
-    dead: list[dict[str, Any]]
-    news_candidates: list[dict[str, Any]]
-    due: list[dict[str, Any]] = field(default_factory=list)
+    failing: list[Failing]
+    dead: list[Dead]
+    news_candidates: list[Candidates]
+    due: list[Due] = field(default_factory=list)
 
 
 async def effects(db: Database) -> EffectsView:
     return EffectsView(
         counts=await effects_outbox.counts(db),
-        failing=await db.fetch(SQL["effects_failing"], {"limit": 50}),
-        dead=await db.fetch(SQL["effects_dead"], {"limit": 50}),
-        due=await db.fetch(SQL["effects_due"], {"limit": 50}),
-        news_candidates=await db.fetch(SQL["news_candidates"]),
+        failing=await db.fetch_as(Failing, SQL["effects_failing"], {"limit": 50}),
+        dead=await db.fetch_as(Dead, SQL["effects_dead"], {"limit": 50}),
+        due=await db.fetch_as(Due, SQL["effects_due"], {"limit": 50}),
+        news_candidates=await db.fetch_as(Candidates, SQL["news_candidates"]),
     )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from decimal import Decimal
+from uuid import UUID
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -13,7 +15,6 @@ from nightcrew.db.queries import load_queries
 from nightcrew.lifecycle import overage as overage_rules
 from nightcrew.web.pages.base import (
     Pages,
-    count_of,
 )
 
 SQL = load_queries(__file__)
@@ -75,47 +76,95 @@ class OverageView:
     restored: list[Restoration]
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Clock:
+    """A row of overage_clocks: an account on the clock, measured as the escalation does."""
+
+    id: UUID
+    owner_email: str | None
+    since: datetime
+    deadline: datetime | None
+    stage: int | None
+    last_nag_at: datetime | None
+    podcasts: int
+    bytes: Decimal
+    podcast_cap: Decimal | None
+    storage_cap_gb: Decimal | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Suspended:
+    """A row of suspended_feeds."""
+
+    account_id: UUID
+    slug: str
+    title: str
+    overage_suspended_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Restored:
+    """A row of overage_restored: one restoration a daily run's report names."""
+
+    run_id: int
+    started_at: datetime
+    account_id: str | None  # read from stored JSON: as text
+    since: str | None
+    podcasts: list[object] | None  # the report's slugs, as stored
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Count:
+    n: int
+
+
+async def on_clock_count(db: Database) -> int:
+    """Accounts whose 30-day clock runs."""
+    found = await db.fetch_one_as(_Count, SQL["overage_clock_count"])
+    return int(found.n) if found else 0
+
+
 async def overage(db: Database, now: datetime, *, limit: int = 200) -> OverageView:
-    rows = await db.fetch(SQL["overage_clocks"], {"now": now, "limit": limit})
+    clocks = await db.fetch_as(_Clock, SQL["overage_clocks"], {"now": now, "limit": limit})
     feeds: dict[str, list[SuspendedFeed]] = {}
-    if rows:
-        for f in await db.fetch(SQL["suspended_feeds"], {"accounts": [r["id"] for r in rows]}):
-            feeds.setdefault(str(f["account_id"]), []).append(
-                SuspendedFeed(
-                    slug=f["slug"], title=f["title"], suspended_at=f["overage_suspended_at"]
-                )
+    if clocks:
+        for f in await db.fetch_as(
+            _Suspended, SQL["suspended_feeds"], {"accounts": [c.id for c in clocks]}
+        ):
+            feeds.setdefault(str(f.account_id), []).append(
+                SuspendedFeed(slug=f.slug, title=f.title, suspended_at=f.overage_suspended_at)
             )
     accounts = [
         OverageAccount(
-            id=str(r["id"]),
-            owner_email=r["owner_email"],
-            since=r["since"],
-            deadline=r["deadline"],
-            stage=r["stage"],
-            last_nag_at=r["last_nag_at"],
-            podcasts=int(r["podcasts"]),
-            podcast_cap=None if r["podcast_cap"] is None else int(r["podcast_cap"]),
-            bytes=int(r["bytes"] or 0),
-            storage_cap_gb=None if r["storage_cap_gb"] is None else float(r["storage_cap_gb"]),
-            suspended=feeds.get(str(r["id"]), []),
+            id=str(c.id),
+            owner_email=c.owner_email,
+            since=c.since,
+            deadline=c.deadline,
+            stage=c.stage,
+            last_nag_at=c.last_nag_at,
+            podcasts=int(c.podcasts),
+            podcast_cap=None if c.podcast_cap is None else int(c.podcast_cap),
+            bytes=int(c.bytes or 0),
+            storage_cap_gb=None if c.storage_cap_gb is None else float(c.storage_cap_gb),
+            suspended=feeds.get(str(c.id), []),
         )
-        for r in rows
+        for c in clocks
     ]
     restored = [
         Restoration(
-            run_id=r["run_id"],
-            at=r["started_at"],
-            account_id=str(r["account_id"]),
-            since=r["since"],
-            podcasts=[str(p) for p in (r["podcasts"] or [])],
+            run_id=r.run_id,
+            at=r.started_at,
+            account_id=str(r.account_id),
+            since=r.since,
+            podcasts=[str(p) for p in (r.podcasts or [])],
         )
-        for r in await db.fetch(
+        for r in await db.fetch_as(
+            _Restored,
             SQL["overage_restored"],
             {"since": now - timedelta(days=30), "until": now + timedelta(days=1), "limit": 200},
         )
     ]
-    on_clock = await db.fetch_one(SQL["overage_clock_count"])
-    return OverageView(accounts=accounts, on_clock=count_of(on_clock, "n"), restored=restored)
+    return OverageView(accounts=accounts, on_clock=await on_clock_count(db), restored=restored)
 
 
 async def show(pages: Pages, request: Request) -> Response:

@@ -16,7 +16,6 @@ from nightcrew.web.doors import SECURITY_HEADERS as HEADERS
 from nightcrew.web.pages import deletions, news, overage, runs
 from nightcrew.web.pages.base import (
     Pages,
-    count_of,
 )
 
 
@@ -33,19 +32,28 @@ class Counts:
     effects_by_kind: dict[str, dict[str, int]]  # kind → {"pending": n, "dead": n}
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Sources:
+    """The one row of news_source_counts (web/pages/news.sql)."""
+
+    sources: int
+    active: int
+    parked: int
+
+
 async def counts(db: Database) -> Counts:
     owed = await effects_outbox.counts(db)
-    leftovers = await db.fetch_one(deletions.SQL["deletions_unfinished_count"])
-    on_clock = await db.fetch_one(overage.SQL["overage_clock_count"])
-    sources = await db.fetch_one(news.SQL["news_source_counts"])
+    leftovers = await deletions.unfinished_count(db)
+    on_clock = await overage.on_clock_count(db)
+    sources = await db.fetch_one_as(_Sources, news.SQL["news_source_counts"])
     return Counts(
         effects_pending=sum(k["pending"] for k in owed.values()),
         effects_dead=sum(k["dead"] for k in owed.values()),
-        deletion_leftovers=count_of(leftovers, "n"),
-        on_clock=count_of(on_clock, "n"),
-        parked=count_of(sources, "parked"),
-        sources=count_of(sources, "sources"),
-        active=count_of(sources, "active"),
+        deletion_leftovers=leftovers,
+        on_clock=on_clock,
+        parked=int(sources.parked) if sources else 0,
+        sources=int(sources.sources) if sources else 0,
+        active=int(sources.active) if sources else 0,
         effects_by_kind=owed,
     )
 

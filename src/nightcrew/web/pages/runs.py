@@ -15,6 +15,7 @@ from nightcrew import actions as operator_actions
 from nightcrew import narrate
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
+from nightcrew.jsonable import JsonObject
 from nightcrew.lifecycle.lanes import LANES
 from nightcrew.web import actions as action_doors
 from nightcrew.web.doors import SECURITY_HEADERS as HEADERS
@@ -66,6 +67,12 @@ def _shown_status(status: str, skipped: bool | None) -> str:
     """A completed run whose report says it was skipped (a shard another worker held) shows
     as skipped."""
     return "skipped" if status == "completed" and skipped else status
+
+
+def reported_ms(report: JsonObject) -> object:
+    """The duration a stored report says it took: ``durationMs``, or ``duration_ms`` in a
+    lane's report stored before the lanes spelled it as every other report does."""
+    return report.get("durationMs", report.get("duration_ms"))
 
 
 def _duration(
@@ -129,7 +136,7 @@ class RunRow:
     attempts: int
     error: str | None
     failures: int
-    headline: dict[str, Any]
+    headline: dict[str, int | float]
     duration_ms: float | None
     requested_by: str | None = None  # an operator's manual run: "dashboard ADDRESS", "cli"
 
@@ -171,7 +178,7 @@ class _ListedRun:
     skipped: bool | None
     error: str | None
     failures: int | None
-    headline: dict[str, Any] | None
+    headline: dict[str, int | float] | None  # the report's nonzero numbers (runs.sql)
     duration_ms: str | None  # as stored: a report is not trusted (finite_ms reads it)
     requested_by: str | None = None
 
@@ -271,12 +278,15 @@ class JobRow:
         counts = {
             k: v
             for k, v in sorted(body.items())
-            if isinstance(v, int | float) and not isinstance(v, bool) and v and k != "duration_ms"
+            if isinstance(v, int | float)
+            and not isinstance(v, bool)
+            and v
+            and k not in ("durationMs", "duration_ms")
         }
         return cls(
             name=str(name),
             status=str(status),
-            duration_ms=finite_ms(body.get("duration_ms")),
+            duration_ms=finite_ms(reported_ms(body)),
             detail=str(detail) if detail else None,
             counts=counts,
         )
@@ -293,14 +303,13 @@ class RunDetail:
     heartbeat_at: datetime | None
     status: str
     attempts: int
-    report: dict[str, Any]  # {} when what is stored is not an object
+    report: JsonObject  # {} when what is stored is not an object
     raw: Any  # what is stored, for the JSON view
     requested_by: str | None = None
 
     @property
     def duration(self) -> timedelta | None:
-        measured = finite_ms(self.report.get("duration_ms", self.report.get("durationMs")))
-        return _duration(measured, self.started_at, self.finished_at)
+        return _duration(finite_ms(reported_ms(self.report)), self.started_at, self.finished_at)
 
     @property
     def jobs(self) -> list[JobRow]:
@@ -375,7 +384,7 @@ def _ids_in(value: Any, found: set[str]) -> None:
             pass
 
 
-async def run_names(db: Database, report: dict[str, Any]) -> dict[str, str]:
+async def run_names(db: Database, report: JsonObject) -> dict[str, str]:
     """Names for the ids a run's report carries: titles while the rows exist (a deleted
     podcast is named by the slug its report kept)."""
     ids: set[str] = set()

@@ -31,7 +31,8 @@ SELECT r.id, r.lane, r.trigger, r.slot, r.started_at, r.finished_at, r.status, r
        r.requested_by,
        (r.report ->> 'skipped') = 'true' AS skipped,
        r.report ->> 'error' AS error,
-       coalesce(r.report ->> 'duration_ms', r.report ->> 'durationMs') AS duration_ms,
+       -- a lane's report stored before it spelled durationMs as every report does says duration_ms
+       coalesce(r.report ->> 'durationMs', r.report ->> 'duration_ms') AS duration_ms,
        CASE WHEN jsonb_typeof(r.report -> 'errors') = 'array'
             THEN jsonb_array_length(r.report -> 'errors') ELSE 0 END AS failures,
        (SELECT coalesce(jsonb_object_agg(e.key, e.value), '{}'::jsonb)

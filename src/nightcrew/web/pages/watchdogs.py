@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from decimal import Decimal
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -20,14 +20,6 @@ SQL = load_queries(__file__)
 
 
 # --- watchdogs -------------------------------------------------------------------------------
-WATCHDOG_COUNTS = (
-    "items_requeued",
-    "links_requeued",
-    "previews_canceled",
-    "media_jobs_flagged",
-)
-
-
 @dataclass(frozen=True, kw_only=True)
 class WatchdogHour:
     hour: datetime
@@ -39,11 +31,48 @@ class WatchdogHour:
         return self.counts.get("items_requeued", 0) + self.counts.get("links_requeued", 0)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Hour:
+    """A row of watchdog_hours: the minute runs of one hour, their counts summed (NUMERIC)."""
+
+    hour: datetime
+    runs: int
+    items_requeued: Decimal
+    items_rescued: Decimal
+    links_requeued: Decimal
+    previews_canceled: Decimal
+    media_jobs_flagged: Decimal
+    effects_retried: Decimal
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "items_requeued": int(self.items_requeued),
+            "links_requeued": int(self.links_requeued),
+            "previews_canceled": int(self.previews_canceled),
+            "media_jobs_flagged": int(self.media_jobs_flagged),
+            "items_rescued": int(self.items_rescued),
+            "effects_retried": int(self.effects_retried),
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rescue:
+    """A row of watchdog_rescues: a minute run that did something."""
+
+    id: int
+    started_at: datetime
+    status: str
+    items_requeued: Decimal
+    links_requeued: Decimal
+    previews_canceled: Decimal
+    media_jobs_flagged: Decimal
+
+
 @dataclass(frozen=True, kw_only=True)
 class WatchdogsView:
     since: datetime
     hours: list[WatchdogHour]  # every hour of the window, zeros included
-    rescues: list[dict[str, Any]]
+    rescues: list[Rescue]
 
     def total(self, key: str) -> int:
         return sum(h.counts.get(key, 0) for h in self.hours)
@@ -54,19 +83,15 @@ async def watchdogs(db: Database, now: datetime) -> WatchdogsView:
     since = end - timedelta(hours=24)
     params = {"since": since, "until": end, "origin": since}
     found = {
-        r["hour"]: WatchdogHour(
-            hour=r["hour"],
-            runs=int(r["runs"]),
-            counts={k: int(r[k]) for k in (*WATCHDOG_COUNTS, "items_rescued", "effects_retried")},
-        )
-        for r in await db.fetch(SQL["watchdog_hours"], params)
+        h.hour: WatchdogHour(hour=h.hour, runs=int(h.runs), counts=h.counts())
+        for h in await db.fetch_as(_Hour, SQL["watchdog_hours"], params)
     }
     hours = [
         found.get(since + timedelta(hours=i))
         or WatchdogHour(hour=since + timedelta(hours=i), runs=0, counts={})
         for i in range(24)
     ]
-    rescues = await db.fetch(SQL["watchdog_rescues"], {**params, "limit": 50})
+    rescues = await db.fetch_as(Rescue, SQL["watchdog_rescues"], {**params, "limit": 50})
     return WatchdogsView(since=since, hours=hours, rescues=rescues)
 
 
