@@ -8,7 +8,7 @@ import pytest
 from nightcrew.config import Settings, load_settings
 from nightcrew.errors import ConfigError
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+SETTINGS_REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "settings.md"
 
 
 def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -92,10 +92,44 @@ def test_a_bad_value_says_the_variable_and_the_problem_without_pydantic_noise(
     assert str(caught.value) == line
 
 
-def test_readme_configuration_table_lists_every_variable() -> None:
-    documented = set(re.findall(r"^\| `([A-Z0-9_]+)` \|", README.read_text(), re.M))
+def _documented_defaults() -> dict[str, str]:
+    """docs/reference/settings.md's table: variable → its Default cell."""
+    rows = re.findall(r"^\| `([A-Z0-9_]+)` \| ([^|]*) \|", SETTINGS_REFERENCE.read_text(), re.M)
+    return {name: default.strip() for name, default in rows}
+
+
+def _agrees(cell: str, default: object) -> bool:
+    """Whether a Default cell says the field's default: "unset …" for None, "empty …" for "",
+    else its first `code` (a number however written: `10` for 10.0, `30000` for 30_000)."""
+    if default is None:
+        return cell.startswith("unset")
+    if default == "":
+        return cell.startswith("empty")
+    shown = re.match(r"`([^`]+)`", cell)
+    if shown is None:
+        return False
+    if isinstance(default, bool):
+        return shown[1] == str(default).lower()
+    if isinstance(default, int | float):
+        try:
+            return float(shown[1].replace(",", "")) == float(default)
+        except ValueError:
+            return False
+    if isinstance(default, Path):
+        return Path(shown[1]) == default
+    return shown[1] == str(default)
+
+
+def test_the_settings_reference_lists_every_variable_with_its_default() -> None:
+    documented = _documented_defaults()
     expected = {str(f.alias) for f in Settings.model_fields.values()}
-    assert expected == documented
+    assert expected == set(documented)
+    wrong = [
+        f"{field.alias}: {documented[str(field.alias)]!r} (Settings: {field.default!r})"
+        for field in Settings.model_fields.values()
+        if not _agrees(documented[str(field.alias)], field.default)
+    ]
+    assert wrong == [], "docs/reference/settings.md's defaults disagree with Settings"
 
 
 def test_amqp_selects_rabbitmq(monkeypatch: pytest.MonkeyPatch) -> None:

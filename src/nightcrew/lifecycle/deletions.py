@@ -112,7 +112,7 @@ class Cleanup(Jsonable):
     storage_cleaned: bool = named("storage_cleaned", default=False)
     # "queue" | "http" | "earlier run" | … | None (not yet)
     invalidated_via: str | None = named("invalidated_via", default=None)
-    invalidated_at: datetime | None = omitted(default=None)  # noqa: RUF009 - a dataclasses.field
+    invalidated_at: datetime | None = omitted(default=None)
     invalidation_effect_id: int | None = named("invalidation_effect_id", default=None)
     invalidation_state: str | None = omitted(default=None)  # not confirmed: "retrying" | "dead"
     errors: list[str] = field(default_factory=list)
