@@ -79,7 +79,9 @@ class SecretScrubber:
         self, logger: Any, method: str, event_dict: MutableMapping[str, Any]
     ) -> MutableMapping[str, Any]:
         for key, value in list(event_dict.items()):
-            if key != "event" and _SECRET_FIELD.search(key) and value is not None:
+            # a number is a count, never a credential: aiPromptTokens is not a token
+            secret = value is not None and not isinstance(value, int | float)
+            if key != "event" and secret and _SECRET_FIELD.search(key):
                 event_dict[key] = REDACTED
             else:
                 event_dict[key] = self._scrub(value)

@@ -29,6 +29,8 @@ def test_secret_named_fields_are_masked_and_secret_values_scrubbed() -> None:
             "nested": {"detail": ["sk_live_abcdef"]},
             "url": "postgresql://app:hunter2@db.internal:5432/prod",
             "count": 3,
+            "aiPromptTokens": 1200,  # a count of tokens, not a token
+            "token": "abc",
         },
     )
     assert out["authorization"] == REDACTED and out["api_key"] == REDACTED
@@ -36,6 +38,7 @@ def test_secret_named_fields_are_masked_and_secret_values_scrubbed() -> None:
     assert out["nested"] == {"detail": [REDACTED]}
     assert out["url"] == f"postgresql://app:{REDACTED}@db.internal:5432/prod"
     assert out["count"] == 3 and out["event"] == "x"
+    assert out["aiPromptTokens"] == 1200 and out["token"] == REDACTED
 
 
 def test_events_are_one_json_line_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:

@@ -91,7 +91,7 @@ def serve(
         typer.Option(
             "--demo",
             help="Show the last `nightcrew demo`'s night on the dashboard (its embedded "
-            "database); schedules nothing.",
+            "database); only its minute lane runs on schedule, the rest when asked.",
         ),
     ] = False,
 ) -> None:
