@@ -201,13 +201,13 @@ async def invalidate_feeds(
     for effect, delivery in zip(owed, await deliver_now(runtime, clock, owed), strict=True):
         if delivery.status == "delivered":
             continue
-        tally.errors.append(
-            {
-                "event": "overage_cache_invalidation_failed",
-                "podcast_id": _podcast_of(effect),
-                "cache": "rss" if effect.kind == "feed_invalidate" else "public-api",
-                "effect_id": effect.id,
-                "retried": delivery.status == "transient",
-                "error": delivery.error,
-            }
-        )
+        failure: Failure = {
+            "event": "overage_cache_invalidation_failed",
+            "podcast_id": _podcast_of(effect),
+            "cache": "rss" if effect.kind == "feed_invalidate" else "public-api",
+            "effect_id": effect.id,
+            "retried": delivery.status == "transient",
+            "error": delivery.error,
+        }
+        warning(**failure)
+        tally.errors.append(failure)

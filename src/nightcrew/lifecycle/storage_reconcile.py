@@ -56,6 +56,6 @@ async def scheduled_reconcile(runtime: Runtime, clock: Clock) -> ScheduledReconc
             skipped=str(exc), outbox=outbox, errors=list(outbox.failures)
         )
     event("scheduled_reconcile", **report.summary().to_json())
-    # each entry already carries its spec event (reconcile_quarantine_failed,
-    # reconcile_delete_failed), logged where it happened
+    # each entry carries its event (reconcile_quarantine_failed, reconcile_delete_failed, an
+    # outbox delivery's), logged where it happened
     return ScheduledReconcileReport(report=report, errors=report.errors)

@@ -245,9 +245,15 @@ async def test_a_refused_restored_invalidation_is_delivered_once_the_queue_recov
         {"a": account},
     )
     clock.advance(DAY)
-    report = await run_overage_escalation(runtime, clock)
+    with capture_logs() as logs:
+        report = await run_overage_escalation(runtime, clock)
     assert report.restored_accounts == 1
     assert await _stamps(db, [newest]) == [None]  # the restore committed
+    # logged as it failed, as well as reported
+    assert any(
+        line["event"] == "overage_cache_invalidation_failed" and line["cache"] == "public-api"
+        for line in logs
+    ), logs
     [failed] = [
         e
         for e in report.errors

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -672,3 +672,41 @@ async def test_an_episode_that_lands_while_the_store_is_listed_keeps_its_object(
     assert landed and await w.exists(audio)
     assert report.orphans.deleted == 0
     assert report.orphans.found == report.orphans.referenced_at_recheck  # 0 or 1: the race
+
+
+async def test_an_orphan_the_store_refuses_to_delete_is_reported_and_logged(
+    db: Database, fresh_db_url: str, store: ObjectStore
+) -> None:
+    from structlog.testing import capture_logs
+
+    from nightcrew.adapters.storage import DeleteOutcome
+
+    w = await World(db, store).setup()
+    kept, gone = await w.obj(w.key("refused.mp3")), await w.obj(w.key("deleted.mp3"))
+
+    class RefusesOne:
+        def __init__(self, inner: ObjectStore) -> None:
+            self._inner, self.description, self.stats = inner, inner.description, inner.stats
+
+        async def delete(self, keys: Sequence[str]) -> DeleteOutcome:
+            outcome = await self._inner.delete([k for k in keys if k != kept])
+            if kept in keys:
+                outcome.failed[kept] = "AccessDenied: object locked"
+            return outcome
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+    clock = later(days=3)
+    with capture_logs() as logs:
+        report = await run_reconcile(
+            await rt(db, clock, fresh_db_url, RefusesOne(store)), clock, APPLY
+        )
+    assert report.orphans.deleted == 1 and dict(report.orphans.failed) == {
+        kept: "AccessDenied: object locked"
+    }
+    assert await w.exists(kept) and not await w.exists(gone)
+    [entry] = [e for e in report.errors if e["event"] == "reconcile_delete_failed"]
+    assert entry["failed"] == 1 and entry["error"] == "AccessDenied: object locked"
+    [line] = [e for e in logs if e["event"] == "reconcile_delete_failed"]
+    assert line["log_level"] == "warning" and line["kind"] == entry["kind"]

@@ -16,6 +16,7 @@ from nightcrew.lifecycle.reconcile.core import (
 )
 from nightcrew.lifecycle.reconcile.queries import SQL
 from nightcrew.lifecycle.reconcile.records import OrphanSample, Progress, Sweep
+from nightcrew.log import warning
 
 DELETE_BATCH = 1000
 UUID_RE = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
@@ -159,7 +160,7 @@ async def sweep(ctx: SweepContext, spec: SweepSpec) -> Sweep:
         ctx.tick(f"{spec.kind} sweep", tally.found)
     if ctx.delete:
         await flush()
-    return Sweep(
+    sweep = Sweep(
         kind=spec.kind,
         found=tally.found,
         bytes=tally.bytes,
@@ -172,3 +173,6 @@ async def sweep(ctx: SweepContext, spec: SweepSpec) -> Sweep:
         failed=dict(tally.failed),
         sample=tuple(tally.sample),
     )
+    if (failure := sweep.error()) is not None:
+        warning(**failure)  # reconcile_delete_failed: the report carries it too
+    return sweep
