@@ -14,10 +14,13 @@ from nightcrew.narrate import news_sentences
 from nightcrew.news.report import (
     SPEC_FIELDS,
     WORK_FIELDS,
+    DroppedItems,
+    FetchFailure,
     NewsReport,
     PassFigures,
     ReportDraft,
     WorkerResults,
+    WriteFailure,
 )
 
 SPEC_001 = {
@@ -57,7 +60,7 @@ def _pass_figures() -> PassFigures:
             since=datetime(2026, 12, 1, tzinfo=UTC),
             processed_count=4,
             review_retry_count=1,
-            write_errors=[{"url": "https://x.example/a", "error": "value too long"}],
+            write_errors=[WriteFailure(url="https://x.example/a", error="value too long")],
         ),
     )
 
@@ -90,7 +93,7 @@ def test_dropped_items_are_listed_by_source_and_reason(capsys: pytest.CaptureFix
     report = NewsReport(
         shard="s1",
         trigger="manual",
-        dropped_items=[{"source": "longlinks", "reason": "link too long", "count": 2}],
+        dropped_items=[DroppedItems(source="longlinks", reason="link too long", count=2)],
     )
     _print_report(report.to_json())
     assert "  - longlinks: 2 dropped (link too long)\n" in capsys.readouterr().out
@@ -135,7 +138,7 @@ def test_the_one_builder_sets_adds_and_defers_and_freezes_once(
     draft.add(processed_count=1, ai_reviewed_count=3)
     draft.defer("a reason")
     draft.defer("a reason")
-    draft.extend(fetch_errors=[{"source": "x", "error": "e"}])
+    draft.extend(fetch_errors=[FetchFailure(source="x", error="e")])
     report = draft.build(status="superseded", duration_ms=1.5, redis_enabled=True)
     body = report.to_json()
     assert body["status"] == "superseded" and body["redisEnabled"] is True
@@ -153,7 +156,7 @@ def test_either_engines_report_prints_with_one_printer(capsys: pytest.CaptureFix
     piped = NewsReport(
         shard="s",
         trigger="manual",
-        fetch_errors=[{"source": "dead", "error": "the feed answered 404"}],
+        fetch_errors=[FetchFailure(source="dead", error="the feed answered 404")],
         pipeline=_pass_figures(),
     )
     _print_report(piped.to_json())

@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from nightcrew.errors import ConfigError, QueueError, QueueUnavailableError
+from nightcrew.jsonable import Jsonable, JsonObject, named
 from nightcrew.setting_parsers import STAGES
 
 PUBLISH_TIMEOUT_SECONDS = 10.0
@@ -47,18 +48,20 @@ PRIOR_DELIVERIES_HEADER = "x-prior-deliveries"
 class Outgoing:
     message_id: str
     stage: str
-    body: dict[str, Any]
+    body: JsonObject  # the message (the pipeline's records say what each kind holds)
     headers: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class DeadLetter:
-    message_id: str
+class DeadLetter(Jsonable):
+    """A dead letter as `news dlq list --json` shows it (``id``: its message id)."""
+
+    message_id: str = named("id")
     stage: str
-    body: dict[str, Any]
-    error: str
     deliveries: int
     reason: str  # "failed" (a consumer gave up), "delivery_limit" (the broker did), …
+    error: str
+    body: JsonObject
 
 
 class Delivery:
@@ -72,7 +75,7 @@ class Delivery:
         self.headers: dict[str, Any] = dict(message.headers or {})
         self.readable = True
         try:
-            self.body: dict[str, Any] = json.loads(message.body)
+            self.body: JsonObject = json.loads(message.body)
         except ValueError:
             self.readable = False
             self.body = {"unreadable": message.body[:200].decode("utf-8", "replace")}
@@ -163,7 +166,7 @@ class PipelineBroker:
     def dlq_name(self, stage: str) -> str:
         return f"{self.prefix}.{stage}.dlq"
 
-    def stage_arguments(self, stage: str) -> dict[str, Any]:
+    def stage_arguments(self, stage: str) -> dict[str, str | int]:
         return {
             "x-queue-type": "quorum",
             "x-delivery-limit": self.max_deliveries,

@@ -30,6 +30,7 @@ from typing import Any
 import httpx2
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
+from openai.types.chat.completion_create_params import ResponseFormat
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nightcrew.adapters.model_calls import ModelCalls
@@ -64,7 +65,7 @@ def translation_prompt(language: str) -> str:
     )
 
 
-VERDICT_SCHEMA: dict[str, Any] = {
+VERDICT_SCHEMA: dict[str, object] = {  # the SDK's type of a JSON Schema
     "type": "object",
     "properties": {
         "accept": {"type": "boolean"},
@@ -75,7 +76,7 @@ VERDICT_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 # the ways to ask for a verdict, best first; None: plain text (the prompt alone asks for JSON)
-FORMATS: tuple[tuple[str, dict[str, Any] | None], ...] = (
+FORMATS: tuple[tuple[str, ResponseFormat | None], ...] = (
     (
         "json_schema",
         {
@@ -263,16 +264,17 @@ class ChatReviewer:
         self,
         messages: list[ChatCompletionMessageParam],
         scope: CallScope,
-        response_format: dict[str, Any] | None,
+        response_format: ResponseFormat | None,
     ) -> str:
         """One chat completion (the SDK's retries inside it); the answer's usage added to
         ``scope.spend``. Called holding a slot, within the call's time (``_bounded``)."""
-        extra: dict[str, Any] = {}
-        if response_format is not None:
-            extra["response_format"] = response_format
         try:
             completion: ChatCompletion = await self._client.chat.completions.create(
-                model=self._model, messages=messages, temperature=0, **extra
+                model=self._model,
+                messages=messages,
+                temperature=0,
+                # None: plain text, no response_format member at all
+                response_format=openai.omit if response_format is None else response_format,
             )
         except openai.APIStatusError as exc:
             status = exc.status_code

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from nightcrew.config import Settings
 from nightcrew.errors import NightcrewError
+from nightcrew.jsonable import Jsonable
 
 if TYPE_CHECKING:
     from nightcrew.adapters.model_calls import ModelCalls
@@ -36,7 +37,9 @@ class Article:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Verdict:
+class Verdict(Jsonable):
+    """A review's verdict; its JSON is what a candidate keeps until it is written."""
+
     accepted: bool
     reasons: list[str] = field(default_factory=list)
     summary: str | None = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,6 +18,7 @@ from nightcrew.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from nightcrew.jsonable import JsonObject
     from nightcrew.news.report import Trigger
 
 
@@ -65,7 +66,7 @@ def news_run(
     elif not shard.strip():
         _fail("news run: --shard is empty; give a shard name (NEWS_SHARDS names them)", 2)
 
-    async def work() -> dict[str, Any]:
+    async def work() -> JsonObject:
         assert shard is not None  # chosen above; mypy cannot see into the closure
         async with open_runtime(settings, clock) as runtime:
             if manual:  # the dashboard's "run now": in the run history, one at a time
@@ -94,7 +95,7 @@ def _default_shard(configured: list[str]) -> str:
     return shard
 
 
-def _print_report(report: dict[str, Any]) -> None:
+def _print_report(report: JsonObject) -> None:
     """Either engine's report in words: an inline run's, or a pipeline pass's — what it found
     and decided, its own figures, and its workers' results since the previous report, named as
     theirs (--json keeps the spec's field names)."""
@@ -170,7 +171,7 @@ def _print_report(report: dict[str, Any]) -> None:
             typer.echo(f"    ! {failure['url']}: {failure['error']}")
 
 
-def _tokens_row(figures: dict[str, Any], reviewer: str) -> list[tuple[str, object]]:
+def _tokens_row(figures: JsonObject, reviewer: str) -> list[tuple[str, object]]:
     """The model's tokens (prompt / completion), for a model's report only: the offline rules
     spend none."""
     if reviewer != "model":

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -24,7 +24,8 @@ from nightcrew.cli.common import (
 from nightcrew.clock import SystemClock
 
 if TYPE_CHECKING:
-    pass
+    from nightcrew.adapters.broker import DeadLetter
+    from nightcrew.jsonable import JsonObject
 
 
 class Stage(StrEnum):
@@ -76,7 +77,7 @@ def news_worker(
 
     stages = list(STAGES) if stage is Stage.all else [stage.value]
 
-    async def work() -> dict[str, Any]:
+    async def work() -> JsonObject:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -115,19 +116,19 @@ def news_dlq_list(
     settings = _settings()
     clock = SystemClock()
 
-    async def work() -> list[dict[str, Any]]:
+    async def work() -> list[DeadLetter]:
         async with open_runtime(settings, clock) as runtime:
-            return [_letter_json(x) for x in await list_dead(runtime, _stage_option(stage))]
+            return await list_dead(runtime, _stage_option(stage))
 
     letters = _run(work, settings)
     if as_json:
-        typer.echo(json.dumps(letters, indent=2))
+        typer.echo(json.dumps([letter.to_json() for letter in letters], indent=2))
         return
     for letter in letters:
-        what = letter["body"].get("url") or f"source {letter['body'].get('source_id')}"
+        what = letter.body.get("url") or f"source {letter.body.get('source_id')}"
         typer.echo(
-            f"{letter['id']}  {letter['stage']:<7} x{letter['deliveries']}  {what}\n"
-            f"    {letter['error']}"
+            f"{letter.message_id}  {letter.stage:<7} x{letter.deliveries}  {what}\n"
+            f"    {letter.error}"
         )
     if not letters:
         typer.echo("no dead letters")
@@ -202,14 +203,3 @@ def news_dlq_purge(
     if message_id is not None and count == 0:
         _fail(f"no dead letter with id {message_id} in {stage.value}", 1)
     typer.echo(f"purged {count} dead letter{'s' if count != 1 else ''} of {stage.value}")
-
-
-def _letter_json(letter: Any) -> dict[str, Any]:
-    return {
-        "id": letter.message_id,
-        "stage": letter.stage,
-        "deliveries": letter.deliveries,
-        "reason": letter.reason,
-        "error": letter.error,
-        "body": letter.body,
-    }

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Annotated, Any
+from dataclasses import asdict, replace
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -20,7 +21,12 @@ from nightcrew.clock import SystemClock
 from nightcrew.log import redact_url_passwords
 
 if TYPE_CHECKING:
-    from nightcrew.news.sources.registry import ImportReport
+    from nightcrew.news.sources.registry import (
+        AddedSource,
+        ImportReport,
+        ListedSource,
+        Source,
+    )
 
 
 @sources_app.command("add")
@@ -40,16 +46,16 @@ def news_sources_add(
         _fail(str(exc), 2)
     settings = _settings()
 
-    async def work() -> dict[str, Any]:
+    async def work() -> AddedSource:
         async with open_database(settings) as db:
             return await add_source(db, url=url, name=name, shard=shard, now=SystemClock().now())
 
-    row = _run(work, settings)
+    added = _run(work, settings)
     if as_json:
-        _print_json(row)
+        _print_json(asdict(added))  # the source as its row: the columns' names
     else:
-        typer.echo(f"added source {row['id']} ({row['name']}) on shard {row['shard']}")
-    _warn_refused([row["feed_url"]], settings.news_allowed_private_hosts)
+        typer.echo(f"added source {added.id} ({added.name}) on shard {added.shard}")
+    _warn_refused([added.feed_url], settings.news_allowed_private_hosts)
 
 
 def _warn_refused(urls: list[str], allowed_private_hosts: str) -> None:
@@ -69,10 +75,10 @@ ShowSecrets = Annotated[
 ]
 
 
-def _shown(row: dict[str, Any], show_secrets: bool) -> dict[str, Any]:
+def _shown(source: ListedSource, show_secrets: bool) -> ListedSource:
     if show_secrets:
-        return row
-    return {**row, "feed_url": redact_url_passwords(row["feed_url"])}
+        return source
+    return replace(source, feed_url=redact_url_passwords(source.feed_url))
 
 
 @sources_app.command("list")
@@ -87,27 +93,27 @@ def news_sources_list(
 
     settings = _settings()
 
-    async def work() -> list[dict[str, Any]]:
+    async def work() -> list[ListedSource]:
         async with open_database(settings) as db:
             return await list_sources(db, shard=shard)
 
-    rows = [_shown(row, show_secrets) for row in _run(work, settings)]
+    sources = [_shown(source, show_secrets) for source in _run(work, settings)]
     if as_json:
-        _print_json(rows)
+        _print_json([asdict(source) for source in sources])  # as their rows: the columns' names
         return
-    if not rows:
+    if not sources:
         typer.echo("no sources yet: nightcrew news sources add URL --name NAME")
         return
     table = [("ID", "SHARD", "STATE", "FAILURES", "NAME", "FEED URL")] + [
         (
-            str(row["id"]),
-            row["shard"],
-            "parked" if row["parked_at"] else "enabled" if row["enabled"] else "disabled",
-            str(row["consecutive_failures"] or 0),
-            row["name"],
-            row["feed_url"],
+            str(s.id),
+            s.shard,
+            "parked" if s.parked_at else "enabled" if s.enabled else "disabled",
+            str(s.consecutive_failures or 0),
+            s.name,
+            s.feed_url,
         )
-        for row in rows
+        for s in sources
     ]
     widths = [max(len(cells[i]) for cells in table) for i in range(len(table[0]) - 1)]
     for cells in table:
@@ -124,12 +130,12 @@ def _set_source(ref: str, enabled: bool) -> None:
 
     settings = _settings()
 
-    async def work() -> dict[str, Any]:
+    async def work() -> Source:
         async with open_database(settings) as db:
             return await set_source_enabled(db, SystemClock(), CLI, ref, enabled=enabled)
 
-    row = _run(work, settings)
-    typer.echo(f"{'enabled' if enabled else 'disabled'} source {row['id']} ({row['name']})")
+    source = _run(work, settings)
+    typer.echo(f"{'enabled' if enabled else 'disabled'} source {source.id} ({source.name})")
 
 
 @sources_app.command("disable")
@@ -233,13 +239,13 @@ def news_sources_export(
         _fail("news sources export: give --opml (the one format so far)", 2)
     settings = _settings()
 
-    async def work() -> list[dict[str, Any]]:
+    async def work() -> list[ListedSource]:
         async with open_database(settings) as db:
             return await list_sources(db, shard=shard)
 
-    rows = [_shown(row, show_secrets) for row in _run(work, settings)]
+    sources = [_shown(source, show_secrets) for source in _run(work, settings)]
     document = build_opml(
-        (OpmlFeed(name=row["name"], feed_url=row["feed_url"]) for row in rows),
+        (OpmlFeed(name=s.name, feed_url=s.feed_url) for s in sources),
         title="nightcrew news sources" + (f" (shard {shard})" if shard else ""),
         created=SystemClock().now(),
     )

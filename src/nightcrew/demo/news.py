@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from nightcrew.clock import Clock
 from nightcrew.db.database import Database
 from nightcrew.demo.seed import DAY
 from nightcrew.runtime import Runtime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Rejected:
+    title: str
+    reasons: list[str]
 
 
 async def repoint_sample_feeds(db: Database, base: str) -> None:
@@ -43,11 +50,12 @@ async def tell_news(runtime: Runtime, clock: Clock, now: datetime) -> list[str]:
     await runtime.db.execute(
         "UPDATE news.sources SET parked_at = %(at)s, consecutive_failures = %(n)s,"
         " last_error = '10.20.0.7 is not a public address' WHERE id = %(id)s",
-        {"at": now - DAY, "n": PARK_AFTER_FAILURES, "id": wire["id"]},
+        {"at": now - DAY, "n": PARK_AFTER_FAILURES, "id": wire.id},
     )
-    rejected = await runtime.db.fetch(
+    rejected = await runtime.db.fetch_as(
+        _Rejected,
         "SELECT a.title, r.reasons FROM news.articles a JOIN news.reviews r"
-        " ON r.article_id = a.id WHERE NOT r.accepted ORDER BY a.id"
+        " ON r.article_id = a.id WHERE NOT r.accepted ORDER BY a.id",
     )
     lines = [
         "",
@@ -56,7 +64,7 @@ async def tell_news(runtime: Runtime, clock: Clock, now: datetime) -> list[str]:
         f"{first.processed_count} written, {first.accepted_count} accepted, "
         f"{first.rejected_count} rejected by the offline rules:",
     ]
-    lines += [f"      - “{r['title']}”: {', '.join(r['reasons'])}" for r in rejected]
+    lines += [f"      - “{r.title}”: {', '.join(r.reasons)}" for r in rejected]
     lines.append("    the public snapshot news/snapshots/demo.json was refreshed.")
     lines.append(
         f"  • second run: {second.queued_count} new stories — everything had been seen; "

@@ -43,12 +43,14 @@ A pipeline pass adds its own figures (``PassFigures``): ``enqueuedSources``,
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from nightcrew.db.database import Database, json_param
 from nightcrew.db.queries import load_queries
+from nightcrew.jsonable import JsonObject, omitted, to_json
 from nightcrew.log import warning
 
 if TYPE_CHECKING:
@@ -69,26 +71,34 @@ SUPERSEDED_REASON = (
 LOCKED_REASON = "another run holds this shard's lock"
 
 
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.title() for part in rest)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FetchFailure:
+    """A feed whose fetch failed (``fetchErrors``)."""
+
+    source: str  # the source's name
+    error: str | None
 
 
-def _json(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, list):
-        return [_json(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _json(v) for k, v in value.items()}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _fields_json(value)
-    return value
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DroppedItems:
+    """Items a feed listed that cannot be kept, of one source for one reason
+    (``droppedItems``): not fetch errors, they never park a source."""
+
+    source: str
+    reason: str  # a link too long, not http(s), none
+    count: int
 
 
-def _fields_json(record: Any) -> dict[str, Any]:
-    """A report record's JSON: every field, by its camelCase name."""
-    return {_camel(f.name): _json(getattr(record, f.name)) for f in dataclasses.fields(record)}
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WriteFailure:
+    """An article the database refused for its own data (``writeErrors``)."""
+
+    url: str
+    error: str
+
+
+def _iso(at: datetime | None) -> str | None:
+    return at.isoformat() if at is not None else None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -109,10 +119,13 @@ class WorkerResults:
     ai_prompt_tokens: int = 0  # the model's usage on the workers' review stage
     ai_completion_tokens: int = 0
     redis_enabled: bool = True  # no worker noted a Redis failure in the window
-    write_errors: list[dict[str, Any]] = field(default_factory=list)
+    write_errors: list[WriteFailure] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        return _fields_json(self)
+    def to_json(self) -> JsonObject:
+        # the window's ends as ISO 8601 text: a saved report is jsonb, and the next pass reads
+        # ``until`` back from it (``notes.previous_report``)
+        document: JsonObject = to_json(self)
+        return document | {"since": _iso(self.since), "until": _iso(self.until)}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -127,8 +140,9 @@ class PassFigures:
     stages: dict[str, dict[str, int]]  # the shard's candidates, by stage and state
     workers: WorkerResults
 
-    def to_json(self) -> dict[str, Any]:
-        return _fields_json(self)
+    def to_json(self) -> JsonObject:
+        document: JsonObject = to_json(self)
+        return document | {"workers": self.workers.to_json()}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -162,13 +176,12 @@ class NewsReport:
     ai_completion_tokens: int = 0
     # who gave the verdicts counted in aiReviewedCount: "model" or "offline rules" (no AI)
     reviewer: str = "model"
-    fetch_errors: list[dict[str, Any]] = field(default_factory=list)
-    # items a feed listed but that cannot be kept (a link too long, not http(s), none):
-    # {"source", "reason", "count"} — not fetch errors: they never park a source
-    dropped_items: list[dict[str, Any]] = field(default_factory=list)
-    write_errors: list[dict[str, Any]] = field(default_factory=list)
+    fetch_errors: list[FetchFailure] = field(default_factory=list)
+    dropped_items: list[DroppedItems] = field(default_factory=list)
+    write_errors: list[WriteFailure] = field(default_factory=list)
     duration_ms: float = 0.0
-    pipeline: PassFigures | None = None  # a pipeline pass's own figures; None: an inline run
+    # a pipeline pass's own figures (None: an inline run), beside spec 001's in the JSON
+    pipeline: PassFigures | None = omitted(default=None)
 
     @property
     def engine(self) -> Engine:
@@ -178,12 +191,12 @@ class NewsReport:
     def skipped(self) -> bool:
         return self.status == "skipped"
 
-    def to_json(self) -> dict[str, Any]:
-        body = _fields_json(self)
-        figures = body.pop("pipeline")
+    def to_json(self) -> JsonObject:
+        # flat: ``pipeline`` names the engine, and a pass's own figures are members of their own
+        body: JsonObject = to_json(self)
         body |= {"pipeline": self.engine, "skipped": self.skipped}
-        if figures is not None:
-            body |= figures
+        if self.pipeline is not None:
+            body |= self.pipeline.to_json()
         return body
 
 
@@ -238,9 +251,20 @@ class ReportDraft:
         if reason not in self.report.deferred_reasons:
             self.set(deferred_reasons=[*self.report.deferred_reasons, reason])
 
-    def extend(self, **entries: list[dict[str, Any]]) -> None:
-        """Entries added to the lists ``fetch_errors``, ``dropped_items``, ``write_errors``."""
-        self.set(**{name: [*getattr(self.report, name), *e] for name, e in entries.items()})
+    def extend(
+        self,
+        *,
+        fetch_errors: Sequence[FetchFailure] = (),
+        dropped_items: Sequence[DroppedItems] = (),
+        write_errors: Sequence[WriteFailure] = (),
+    ) -> None:
+        """Entries added to the report's lists."""
+        report = self.report
+        self.set(
+            fetch_errors=[*report.fetch_errors, *fetch_errors],
+            dropped_items=[*report.dropped_items, *dropped_items],
+            write_errors=[*report.write_errors, *write_errors],
+        )
 
     def build(
         self,
@@ -336,15 +360,21 @@ async def save_report(db: Database, *, started_at: datetime, report: NewsReport)
     )
 
 
-async def latest_reports(db: Database) -> list[dict[str, Any]]:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SavedReport:
+    """A report as ``news.worker_reports`` keeps it (``latest_reports``)."""
+
+    shard: str
+    trigger: str
+    started_at: datetime
+    report: JsonObject  # its JSON, as saved
+
+    def to_json(self) -> JsonObject:
+        # ``startedAt`` as ISO 8601 text: GET /news/reports answers JSON
+        document: JsonObject = to_json(self)
+        return document | {"startedAt": self.started_at.isoformat()}
+
+
+async def latest_reports(db: Database) -> list[JsonObject]:
     """The newest report of each shard, whichever engine saved it."""
-    rows = await db.fetch(SQL["latest_reports"])
-    return [
-        {
-            "shard": r["shard"],
-            "trigger": r["trigger"],
-            "startedAt": r["started_at"].isoformat(),
-            "report": r["report"],
-        }
-        for r in rows
-    ]
+    return [r.to_json() for r in await db.fetch_as(SavedReport, SQL["latest_reports"])]

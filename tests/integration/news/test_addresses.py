@@ -317,7 +317,8 @@ async def test_a_source_refused_for_its_address_is_fetched_on_the_next_run_once_
         replace(runtime, news=deps_for(db, clock, http, policy=PRODUCTION)), clock, "s"
     )
     [error] = refused.fetch_errors
-    assert error["error"].startswith("refused: 127.0.0.1 is not a public address")
+    assert error.error is not None
+    assert error.error.startswith("refused: 127.0.0.1 is not a public address")
     assert feed_server.requests == []  # refused before any connection
     # due again at once, not in 15 minutes: the setting, not the feed, decides
     row = await db.fetch_one("SELECT next_check_at FROM news.sources WHERE name = 'lo'")

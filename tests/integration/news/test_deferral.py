@@ -138,7 +138,7 @@ async def test_retried_count_is_known_before_the_backpressure_stop(
         "INSERT INTO news.articles (url, source_id, shard, title, summary, status, fence,"
         " created_at) VALUES ('https://old.example/x', %(s)s, 's', 'old', 'old', 'accepted', 1,"
         " %(t)s)",
-        {"s": source["id"], "t": NOW - timedelta(hours=7)},
+        {"s": source.id, "t": NOW - timedelta(hours=7)},
     )
     # the article limit stops the run (the queue limit no longer does: it bounds the batch)
     runtime = await runtime_for(

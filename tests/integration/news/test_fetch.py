@@ -152,21 +152,21 @@ async def test_sources_keep_the_etag_and_park_after_repeated_failures(
         await add_source(db, url="file:///etc/passwd", name="Bad", shard="s1", now=NOW)
 
     await record_fetch(db, source, FetchResult(outcome="ok", etag='"e"'), NOW)
-    [row] = await list_sources(db, shard="s1")
-    assert row["consecutive_failures"] == 0 and row["next_check_at"] == NOW + timedelta(minutes=15)
+    [listed] = await list_sources(db, shard="s1")
+    assert listed.consecutive_failures == 0 and listed.next_check_at == NOW + timedelta(minutes=15)
     for n in range(PARK_AFTER_FAILURES):
         await record_fetch(
             db,
-            {**source, "feed_url": "https://feeds.example/rss"},
+            replace(source, feed_url="https://feeds.example/rss"),
             FetchResult(outcome="failed", error="the feed answered 500"),
             NOW + timedelta(hours=n),
         )
-    [row] = await list_sources(db)
-    assert row["consecutive_failures"] == PARK_AFTER_FAILURES
-    assert row["parked_at"] == NOW + timedelta(hours=PARK_AFTER_FAILURES - 1)
-    await set_enabled(db, str(source["id"]), enabled=True)
-    [row] = await list_sources(db)
-    assert row["parked_at"] is None and row["consecutive_failures"] == 0
+    [listed] = await list_sources(db)
+    assert listed.consecutive_failures == PARK_AFTER_FAILURES
+    assert listed.parked_at == NOW + timedelta(hours=PARK_AFTER_FAILURES - 1)
+    await set_enabled(db, str(source.id), enabled=True)
+    [listed] = await list_sources(db)
+    assert listed.parked_at is None and listed.consecutive_failures == 0
     with pytest.raises(SourceError, match="no source"):
         await set_enabled(db, "999999", enabled=False)
 

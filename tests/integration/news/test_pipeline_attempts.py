@@ -401,7 +401,7 @@ async def test_a_review_failed_for_now_waits_for_a_pass_even_once_a_copy_parked_
         " reason, fence, admitted_at, not_before, created_at, updated_at) VALUES"
         " ('https://x.example/1', %(s)s, 's', 't', 's', 'review', 'held', 'parked', 3,"
         " %(now)s, %(now)s + interval '30 seconds', %(now)s, %(now)s)",
-        {"s": source["id"], "now": now},
+        {"s": source.id, "now": now},
     )
     saved = await db.fetch_one(
         STAGES_SQL["review_later"],

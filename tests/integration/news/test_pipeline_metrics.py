@@ -64,11 +64,11 @@ async def test_the_per_stage_gauges_and_totals_appear_in_metrics_with_their_valu
     )
     await db.execute(
         "UPDATE news.sources SET fetch_queued_at = %(at)s WHERE id = %(id)s",
-        {"at": NOW - timedelta(seconds=45), "id": source["id"]},
+        {"at": NOW - timedelta(seconds=45), "id": source.id},
     )
-    await _candidates(db, source["id"], "review", "queued", 5, age=120)
-    await _candidates(db, source["id"], "review", "held", 2, age=600)
-    await _candidates(db, source["id"], "write", "queued", 1, age=30)
+    await _candidates(db, source.id, "review", "queued", 5, age=120)
+    await _candidates(db, source.id, "review", "held", 2, age=600)
+    await _candidates(db, source.id, "write", "queued", 1, age=30)
     await db.execute(
         "INSERT INTO news.stage_counters (stage, processed, failed, dead_lettered)"
         " VALUES ('review', 4, 0, 0), ('write', 7, 3, 1)"

@@ -28,7 +28,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
 
 from nightcrew.adapters.locks import Lease, Leases
 from nightcrew.adapters.news import NewsAdapters
@@ -191,7 +190,7 @@ class _Run:
         database; keep what is new in memory (``unstored``); record the failed fetches; count
         the shard's queue by source — its held rows and this run's new items."""
         db, deps = self.runtime.db, self.deps
-        due = await db.fetch(news_sources.SQL["due_sources"], {"shard": self.shard, "now": now})
+        due = await news_sources.due_sources(db, self.shard, now)
         rules = feed_rules(self.runtime.settings, deps.policy, deps.parsers)
         fetched = await fetch_sources(deps.http, rules, due, now)
         self.processed, fresh = await items.unseen(
@@ -217,8 +216,8 @@ class _Run:
         at = self.started or self.clock.now()
         stored = await items.store(self.runtime.db, self.shard, candidates, at)
         # (one the write was refused for is reported by the write already)
-        reported = {e["url"] for e in self.draft.report.write_errors}
-        self.draft.extend(write_errors=[e for e in stored.refused if e["url"] not in reported])
+        reported = {e.url for e in self.draft.report.write_errors}
+        self.draft.extend(write_errors=[e for e in stored.refused if e.url not in reported])
         for candidate in stored.not_stored:
             self.unstored[candidate.url] = candidate
 
@@ -253,7 +252,7 @@ class _Run:
         )
         return count
 
-    async def _thumbnail_retries(self, now: datetime) -> list[dict[str, Any]]:
+    async def _thumbnail_retries(self, now: datetime) -> list[hydrate.NoThumbnail]:
         """Accepted articles still without a thumbnail, due another try — counted before the
         backpressure stop (``retriedCount``), tried only if the run goes on."""
         retries = await hydrate.thumbnail_retries(self.runtime.db, self.shard, now)
@@ -289,7 +288,7 @@ class _Run:
         return admitted
 
     async def _process(
-        self, admitted: Admission, retries: list[dict[str, Any]], now: datetime
+        self, admitted: Admission, retries: list[hydrate.NoThumbnail], now: datetime
     ) -> list[str]:
         """The admitted batch — the shard's held candidates, oldest first, then this run's new
         ones (what earlier runs deferred goes before the new) — within MAX_AI_REVIEWS model

@@ -6,12 +6,12 @@ import ipaddress
 import re
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
 from urllib.parse import urlsplit
 
 from nightcrew.db.database import Database, Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import NightcrewError
+from nightcrew.jsonable import Jsonable, JsonObject
 from nightcrew.log import event, warning
 from nightcrew.news.sources.opml import (
     FeedEntry,
@@ -31,6 +31,64 @@ CHECK_INTERVAL = timedelta(minutes=15)
 
 class SourceError(NightcrewError):
     """A source command was refused; the message says why."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Source:
+    """A source as every query of it names it (``disable_source``, ``enable_source``)."""
+
+    id: int
+    name: str
+    feed_url: str
+    shard: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AddedSource(Source):
+    """A source just added (``add_source``)."""
+
+    enabled: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ListedSource(Source):
+    """A source with its fetch health (``list_sources``)."""
+
+    enabled: bool
+    consecutive_failures: int
+    last_error: str | None
+    last_fetched_at: datetime | None
+    next_check_at: datetime | None
+    parked_at: datetime | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DueSource(Source):
+    """A source to fetch (``due_sources``): what its conditional GET sends, and what its
+    fetch is reported by."""
+
+    etag: str | None
+    last_modified: str | None
+    body_hash: str | None
+    consecutive_failures: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Failures:
+    """A source's failures after one more (``record_failure``)."""
+
+    consecutive_failures: int
+    parked_at: datetime | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Imported:
+    """An import's answer for the file's entry on ``line`` (``import_sources``)."""
+
+    line: int
+    added_id: int | None
+    existing_id: int | None
+    existing_shard: str | None
 
 
 # a DNS name as the address policy will resolve it (underscores are seen in the wild)
@@ -98,14 +156,15 @@ def refusal_hint(urls: list[str], allowed_private_hosts: str) -> list[str]:
 
 async def add_source(
     db: Database, *, url: str, name: str, shard: str, now: datetime
-) -> dict[str, Any]:
-    row = await db.fetch_one(
+) -> AddedSource:
+    added = await db.fetch_one_as(
+        AddedSource,
         SQL["add_source"],
         {"name": name, "feed_url": validate_feed_url(url), "shard": shard, "now": now},
     )
-    if row is None:
+    if added is None:
         raise SourceError(f"a source with feed URL {url!r} already exists")
-    return row
+    return added
 
 
 def source_name_for(url: str) -> str:
@@ -115,14 +174,11 @@ def source_name_for(url: str) -> str:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class ImportedSource:
+class ImportedSource(Jsonable):
     line: int
     id: int | None  # None in a dry run
     name: str
     feed_url: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"line": self.line, "id": self.id, "name": self.name, "feedUrl": self.feed_url}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -141,7 +197,8 @@ class ImportReport:
             counts[skip.reason.value] += 1
         return counts
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
+        # the counts are computed, and a skipped entry's JSON is opml.Skipped's own
         return {
             "format": self.format,
             "shard": self.shard,
@@ -189,7 +246,8 @@ async def import_sources(
 ) -> ImportReport:
     """Add a parsed file's sources to ``shard`` in one statement; a dry run only reads."""
     candidates, skipped = check_import(feeds)
-    rows = await db.fetch(
+    rows = await db.fetch_as(
+        _Imported,
         SQL["preview_import" if dry_run else "import_sources"],
         {
             "lines": [source.line for source in candidates],
@@ -199,16 +257,16 @@ async def import_sources(
             "now": now,
         },
     )
-    outcome = {row["line"]: row for row in rows}
+    outcome = {imported.line: imported for imported in rows}
     added: list[ImportedSource] = []
     for source in candidates:
-        row = outcome[source.line]
-        if row["added_id"] is not None or (dry_run and row["existing_id"] is None):
-            added.append(replace(source, id=row["added_id"]))
+        answer = outcome[source.line]
+        if answer.added_id is not None or (dry_run and answer.existing_id is None):
+            added.append(replace(source, id=answer.added_id))
             continue
         known = (
-            f"already source {row['existing_id']} on shard {row['existing_shard']}"
-            if row["existing_id"] is not None
+            f"already source {answer.existing_id} on shard {answer.existing_shard}"
+            if answer.existing_id is not None
             else "already a source (added while this import ran)"
         )
         skipped.append(_skip(source, SkipReason.exists, known, url=source.feed_url))
@@ -221,25 +279,32 @@ async def import_sources(
     )
 
 
-async def list_sources(db: Database, *, shard: str | None = None) -> list[dict[str, Any]]:
-    return await db.fetch(SQL["list_sources"], {"shard": shard})
+async def list_sources(db: Database, *, shard: str | None = None) -> list[ListedSource]:
+    return await db.fetch_as(ListedSource, SQL["list_sources"], {"shard": shard})
 
 
-async def set_enabled(db: Database, ref: str, *, enabled: bool) -> dict[str, Any]:
-    row = await db.fetch_one(SQL["enable_source" if enabled else "disable_source"], {"ref": ref})
-    if row is None:
+async def set_enabled(db: Database, ref: str, *, enabled: bool) -> Source:
+    source = await db.fetch_one_as(
+        Source, SQL["enable_source" if enabled else "disable_source"], {"ref": ref}
+    )
+    if source is None:
         raise SourceError(f"no source {ref!r} (give its id or its feed URL)")
-    return row
+    return source
+
+
+async def due_sources(db: Database, shard: str, now: datetime) -> list[DueSource]:
+    """The shard's sources whose next check is due (the inline run fetches them)."""
+    return await db.fetch_as(DueSource, SQL["due_sources"], {"shard": shard, "now": now})
 
 
 async def record_fetch(
-    db: Database | Tx, source: dict[str, Any], result: FetchResult, now: datetime
+    db: Database | Tx, source: Source, result: FetchResult, now: datetime
 ) -> None:
     if result.outcome in ("ok", "not_modified"):
         await db.execute(
             SQL["record_success"],
             {
-                "id": source["id"],
+                "id": source.id,
                 "etag": result.etag,
                 "last_modified": result.last_modified,
                 "body_hash": result.body_hash,
@@ -248,10 +313,11 @@ async def record_fetch(
             },
         )
         return
-    row = await db.fetch_one(
+    failures = await db.fetch_one_as(
+        _Failures,
         SQL["record_failure"],
         {
-            "id": source["id"],
+            "id": source.id,
             "error": result.error,
             "now": now,
             "next_check_at": next_check(now, result, CHECK_INTERVAL),
@@ -262,24 +328,24 @@ async def record_fetch(
         # not "the feed failed": the operator's setting decides, so say which one
         warning(
             "news.source_refused",
-            source_id=source["id"],
-            feed_url=source["feed_url"],
+            source_id=source.id,
+            feed_url=source.feed_url,
             error=result.error,
             hint="allow it with NEWS_ALLOWED_PRIVATE_HOSTS; it is tried again on every run"
             " (once parked, `news sources enable` frees it)",
         )
-    if row is not None and row["parked_at"] is not None:
+    if failures is not None and failures.parked_at is not None:
         warning(
             "news.source_parked",
-            source_id=source["id"],
-            feed_url=source["feed_url"],
-            failures=row["consecutive_failures"],
+            source_id=source.id,
+            feed_url=source.feed_url,
+            failures=failures.consecutive_failures,
             error=result.error,
         )
     elif not result.refused_address:
         event(
             "news.source_fetch_failed",
-            source_id=source["id"],
+            source_id=source.id,
             error=result.error,
             outcome=result.outcome,
         )

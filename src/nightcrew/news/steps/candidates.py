@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from nightcrew.adapters.reviewer import Verdict
 from nightcrew.db.database import Database, QueryError, Tx, json_param
 from nightcrew.db.queries import load_queries
+from nightcrew.jsonable import JsonObject
+from nightcrew.news.engines.pipeline.outbox import Owed
 from nightcrew.news.sources import registry as news_sources
+from nightcrew.news.sources.registry import DueSource
 from nightcrew.news.steps.entries import FeedItem
 from nightcrew.news.steps.fetch import FetchResult, next_check
 
@@ -42,7 +44,6 @@ class Candidate:
         return self.item.url
 
 
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CandidateRow:
     """A candidate as ``news.candidates`` holds it (``held``, and the pipeline's take)."""
@@ -58,7 +59,7 @@ class CandidateRow:
     reason: str
     attempts: int
     stage: str | None = None
-    verdict: dict[str, Any] | None = None
+    verdict: JsonObject | None = None  # a Verdict's JSON; {}: the model failed for good
     translation: str | None = None
 
     def candidate(self) -> Candidate:
@@ -75,34 +76,29 @@ class CandidateRow:
             reason=self.reason,
             attempts=self.attempts,
             reviewed=self.stage == "write",
-            verdict=verdict_from_json(self.verdict),
+            verdict=Verdict.from_json(self.verdict) if self.verdict else None,
             translation=self.translation,
         )
 
 
-def verdict_to_json(verdict: Verdict | None) -> dict[str, Any] | None:
-    if verdict is None:
-        return None
-    return {
-        "accepted": verdict.accepted,
-        "reasons": list(verdict.reasons),
-        "summary": verdict.summary,
-        "reviewer": verdict.reviewer,
-    }
+Fetched = tuple[DueSource, FetchResult, list[FeedItem]]
 
 
-def verdict_from_json(value: dict[str, Any] | None) -> Verdict | None:
-    if not value:
-        return None
-    return Verdict(
-        accepted=bool(value["accepted"]),
-        reasons=[str(r) for r in value.get("reasons") or []],
-        summary=value.get("summary"),
-        reviewer=str(value.get("reviewer") or ""),
-    )
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Url:
+    url: str  # ``known``
 
 
-Fetched = tuple[dict[str, Any], FetchResult, list[FeedItem]]
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Count:
+    n: int  # ``count_held``, ``admission_load``
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _HeldBySource:
+    source_name: str
+    source_shard: str
+    n: int
 
 
 async def record_and_hold(db: Database, shard: str, fetched: list[Fetched], now: datetime) -> None:
@@ -114,9 +110,7 @@ async def record_and_hold(db: Database, shard: str, fetched: list[Fetched], now:
         return
     async with db.transaction() as tx:
         await _record(tx, done, now)
-        await hold(
-            tx, shard, [(source["id"], item) for source, _, new in done for item in new], now
-        )
+        await hold(tx, shard, [(source.id, item) for source, _, new in done for item in new], now)
 
 
 async def record(db: Database, fetched: list[Fetched], now: datetime) -> None:
@@ -131,7 +125,7 @@ async def _record(tx: Database | Tx, done: list[Fetched], now: datetime) -> None
         news_sources.SQL["record_successes"],
         {
             "now": now,
-            "ids": [s["id"] for s, _, _ in done],
+            "ids": [s.id for s, _, _ in done],
             "etags": [r.etag for _, r, _ in done],
             "last_modified": [r.last_modified for _, r, _ in done],
             "hashes": [r.body_hash for _, r, _ in done],
@@ -166,7 +160,7 @@ async def known(db: Database, urls: list[str]) -> set[str]:
     written."""
     if not urls:
         return set()
-    return {r["url"] for r in await db.fetch(SQL["known"], {"urls": urls})}
+    return {c.url for c in await db.fetch_as(_Url, SQL["known"], {"urls": urls})}
 
 
 def fetched_now(fetched: list[Fetched], known_urls: set[str]) -> list[Candidate]:
@@ -175,11 +169,11 @@ def fetched_now(fetched: list[Fetched], known_urls: set[str]) -> list[Candidate]
     is left out."""
     fresh: dict[str, Candidate] = {}
     for source, _, items in fetched:
-        label = f"{source['name']} ({source['shard']})"
+        label = f"{source.name} ({source.shard})"
         for item in items:
             if item.url not in fresh and item.url not in known_urls:
                 fresh[item.url] = Candidate(
-                    source_id=int(source["id"]),
+                    source_id=source.id,
                     source_label=label,
                     item=item,
                     reason="fetched",
@@ -211,8 +205,10 @@ async def held_by_source(
     """How many candidates wait, by "source (shard)" (forgetting those written meanwhile);
     the pipeline counts its ``queued`` ones too."""
     await db.execute(SQL["forget_written"], {"shard": shard})
-    rows = await db.fetch(SQL["held_by_source"], {"shard": shard, "states": list(states)})
-    return {f"{r['source_name']} ({r['source_shard']})": int(r["n"]) for r in rows}
+    rows = await db.fetch_as(
+        _HeldBySource, SQL["held_by_source"], {"shard": shard, "states": list(states)}
+    )
+    return {f"{r.source_name} ({r.source_shard})": r.n for r in rows}
 
 
 async def defer_all_but(
@@ -225,21 +221,21 @@ async def defer_all_but(
 
 async def count_held(db: Database, shard: str) -> int:
     """The shard's candidates waiting for a later run or pass (``deferredCount``)."""
-    row = await db.fetch_one(SQL["count_held"], {"shard": shard})
-    return int(row["n"]) if row else 0
+    count = await db.fetch_one_as(_Count, SQL["count_held"], {"shard": shard})
+    return count.n if count else 0
 
 
 async def admission_load(db: Database, shard: str) -> int:
     """What earlier passes admitted that the stage workers still have in flight."""
-    row = await db.fetch_one(SQL["admission_load"], {"shard": shard})
-    return int(row["n"]) if row else 0
+    count = await db.fetch_one_as(_Count, SQL["admission_load"], {"shard": shard})
+    return count.n if count else 0
 
 
-async def admit(db: Database, urls: list[str], now: datetime) -> list[dict[str, Any]]:
+async def admit(db: Database, urls: list[str], now: datetime) -> list[Owed]:
     """A pass admits these waiting candidates into their stages: the outbox rows to send."""
     if not urls:
         return []
-    return await db.fetch(SQL["admit"], {"urls": urls, "now": now})
+    return await db.fetch_as(Owed, SQL["admit"], {"urls": urls, "now": now})
 
 
 async def defer(
@@ -268,7 +264,7 @@ async def keep_verdicts(
         {
             "urls": [u for u, _, _ in verdicts],
             "translations": [t for _, _, t in verdicts],
-            "verdicts": json_param([verdict_to_json(v) for _, v, _ in verdicts]),
+            "verdicts": json_param([v.to_json() for _, v, _ in verdicts]),
             "now": now,
         },
     )

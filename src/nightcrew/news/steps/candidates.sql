@@ -85,6 +85,7 @@ WITH moved AS (
      WHERE c.url = ANY(%(urls)b::text[]) AND c.state = 'held' AND c.admitted_at IS NULL
     RETURNING c.url, c.shard, c.stage
 )
+-- each body a message's JSON, as messages.WorkOn writes it
 INSERT INTO news.outbox (stage, body, created_at)
 SELECT stage, jsonb_build_object('url', url, 'shard', shard), %(now)s FROM moved
 RETURNING id, message_id, stage, body;

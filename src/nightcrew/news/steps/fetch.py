@@ -28,7 +28,7 @@ import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urljoin
 
 from nightcrew.adapters.addresses import (
@@ -51,6 +51,9 @@ from nightcrew.news.steps.entries import (
     read_feed_body,
 )
 from nightcrew.news.steps.parse import PARSE_BUDGET_SECONDS, parse_fast_only
+
+if TYPE_CHECKING:
+    from nightcrew.news.sources.registry import DueSource
 
 MAX_FEED_BYTES = 5 * 1024 * 1024
 READ_TIMEOUT_SECONDS = 15.0
@@ -303,32 +306,32 @@ def feed_rules(settings: Settings, policy: AddressPolicy, parsers: ParserPool) -
 
 
 async def fetch_source(
-    client: UntrustedHttp, rules: FeedRules, source: dict[str, Any], now: datetime
+    client: UntrustedHttp, rules: FeedRules, source: DueSource, now: datetime
 ) -> FetchResult:
     """One source's feed, conditionally on what its last fetch saved (ETag, Last-Modified,
     body hash). Never raises: whatever goes wrong is that source's failed fetch."""
     try:
         return await fetch_feed(
             client,
-            source["feed_url"],
+            source.feed_url,
             now,
             rules,
-            etag=source["etag"],
-            last_modified=source["last_modified"],
-            body_hash=source["body_hash"],
+            etag=source.etag,
+            last_modified=source.last_modified,
+            body_hash=source.body_hash,
         )
     except Exception as exc:  # a feed never kills its run or its worker: it is that source's
         return FetchResult(outcome="failed", error=describe_error(exc))
 
 
 async def fetch_sources(
-    client: UntrustedHttp, rules: FeedRules, sources: list[dict[str, Any]], now: datetime
-) -> list[tuple[dict[str, Any], FetchResult]]:
+    client: UntrustedHttp, rules: FeedRules, sources: list[DueSource], now: datetime
+) -> list[tuple[DueSource, FetchResult]]:
     """Every one of ``sources`` fetched, FETCH_CONCURRENCY at a time, in their order; one
     source never takes the others' results with it."""
     gate = asyncio.Semaphore(FETCH_CONCURRENCY)
 
-    async def one(source: dict[str, Any]) -> tuple[dict[str, Any], FetchResult]:
+    async def one(source: DueSource) -> tuple[DueSource, FetchResult]:
         async with gate:
             return source, await fetch_source(client, rules, source, now)
 

@@ -12,8 +12,8 @@ lock after its admission.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from nightcrew.adapters.news import NewsAdapters
 from nightcrew.db.database import Database
@@ -45,11 +45,20 @@ async def hydrate_images(adapters: NewsAdapters, urls: list[str]) -> dict[str, s
     return {u: i for u, i in await asyncio.gather(*(one(u) for u in urls)) if i}
 
 
-async def thumbnail_retries(db: Database, shard: str, now: datetime) -> list[dict[str, Any]]:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NoThumbnail:
+    """An accepted article without a thumbnail, due another try (``retry_candidates``)."""
+
+    id: int
+    url: str
+
+
+async def thumbnail_retries(db: Database, shard: str, now: datetime) -> list[NoThumbnail]:
     """Accepted articles of ``shard`` still without a thumbnail, due another try (their last
     try, or their creation, older than NO_THUMBNAIL_RETRY_AGE_SECONDS), least recently tried
     first, at most NO_THUMBNAIL_RETRY_MAX."""
-    return await db.fetch(
+    return await db.fetch_as(
+        NoThumbnail,
         SQL["retry_candidates"],
         {
             "shard": shard,
@@ -61,14 +70,15 @@ async def thumbnail_retries(db: Database, shard: str, now: datetime) -> list[dic
 
 
 async def retry_thumbnails(
-    db: Database, adapters: NewsAdapters, rows: list[dict[str, Any]], now: datetime
+    db: Database, adapters: NewsAdapters, articles: list[NoThumbnail], now: datetime
 ) -> None:
-    """Try ``rows`` (from ``thumbnail_retries``) again: each marked tried first, so a page that
-    never answers waits out the retry age like any other."""
-    if not rows:
+    """Try ``articles`` (from ``thumbnail_retries``) again: each marked tried first, so a page
+    that never answers waits out the retry age like any other."""
+    if not articles:
         return
-    await db.execute(SQL["mark_thumbnail_attempts"], {"now": now, "ids": [r["id"] for r in rows]})
-    found = await hydrate_images(adapters, [r["url"] for r in rows])
-    for row in rows:
-        if row["url"] in found:
-            await db.execute(SQL["set_image"], {"id": row["id"], "image_url": found[row["url"]]})
+    ids = [a.id for a in articles]
+    await db.execute(SQL["mark_thumbnail_attempts"], {"now": now, "ids": ids})
+    found = await hydrate_images(adapters, [a.url for a in articles])
+    for article in articles:
+        if article.url in found:
+            await db.execute(SQL["set_image"], {"id": article.id, "image_url": found[article.url]})

@@ -19,12 +19,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from nightcrew.adapters.processed import ProcessedUrls, ProcessedUrlsDown
 from nightcrew.db.database import Database, QueryError
 from nightcrew.log import describe_error, warning
+from nightcrew.news.report import DroppedItems, FetchFailure, WriteFailure
 from nightcrew.news.sources import registry as news_sources
+from nightcrew.news.sources.registry import DueSource
 from nightcrew.news.steps import candidates as held_candidates
 from nightcrew.news.steps.candidates import Candidate, Fetched, refused_for_its_data
 from nightcrew.news.steps.fetch import FetchResult
@@ -35,7 +36,7 @@ ProcessedDown = Callable[[ProcessedUrlsDown], None]
 async def unseen(
     processed: ProcessedUrls,
     fallback: ProcessedUrls,
-    fetched: list[tuple[dict[str, Any], FetchResult]],
+    fetched: list[tuple[DueSource, FetchResult]],
     on_down: ProcessedDown,
 ) -> tuple[ProcessedUrls, list[Fetched]]:
     """Each fetch with its new items: those whose URL is not in the processed-URL set. Returns
@@ -80,34 +81,34 @@ class Held:
     """What holding a run's fetches left to report (spec 001's ``fetchErrors``,
     ``droppedItems`` and the items refused for their own data, ``writeErrors``)."""
 
-    fetch_errors: list[dict[str, Any]]
-    dropped_items: list[dict[str, Any]]
-    write_errors: list[dict[str, Any]]
+    fetch_errors: list[FetchFailure]
+    dropped_items: list[DroppedItems]
+    write_errors: list[WriteFailure]
 
 
 def _hold_error(exc: QueryError) -> str:
     return f"could not hold its items: {describe_error(exc)}"
 
 
-def _refused(url: str, exc: QueryError) -> dict[str, Any]:
+def _refused(url: str, exc: QueryError) -> WriteFailure:
     """An item the database refused to hold for its own data: logged, and its ``writeErrors``
     entry."""
     warning("worker.hold_rejected", url=url, error=describe_error(exc))
-    return {"url": url, "error": describe_error(exc)}
+    return WriteFailure(url=url, error=describe_error(exc))
 
 
 async def record_failures(db: Database, fetched: list[Fetched], now: datetime) -> Held:
     """What a run's fetches report before anything is held: each failed fetch, recorded one
     by one (each may park its source; spec 001's ``fetchErrors``), and the items each
     dropped (``droppedItems``)."""
-    fetch_errors: list[dict[str, Any]] = []
-    dropped: list[dict[str, Any]] = []
+    fetch_errors: list[FetchFailure] = []
+    dropped: list[DroppedItems] = []
     for source, result, _ in fetched:
         if result.outcome in ("failed", "retry_later"):
-            fetch_errors.append({"source": source["name"], "error": result.error})
+            fetch_errors.append(FetchFailure(source=source.name, error=result.error))
             await news_sources.record_fetch(db, source, result, now)
         for reason, count in result.dropped.items():
-            dropped.append({"source": source["name"], "reason": reason, "count": count})
+            dropped.append(DroppedItems(source=source.name, reason=reason, count=count))
     return Held(fetch_errors=fetch_errors, dropped_items=dropped, write_errors=[])
 
 
@@ -122,8 +123,8 @@ async def hold_fetched(
     database cannot store is lost (reported in ``writeErrors``), and a source whose items
     could not be held for a reason not theirs keeps its old state (fetched again). Failed
     fetches are ``record_failures``'."""
-    fetch_errors: list[dict[str, Any]] = []
-    write_errors: list[dict[str, Any]] = []
+    fetch_errors: list[FetchFailure] = []
+    write_errors: list[WriteFailure] = []
     try:
         await held_candidates.record_and_hold(db, shard, fetched, now)
         return Held(fetch_errors=[], dropped_items=[], write_errors=[])
@@ -133,7 +134,7 @@ async def hold_fetched(
         try:
             await held_candidates.record_and_hold(db, shard, [(source, result, items)], now)
         except QueryError as exc:
-            warning("worker.hold_source_failed", source=source["name"], error=str(exc))
+            warning("worker.hold_source_failed", source=source.name, error=str(exc))
             await _hold_one_by_one(
                 db, shard, (source, result, items), now, fetch_errors, write_errors
             )
@@ -147,7 +148,7 @@ class Stored:
     now (still in memory: the run's settling holds them with their fetch state, or leaves
     their feed to be fetched again)."""
 
-    refused: list[dict[str, Any]]
+    refused: list[WriteFailure]
     not_stored: list[Candidate]
 
 
@@ -160,7 +161,7 @@ async def store(db: Database, shard: str, candidates: list[Candidate], now: date
         return Stored(refused=[], not_stored=[])
     except QueryError as exc:
         warning("worker.store_batch_failed", shard=shard, error=describe_error(exc))
-    refused: list[dict[str, Any]] = []
+    refused: list[WriteFailure] = []
     not_stored: list[Candidate] = []
     for candidate in candidates:
         try:
@@ -178,8 +179,8 @@ async def _hold_one_by_one(
     shard: str,
     fetch: Fetched,
     now: datetime,
-    fetch_errors: list[dict[str, Any]],
-    write_errors: list[dict[str, Any]],
+    fetch_errors: list[FetchFailure],
+    write_errors: list[WriteFailure],
 ) -> None:
     """Each item in its own statement; the fetch state last, and only when every item is held
     or refused for its own data — a failure that is nobody's item (a timeout, a full disk)
@@ -187,10 +188,10 @@ async def _hold_one_by_one(
     source, result, items = fetch
     for item in items:
         try:
-            await held_candidates.hold(db, shard, [(source["id"], item)], now)
+            await held_candidates.hold(db, shard, [(source.id, item)], now)
         except QueryError as exc:
             if not refused_for_its_data(exc):
-                fetch_errors.append({"source": source["name"], "error": _hold_error(exc)})
+                fetch_errors.append(FetchFailure(source=source.name, error=_hold_error(exc)))
                 await news_sources.record_fetch(
                     db, source, FetchResult(outcome="failed", error=_hold_error(exc)), now
                 )
@@ -199,4 +200,4 @@ async def _hold_one_by_one(
     try:
         await held_candidates.record(db, [(source, result, items)], now)
     except QueryError as exc:  # its items are held; only the 304 is lost: fetched again
-        fetch_errors.append({"source": source["name"], "error": _hold_error(exc)})
+        fetch_errors.append(FetchFailure(source=source.name, error=_hold_error(exc)))

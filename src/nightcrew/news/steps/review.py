@@ -25,7 +25,6 @@ import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from nightcrew.adapters.locks import Lease, Leases
 from nightcrew.adapters.reviewer import (
@@ -241,13 +240,18 @@ def within_budget(
 
 
 # --- written meanwhile? -----------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Url:
+    url: str  # ``written_among``
+
+
 async def written_among(db: Database, urls: list[str]) -> set[str]:
     """Those of ``urls`` written already — another shard, or a holder whose lease ran out, may
     have written one since it was looked up: the review lock only says nobody is reviewing it
     *now*. The inline run asks for its batch, the pipeline's review stage for its candidate."""
     if not urls:
         return set()
-    return {r["url"] for r in await db.fetch(SQL["written_among"], {"urls": urls})}
+    return {a.url for a in await db.fetch_as(_Url, SQL["written_among"], {"urls": urls})}
 
 
 async def is_written(db: Database, url: str) -> bool:
@@ -256,18 +260,28 @@ async def is_written(db: Database, url: str) -> bool:
 
 
 # --- the translation backlog (both engines) -----------------------------------------------------
-async def translation_backlog(db: Database, shard: str, settings: Settings) -> list[dict[str, Any]]:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Untranslated:
+    """An accepted review whose summary has no translation yet (``translation_backlog``)."""
+
+    article_id: int
+    summary: str
+
+
+async def translation_backlog(db: Database, shard: str, settings: Settings) -> list[Untranslated]:
     """Accepted reviews of ``shard`` whose summary still has no translation, oldest first, at
     most MAX_AI_REVIEWS (each is a model call)."""
-    return await db.fetch(
-        SQL["translation_backlog"], {"shard": shard, "limit": settings.max_ai_reviews}
+    return await db.fetch_as(
+        Untranslated,
+        SQL["translation_backlog"],
+        {"shard": shard, "limit": settings.max_ai_reviews},
     )
 
 
 async def translate_backlog(
     db: Database,
     reviewer: Reviewer,
-    backlog: list[dict[str, Any]],
+    backlog: list[Untranslated],
     *,
     still_held: Callable[[], Awaitable[bool]] | None = None,
     spend: Spend | None = None,
@@ -278,18 +292,18 @@ async def translate_backlog(
     else may be translating now). How many were translated; the tokens go to ``spend``."""
     translated = 0
     scope = CallScope(spend=spend if spend is not None else Spend())
-    for row in backlog:
+    for review in backlog:
         if still_held is not None and not await still_held():
-            warning("worker.translation_lease_lost", article_id=row["article_id"])
+            warning("worker.translation_lease_lost", article_id=review.article_id)
             break
         try:
-            text = await reviewer.translate(row["summary"], TRANSLATION_LANGUAGE, scope)
+            text = await reviewer.translate(review.summary, TRANSLATION_LANGUAGE, scope)
         except ReviewError as exc:
-            warning("worker.translation_failed", article_id=row["article_id"], error=str(exc))
+            warning("worker.translation_failed", article_id=review.article_id, error=str(exc))
             continue
         if text:
             await db.execute(
-                SQL["set_translation"], {"article_id": row["article_id"], "translation": text}
+                SQL["set_translation"], {"article_id": review.article_id, "translation": text}
             )
             translated += 1
     return translated

@@ -10,6 +10,7 @@ its workers publish stale shards at most once per NEWS_SNAPSHOT_DEBOUNCE_SECONDS
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime
 
 from nightcrew.adapters.storage import ObjectStore
@@ -29,6 +30,16 @@ async def publish_snapshot(db: Database, store: ObjectStore, shard: str, now: da
 
 
 # --- the pipeline's debounce ---------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Due:
+    due: bool  # ``any_due``
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Claimed:
+    shard: str  # ``claim_snapshots``
+
+
 async def mark_stale(tx: Tx, shard: str, now: datetime) -> None:
     """``shard``'s snapshot is behind its articles (it stays stale since the first such write)."""
     await tx.execute(SQL["stale_snapshot"], {"shard": shard, "now": now})
@@ -36,8 +47,8 @@ async def mark_stale(tx: Tx, shard: str, now: datetime) -> None:
 
 async def any_due(db: Database, now: datetime, *, debounce_seconds: float) -> bool:
     """Whether a stale snapshot is due (``refresh_stale`` would publish one)."""
-    row = await db.fetch_one(SQL["any_due"], {"now": now, "debounce": debounce_seconds})
-    return bool(row and row["due"])
+    answer = await db.fetch_one_as(_Due, SQL["any_due"], {"now": now, "debounce": debounce_seconds})
+    return answer is not None and answer.due
 
 
 async def refresh_stale(
@@ -45,11 +56,13 @@ async def refresh_stale(
 ) -> int:
     """Publish every stale shard snapshot not published within ``debounce_seconds``; how many.
     One that fails to publish is marked stale again (and the error raised), so it is not lost."""
-    shards = await db.fetch(SQL["claim_snapshots"], {"now": now, "debounce": debounce_seconds})
-    for row in shards:
+    shards = await db.fetch_as(
+        _Claimed, SQL["claim_snapshots"], {"now": now, "debounce": debounce_seconds}
+    )
+    for claimed in shards:
         try:
-            await publish_snapshot(db, store, row["shard"], now)
+            await publish_snapshot(db, store, claimed.shard, now)
         except Exception:
-            await db.execute(SQL["restale_snapshot"], {"shard": row["shard"], "now": now})
+            await db.execute(SQL["restale_snapshot"], {"shard": claimed.shard, "now": now})
             raise
     return len(shards)

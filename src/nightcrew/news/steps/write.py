@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from nightcrew.db.database import Database, QueryError, Tx, json_param
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import NightcrewError
 from nightcrew.log import describe_error, event, warning
+from nightcrew.news.report import WriteFailure
 from nightcrew.news.steps import candidates as held_candidates
 from nightcrew.news.steps import snapshot
 from nightcrew.news.steps.candidates import refused_for_its_data
@@ -29,13 +29,20 @@ from nightcrew.news.steps.review import Reviewed, Verdicts
 SQL = load_queries(__file__)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Inserted:
+    url: str  # an article written now (``insert_articles``)
+    id: int
+
+
 async def insert_articles(
     tx: Tx, shard: str, fence: int, verdicts: Verdicts, images: dict[str, str], now: datetime
 ) -> dict[str, int]:
     """The articles (a URL already written is left as it is) and, for those written now, their
     reviews; {url: article id} of the articles written now."""
     items = [r.candidate.item for r in verdicts]
-    rows = await tx.fetch(
+    inserted = await tx.fetch_as(
+        _Inserted,
         SQL["insert_articles"],
         {
             "shard": shard,
@@ -50,7 +57,7 @@ async def insert_articles(
             "statuses": [r.status for r in verdicts],
         },
     )
-    ids = {r["url"]: int(r["id"]) for r in rows}
+    ids = {article.url: article.id for article in inserted}
     reviewed = [
         (ids[r.url], r.verdict, r.translation)
         for r in verdicts
@@ -85,7 +92,7 @@ async def _all_stored(urls: list[str]) -> None:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Written:
     urls: list[str]  # the articles written now (processedCount)
-    write_errors: list[dict[str, Any]]  # {"url", "error"}: refused for their own data
+    write_errors: list[WriteFailure]  # refused for their own data
 
 
 async def write_reviewed(
@@ -150,7 +157,7 @@ async def _write_all(
     except QueryError as exc:
         warning("worker.write_batch_failed", shard=shard, error=describe_error(exc))
     written: list[str] = []
-    errors: list[dict[str, Any]] = []
+    errors: list[WriteFailure] = []
     for verdict in verdicts:
         try:
             written += await _write_batch(db, shard, fence, [verdict], images, now)
@@ -164,7 +171,7 @@ async def _write_all(
                     db, [url], f"write failed for now: {describe_error(exc)}", now, attempted=True
                 )
                 continue
-            errors.append({"url": url, "error": describe_error(exc)})
+            errors.append(WriteFailure(url=url, error=describe_error(exc)))
             warning("worker.write_rejected", url=url, error=describe_error(exc))
             await held_candidates.reject(db, url, describe_error(exc), now)
     return Written(urls=written, write_errors=errors)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from decimal import Decimal
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -14,12 +15,14 @@ from nightcrew import narrate
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import NightcrewError
+from nightcrew.jsonable import JsonObject
 from nightcrew.log import describe_error
+from nightcrew.news.report import SavedReport
+from nightcrew.news.sources.registry import Source
 from nightcrew.setting_parsers import STAGES
 from nightcrew.web.charts import Bar, bar_chart
 from nightcrew.web.pages.base import (
     Pages,
-    count_of,
     finite_ms,
 )
 
@@ -38,53 +41,105 @@ NEWS_ACTIONS = (
 
 
 # --- news ------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Shard:
+    shard: str  # ``news_shards``
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SeriesPoint:
+    """One report of a shard, for its queued/deferred chart (``news_series``)."""
+
+    shard: str
+    started_at: datetime
+    queued: Decimal
+    deferred: Decimal
+    processed: Decimal  # written: a pass's workers' since the report before it
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecentRun:
+    """One of a shard's recent runs, as the page lists it."""
+
+    started_at: datetime
+    trigger: str
+    status: str
+    counts: dict[str, int]  # by the page's labels: queued, written, accepted, …
+    fetch_errors: int
+    duration_ms: float | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TroubledSource(Source):
+    """A parked source (``news_parked``), or one refused for its address
+    (``news_address_refused``)."""
+
+    consecutive_failures: int
+    last_error: str | None
+    parked_at: datetime | None = None  # a parked one's
+    next_check_at: datetime | None = None  # a refused one's
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _SourceCounts:
+    sources: int  # ``news_source_counts``
+    active: int
+    parked: int
+
+
 @dataclass(frozen=True, kw_only=True)
 class ShardNews:
     shard: str
     latest_at: datetime | None
     latest_trigger: str | None
-    latest: dict[str, Any]
-    series: list[dict[str, Any]]  # oldest first: started_at, queued, deferred, processed
-    recent: list[dict[str, Any]] = field(default_factory=list)  # newest first, with counts
+    latest: JsonObject  # its latest report
+    series: list[SeriesPoint]  # oldest first
+    recent: list[RecentRun] = field(default_factory=list)  # newest first
 
 
 @dataclass(frozen=True, kw_only=True)
 class NewsView:
     shards: list[ShardNews]
-    parked: list[dict[str, Any]]  # the newest 100
+    parked: list[TroubledSource]  # the newest 100
     parked_count: int
     sources: int
     active: int
-    refused: list[dict[str, Any]] = field(default_factory=list)  # for their address, not parked
+    refused: list[TroubledSource] = field(default_factory=list)  # for their address, not parked
 
 
 async def news(db: Database, *, points: int = 48) -> NewsView:
-    shards = [r["shard"] for r in await db.fetch(SQL["news_shards"])]
-    latest = {r["shard"]: r for r in await db.fetch(SQL["news_latest"], {"shards": shards})}
-    series: dict[str, list[dict[str, Any]]] = {}
-    for r in await db.fetch(SQL["news_series"], {"shards": shards, "points": points}):
-        series.setdefault(r["shard"], []).append(r)
-    recent: dict[str, list[dict[str, Any]]] = {}
-    for r in await db.fetch(SQL["news_recent_runs"], {"shards": shards, "limit": RECENT_RUNS}):
-        recent.setdefault(r["shard"], []).append(_recent_run(r))
-    counts = await db.fetch_one(SQL["news_source_counts"])
+    shards = [s.shard for s in await db.fetch_as(_Shard, SQL["news_shards"])]
+    latest = {
+        r.shard: r for r in await db.fetch_as(SavedReport, SQL["news_latest"], {"shards": shards})
+    }
+    series: dict[str, list[SeriesPoint]] = {}
+    for p in await db.fetch_as(
+        SeriesPoint, SQL["news_series"], {"shards": shards, "points": points}
+    ):
+        series.setdefault(p.shard, []).append(p)
+    recent: dict[str, list[RecentRun]] = {}
+    for r in await db.fetch_as(
+        SavedReport, SQL["news_recent_runs"], {"shards": shards, "limit": RECENT_RUNS}
+    ):
+        recent.setdefault(r.shard, []).append(_recent_run(r))
+    counts = await db.fetch_one_as(_SourceCounts, SQL["news_source_counts"])
     return NewsView(
         shards=[
             ShardNews(
                 shard=s,
-                latest_at=latest[s]["started_at"] if s in latest else None,
-                latest_trigger=latest[s]["trigger"] if s in latest else None,
-                latest=latest[s]["report"] if s in latest else {},
+                latest_at=latest[s].started_at if s in latest else None,
+                latest_trigger=latest[s].trigger if s in latest else None,
+                latest=latest[s].report if s in latest else {},
                 series=series.get(s, []),
                 recent=recent.get(s, []),
             )
             for s in shards
         ],
-        parked=await db.fetch(SQL["news_parked"], {"limit": 100}),
-        refused=await db.fetch(SQL["news_address_refused"], {"limit": 100}),
-        parked_count=count_of(counts, "parked"),
-        sources=count_of(counts, "sources"),
-        active=count_of(counts, "active"),
+        parked=await db.fetch_as(TroubledSource, SQL["news_parked"], {"limit": 100}),
+        refused=await db.fetch_as(TroubledSource, SQL["news_address_refused"], {"limit": 100}),
+        parked_count=counts.parked if counts else 0,
+        sources=counts.sources if counts else 0,
+        active=counts.active if counts else 0,
     )
 
 
@@ -101,41 +156,41 @@ _RUN_COUNTS = (
 _DONE_COUNTS = ("processedCount", "acceptedCount", "rejectedCount")
 
 
-def _recent_run(row: dict[str, Any]) -> dict[str, Any]:
+def _recent_run(saved: SavedReport) -> RecentRun:
     """One of a shard's recent runs, read defensively (a report is stored JSON)."""
-    report = row["report"] if isinstance(row["report"], dict) else {}
+    report: JsonObject = saved.report if isinstance(saved.report, dict) else {}
     # a pipeline pass writes nothing itself: what was written, its workers' since the last one
     workers = report.get("workers")
-    done: dict[str, Any] = workers if isinstance(workers, dict) else report
+    done: JsonObject = workers if isinstance(workers, dict) else report
     errors = report.get("fetchErrors")
-    return {
-        "started_at": row["started_at"],
-        "trigger": row["trigger"],
-        "status": report.get("status") or ("skipped" if report.get("skipped") else "completed"),
-        "counts": {
+    return RecentRun(
+        started_at=saved.started_at,
+        trigger=saved.trigger,
+        status=report.get("status") or ("skipped" if report.get("skipped") else "completed"),
+        counts={
             label: int(v)
             for key, label in _RUN_COUNTS
             if isinstance(v := (done if key in _DONE_COUNTS else report).get(key), int)
             and not isinstance(v, bool)
         },
-        "fetch_errors": len(errors) if isinstance(errors, list) else 0,
-        "duration_ms": finite_ms(report.get("durationMs")),
-    }
+        fetch_errors=len(errors) if isinstance(errors, list) else 0,
+        duration_ms=finite_ms(report.get("durationMs")),
+    )
 
 
-def refusal_hints(sources: list[dict[str, Any]], allowed_private_hosts: str) -> dict[int, str]:
+def refusal_hints(sources: list[TroubledSource], allowed_private_hosts: str) -> dict[int, str]:
     """For each source a run refuses (or refused) for its feed's address: what lets it be
     fetched, and that enabling it frees it now (else it waits for its next check)."""
     from nightcrew.news.sources.registry import refusal_hint
 
     hints: dict[int, str] = {}
     for source in sources:
-        found = refusal_hint([str(source["feed_url"])], allowed_private_hosts)
-        error = str(source.get("last_error") or "")
+        found = refusal_hint([source.feed_url], allowed_private_hosts)
+        error = source.last_error or ""
         if found:
-            hints[int(source["id"])] = f"{found[0]}. Enable frees it at once after that."
+            hints[source.id] = f"{found[0]}. Enable frees it at once after that."
         elif _ADDRESS_REFUSED in error or "internal name" in error or "non-public" in error:
-            hints[int(source["id"])] = (
+            hints[source.id] = (
                 "Refused for its address by an earlier run; NEWS_ALLOWED_PRIVATE_HOSTS now "
                 "allows it (or its address changed): Enable fetches it on the next run."
             )
@@ -145,11 +200,22 @@ def refusal_hints(sources: list[dict[str, Any]], allowed_private_hosts: str) -> 
 _ADDRESS_REFUSED = "is not a public address"
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LetterLine:
+    """A dead letter as the page lists it."""
+
+    id: str
+    stage: str
+    deliveries: int
+    error: str
+    what: str  # the candidate's URL, or "source N"
+
+
 @dataclass(frozen=True, kw_only=True)
 class DeadLetters:
     """The RabbitMQ pipeline's dead letters, the first few of each stage."""
 
-    letters: dict[str, list[dict[str, Any]]]  # stage → letters
+    letters: dict[str, list[LetterLine]]  # stage → letters
     counts: dict[str, int]  # stage → letters waiting
     problem: str | None = None  # RabbitMQ could not be read: said, not a failed page
 
@@ -163,7 +229,7 @@ async def dead_letters(runtime: Runtime | None) -> DeadLetters | None:
         return None
     from nightcrew.news.engines.pipeline import dlq, outbox
 
-    letters: dict[str, list[dict[str, Any]]] = {}
+    letters: dict[str, list[LetterLine]] = {}
     counts: dict[str, int] = {}
     try:
         broker = outbox.broker_of(runtime)
@@ -171,13 +237,13 @@ async def dead_letters(runtime: Runtime | None) -> DeadLetters | None:
             counts[stage] = await broker.ready(stage, dlq=True)
             if counts[stage]:
                 letters[stage] = [
-                    {
-                        "id": x.message_id,
-                        "stage": x.stage,
-                        "deliveries": x.deliveries,
-                        "error": x.error,
-                        "what": str(x.body.get("url") or f"source {x.body.get('source_id', '?')}"),
-                    }
+                    LetterLine(
+                        id=x.message_id,
+                        stage=x.stage,
+                        deliveries=x.deliveries,
+                        error=x.error,
+                        what=str(x.body.get("url") or f"source {x.body.get('source_id', '?')}"),
+                    )
                     for x in await dlq.list_dead(runtime, stage, limit=LETTERS_SHOWN)
                 ]
     except NightcrewError as exc:
@@ -192,9 +258,9 @@ async def show(pages: Pages, request: Request) -> Response:
             [
                 Bar(
                     label="",
-                    value=int(p["queued"]) + int(p["deferred"]),
-                    tip=f"{p['started_at'].astimezone(UTC):%Y-%m-%d %H:%M} — "
-                    f"{p['queued']} queued, {p['deferred']} deferred",
+                    value=int(p.queued) + int(p.deferred),
+                    tip=f"{p.started_at.astimezone(UTC):%Y-%m-%d %H:%M} — "
+                    f"{p.queued} queued, {p.deferred} deferred",
                 )
                 for p in s.series
             ],

@@ -12,17 +12,64 @@ candidate with the letter's error and removes it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime
 
 from nightcrew.adapters.broker import DeadLetter
 from nightcrew.clock import Clock
+from nightcrew.db.database import Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.log import event
 from nightcrew.news.engines.pipeline import outbox
+from nightcrew.news.engines.pipeline.messages import FetchSource, WorkOn, named_by
 from nightcrew.runtime import Runtime
 from nightcrew.setting_parsers import STAGES
 
 SQL = load_queries(__file__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Source:
+    """A replayed fetch's source, its fetch queued again (``requeue_source``)."""
+
+    id: int
+    shard: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Candidate:
+    """A replayed candidate, queued again at the stage it waits for (``requeue_candidate``)."""
+
+    url: str
+    shard: str
+    stage: str
+
+
+def _named(letter: DeadLetter) -> FetchSource | WorkOn | None:
+    """The source or candidate a letter's message names (None: unreadable, it names none)."""
+    fetch = named_by(FetchSource, letter.body)
+    return fetch if fetch is not None else named_by(WorkOn, letter.body)
+
+
+async def _requeue(
+    tx: Tx, message: FetchSource | WorkOn, now: datetime
+) -> list[outbox.Owed] | None:
+    """``message``'s source or candidate queued again, its new message owed in ``tx``; None
+    when it no longer waits (written or rejected meanwhile, a source deleted)."""
+    if isinstance(message, FetchSource):
+        source = await tx.fetch_one_as(
+            _Source, SQL["requeue_source"], {"id": message.source_id, "now": now}
+        )
+        if source is None:
+            return None
+        return await outbox.enqueue_fetch(tx, source_id=source.id, shard=source.shard, now=now)
+    candidate = await tx.fetch_one_as(
+        _Candidate, SQL["requeue_candidate"], {"url": message.url, "now": now}
+    )
+    if candidate is None:
+        return None
+    return await outbox.enqueue(
+        tx, stage=candidate.stage, url=candidate.url, shard=candidate.shard, now=now
+    )
 
 
 def _stages(stage: str | None) -> tuple[str, ...]:
@@ -66,32 +113,14 @@ async def replay(
     async def take(letter: DeadLetter) -> bool:
         if message_id is not None and letter.message_id != message_id:
             return False
-        if "source_id" not in letter.body and "url" not in letter.body:
+        message = _named(letter)
+        if message is None:
             done.kept.append(letter)  # an unreadable body names nothing to replay
             return False
-        now = clock.now()
-        owed: list[dict[str, Any]] = []
-        row: dict[str, Any] | None = None
         async with db.transaction() as tx:
-            if "source_id" in letter.body:
-                row = await tx.fetch_one(
-                    SQL["requeue_source"], {"id": int(letter.body["source_id"]), "now": now}
-                )
-                if row is not None:
-                    owed = await tx.fetch(
-                        outbox.SQL["enqueue_fetch"],
-                        {"source_id": row["id"], "shard": row["shard"], "now": now},
-                    )
-            elif "url" in letter.body:
-                row = await tx.fetch_one(
-                    SQL["requeue_candidate"], {"url": str(letter.body["url"]), "now": now}
-                )
-                if row is not None:  # else: written or rejected meanwhile, nothing owed
-                    owed = await outbox.enqueue(
-                        tx, stage=row["stage"], url=row["url"], shard=row["shard"], now=now
-                    )
-        await outbox.send_owed(broker, db, owed)
-        if row is None:
+            owed = await _requeue(tx, message, clock.now())
+        await outbox.send_owed(broker, db, owed or [])
+        if owed is None:
             done.dropped.append(letter)
             event("news.dlq_dropped", stage=letter.stage, message_id=letter.message_id)
         else:
@@ -114,13 +143,14 @@ async def purge(
     async def take(letter: DeadLetter) -> bool:
         if message_id is not None and letter.message_id != message_id:
             return False
-        if "source_id" in letter.body:
-            await db.execute(SQL["purge_source"], {"id": int(letter.body["source_id"])})
-        elif "url" in letter.body:
+        message = _named(letter)
+        if isinstance(message, FetchSource):
+            await db.execute(SQL["purge_source"], {"id": message.source_id})
+        elif message is not None:
             await db.execute(
                 SQL["purge_candidate"],
                 {
-                    "url": str(letter.body["url"]),
+                    "url": message.url,
                     "stage": stage,
                     "reason": f"purged from {broker.dlq_name(stage)}: {letter.error}",
                     "now": clock.now(),

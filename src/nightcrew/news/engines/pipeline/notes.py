@@ -18,12 +18,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nightcrew.adapters.reviewer import Spend
 from nightcrew.db.database import Database, Tx
 from nightcrew.db.queries import load_queries
-from nightcrew.news.report import WorkerResults
+from nightcrew.news.report import DroppedItems, FetchFailure, WorkerResults, WriteFailure
 
 if TYPE_CHECKING:
     from nightcrew.adapters.news import NewsAdapters
@@ -107,39 +107,67 @@ class Noted:
     """What a pass reads back: its fetches' errors and dropped items, the workers' results
     since the shard's previous report, the shard's candidates by stage and state."""
 
-    fetch_errors: list[dict[str, Any]]
-    dropped_items: list[dict[str, Any]]
+    fetch_errors: list[FetchFailure]
+    dropped_items: list[DroppedItems]
     workers: WorkerResults
     stages: dict[str, dict[str, int]]
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Note:
+    """The notes of one kind, source and reason, summed (``pass_notes``, ``peek_notes``)."""
+
+    kind: str
+    source: str | None  # dropped_items: the source; written: "translated"; write_refused: the URL
+    reason: str | None  # written: the status; write_refused: the error; ai_tokens: which
+    n: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Since:
+    at: datetime | None  # where the shard's previous report stopped (``previous_report``)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Waits:
+    review_retries: int  # ``pass_review_waits``
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _StageCount:
+    stage: str
+    state: str
+    n: int  # ``shard_stages``
+
+
 def _tally(
-    notes: list[dict[str, Any]], *, since: datetime | None, until: datetime, review_retries: int
-) -> tuple[WorkerResults, list[dict[str, Any]]]:
+    notes: list[_Note], *, since: datetime | None, until: datetime, review_retries: int
+) -> tuple[WorkerResults, list[DroppedItems]]:
     """The workers' results from their notes, and the items dropped at fetch."""
     written: dict[str, int] = {}
     translated = lock_skipped = fetch_locked = 0
     tokens = {"prompt": 0, "completion": 0}
     redis_failed = False
-    write_errors: list[dict[str, Any]] = []
-    dropped: list[dict[str, Any]] = []
+    write_errors: list[WriteFailure] = []
+    dropped: list[DroppedItems] = []
     for note in notes:
-        kind, n = note["kind"], int(note["n"])
+        # (a kind's note fills the columns that kind reads)
+        kind, n, source, reason = note.kind, note.n, note.source or "", note.reason or ""
         if kind == "written":
-            written[note["reason"]] = written.get(note["reason"], 0) + n
-            translated += n if note["source"] == "translated" else 0
+            written[reason] = written.get(reason, 0) + n
+            translated += n if source == "translated" else 0
         elif kind == "write_refused":
-            write_errors.append({"url": note["source"], "error": note["reason"]})
+            write_errors.append(WriteFailure(url=source, error=reason))
         elif kind == "review_lock_skipped":
             lock_skipped += n
         elif kind == "dropped_items":
-            dropped.append({"source": note["source"], "reason": note["reason"], "count": n})
+            dropped.append(DroppedItems(source=source, reason=reason, count=n))
         elif kind == "fetch_locked":
             fetch_locked += n
         elif kind == "redis_failed":
             redis_failed = True
         elif kind == "ai_tokens":
-            tokens[note["reason"]] = tokens.get(note["reason"], 0) + n
+            tokens[reason] = tokens.get(reason, 0) + n
     accepted, rejected = written.get("accepted", 0), written.get("rejected", 0)
     results = WorkerResults(
         since=since,
@@ -161,8 +189,8 @@ def _tally(
 
 
 async def _review_retries(db: Database, shard: str) -> int:
-    row = await db.fetch_one(SQL["pass_review_waits"], {"shard": shard})
-    return int(row["review_retries"]) if row else 0
+    waits = await db.fetch_one_as(_Waits, SQL["pass_review_waits"], {"shard": shard})
+    return waits.review_retries if waits else 0
 
 
 async def worker_results(
@@ -171,7 +199,7 @@ async def worker_results(
     """What the stage workers have noted for ``shard`` that no pass has taken yet: left in
     place, or taken as a pass takes them (``read_for_pass``) when ``take``."""
     window = {"shard": shard, "since": now, "now": now}  # (no shared Redis note: an empty one)
-    notes = await db.fetch(SQL["pass_notes" if take else "peek_notes"], window)
+    notes = await db.fetch_as(_Note, SQL["pass_notes" if take else "peek_notes"], window)
     results, _ = _tally(
         notes, since=None, until=now, review_retries=await _review_retries(db, shard)
     )
@@ -183,26 +211,23 @@ async def read_for_pass(db: Database, *, shard: str, began: datetime, now: datet
     errors and dropped items, and the workers' results. The shard's notes are taken (deleted
     as read: each is reported once, by the first pass to read it after it committed), and the
     workers' Redis failures older than a day forgotten."""
-    previous = await db.fetch_one(SQL["previous_report"], {"shard": shard, "now": began})
-    since: datetime | None = previous["at"] if previous is not None else None
+    previous = await db.fetch_one_as(_Since, SQL["previous_report"], {"shard": shard, "now": began})
+    since = previous.at if previous is not None else None
     window = {"shard": shard, "since": since or datetime.min.replace(tzinfo=now.tzinfo), "now": now}
     # the pass's own fetches, and any failure the previous report did not see
     fetched_since = {"shard": shard, "since": min(since or began, began), "now": now}
     workers, dropped = _tally(
-        await db.fetch(SQL["pass_notes"], window),
+        await db.fetch_as(_Note, SQL["pass_notes"], window),
         since=since,
         until=now,
         review_retries=await _review_retries(db, shard),
     )
     await db.execute(SQL["forget_notes"], {"now": now})
     stages: dict[str, dict[str, int]] = {s: {} for s in ("enrich", "review", "write")}
-    for row in await db.fetch(SQL["shard_stages"], {"shard": shard}):
-        stages.setdefault(row["stage"], {})[row["state"]] = int(row["n"])
+    for count in await db.fetch_as(_StageCount, SQL["shard_stages"], {"shard": shard}):
+        stages.setdefault(count.stage, {})[count.state] = count.n
     return Noted(
-        fetch_errors=[
-            {"source": r["source"], "error": r["error"]}
-            for r in await db.fetch(SQL["fetch_errors_since"], fetched_since)
-        ],
+        fetch_errors=await db.fetch_as(FetchFailure, SQL["fetch_errors_since"], fetched_since),
         dropped_items=dropped,
         stages=stages,
         workers=workers,

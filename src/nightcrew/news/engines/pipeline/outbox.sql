@@ -19,20 +19,16 @@ WITH picked AS (
      WHERE c.url = picked.url
     RETURNING c.url, c.shard, c.stage
 )
+-- each body a message's JSON, as messages.WorkOn writes it
 INSERT INTO news.outbox (stage, body, created_at)
 SELECT stage, jsonb_build_object('url', url, 'shard', shard), %(now)s FROM moved
 RETURNING id, message_id, stage, body;
 
 -- name: enqueue
--- One candidate's message to its stage (a stage handing it on, a replay).
+-- One message to its stage (a stage handing a candidate on, a replay): its body is the
+-- message record's JSON (messages.py).
 INSERT INTO news.outbox (stage, body, created_at)
-VALUES (%(stage)s, jsonb_build_object('url', %(url)s::text, 'shard', %(shard)s::text), %(now)s)
-RETURNING id, message_id, stage, body;
-
--- name: enqueue_fetch
-INSERT INTO news.outbox (stage, body, created_at)
-VALUES ('fetch', jsonb_build_object('source_id', %(source_id)s::bigint, 'shard',
-        %(shard)s::text), %(now)s)
+VALUES (%(stage)s, %(body)s, %(now)s)
 RETURNING id, message_id, stage, body;
 
 -- name: delete_sent

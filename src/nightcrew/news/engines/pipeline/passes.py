@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from datetime import datetime
 
 from nightcrew.adapters.locks import Lease
@@ -27,8 +28,9 @@ from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import QueueError
 from nightcrew.log import describe_error, event, warning
+from nightcrew.news.engines.pipeline.messages import FetchSource, read
 from nightcrew.news.engines.pipeline.notes import read_for_pass
-from nightcrew.news.engines.pipeline.outbox import broker_of, relay, resend_due, send_owed
+from nightcrew.news.engines.pipeline.outbox import Owed, broker_of, relay, resend_due, send_owed
 from nightcrew.news.report import (
     NewsReport,
     PassFigures,
@@ -108,6 +110,11 @@ async def run_pass(
     return report
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Unfetched:
+    n: int  # ``unfetched``
+
+
 # What a pass looks up in the processed-URL set to learn whether Redis answers (never an URL).
 REDIS_PROBE = "nightcrew:redis-probe"
 
@@ -137,7 +144,8 @@ class _Pass:
     async def run(self) -> PassFigures:
         """Spec 001's order: fetch, count, admit, the upkeep; then what the workers noted."""
         db, now = self.runtime.db, self.began
-        resent = await db.fetch(
+        resent = await db.fetch_as(
+            Owed,
             SQL["resend_stale"],
             {
                 "shard": self.shard,
@@ -145,7 +153,8 @@ class _Pass:
                 "resend_after": self.runtime.settings.news_resend_after_seconds,
             },
         )
-        sources = await db.fetch(
+        sources = await db.fetch_as(
+            Owed,
             SQL["enqueue_due_sources"],
             {
                 "shard": self.shard,
@@ -161,7 +170,8 @@ class _Pass:
             relayed = 0
             warning("news.outbox.relay_failed", error=describe_error(exc))
         unfetched = await self._await_fetches(
-            [int(r["body"]["source_id"]) for r in sources], broker_took_them=sent >= 0
+            [read(FetchSource, owed.body).source_id for owed in sources],
+            broker_took_them=sent >= 0,
         )
         admitted = await self._admit()
         await self._upkeep(stopped=admitted is None)
@@ -190,8 +200,8 @@ class _Pass:
         started = time.monotonic()
         extended = started
         while source_ids:
-            row = await db.fetch_one(SQL["unfetched"], {"ids": source_ids})
-            left = int(row["n"]) if row else 0
+            unfetched = await db.fetch_one_as(_Unfetched, SQL["unfetched"], {"ids": source_ids})
+            left = unfetched.n if unfetched else 0
             if not left:
                 return 0
             now = time.monotonic()

@@ -14,6 +14,7 @@ WITH stale AS (
        AND c.updated_at < %(now)s - make_interval(secs => %(resend_after)s)
     RETURNING c.url, c.shard, c.stage
 )
+-- each body a message's JSON, as messages.WorkOn writes it
 INSERT INTO news.outbox (stage, body, created_at)
 SELECT stage, jsonb_build_object('url', url, 'shard', shard), %(now)s FROM stale
 RETURNING id, message_id, stage, body;
@@ -29,6 +30,7 @@ WITH due AS (
             OR fetch_queued_at < %(now)s - make_interval(secs => %(resend_after)s))
     RETURNING id, shard
 )
+-- each body a message's JSON, as messages.FetchSource writes it
 INSERT INTO news.outbox (stage, body, created_at)
 SELECT 'fetch', jsonb_build_object('source_id', id, 'shard', shard), %(now)s FROM due
 RETURNING id, message_id, stage, body;

@@ -28,6 +28,7 @@ from nightcrew.adapters.reviewer import CallScope, Spend
 from nightcrew.clock import Clock
 from nightcrew.db.database import QueryError, json_param
 from nightcrew.db.queries import load_queries
+from nightcrew.jsonable import JsonObject
 from nightcrew.log import describe_error, warning
 from nightcrew.news.engines.pipeline import notes, outbox
 from nightcrew.news.engines.pipeline.attempts import (
@@ -39,10 +40,12 @@ from nightcrew.news.engines.pipeline.attempts import (
     patiently,
 )
 from nightcrew.news.engines.pipeline.heartbeat import Heartbeat, LeaseLost, Stopping, guarded
+from nightcrew.news.engines.pipeline.messages import FetchSource, WorkOn, named_by, read
 from nightcrew.news.report import redis_down
 from nightcrew.news.sources import registry as news_sources
+from nightcrew.news.sources.registry import DueSource
 from nightcrew.news.steps import admission, hydrate, items, leases, snapshot
-from nightcrew.news.steps.candidates import refused_for_its_data, verdict_to_json
+from nightcrew.news.steps.candidates import refused_for_its_data
 from nightcrew.news.steps.fetch import FetchResult, feed_rules, fetch_source
 from nightcrew.news.steps.leases import Superseded
 
@@ -61,6 +64,16 @@ from nightcrew.runtime import Runtime
 SQL = load_queries(__file__)
 
 REFUSED_BY_THE_DATABASE = "refused by the database"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _QueuedSource(DueSource):
+    """A source a fetch message names, with whether it still waits for that fetch
+    (``source_for_fetch``)."""
+
+    enabled: bool
+    parked_at: datetime | None
+    fetch_queued_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,19 +101,20 @@ class StageContext:
         return self.runtime.news_adapters().leases
 
 
-Stage = Callable[[StageContext, Attempt, dict[str, Any]], Awaitable[Outcome]]
+# a stage: its message's body as it came (each stage reads its own kind, ``messages.read``)
+Stage = Callable[[StageContext, Attempt, JsonObject], Awaitable[Outcome]]
 
 
 # --- fetch ----------------------------------------------------------------------------------------
-async def fetch(ctx: StageContext, attempt: Attempt, body: dict[str, Any]) -> Outcome:
+async def fetch(ctx: StageContext, attempt: Attempt, body: JsonObject) -> Outcome:
     """A source's fetch: its new items held, waiting for the pass that sent it (no candidate
     is taken: its attempts are the broker's deliveries)."""
     db, settings, now = ctx.runtime.db, ctx.runtime.settings, ctx.clock.now()
-    source_id = int(body["source_id"])
-    source = await db.fetch_one(SQL["source_for_fetch"], {"id": source_id})
-    if source is None or source["fetch_queued_at"] is None:
+    source_id = read(FetchSource, body).source_id
+    source = await db.fetch_one_as(_QueuedSource, SQL["source_for_fetch"], {"id": source_id})
+    if source is None or source.fetch_queued_at is None:
         return Outcome("skipped", {"source_id": source_id, "why": "fetched already"})
-    if not source["enabled"] or source["parked_at"] is not None:
+    if not source.enabled or source.parked_at is not None:
         await db.execute(SQL["unqueue_source"], {"id": source_id})
         return Outcome("skipped", {"source_id": source_id, "why": "disabled or parked"})
     ttl = float(settings.news_stage_lease_seconds)
@@ -116,7 +130,7 @@ async def fetch(ctx: StageContext, attempt: Attempt, body: dict[str, Any]) -> Ou
                 "ttl": ttl,
             },
         )
-        await notes.note_fetch_locked(db, shard=source["shard"], now=now)
+        await notes.note_fetch_locked(db, shard=source.shard, now=now)
         return Outcome("skipped", {"source_id": source_id, "why": "another worker fetches it"})
     try:
         async with Heartbeat(ctx.leases, lease, ttl, ctx.stopping) as beat:
@@ -126,17 +140,17 @@ async def fetch(ctx: StageContext, attempt: Attempt, body: dict[str, Any]) -> Ou
         await _release(ctx, name, lease)
 
 
-async def _fetch_source(ctx: StageContext, source: dict[str, Any], now: datetime) -> Outcome:
+async def _fetch_source(ctx: StageContext, source: DueSource, now: datetime) -> Outcome:
     db, settings = ctx.runtime.db, ctx.runtime.settings
     adapters = ctx.runtime.news_adapters()
     # a feed never kills its worker: whatever goes wrong is that source's failed fetch
     result = await fetch_source(
         adapters.http, feed_rules(settings, adapters.policy, adapters.parsers), source, now
     )
-    ids = {"source_id": source["id"]}
+    ids = {"source_id": source.id}
     if result.outcome in ("failed", "retry_later"):
         await items.record_failures(db, [(source, result, [])], now)
-        await db.execute(SQL["unqueue_source"], {"id": source["id"]})
+        await db.execute(SQL["unqueue_source"], {"id": source.id})
         return Outcome("fetch_failed", {**ids, "error": result.error, "status": result.status})
     # new by the inline run's rule (the processed-URL set), held with the fetch state, waiting
     # for the pass to admit them
@@ -146,10 +160,10 @@ async def _fetch_source(ctx: StageContext, source: dict[str, Any], now: datetime
         [(source, result)],
         redis_down,
     )
-    held = await items.hold_fetched(db, source["shard"], fetched, now)
+    held = await items.hold_fetched(db, source.shard, fetched, now)
     if held.fetch_errors:  # not held for a reason not the items': fetched again later
-        await db.execute(SQL["unqueue_source"], {"id": source["id"]})
-        return Outcome("fetch_failed", {**ids, "error": held.fetch_errors[0]["error"]})
+        await db.execute(SQL["unqueue_source"], {"id": source.id})
+        return Outcome("fetch_failed", {**ids, "error": held.fetch_errors[0].error})
     # the pass that sent the fetch reports these as its droppedItems: the items the feed
     # listed that cannot be kept, and those the database refused to hold for their own data
     # (each logged by the hold; an inline run reports those in its writeErrors)
@@ -158,9 +172,9 @@ async def _fetch_source(ctx: StageContext, source: dict[str, Any], now: datetime
         dropped[REFUSED_BY_THE_DATABASE] = len(held.write_errors)
     async with db.transaction() as tx:
         await notes.note_dropped(
-            tx, shard=source["shard"], source=source["name"], dropped=dropped, now=now
+            tx, shard=source.shard, source=source.name, dropped=dropped, now=now
         )
-        await tx.execute(SQL["unqueue_source"], {"id": source["id"]})
+        await tx.execute(SQL["unqueue_source"], {"id": source.id})
     new = fetched[0][2]
     return Outcome("fetched", {**ids, "items": len(result.items), "new": len(new)})
 
@@ -173,7 +187,7 @@ async def _hand_on(
     next_stage: str,
     *,
     image_url: str | None = None,
-    verdict: dict[str, Any] | None = None,
+    verdict: JsonObject | None = None,
     translation: str | None = None,
     spend: Spend | None = None,
 ) -> None:
@@ -283,8 +297,8 @@ async def _release(ctx: StageContext, name: str, lease: Lease) -> None:
         ctx.unreleased[name] = lease
 
 
-async def enrich(ctx: StageContext, attempt: Attempt, body: dict[str, Any]) -> Outcome:
-    url = str(body["url"])
+async def enrich(ctx: StageContext, attempt: Attempt, body: JsonObject) -> Outcome:
+    url = read(WorkOn, body).url
 
     async def work(taken: Fenced, beat: Heartbeat) -> Outcome:
         image = taken.candidate.item.image_url
@@ -309,8 +323,8 @@ async def enrich(ctx: StageContext, attempt: Attempt, body: dict[str, Any]) -> O
     )
 
 
-async def review(ctx: StageContext, attempt: Attempt, body: dict[str, Any]) -> Outcome:
-    url = str(body["url"])
+async def review(ctx: StageContext, attempt: Attempt, body: JsonObject) -> Outcome:
+    url = read(WorkOn, body).url
     db = ctx.runtime.db
 
     async def work(taken: Fenced, beat: Heartbeat) -> Outcome:
@@ -328,17 +342,18 @@ async def review(ctx: StageContext, attempt: Attempt, body: dict[str, Any]) -> O
             # the inline run's rule: a later pass admits it again, within its cost bound
             waits = {"url": url, "fence": taken.fence, "reason": REVIEW_FAILED_FOR_NOW}
 
-            async def wait_for_later() -> dict[str, Any] | None:
+            async def wait_for_later() -> bool:
                 async with db.transaction() as tx:
-                    row = await tx.fetch_one(SQL["review_later"], {**waits, "now": ctx.clock.now()})
-                    if row is not None:
+                    later = {**waits, "now": ctx.clock.now()}
+                    waiting = await tx.fetch_one(SQL["review_later"], later) is not None
+                    if waiting:
                         await notes.note_tokens(
                             tx, shard=taken.shard, spend=spend, now=ctx.clock.now()
                         )
-                    return row
+                    return waiting
 
             saved = await patiently(ctx.stopping, wait_for_later, what="review")
-            if saved is None:  # taken over meanwhile (its fence moved on): nothing to defer
+            if not saved:  # taken over meanwhile (its fence moved on): nothing to defer
                 return Outcome("skipped", {"url": url, "why": "taken over meanwhile"})
             attempt.closed()  # ``review_later`` says so in the row
             return Outcome("deferred", {"url": url, "why": "model"})
@@ -350,7 +365,7 @@ async def review(ctx: StageContext, attempt: Attempt, body: dict[str, Any]) -> O
                 taken,
                 "review",
                 "write",
-                verdict=verdict_to_json(verdict) or {},
+                verdict=verdict.to_json() if verdict is not None else {},
                 translation=translation,
                 spend=spend,
             ),
@@ -370,7 +385,7 @@ async def review(ctx: StageContext, attempt: Attempt, body: dict[str, Any]) -> O
     )
 
 
-async def write(ctx: StageContext, attempt: Attempt, body: dict[str, Any]) -> Outcome:
+async def write(ctx: StageContext, attempt: Attempt, body: JsonObject) -> Outcome:
     """No lease: a write is cheap and idempotent (the URL is unique, the candidate goes under
     its fence), so two writers of one candidate leave one article and one review."""
     async with ctx.isolation.work() as isolate:
@@ -380,10 +395,10 @@ async def write(ctx: StageContext, attempt: Attempt, body: dict[str, Any]) -> Ou
 async def _write(
     ctx: StageContext,
     attempt: Attempt,
-    body: dict[str, Any],
+    body: JsonObject,
     isolate: Callable[[], Awaitable[None]],
 ) -> Outcome:
-    url = str(body["url"])
+    url = read(WorkOn, body).url
     db, now = ctx.runtime.db, ctx.clock.now()
     ttl = float(ctx.runtime.settings.news_stage_lease_seconds)
     try:  # the row is its lease: another take under way for less than a lease's TTL keeps it
@@ -432,20 +447,24 @@ async def _write(
 HANDLERS: dict[str, Stage] = {"fetch": fetch, "enrich": enrich, "review": review, "write": write}
 
 
-async def on_dead(ctx: StageContext, stage: str, body: dict[str, Any], error: str) -> None:
+async def on_dead(ctx: StageContext, stage: str, body: JsonObject, error: str) -> None:
     """A message given up on: its candidate waits as ``dead`` (for `news dlq replay`); a fetch
     counts as its source's failure (enough of them park it)."""
     db, now = ctx.runtime.db, ctx.clock.now()
-    if stage == "fetch" and "source_id" in body:
-        source = await db.fetch_one(SQL["source_for_fetch"], {"id": int(body["source_id"])})
+    fetch = named_by(FetchSource, body) if stage == "fetch" else None
+    work = named_by(WorkOn, body)
+    if fetch is not None:
+        source = await db.fetch_one_as(
+            _QueuedSource, SQL["source_for_fetch"], {"id": fetch.source_id}
+        )
         if source is not None:
             await news_sources.record_fetch(
                 db, source, FetchResult(outcome="failed", error=error), now
             )
-            await db.execute(SQL["unqueue_source"], {"id": source["id"]})
-    elif "url" in body:
+            await db.execute(SQL["unqueue_source"], {"id": source.id})
+    elif work is not None:
         await db.execute(
-            SQL["mark_dead"], {"url": str(body["url"]), "stage": stage, "error": error, "now": now}
+            SQL["mark_dead"], {"url": work.url, "stage": stage, "error": error, "now": now}
         )
 
 

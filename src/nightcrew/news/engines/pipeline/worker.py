@@ -44,6 +44,7 @@ from nightcrew.adapters.broker import Delivery, Outgoing
 from nightcrew.adapters.reviewer import CALL_SECONDS
 from nightcrew.clock import Clock
 from nightcrew.errors import DatabaseUnavailableError, NightcrewError, QueueError
+from nightcrew.jsonable import Jsonable, JsonObject
 from nightcrew.log import SecretValues, describe_error, event, warning
 from nightcrew.news.engines.pipeline import metrics, notes, outbox, stages
 from nightcrew.news.engines.pipeline.attempts import (
@@ -69,21 +70,12 @@ CANCEL_WAIT_SECONDS = 10.0  # past the grace: for cancelled stage work to releas
 
 
 @dataclass
-class WorkerSummary:
+class WorkerSummary(Jsonable):
     stages: list[str]
     processed: Counter[str] = field(default_factory=Counter)
     failed: Counter[str] = field(default_factory=Counter)
     dead_lettered: Counter[str] = field(default_factory=Counter)
     outcomes: Counter[str] = field(default_factory=Counter)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "stages": self.stages,
-            "processed": dict(self.processed),
-            "failed": dict(self.failed),
-            "deadLettered": dict(self.dead_lettered),
-            "outcomes": dict(self.outcomes),
-        }
 
 
 def _broker_event(name: str, detail: str) -> None:
@@ -261,9 +253,7 @@ class Worker:
             **outcome.detail,
         )
 
-    async def _patiently(
-        self, stage: str, attempt: Attempt, body: dict[str, Any]
-    ) -> stages.Outcome:
+    async def _patiently(self, stage: str, attempt: Attempt, body: JsonObject) -> stages.Outcome:
         """The stage, run again while the database is unavailable before its expensive step
         (after it, the stage itself waits to save its result: see ``attempts.patiently``)."""
         return await patiently(
