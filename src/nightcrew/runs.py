@@ -243,27 +243,35 @@ async def heartbeat(
             await task
 
 
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """Which run ``recorded`` records, and who hears of it: ``lane``'s scheduled ``slot``, or
+    (None) a manual run, an operator's when ``requested_by`` names them (see ``start_manual``).
+    ``on_started`` hears the run's handle once its row exists (a page answers with it before
+    the run ends); ``on_failure`` what the work raised; ``on_abandoned`` the ids of the lane's
+    dead runs this run marked abandoned."""
+
+    lane: str
+    slot: datetime | None = None
+    requested_by: str | None = None
+    on_started: Callable[[RunHandle], None] | None = None
+    on_failure: Callable[[RunHandle, BaseException], None] | None = None
+    on_abandoned: OnAbandoned | None = None
+    heartbeat_every: float = HEARTBEAT_SECONDS
+
+
 async def recorded(
     db: Database,
     clock: Clock,
-    *,
-    lane: str,
-    slot: datetime | None,
+    run: RunSpec,
     work: Callable[[RunHandle], Awaitable[Report]],
     report_json: Callable[[Report], JsonObject],
-    on_failure: Callable[[RunHandle, BaseException], None] | None = None,
-    on_abandoned: OnAbandoned | None = None,
-    heartbeat_every: float = HEARTBEAT_SECONDS,
-    requested_by: str | None = None,
-    on_started: Callable[[RunHandle], None] | None = None,
 ) -> Report | None:
-    """One recorded run: claim the scheduled ``slot`` (None: start a manual run) → heartbeat
-    while ``work`` runs → finish ``completed`` with its report, or ``failed`` (with
-    ``retry: true`` when the database went away, so the slot may be claimed again). A slot
-    another replica won → None. Cancellation (Ctrl-C, SIGTERM) finishes the row too.
-    ``on_abandoned`` hears the ids of the lane's dead runs this run marked abandoned.
-    ``requested_by`` names the operator of a manual run (see ``start_manual``); ``on_started``
-    hears the run's handle once its row exists (a page answers with it before the run ends)."""
+    """One recorded run: claim the scheduled slot (or start a manual run) → heartbeat while
+    ``work`` runs → finish ``completed`` with its report, or ``failed`` (with ``retry: true``
+    when the database went away, so the slot may be claimed again). A slot another replica
+    won → None. Cancellation (Ctrl-C, SIGTERM) finishes the row too."""
+    lane, slot, on_abandoned = run.lane, run.slot, run.on_abandoned
     now = clock.now()
     if slot is not None:
         handle = await claim(db, lane=lane, slot=slot, now=now, on_abandoned=on_abandoned)
@@ -272,17 +280,17 @@ async def recorded(
     else:
         handle = RunHandle(
             await start_manual(
-                db, lane=lane, now=now, on_abandoned=on_abandoned, requested_by=requested_by
+                db, lane=lane, now=now, on_abandoned=on_abandoned, requested_by=run.requested_by
             )
         )
-    if on_started is not None:
-        on_started(handle)
+    if run.on_started is not None:
+        run.on_started(handle)
     try:
-        async with heartbeat(db, handle, clock, every=heartbeat_every):
+        async with heartbeat(db, handle, clock, every=run.heartbeat_every):
             result = await work(handle)
     except BaseException as exc:
-        if on_failure is not None:
-            on_failure(handle, exc)
+        if run.on_failure is not None:
+            run.on_failure(handle, exc)
         lost = isinstance(exc, DatabaseUnavailableError)
         # Once the database is lost, one short try: a run that cannot record its end is
         # marked abandoned by the next run, and the process must not linger for it.

@@ -236,11 +236,9 @@ async def test_a_superseded_run_stops_and_leaves_its_successors_row_alone(
         runs.recorded(
             db,
             clock,
-            lane="daily",
-            slot=DAILY_SLOT,
-            work=long_work,
+            runs.RunSpec(lane="daily", slot=DAILY_SLOT, heartbeat_every=0.05),
+            long_work,
             report_json=dict,
-            heartbeat_every=0.05,
         )
     )
     async with asyncio.timeout(10):

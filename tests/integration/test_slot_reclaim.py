@@ -44,7 +44,7 @@ class Work:
 def _schedule(db: Database, clock: FrozenClock, work: Work) -> Schedule:
     async def runner(slot: datetime) -> bool:
         report = await runs.recorded(
-            db, clock, lane=LANE, slot=slot, work=work, report_json=dict, heartbeat_every=60
+            db, clock, runs.RunSpec(lane=LANE, slot=slot, heartbeat_every=60), work, dict
         )
         return report is not None
 

@@ -385,17 +385,16 @@ async def run_lane(
     deadline = runtime.settings.db_minute_statement_timeout_seconds
     try:
         with statement_deadline(deadline if lane.short_statements else None):
-            report = await runs.recorded(
-                runtime.db,
-                clock,
+            run = runs.RunSpec(
                 lane=lane.name,
                 slot=claimed_slot,
-                work=work,
-                report_json=LaneReport.to_json,
-                on_failure=failed,
-                on_abandoned=abandoned,
                 requested_by=requested_by,
                 on_started=on_started,
+                on_failure=failed,
+                on_abandoned=abandoned,
+            )
+            report = await runs.recorded(
+                runtime.db, clock, run, work, report_json=LaneReport.to_json
             )
     except Exception as exc:
         if not started and not isinstance(exc, runs.LaneBusy):

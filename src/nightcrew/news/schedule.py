@@ -48,12 +48,9 @@ async def run_shard_now(
     return await runs.recorded(
         runtime.db,
         clock,
-        lane=shard_lane(shard),
-        slot=None,
-        work=work,
+        runs.RunSpec(lane=shard_lane(shard), requested_by=requested_by, on_started=on_started),
+        work,
         report_json=lambda report: report.to_json(),
-        requested_by=requested_by,
-        on_started=on_started,
     )
 
 
@@ -73,9 +70,8 @@ def news_schedules(runtime: Runtime, clock: Clock) -> tuple[Schedule, ...]:
             report = await runs.recorded(
                 runtime.db,
                 clock,
-                lane=lane,
-                slot=slot,
-                work=work,
+                runs.RunSpec(lane=lane, slot=slot),
+                work,
                 report_json=lambda report: report.to_json(),
             )
             return report is not None
