@@ -34,7 +34,7 @@ from nightcrew.log import describe_error, event, warning
 from nightcrew.metrics import Metrics
 from nightcrew.web.app import dashboard_routes
 from nightcrew.web.context import DashboardContext
-from nightcrew.web.doors import Doors
+from nightcrew.web.host_and_headers import HostAndHeaders
 from nightcrew.web.throttle import BUSY_RETRY_AFTER_SECONDS, SignInThrottle, Verdict
 
 HEALTH_BODY = {"status": "ok", "service": "lifecycle-manager"}
@@ -225,7 +225,7 @@ class ServiceApp:
         # The same data as the dashboard's news page, under the same access: a loopback Host
         # when open; the dashboard's cookie or `Authorization: Bearer <token>` when it has one.
         # A bearer token is a guess like a sign-in's, under the same throttle; no token at all
-        # guesses nothing and is refused at once. (The Host was checked by Doors.)
+        # guesses nothing and is refused at once. (The Host was checked by HostAndHeaders.)
         dashboard = self.dashboard
         if dashboard is not None and not dashboard.session_valid(request):
             bearer = request.headers.get("authorization")
@@ -268,7 +268,7 @@ def create_app(metrics: Metrics, parts: ServiceParts | None = None) -> Starlette
             Route("/news/reports", app.reports, methods=["GET"]),
             *(dashboard_routes(dashboard) if dashboard is not None else []),
         ],
-        middleware=[Middleware(Doors, access=dashboard.access if dashboard else None)],
+        middleware=[Middleware(HostAndHeaders, access=dashboard.access if dashboard else None)],
     )
 
 

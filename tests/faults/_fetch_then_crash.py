@@ -19,7 +19,7 @@ from nightcrew.clock import SystemClock
 from nightcrew.config import Settings
 from nightcrew.news.engines.pipeline import stages
 from nightcrew.news.engines.pipeline.attempts import Attempt
-from nightcrew.news.engines.pipeline.outbox import broker_of
+from nightcrew.news.engines.pipeline.message_outbox import broker_of
 from nightcrew.news.engines.pipeline.passes import run_pass
 from nightcrew.runtime import open_runtime
 

@@ -32,7 +32,7 @@ import pytest
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
 from nightcrew.news.engines.pipeline.attempts import BACKOFF_BASE_SECONDS
-from nightcrew.news.engines.pipeline.outbox import broker_of
+from nightcrew.news.engines.pipeline.message_outbox import broker_of
 from nightcrew.news.engines.pipeline.passes import run_pass
 from tests.faults.test_news_pipeline_faults import workers
 from tests.faults.test_news_pipeline_poison import _cli

@@ -19,7 +19,7 @@ import pytest
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
-from nightcrew.news.engines.pipeline.outbox import broker_of
+from nightcrew.news.engines.pipeline.message_outbox import broker_of
 from nightcrew.news.engines.pipeline.passes import run_pass
 from nightcrew.setting_parsers import STAGES
 from tests.integration.news.pipeline_support import (
@@ -318,7 +318,7 @@ async def test_a_crash_between_the_candidates_commit_and_their_publish_is_relaye
         assert await count(db, "SELECT count(*) FROM news.candidates WHERE state = 'queued'") == 8
         assert await count(db, "SELECT count(*) FROM news.outbox WHERE stage = 'enrich'") == 8
         async with pipeline_runtime(env, db) as runtime:
-            from nightcrew.news.engines.pipeline.outbox import broker_of
+            from nightcrew.news.engines.pipeline.message_outbox import broker_of
 
             assert await broker_of(runtime).ready("enrich") == 0  # the broker has none of them
             async with worker_running(runtime):  # its housekeeping relays the outbox

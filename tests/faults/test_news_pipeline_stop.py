@@ -16,7 +16,7 @@ from typing import Any
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
-from nightcrew.news.engines.pipeline.outbox import broker_of
+from nightcrew.news.engines.pipeline.message_outbox import broker_of
 from nightcrew.news.engines.pipeline.passes import run_pass
 from tests.faults.test_news_pipeline_faults import _nightcrew
 from tests.integration.news.pipeline_support import (

@@ -20,8 +20,8 @@ from nightcrew.cli.common import (
 from nightcrew.clock import SystemClock
 
 if TYPE_CHECKING:
-    from nightcrew.actions import EffectRetried
     from nightcrew.effects.outbox import Dropped, Effect
+    from nightcrew.operator_actions import EffectRetried
 
 KindOption = Annotated[EffectKind | None, typer.Option("--kind", help="Only effects of this kind.")]
 
@@ -74,7 +74,7 @@ def effects_retry(
     A retry more than 24 hours after the first attempt is outside the providers' idempotency
     window: an email that did arrive (but was never confirmed) may arrive twice.
     """
-    from nightcrew.actions import CLI, retry_effects
+    from nightcrew.operator_actions import CLI, retry_effects
 
     if (effect_id is None) == (not dead):
         _fail("effects retry: give an effect ID or --dead (not both)", 2)
@@ -117,7 +117,7 @@ def effects_drop(
     effect_id: Annotated[int, typer.Argument(help="The undelivered effect to forget.")],
 ) -> None:
     """Forget an undelivered effect for good: it will never be delivered."""
-    from nightcrew.actions import CLI, drop_effect
+    from nightcrew.operator_actions import CLI, drop_effect
 
     settings = _settings()
 

@@ -31,8 +31,8 @@ def lifecycle_run(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Run one lane once and print its report."""
-    from nightcrew.actions import CLI, run_lane_now
     from nightcrew.lifecycle.lanes import run_lane
+    from nightcrew.operator_actions import CLI, run_lane_now
 
     async def job(runtime: Runtime, clock: Clock) -> JsonObject:
         if dry_run:  # no run record, so nothing to be exclusive of

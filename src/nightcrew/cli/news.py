@@ -56,8 +56,8 @@ def news_run(
     sources go to the fetch queue and the pass waits for them, then admits at most the queue
     limit of what waits, oldest first; the stage workers do the rest.
     A run fenced out by a newer holder of the shard's lease ends as superseded (exit 0)."""
-    from nightcrew.actions import CLI, run_lane_now
     from nightcrew.news.schedule import run_or_enqueue, shard_lane
+    from nightcrew.operator_actions import CLI, run_lane_now
 
     settings = _settings()
     clock = _clock(now)

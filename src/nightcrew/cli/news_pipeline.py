@@ -141,7 +141,7 @@ def news_dlq_replay(
     everything: Annotated[bool, typer.Option("--all", help="Replay every letter.")] = False,
 ) -> None:
     """Queue dead letters again (after fixing their cause): --id ID or --all."""
-    from nightcrew.actions import CLI, replay_letters
+    from nightcrew.operator_actions import CLI, replay_letters
 
     if (message_id is None) == (not everything):
         _fail("news dlq replay: give exactly one of --id ID or --all", 2)
@@ -183,7 +183,7 @@ def news_dlq_purge(
 ) -> None:
     """Drop a stage's dead letters (or one, --id) for good (their candidates are rejected with
     the error)."""
-    from nightcrew.actions import CLI, purge_letters
+    from nightcrew.operator_actions import CLI, purge_letters
 
     if stage is Stage.all:
         _fail("news dlq purge: name one --stage", 2)

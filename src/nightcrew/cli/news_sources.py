@@ -126,7 +126,7 @@ def news_sources_list(
 
 
 def _set_source(ref: str, enabled: bool) -> None:
-    from nightcrew.actions import CLI, set_source_enabled
+    from nightcrew.operator_actions import CLI, set_source_enabled
 
     settings = _settings()
 

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from nightcrew import actions
+from nightcrew import operator_actions
 from nightcrew.effects import outbox
 from nightcrew.errors import ConfigError, NightcrewError, QueueError
 from nightcrew.lifecycle.lanes import LANES
@@ -31,7 +31,7 @@ from nightcrew.runs import LaneBusy
 from nightcrew.setting_parsers import STAGES
 from nightcrew.web.access import COOKIE, is_loopback, same_origin
 from nightcrew.web.csrf import CSRF_COOKIE, CSRF_FIELD
-from nightcrew.web.doors import SECURITY_HEADERS as HEADERS
+from nightcrew.web.host_and_headers import SECURITY_HEADERS as HEADERS
 
 if TYPE_CHECKING:
     from nightcrew.clock import Clock
@@ -99,7 +99,7 @@ class Act:
     request: Request
     form: Form
     runtime: Runtime
-    actor: actions.Actor
+    actor: operator_actions.Actor
     background: set[asyncio.Task[Any]]  # runs started here, held until they end
 
     @property
@@ -166,7 +166,7 @@ class Actions:
                 return _refused(request, "missing or wrong CSRF token (reload the page)")
             runtime = ctx.runtime
             assert runtime is not None  # may_act checked
-            actor = actions.Actor(source="dashboard", client=client_of(request))
+            actor = operator_actions.Actor(source="dashboard", client=client_of(request))
             try:
                 act = Act(
                     pages=self.pages,
@@ -209,7 +209,9 @@ async def retry_effect(act: Act) -> Response:
     request, runtime, actor = act.request, act.runtime, act.actor
     if (wanted := effect_id(request)) is None:
         return bad(act.pages, request, "no such effect")
-    result = await actions.retry_effects(runtime, act.clock, actor, ids=[wanted], deliver=False)
+    result = await operator_actions.retry_effects(
+        runtime, act.clock, actor, ids=[wanted], deliver=False
+    )
     if not result.retried:
         return act.pages.render(
             request,
@@ -226,7 +228,7 @@ async def drop(act: Act) -> Response:
     request, runtime, actor = act.request, act.runtime, act.actor
     if (wanted := effect_id(request)) is None:
         return bad(act.pages, request, "no such effect")
-    if await actions.drop_effect(runtime.db, act.clock, actor, wanted) is None:
+    if await operator_actions.drop_effect(runtime.db, act.clock, actor, wanted) is None:
         return act.pages.render(
             request,
             "error.html",
@@ -253,7 +255,7 @@ async def confirm_retry_dead(pages: Pages, request: Request) -> Response:
         title=f"Retry the dead {kind} effects?",
         kind=kind,
         count=await outbox.count_retryable_dead(pages.ctx.db, kind),
-        limit=actions.BULK_RETRY_LIMIT,
+        limit=operator_actions.BULK_RETRY_LIMIT,
     )
 
 
@@ -262,13 +264,13 @@ async def retry_dead(act: Act) -> Response:
     kind = kind_of(form.get("kind"))
     if kind is None:
         return bad(act.pages, request, f"kind: one of {', '.join(outbox.KINDS)}")
-    await actions.retry_effects(
+    await operator_actions.retry_effects(
         runtime,
         act.clock,
         actor,
         all_dead=True,
         kind=kind,
-        limit=actions.BULK_RETRY_LIMIT,
+        limit=operator_actions.BULK_RETRY_LIMIT,
         deliver=False,
     )
     return back("/effects#actions")
@@ -291,13 +293,13 @@ async def replay(act: Act) -> Response:
     wanted = letter_id(form.get("id")) if form.get("id") else None
     if form.get("id") and wanted is None:
         return bad(act.pages, request, "id: not a dead letter's id")
-    done = await actions.replay_letters(
+    done = await operator_actions.replay_letters(
         runtime,
         act.clock,
         actor,
         stage=stage,
         message_id=wanted,
-        limit=None if wanted else actions.BULK_REPLAY_LIMIT,
+        limit=None if wanted else operator_actions.BULK_REPLAY_LIMIT,
     )
     if wanted is not None and done.touched == 0:
         return act.pages.render(
@@ -311,7 +313,9 @@ async def purge(act: Act) -> Response:
     stage, wanted = stage_of(form.get("stage")), letter_id(form.get("id"))
     if stage is None or wanted is None:
         return bad(act.pages, request, "stage and id: the dead letter to purge")
-    done = await actions.purge_letters(runtime, act.clock, actor, stage=stage, message_id=wanted)
+    done = await operator_actions.purge_letters(
+        runtime, act.clock, actor, stage=stage, message_id=wanted
+    )
     if not done.purged:
         return act.pages.render(
             request, "error.html", 409, title="Not purged", problem=f"no dead letter {wanted}"
@@ -324,7 +328,9 @@ async def enable(act: Act) -> Response:
     text = str(request.path_params["source_id"])
     if not text.isdigit() or len(text) > 18:
         return bad(act.pages, request, "no such source")
-    source = await actions.set_source_enabled(runtime.db, act.clock, actor, text, enabled=True)
+    source = await operator_actions.set_source_enabled(
+        runtime.db, act.clock, actor, text, enabled=True
+    )
     return back(f"/news#source-{source.id}")
 
 
@@ -342,7 +348,7 @@ async def run_now(act: Act) -> Response:
             started.set_result(handle.id)
 
     task = asyncio.create_task(
-        actions.run_lane_now(runtime, act.clock, actor, lane, on_started=on_started)
+        operator_actions.run_lane_now(runtime, act.clock, actor, lane, on_started=on_started)
     )
     act.background.add(task)
     task.add_done_callback(partial(_settled, act.background))
@@ -350,7 +356,7 @@ async def run_now(act: Act) -> Response:
     await asyncio.wait(waiting, timeout=RUN_START_WAIT_SECONDS, return_when="FIRST_COMPLETED")
     if started.done():
         run_id = started.result()
-        await actions.record(
+        await operator_actions.record(
             runtime.db,
             act.clock.now(),
             actor,

@@ -5,7 +5,7 @@ are attacker-controlled), one stylesheet served from the package, no JavaScript 
 fetched from anywhere else, so it works air-gapped. Each page is a module of ``web/pages/``
 (its handler, read model and SQL); the buttons are ``web/actions.py``. ``dashboard_routes`` is
 the one route table; ``http.create_app`` mounts it beside /health and /reconcile, behind
-``doors.Doors`` (the Host check and the headers every answer carries).
+``host_and_headers.HostAndHeaders`` (the Host check and the headers every answer carries).
 """
 
 from __future__ import annotations

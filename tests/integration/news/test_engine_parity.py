@@ -44,7 +44,7 @@ from nightcrew.db.database import Database
 from nightcrew.news.engines.inline import run_shard
 from nightcrew.news.engines.pipeline import notes
 from nightcrew.news.engines.pipeline import worker as news_worker
-from nightcrew.news.engines.pipeline.outbox import broker_of
+from nightcrew.news.engines.pipeline.message_outbox import broker_of
 from nightcrew.news.engines.pipeline.passes import run_pass
 from nightcrew.news.engines.pipeline.worker import WorkerSummary
 from nightcrew.news.report import SPEC_FIELDS, WORK_FIELDS

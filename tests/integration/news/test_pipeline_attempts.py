@@ -22,7 +22,7 @@ from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database, QueryError
 from nightcrew.errors import DatabaseUnavailableError
 from nightcrew.news.engines.pipeline import attempts, dlq
-from nightcrew.news.engines.pipeline.outbox import broker_of
+from nightcrew.news.engines.pipeline.message_outbox import broker_of
 from nightcrew.news.engines.pipeline.passes import run_pass
 from nightcrew.news.steps.review import review_lock_name
 from nightcrew.runtime import Runtime

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
-from nightcrew.news.engines.pipeline.outbox import resend_due
+from nightcrew.news.engines.pipeline.message_outbox import resend_due
 from nightcrew.news.engines.pipeline.passes import run_pass
 from nightcrew.news.steps.leases import shard_lock_name
 from nightcrew.runtime import Runtime

@@ -13,8 +13,8 @@ from nightcrew.adapters.broker import Outgoing
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
 from nightcrew.http import ServiceParts, create_app
+from nightcrew.news.engines.pipeline.message_outbox import broker_of
 from nightcrew.news.engines.pipeline.metrics import collect_metrics
-from nightcrew.news.engines.pipeline.outbox import broker_of
 from nightcrew.news.sources.registry import add_source
 from tests.integration.news.pipeline_support import pipeline_env, pipeline_runtime
 from tests.support.services import needs_rabbitmq

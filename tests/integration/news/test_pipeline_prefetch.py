@@ -10,7 +10,7 @@ from pathlib import Path
 from nightcrew.adapters.broker import Delivery, Outgoing
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
-from nightcrew.news.engines.pipeline import outbox
+from nightcrew.news.engines.pipeline import message_outbox
 from nightcrew.news.engines.pipeline.worker import Worker
 from tests.integration.news.pipeline_support import (
     pipeline_env,
@@ -33,7 +33,7 @@ async def test_each_stage_holds_at_most_its_own_prefetch_on_its_own_channel(
         worker = Worker(runtime, SystemClock(), ["enrich", "review", "write"], 2)
         assert worker.prefetch == {"enrich": 2, "review": 1, "write": 3}
 
-        broker = outbox.broker_of(runtime)
+        broker = message_outbox.broker_of(runtime)
         held: Counter[str] = Counter()
         release = asyncio.Event()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
-from nightcrew.news.engines.pipeline.outbox import broker_of
+from nightcrew.news.engines.pipeline.message_outbox import broker_of
 from nightcrew.news.schedule import news_schedules
 from nightcrew.news.steps.leases import shard_lock_name
 from nightcrew.scheduler import Scheduler

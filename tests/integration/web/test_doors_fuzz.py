@@ -35,7 +35,7 @@ from nightcrew.lifecycle.reconcile.core import FLAG_NAMES
 from nightcrew.metrics import Metrics
 from nightcrew.web.access import COOKIE, Access
 from nightcrew.web.context import DashboardContext
-from nightcrew.web.doors import SECURITY_HEADERS
+from nightcrew.web.host_and_headers import SECURITY_HEADERS
 from nightcrew.web.pages.base import encode_cursor
 from nightcrew.web.pages.runs import RUN_STATUSES
 from nightcrew.web.throttle import SignInThrottle

@@ -19,7 +19,7 @@ from nightcrew.adapters.reviewer import Verdict
 from nightcrew.db.database import Database, QueryError, Tx, json_param
 from nightcrew.db.queries import load_queries
 from nightcrew.jsonable import JsonObject
-from nightcrew.news.engines.pipeline.outbox import Owed
+from nightcrew.news.engines.pipeline.message_outbox import Owed
 from nightcrew.news.sources import registry as news_sources
 from nightcrew.news.sources.registry import DueSource
 from nightcrew.news.steps.entries import FeedItem

@@ -32,7 +32,7 @@ from nightcrew.log import SecretValues, describe_error, error, redact_url_passwo
 from nightcrew.web.access import COOKIE, same_origin, secure_cookie
 from nightcrew.web.context import DashboardContext
 from nightcrew.web.csrf import CSRF_COOKIE, Csrf
-from nightcrew.web.doors import SECURITY_HEADERS as HEADERS
+from nightcrew.web.host_and_headers import SECURITY_HEADERS as HEADERS
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 PAGE_SIZE = 50
@@ -121,7 +121,7 @@ class Pages:
         return partial(handler, self)
 
     def guard(self, handler: Handler) -> Handler:
-        """Access first (the Host was checked by doors.Doors; then the session), then the page;
+        """Access first (the Host was checked by HostAndHeaders; then the session), then the page;
         a database that is gone or a bad filter is a page that says so, not a traceback."""
 
         async def guarded(request: Request) -> Response:

@@ -8,7 +8,7 @@ from datetime import datetime
 from starlette.requests import Request
 from starlette.responses import Response
 
-from nightcrew import actions as operator_actions
+from nightcrew import operator_actions
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects_outbox

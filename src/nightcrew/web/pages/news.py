@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.responses import Response
 
-from nightcrew import actions as operator_actions
-from nightcrew import narrate
+from nightcrew import narrate, operator_actions
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import NightcrewError
@@ -227,12 +226,12 @@ async def dead_letters(runtime: Runtime | None) -> DeadLetters | None:
     """None when this process has no pipeline (NEWS_PIPELINE=inline): nothing to show."""
     if runtime is None or runtime.settings.news_pipeline != "rabbitmq":
         return None
-    from nightcrew.news.engines.pipeline import dlq, outbox
+    from nightcrew.news.engines.pipeline import dlq, message_outbox
 
     letters: dict[str, list[LetterLine]] = {}
     counts: dict[str, int] = {}
     try:
-        broker = outbox.broker_of(runtime)
+        broker = message_outbox.broker_of(runtime)
         for stage in STAGES:
             counts[stage] = await broker.ready(stage, dlq=True)
             if counts[stage]:

@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from nightcrew.db.database import Database
 from nightcrew.effects import outbox as effects_outbox
-from nightcrew.web.doors import SECURITY_HEADERS as HEADERS
+from nightcrew.web.host_and_headers import SECURITY_HEADERS as HEADERS
 from nightcrew.web.pages import deletions, news, overage, runs
 from nightcrew.web.pages.base import (
     Pages,

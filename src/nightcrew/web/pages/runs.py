@@ -11,14 +11,13 @@ from urllib.parse import urlencode
 from starlette.requests import Request
 from starlette.responses import Response
 
-from nightcrew import actions as operator_actions
-from nightcrew import narrate
+from nightcrew import narrate, operator_actions
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
 from nightcrew.jsonable import JsonObject
 from nightcrew.lifecycle.lanes import LANES
 from nightcrew.web import actions as action_doors
-from nightcrew.web.doors import SECURITY_HEADERS as HEADERS
+from nightcrew.web.host_and_headers import SECURITY_HEADERS as HEADERS
 from nightcrew.web.pages.base import (
     FAR_FUTURE,
     FAR_PAST,

@@ -15,7 +15,7 @@ from nightcrew.web.access import (
     SESSION_MAX_AGE_SECONDS,
     secure_cookie,
 )
-from nightcrew.web.doors import SECURITY_HEADERS as HEADERS
+from nightcrew.web.host_and_headers import SECURITY_HEADERS as HEADERS
 from nightcrew.web.pages.base import (
     Pages,
 )

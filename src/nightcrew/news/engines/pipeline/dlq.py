@@ -19,7 +19,7 @@ from nightcrew.clock import Clock
 from nightcrew.db.database import Tx
 from nightcrew.db.queries import load_queries
 from nightcrew.log import event
-from nightcrew.news.engines.pipeline import outbox
+from nightcrew.news.engines.pipeline import message_outbox
 from nightcrew.news.engines.pipeline.messages import FetchSource, WorkOn, named_by
 from nightcrew.runtime import Runtime
 from nightcrew.setting_parsers import STAGES
@@ -52,7 +52,7 @@ def _named(letter: DeadLetter) -> FetchSource | WorkOn | None:
 
 async def _requeue(
     tx: Tx, message: FetchSource | WorkOn, now: datetime
-) -> list[outbox.Owed] | None:
+) -> list[message_outbox.Owed] | None:
     """``message``'s source or candidate queued again, its new message owed in ``tx``; None
     when it no longer waits (written or rejected meanwhile, a source deleted)."""
     if isinstance(message, FetchSource):
@@ -61,13 +61,15 @@ async def _requeue(
         )
         if source is None:
             return None
-        return await outbox.enqueue_fetch(tx, source_id=source.id, shard=source.shard, now=now)
+        return await message_outbox.enqueue_fetch(
+            tx, source_id=source.id, shard=source.shard, now=now
+        )
     candidate = await tx.fetch_one_as(
         _Candidate, SQL["requeue_candidate"], {"url": message.url, "now": now}
     )
     if candidate is None:
         return None
-    return await outbox.enqueue(
+    return await message_outbox.enqueue(
         tx, stage=candidate.stage, url=candidate.url, shard=candidate.shard, now=now
     )
 
@@ -80,7 +82,7 @@ async def list_dead(
     runtime: Runtime, stage: str | None = None, *, limit: int | None = None
 ) -> list[DeadLetter]:
     """The dead letters of ``stage`` (None: every stage), at most ``limit`` of each."""
-    broker = outbox.broker_of(runtime)
+    broker = message_outbox.broker_of(runtime)
     letters: list[DeadLetter] = []
     for name in _stages(stage):
         letters += await broker.dead_letters(name, limit=limit)
@@ -107,7 +109,7 @@ async def replay(
 ) -> Replayed:
     """Replay the letter ``message_id`` (None: every letter) of ``stage`` (None: every stage);
     of each stage, only the first ``limit`` letters are looked at (None: all)."""
-    broker, db = outbox.broker_of(runtime), runtime.db
+    broker, db = message_outbox.broker_of(runtime), runtime.db
     done = Replayed()
 
     async def take(letter: DeadLetter) -> bool:
@@ -119,7 +121,7 @@ async def replay(
             return False
         async with db.transaction() as tx:
             owed = await _requeue(tx, message, clock.now())
-        await outbox.send_owed(broker, db, owed or [])
+        await message_outbox.send_owed(broker, db, owed or [])
         if owed is None:
             done.dropped.append(letter)
             event("news.dlq_dropped", stage=letter.stage, message_id=letter.message_id)
@@ -137,7 +139,7 @@ async def purge(
     runtime: Runtime, clock: Clock, stage: str, *, message_id: str | None = None
 ) -> list[DeadLetter]:
     """Purge the letter ``message_id`` of ``stage`` (None: every letter of it)."""
-    broker, db = outbox.broker_of(runtime), runtime.db
+    broker, db = message_outbox.broker_of(runtime), runtime.db
     purged: list[DeadLetter] = []
 
     async def take(letter: DeadLetter) -> bool:

@@ -28,9 +28,15 @@ from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import QueueError
 from nightcrew.log import describe_error, event, warning
+from nightcrew.news.engines.pipeline.message_outbox import (
+    Owed,
+    broker_of,
+    relay,
+    resend_due,
+    send_owed,
+)
 from nightcrew.news.engines.pipeline.messages import FetchSource, read
 from nightcrew.news.engines.pipeline.notes import read_for_pass
-from nightcrew.news.engines.pipeline.outbox import Owed, broker_of, relay, resend_due, send_owed
 from nightcrew.news.report import (
     NewsReport,
     PassFigures,

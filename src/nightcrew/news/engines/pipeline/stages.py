@@ -30,7 +30,7 @@ from nightcrew.db.database import QueryError, json_param
 from nightcrew.db.queries import load_queries
 from nightcrew.jsonable import JsonObject
 from nightcrew.log import describe_error, warning
-from nightcrew.news.engines.pipeline import notes, outbox
+from nightcrew.news.engines.pipeline import message_outbox, notes
 from nightcrew.news.engines.pipeline.attempts import (
     SAVE_TRIES,
     Attempt,
@@ -214,11 +214,11 @@ async def _hand_on(
             raise Superseded(f"{taken.candidate.url}: taken over while in {stage}")
         if spend is not None:
             await notes.note_tokens(tx, shard=taken.shard, spend=spend, now=now)
-        owed = await outbox.enqueue(
+        owed = await message_outbox.enqueue(
             tx, stage=next_stage, url=taken.candidate.url, shard=taken.shard, now=now
         )
     attempt.closed()  # ``advance`` says so in the row
-    await outbox.send_owed(ctx.broker, db, owed)
+    await message_outbox.send_owed(ctx.broker, db, owed)
 
 
 async def _under_lease(

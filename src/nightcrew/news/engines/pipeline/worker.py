@@ -46,7 +46,7 @@ from nightcrew.clock import Clock
 from nightcrew.errors import DatabaseUnavailableError, NightcrewError, QueueError
 from nightcrew.jsonable import Jsonable, JsonObject
 from nightcrew.log import SecretValues, describe_error, event, warning
-from nightcrew.news.engines.pipeline import metrics, notes, outbox, stages
+from nightcrew.news.engines.pipeline import message_outbox, metrics, notes, stages
 from nightcrew.news.engines.pipeline.attempts import (
     Attempt,
     Exhausted,
@@ -93,7 +93,7 @@ class Worker:
         self.ctx = stages.StageContext(
             runtime=runtime,
             clock=clock,
-            broker=outbox.broker_of(runtime),
+            broker=message_outbox.broker_of(runtime),
             stopping=self._stopping,
         )
         self.stage_names = stage_names
@@ -411,8 +411,10 @@ class Worker:
     async def _relay(self) -> None:
         """Re-send admitted candidates whose backoff is over, then relay the outbox."""
         db, now = self.ctx.runtime.db, self.ctx.clock.now()
-        await outbox.send_owed(self.ctx.broker, db, await outbox.resend_due(db, now))
-        await outbox.relay(self.ctx.broker, db, now)
+        await message_outbox.send_owed(
+            self.ctx.broker, db, await message_outbox.resend_due(db, now)
+        )
+        await message_outbox.relay(self.ctx.broker, db, now)
 
     async def _flush(self) -> None:
         snapshot = {k: Counter(v) for k, v in self._unflushed.items()}

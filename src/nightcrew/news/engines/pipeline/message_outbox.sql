@@ -1,4 +1,4 @@
--- The pipeline's outbox: messages owed to the broker (outbox.py).
+-- The pipeline's outbox: messages owed to the broker (message_outbox.py).
 
 -- name: resend_due
 -- A worker's housekeeping (every shard's) or a pass (its shard's): admitted candidates held for

@@ -37,7 +37,7 @@ SECURITY_HEADERS = {
 HOST_UNCHECKED = frozenset({"/health", "/_health", "/reconcile"})
 
 
-class Doors:
+class HostAndHeaders:
     def __init__(self, app: ASGIApp, access: Access | None) -> None:
         self._app = app
         self._access = access
