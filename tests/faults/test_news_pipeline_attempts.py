@@ -39,6 +39,7 @@ from tests.faults.test_news_pipeline_poison import _cli
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
+    housekept,
     pipeline_env,
     pipeline_runtime,
     wait_for,
@@ -144,9 +145,9 @@ async def test_a_poison_article_that_kills_its_worker_mid_model_call_is_dead_let
             assert "worker died" in text.stdout and poison in text.stdout
 
             # no further worker runs it: a pass and an ordinary worker find nothing to do
-            async with worker_running(runtime):
+            async with worker_running(runtime) as idle:
                 await run_pass(runtime, SystemClock(), "s")
-                await asyncio.sleep(3)
+                await housekept(idle)  # its relay and re-sends had their turn
             assert model.reviews[poison] == MAX_DELIVERIES
         print(f"poison dead-lettered after {deaths} deaths in {elapsed:.0f} s")
 

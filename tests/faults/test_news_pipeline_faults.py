@@ -349,7 +349,11 @@ async def test_a_database_cut_mid_review_is_waited_out_without_a_second_model_ca
                 await run_pass(runtime, SystemClock(), "s")
                 await wait_for(lambda: _asked(model, 4), within=30, what="4 reviews under way")
                 await proxy.cut()  # PostgreSQL gone while the model thinks
-                await asyncio.sleep(4)  # every answer is in; nowhere to save it
+
+                async def answered() -> bool:  # every answer is in; nowhere to save it
+                    return sum(model.answered.values()) >= 4 and model.in_flight == 0
+
+                await wait_for(answered, within=30, what="the 4 answers")
                 assert await count(db, "SELECT count(*) FROM news.articles") == 0
                 await proxy.restore()
                 await wait_for(lambda: _all_written(db, 4), within=60, what="4 articles")

@@ -6,7 +6,6 @@ TCP proxy the test cuts; loopback feeds; a model stand-in that takes its time.""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -62,7 +61,12 @@ async def test_redis_and_rabbitmq_cut_together_under_the_pipeline_review_nothing
                 await wait_for(reviewing, within=60, what="reviews under way")
                 await broker_proxy.cut()
                 await redis_proxy.cut()
-                await asyncio.sleep(3)  # the answers come in; the broker and Redis are gone
+                asked = sum(model.reviews.values())
+
+                async def answered() -> bool:  # the answers come in; broker and Redis are gone
+                    return sum(model.answered.values()) >= asked and model.in_flight == 0
+
+                await wait_for(answered, within=30, what="the reviews in flight answered")
                 await broker_proxy.restore()
                 await redis_proxy.restore()
 

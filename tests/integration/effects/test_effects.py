@@ -481,22 +481,27 @@ async def test_a_timed_out_but_delivered_email_is_retried_within_minutes_with_th
 
 
 # --- a crash between the state change and the first send ----------------------------------------
-def _hanging_stripe(server: RecordingServer, seconds: float) -> Callable[[Request], Any]:
+def _hanging_stripe(
+    server: RecordingServer, seconds: float
+) -> tuple[Callable[[Request], Any], threading.Event]:
+    """A Stripe that holds each POST ``seconds``; the event is set when a held one ends."""
     healthy = stripe_responder({})
+    released = threading.Event()
 
     def respond(request: Request) -> Any:
         if request.method == "POST":
             time.sleep(seconds)
+            released.set()
         return healthy(request)
 
-    return respond
+    return respond, released
 
 
 async def test_sigkill_after_the_commit_loses_no_billing_resume(
     db: Database, fresh_db_url: str, stripe_server: RecordingServer
 ) -> None:
     podcast, _ = await _paused_podcast(db, expires=NOW - MINUTE)
-    stripe_server.responder = _hanging_stripe(stripe_server, 4.0)
+    stripe_server.responder, held_request_ended = _hanging_stripe(stripe_server, 4.0)
     env = _env(
         DATABASE_URL=fresh_db_url,
         STRIPE_SECRET_KEY="sk_test_123",
@@ -525,7 +530,8 @@ async def test_sigkill_after_the_commit_loses_no_billing_resume(
     [effect] = await _effects(db, "billing_resume")
     assert effect["delivered_at"] is None and effect["attempts"] == 1
 
-    await asyncio.sleep(4.5)  # the stand-in finishes the request it was holding
+    # the stand-in finishes the request it was holding (its client is gone)
+    assert await asyncio.to_thread(held_request_ended.wait, 10)
     stripe_server.responder = stripe_responder({})
     # the next minute run after the claim's lease (5 minutes) delivers it
     minute = run(

@@ -115,6 +115,17 @@ async def wait_for(
         await asyncio.sleep(poll)
 
 
+async def housekept(summary: WorkerSummary, rounds: int = 1, within: float = 30) -> None:
+    """Until the worker has done ``rounds`` more housekeeping rounds (its relay, its re-sends
+    of what is due): what a test waits on before saying "and it did nothing"."""
+    until = summary.housekeeping_rounds + rounds
+
+    async def done() -> bool:
+        return summary.housekeeping_rounds >= until
+
+    await wait_for(done, within=within, what=f"{rounds} housekeeping round(s)", poll=0.05)
+
+
 @asynccontextmanager
 async def worker_running(
     runtime: Runtime,

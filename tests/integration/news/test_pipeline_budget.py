@@ -6,7 +6,6 @@ by later passes under the shard lock."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from nightcrew.runtime import Runtime
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
+    housekept,
     pipeline_env,
     pipeline_runtime,
     wait_for,
@@ -77,7 +77,7 @@ async def test_max_ai_reviews_5_bounds_a_pass_to_5_model_calls_and_keeps_the_res
                     # a worker's housekeeping re-sends nothing that waits for a pass: called
                     # here as housekeeping calls it, and given a housekeeping round to try
                     assert await resend_due(db, SystemClock().now()) == []
-                    await asyncio.sleep(5.5)
+                    await housekept(summary)
                     assert sum(model.reviews.values()) == 5
                     assert await count(db, "SELECT count(*) FROM news.candidates") == 15
         assert summary.dead_lettered == {} and summary.failed == {}

@@ -44,7 +44,7 @@ from nightcrew.adapters.broker import Delivery, Outgoing
 from nightcrew.adapters.reviewer import CALL_SECONDS
 from nightcrew.clock import Clock
 from nightcrew.errors import DatabaseUnavailableError, NightcrewError, QueueError
-from nightcrew.jsonable import Jsonable, JsonObject
+from nightcrew.jsonable import Jsonable, JsonObject, omitted
 from nightcrew.log import SecretValues, describe_error, event, warning
 from nightcrew.news.engines.pipeline import message_outbox, metrics, notes, stages
 from nightcrew.news.engines.pipeline.attempts import (
@@ -76,6 +76,9 @@ class WorkerSummary(Jsonable):
     failed: Counter[str] = field(default_factory=Counter)
     dead_lettered: Counter[str] = field(default_factory=Counter)
     outcomes: Counter[str] = field(default_factory=Counter)
+    # housekeeping rounds completed (relay, re-sends, counters): what a caller waits on to know
+    # the worker has had its chance to act — not part of the summary it prints
+    housekeeping_rounds: int = omitted(default=0)
 
 
 def _broker_event(name: str, detail: str) -> None:
@@ -397,6 +400,7 @@ class Worker:
                 await job()
             except (NightcrewError, QueueError) as exc:
                 warning("news.housekeeping_failed", job=name, error=describe_error(exc))
+        self.summary.housekeeping_rounds += 1
 
     async def _note_redis(self) -> None:
         """A Redis failure this process saw since the last look, noted for the passes'
