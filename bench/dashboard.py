@@ -30,7 +30,7 @@ from bench._db import admin_url, drop, recreate
 from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
 from nightcrew.db.migrate import migrate
-from nightcrew.http import create_app
+from nightcrew.http import ServiceParts, create_app
 from nightcrew.log import configure_logging
 from nightcrew.metrics import Metrics
 from nightcrew.web.access import Access
@@ -164,8 +164,10 @@ async def main(runs: int, deletions: int, repeat: int) -> None:
                 )
                 app = create_app(
                     Metrics(),
-                    dashboard=DashboardContext(
-                        db=db, clock=FrozenClock(NOW), access=Access.for_bind("127.0.0.1", None)
+                    ServiceParts(
+                        dashboard=DashboardContext(
+                            db=db, clock=FrozenClock(NOW), access=Access.for_bind("127.0.0.1", None)
+                        )
                     ),
                 )
                 transport = httpx.ASGITransport(app=app)

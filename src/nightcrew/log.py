@@ -19,6 +19,7 @@ from typing import Any, TextIO
 import structlog
 
 _SECRET_FIELD = re.compile(r"(secret|token|password|passwd|authorization|api_key|apikey)", re.I)
+_TOKEN_COUNT = re.compile(r"tokens$", re.I)
 # scheme://[user]:password@ — the user may be empty (`redis://:pw@host`, Redis before ACLs),
 # and the password runs to the last "@" of the authority (an unencoded "@" in it is common)
 _URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://[^:/@\s]*):[^\s/]+@", re.I)
@@ -79,9 +80,9 @@ class SecretScrubber:
         self, logger: Any, method: str, event_dict: MutableMapping[str, Any]
     ) -> MutableMapping[str, Any]:
         for key, value in list(event_dict.items()):
-            # a number is a count, never a credential: aiPromptTokens is not a token
-            secret = value is not None and not isinstance(value, int | float)
-            if key != "event" and secret and _SECRET_FIELD.search(key):
+            if key != "event" and value is not None and _SECRET_FIELD.search(key):
+                if _TOKEN_COUNT.search(key) and isinstance(value, int | float):
+                    continue  # a count of a model's tokens (aiPromptTokens), not a token
                 event_dict[key] = REDACTED
             else:
                 event_dict[key] = self._scrub(value)

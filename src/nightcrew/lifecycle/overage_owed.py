@@ -189,8 +189,8 @@ def _podcast_of(effect: effects.Effect) -> str:
     """The podcast an owed invalidation is about: the feed worker's intent, or the message."""
     if effect.kind == "feed_invalidate":
         return effect.read(effects.FeedInvalidatePayload).podcast_id
-    body = effect.read(effects.QueuePayload).body
-    return effects.PodcastInvalidation.from_json(body).podcast_id
+    # only the id: a message of any shape that names its podcast will do
+    return str(effect.read(effects.QueuePayload).body["podcast_id"])
 
 
 async def invalidate_feeds(

@@ -160,7 +160,7 @@ async def sweep(ctx: SweepContext, spec: SweepSpec) -> Sweep:
         ctx.tick(f"{spec.kind} sweep", tally.found)
     if ctx.delete:
         await flush()
-    sweep = Sweep(
+    result = Sweep(
         kind=spec.kind,
         found=tally.found,
         bytes=tally.bytes,
@@ -173,6 +173,6 @@ async def sweep(ctx: SweepContext, spec: SweepSpec) -> Sweep:
         failed=dict(tally.failed),
         sample=tuple(tally.sample),
     )
-    if (failure := sweep.error()) is not None:
+    if (failure := result.error()) is not None:
         warning(**failure)  # reconcile_delete_failed: the report carries it too
-    return sweep
+    return result
