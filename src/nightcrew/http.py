@@ -272,6 +272,14 @@ def create_app(metrics: Metrics, parts: ServiceParts | None = None) -> Starlette
     )
 
 
+def _error(description: str) -> JsonObject:
+    """A response of the ``Error`` schema: ``{"error": "..."}``."""
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    }
+
+
 def _flag(name: str, description: str, schema: JsonObject) -> JsonObject:
     return {
         "name": name,
@@ -397,33 +405,13 @@ OPENAPI: JsonObject = {
                         "description": "the reconcile report",
                         "content": {"application/json": {"schema": {"type": "object"}}},
                     },
-                    "400": {
-                        "description": "unknown flag or malformed value",
-                        "content": {
-                            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
-                        },
-                    },
-                    "401": {
-                        "description": "missing or wrong bearer token, or no secret set",
-                        "content": {
-                            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
-                        },
-                    },
-                    "429": {
-                        "description": (
-                            "a bearer from this address is being checked: retry after the"
-                            " Retry-After seconds (wrong bearers are throttled as sign-ins are)"
-                        ),
-                        "content": {
-                            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
-                        },
-                    },
-                    "503": {
-                        "description": "the reconciler cannot run (configuration, database)",
-                        "content": {
-                            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
-                        },
-                    },
+                    "400": _error("unknown flag or malformed value"),
+                    "401": _error("missing or wrong bearer token, or no secret set"),
+                    "429": _error(
+                        "a bearer from this address is being checked: retry after the"
+                        " Retry-After seconds (wrong bearers are throttled as sign-ins are)"
+                    ),
+                    "503": _error("the reconciler cannot run (configuration, database)"),
                 },
             }
         },
@@ -437,12 +425,7 @@ OPENAPI: JsonObject = {
                         "description": "reports",
                         "content": {"application/json": {"schema": {"type": "object"}}},
                     },
-                    "401": {
-                        "description": "the dashboard has a token and none was given",
-                        "content": {
-                            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
-                        },
-                    },
+                    "401": _error("the dashboard has a token and none was given"),
                     "421": {
                         "description": "a Host that is not this dashboard's",
                         "content": {"text/plain": {"schema": {"type": "string"}}},
