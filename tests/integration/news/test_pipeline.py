@@ -13,7 +13,7 @@ from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
 from nightcrew.errors import QueueError
 from nightcrew.news.engines.inline import run_shard
-from nightcrew.news.engines.pipeline import dlq, metrics, outbox
+from nightcrew.news.engines.pipeline import dlq, message_outbox, metrics
 from nightcrew.news.engines.pipeline.passes import run_pass
 from nightcrew.news.steps.leases import shard_lock_name
 from tests.integration.news.pipeline_support import (
@@ -204,7 +204,7 @@ async def test_purge_rejects_the_dead_letters_candidates_and_empties_the_queue(
 ) -> None:
     env = pipeline_env(fresh_db_url, prefix, model, tmp_path, NEWS_MAX_DELIVERIES="1")
     async with pipeline_runtime(env, db) as runtime:
-        broker = outbox.broker_of(runtime)
+        broker = message_outbox.broker_of(runtime)
         # a message no stage can read: dead-lettered on its first (and only) delivery
         await broker.publish([Outgoing(message_id="m-1", stage="enrich", body={"nope": 1})])
         async with worker_running(runtime, ["enrich"]) as summary:
@@ -242,7 +242,7 @@ async def test_messages_owed_when_the_broker_refused_are_relayed_from_the_outbox
     with FeedFarm(feeds=3, items=2) as farm:
         await add_farm_sources(db, farm)
         async with pipeline_runtime(env, db) as runtime:
-            real = outbox.broker_of(runtime)
+            real = message_outbox.broker_of(runtime)
             refusing = _RefusingBroker(
                 real.url, prefix=real.prefix, max_deliveries=real.max_deliveries
             )
@@ -258,7 +258,7 @@ async def test_messages_owed_when_the_broker_refused_are_relayed_from_the_outbox
             # the relay (here: an old enough outbox, on a worker's housekeeping) sends them
             await db.execute("UPDATE news.outbox SET created_at = created_at - interval '1 min'")
             refusing.down = False
-            assert await outbox.relay(refusing, db, SystemClock().now()) == 3
+            assert await message_outbox.relay(refusing, db, SystemClock().now()) == 3
             async with worker_running(runtime):
                 # fetched by the worker, held for a pass: the next one admits them
                 await wait_for(lambda: _held(db, "s", 6), within=30, what="6 candidates held")
