@@ -57,6 +57,7 @@ from nightcrew.lifecycle.reconcile.records import (
     ReconcileUnavailable,
     Sweep,
 )
+from nightcrew.lifecycle.reconcile.scope import RunScope
 from nightcrew.lifecycle.reconcile.sizes import ForeignEpisode, backfill_sizes, measured_from
 from nightcrew.lifecycle.reconcile.sweeps import SweepContext, sweep, sweep_specs
 from nightcrew.lifecycle.watchdogs import sweep_wedged_media_jobs
@@ -171,12 +172,13 @@ async def run_reconcile(
                     {"prefix": prefix, "sample": SAMPLE_KEYS},
                 )
             measured = measured_from(keyed, heads, by_head, foreign)
+            scope = RunScope(
+                runtime=runtime, conn=conn, options=options, prefix=prefix, now=now, tick=tick
+            )
             with _timed(phases, "sizeBackfill"):
-                size_backfill = await backfill_sizes(
-                    runtime, conn, options, prefix, now, tick, measured
-                )
+                size_backfill = await backfill_sizes(scope, measured)
             with _timed(phases, "missing"):
-                missing = await find_missing(runtime, conn, options, prefix, now, tick)
+                missing = await find_missing(scope)
             size_backfill = replace(
                 size_backfill, measured=replace(measured, unmeasured=missing.candidates)
             )

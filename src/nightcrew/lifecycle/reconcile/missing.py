@@ -8,16 +8,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-from nightcrew.db.database import Tx
 from nightcrew.db.records import as_records
 from nightcrew.effects import feed_outbox
 from nightcrew.lifecycle.reconcile.core import (
     SAMPLE_KEYS,
-    ReconcileOptions,
 )
 from nightcrew.lifecycle.reconcile.listing import HEAD_CONCURRENCY
 from nightcrew.lifecycle.reconcile.queries import SQL
-from nightcrew.lifecycle.reconcile.records import Missing, MissingSample, Progress
+from nightcrew.lifecycle.reconcile.records import Missing, MissingSample
+from nightcrew.lifecycle.reconcile.scope import RunScope
 from nightcrew.log import event
 from nightcrew.reports import Failure, one_item
 from nightcrew.runtime import Runtime
@@ -42,14 +41,9 @@ class _Locked:
     audio_url: str | None
 
 
-async def find_missing(
-    runtime: Runtime,
-    conn: Tx,
-    options: ReconcileOptions,
-    prefix: str,
-    now: datetime,
-    tick: Progress,
-) -> Missing:
+async def find_missing(scope: RunScope) -> Missing:
+    runtime, conn, options = scope.runtime, scope.conn, scope.options
+    prefix, now, tick = scope.prefix, scope.now, scope.tick
     count = candidates = quarantined = 0
     sample: list[MissingSample] = []
     failures: list[Failure] = []

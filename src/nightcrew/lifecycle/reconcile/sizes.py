@@ -13,7 +13,6 @@ from nightcrew.db.records import as_records
 from nightcrew.effects import feed_outbox
 from nightcrew.lifecycle.reconcile.core import (
     SAMPLE_KEYS,
-    ReconcileOptions,
     size_needs_write,
 )
 from nightcrew.lifecycle.reconcile.queries import SQL
@@ -21,10 +20,10 @@ from nightcrew.lifecycle.reconcile.records import (
     BlockedWrite,
     ForeignUrl,
     Measured,
-    Progress,
     SizeBackfill,
     SizeSample,
 )
+from nightcrew.lifecycle.reconcile.scope import RunScope
 from nightcrew.log import describe_error, warning
 from nightcrew.runtime import Runtime
 
@@ -80,15 +79,9 @@ def measured_from(keyed: int, heads: int, by_head: int, foreign: list[ForeignEpi
     )
 
 
-async def backfill_sizes(
-    runtime: Runtime,
-    conn: Tx,
-    options: ReconcileOptions,
-    prefix: str,
-    now: datetime,
-    tick: Progress,
-    measured: Measured,
-) -> SizeBackfill:
+async def backfill_sizes(scope: RunScope, measured: Measured) -> SizeBackfill:
+    runtime, conn, options = scope.runtime, scope.conn, scope.options
+    prefix, now, tick = scope.prefix, scope.now, scope.tick
     checked = mismatched = written = 0
     blocked: list[BlockedWrite] = []
     sample: list[SizeSample] = []

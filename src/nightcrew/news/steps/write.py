@@ -95,6 +95,18 @@ class Written:
     write_errors: list[WriteFailure]  # refused for their own data
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Writing:
+    """One shard holder's write of its reviewed articles: under ``fence``, at ``now``."""
+
+    db: Database
+    shard: str
+    fence: int
+    images: dict[str, str]
+    now: datetime
+    store_first: StoreFirst
+
+
 async def write_reviewed(
     db: Database,
     shard: str,
@@ -114,16 +126,17 @@ async def write_reviewed(
     (``store_first``) before any of that touches it."""
     if not verdicts:
         return Written(urls=[], write_errors=[])
+    writing = _Writing(
+        db=db, shard=shard, fence=fence, images=images, now=now, store_first=store_first
+    )
     try:
-        return await _write_all(db, shard, fence, verdicts, images, now, store_first)
+        return await _write_all(writing, verdicts)
     except StaleLease:
-        await _keep_paid_reviews(db, shard, verdicts, now, store_first)
+        await _keep_paid_reviews(writing, verdicts)
         raise
 
 
-async def _keep_paid_reviews(
-    db: Database, shard: str, verdicts: Verdicts, now: datetime, store_first: StoreFirst
-) -> None:
+async def _keep_paid_reviews(writing: _Writing, verdicts: Verdicts) -> None:
     """A run fenced out at its write has paid for its model reviews: they stay on the held
     candidates (the run still holds their review locks), and the shard's new holder writes
     them without asking the model again. Best effort: a database that fails here costs a
@@ -134,36 +147,29 @@ async def _keep_paid_reviews(
         if r.verdict is not None and not r.candidate.reviewed
     ]
     try:
-        await store_first([url for url, _, _ in paid])
-        kept = await held_candidates.keep_verdicts(db, paid, now)
+        await writing.store_first([url for url, _, _ in paid])
+        kept = await held_candidates.keep_verdicts(writing.db, paid, writing.now)
     except NightcrewError as exc:
-        warning("worker.verdicts_not_kept", shard=shard, error=describe_error(exc))
+        warning("worker.verdicts_not_kept", shard=writing.shard, error=describe_error(exc))
         return
-    event("worker.verdicts_kept", shard=shard, kept=kept)
+    event("worker.verdicts_kept", shard=writing.shard, kept=kept)
 
 
-async def _write_all(
-    db: Database,
-    shard: str,
-    fence: int,
-    verdicts: Verdicts,
-    images: dict[str, str],
-    now: datetime,
-    store_first: StoreFirst,
-) -> Written:
+async def _write_all(writing: _Writing, verdicts: Verdicts) -> Written:
+    db, now = writing.db, writing.now
     try:
-        urls = await _write_batch(db, shard, fence, verdicts, images, now)
+        urls = await _write_batch(writing, verdicts)
         return Written(urls=urls, write_errors=[])
     except QueryError as exc:
-        warning("worker.write_batch_failed", shard=shard, error=describe_error(exc))
+        warning("worker.write_batch_failed", shard=writing.shard, error=describe_error(exc))
     written: list[str] = []
     errors: list[WriteFailure] = []
     for verdict in verdicts:
         try:
-            written += await _write_batch(db, shard, fence, [verdict], images, now)
+            written += await _write_batch(writing, [verdict])
         except QueryError as exc:
             url = verdict.url
-            await store_first([url])
+            await writing.store_first([url])
             if not refused_for_its_data(exc):
                 # a timeout, a deadlock, a full disk: not this article's fault — held, retried
                 warning("worker.write_deferred", url=url, error=describe_error(exc))
@@ -177,18 +183,12 @@ async def _write_all(
     return Written(urls=written, write_errors=errors)
 
 
-async def _write_batch(
-    db: Database,
-    shard: str,
-    fence: int,
-    verdicts: Verdicts,
-    images: dict[str, str],
-    now: datetime,
-) -> list[str]:
-    async with db.transaction() as tx:
+async def _write_batch(writing: _Writing, verdicts: Verdicts) -> list[str]:
+    shard, fence = writing.shard, writing.fence
+    async with writing.db.transaction() as tx:
         if not await holds_fence(tx, shard, fence):
             raise StaleLease(f"shard {shard}: a newer lease holder has written")
-        ids = await insert_articles(tx, shard, fence, verdicts, images, now)
+        ids = await insert_articles(tx, shard, fence, verdicts, writing.images, writing.now)
         # written now, or already (ON CONFLICT): either way no longer a candidate
         await held_candidates.drop(tx, [r.url for r in verdicts])
     return [r.url for r in verdicts if r.url in ids]
