@@ -193,11 +193,7 @@ class ServiceApp:
             client, lambda: authorized(header, self.reconciler_secret)
         )
         if verdict is Verdict.BUSY:
-            return JSONResponse(
-                {"error": "a check from your address is in progress; retry"},
-                status_code=429,
-                headers={"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)},
-            )
+            return _busy()
         if verdict is Verdict.REFUSED:
             warning("reconcile_auth_failed", client=client)
             return _unauthorized()
@@ -238,11 +234,7 @@ class ServiceApp:
                 )
             )
             if verdict is Verdict.BUSY:
-                return JSONResponse(
-                    {"error": "a check from your address is in progress; retry"},
-                    status_code=429,
-                    headers={"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)},
-                )
+                return _busy()
             if verdict is Verdict.REFUSED:
                 return JSONResponse(
                     {"error": "unauthorized"},
@@ -269,6 +261,15 @@ def create_app(metrics: Metrics, parts: ServiceParts | None = None) -> Starlette
             *(dashboard_routes(dashboard) if dashboard is not None else []),
         ],
         middleware=[Middleware(HostAndHeaders, access=dashboard.access if dashboard else None)],
+    )
+
+
+def _busy() -> JSONResponse:
+    """A bearer from this address is being checked already (the sign-in throttle's gate)."""
+    return JSONResponse(
+        {"error": "a check from your address is in progress; retry"},
+        status_code=429,
+        headers={"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)},
     )
 
 

@@ -79,28 +79,22 @@ def news_adapters(
     a while, and no call waits out a timeout against a Redis that is gone."""
     authority = PostgresLeases(db, clock)
     fallback_processed = PostgresProcessedUrls(db)
-    if redis is None:
-        return NewsAdapters(
-            leases=authority,
-            processed=fallback_processed,
-            fallback_processed=fallback_processed,
-            http=http,
-            parsers=parsers,
-            reviewer=reviewer,
-            policy=policy,
-            pipeline=pipeline,
-        )
-    breaker = breaker or RedisBreaker()
+    leases: Leases = authority
+    processed: ProcessedUrls = fallback_processed
+    if redis is not None:
+        breaker = breaker or RedisBreaker()
+        leases = PairedLeases(authority, redis, breaker)
+        processed = RedisProcessedUrls(redis, breaker=breaker)
     return NewsAdapters(
-        leases=PairedLeases(authority, redis, breaker),
-        processed=RedisProcessedUrls(redis, breaker=breaker),
+        leases=leases,
+        processed=processed,
         fallback_processed=fallback_processed,
         http=http,
         parsers=parsers,
         reviewer=reviewer,
         policy=policy,
         pipeline=pipeline,
-        redis_breaker=breaker,
+        redis_breaker=breaker if redis is not None else None,
     )
 
 

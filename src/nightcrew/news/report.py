@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from nightcrew.db.database import Database, json_param
 from nightcrew.db.queries import load_queries
 from nightcrew.jsonable import JsonObject, omitted, to_json
-from nightcrew.log import warning
+from nightcrew.log import event, warning
 
 if TYPE_CHECKING:
     from nightcrew.adapters.news import NewsAdapters
@@ -336,8 +336,12 @@ async def locked_report(
     duration_ms: float,
     pipeline: PassFigures | None = None,
 ) -> NewsReport:
-    """Another run or pass held the shard's lock: this one did nothing; what waits counted."""
+    """Another run or pass held the shard's lock: this one did nothing (said at info when an
+    operator asked for it, as a warning when a schedule did); what waits counted."""
     from nightcrew.news.steps import candidates
+
+    shard, trigger = draft.report.shard, draft.report.trigger
+    (event if trigger == "manual" else warning)("worker.shard_locked", shard=shard, trigger=trigger)
 
     draft.set(locked_count=1, deferred_count=await candidates.count_held(db, draft.report.shard))
     draft.defer(LOCKED_REASON)

@@ -66,9 +66,6 @@ async def run_shard(
     draft = ReportDraft(runtime.settings, deps, shard=shard, trigger=trigger)
     lease = await leases.acquire_shard(deps.leases, runtime.settings, shard)
     if lease is None:
-        (event if trigger == "manual" else warning)(
-            "worker.shard_locked", shard=shard, trigger=trigger
-        )
         report = await locked_report(
             runtime.db, draft, redis_enabled=redis.enabled(), duration_ms=_ms_since(started)
         )

@@ -80,9 +80,6 @@ async def run_pass(
     draft = ReportDraft(runtime.settings, deps, shard=shard, trigger=trigger)
     lease = await leases.acquire_shard(deps.leases, runtime.settings, shard)
     if lease is None:
-        (event if trigger == "manual" else warning)(
-            "worker.shard_locked", shard=shard, trigger=trigger
-        )
         report = await locked_report(
             runtime.db,
             draft,
