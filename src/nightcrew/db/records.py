@@ -12,9 +12,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 R = TypeVar("R")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Count:
+    """The answer of a ``SELECT count(*) AS n …``."""
+
+    n: int
+
 
 _COLUMNS: dict[type[Any], tuple[tuple[str, bool], ...]] = {}
 

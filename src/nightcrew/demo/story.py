@@ -27,6 +27,7 @@ from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.db.embedded import EmbeddedPostgres
 from nightcrew.db.migrate import migrate
+from nightcrew.db.records import Count
 from nightcrew.demo.news import tell_news
 from nightcrew.demo.seed import DAY, DEMO_MEDIA_URL, Sample, seed
 from nightcrew.effects import outbox as effects_outbox
@@ -42,11 +43,6 @@ class _Podcast:
     id: object
     title: str
     status: str
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Count:
-    n: int
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,7 +64,7 @@ async def _state(db: Database) -> _State:
     podcasts = await db.fetch_as(
         _Podcast, "SELECT id, title, status FROM public.podcasts ORDER BY created_at"
     )
-    users = await db.fetch_one_as(_Count, "SELECT count(*) AS n FROM auth.users")
+    users = await db.fetch_one_as(Count, "SELECT count(*) AS n FROM auth.users")
     queued = await db.fetch_as(
         _Queued,
         "SELECT queue, count(*) AS n FROM nightcrew.queue_messages GROUP BY queue ORDER BY queue",
@@ -186,7 +182,7 @@ async def _run(
     after, files_after = await _state(runtime.db), await _count_files(runtime.store)
     owed = await effects_outbox.counts(runtime.db)
     delivered = await runtime.db.fetch_one_as(
-        _Count, "SELECT count(*) AS n FROM nightcrew.effects WHERE delivered_at IS NOT NULL"
+        Count, "SELECT count(*) AS n FROM nightcrew.effects WHERE delivered_at IS NOT NULL"
     )
 
     lines = [

@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
+from nightcrew.db.records import Count
 from nightcrew.web.pages.base import (
     FAR_FUTURE,
     MAX_UUID,
@@ -54,14 +55,9 @@ class _Totals:
     bytes: Decimal
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Count:
-    n: int
-
-
 async def unfinished_count(db: Database) -> int:
     """Deletions with storage or a feed invalidation still owed."""
-    found = await db.fetch_one_as(_Count, SQL["deletions_unfinished_count"])
+    found = await db.fetch_one_as(Count, SQL["deletions_unfinished_count"])
     return int(found.n) if found else 0
 
 

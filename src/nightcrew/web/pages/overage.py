@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
+from nightcrew.db.records import Count
 from nightcrew.lifecycle import overage as overage_rules
 from nightcrew.web.pages.base import (
     Pages,
@@ -113,14 +114,9 @@ class _Restored:
     podcasts: list[object] | None  # the report's slugs, as stored
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Count:
-    n: int
-
-
 async def on_clock_count(db: Database) -> int:
     """Accounts whose 30-day clock runs."""
-    found = await db.fetch_one_as(_Count, SQL["overage_clock_count"])
+    found = await db.fetch_one_as(Count, SQL["overage_clock_count"])
     return int(found.n) if found else 0
 
 
