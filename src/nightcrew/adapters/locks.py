@@ -73,6 +73,12 @@ class Leases(Protocol):
         ...
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Granted:
+    name: str
+    fence: int
+
+
 class PostgresLeases:
     backend = "postgres"
 
@@ -88,7 +94,8 @@ class PostgresLeases:
             return {}
         now = self._clock.now()
         token = secrets.token_hex(16)  # one token for the batch; names keep them apart
-        rows = await self._db.fetch(
+        rows = await self._db.fetch_as(
+            _Granted,
             "INSERT INTO nightcrew.leases AS l (name, token, fence, expires_at)"
             " SELECT n, %(token)s, 1, %(expires)s FROM unnest(%(names)b::text[]) AS n"
             " ON CONFLICT (name) DO UPDATE"
@@ -103,9 +110,7 @@ class PostgresLeases:
             },
         )
         return {
-            r["name"]: Lease(
-                name=r["name"], fence=int(r["fence"]), ttl_seconds=ttl_seconds, token=token
-            )
+            r.name: Lease(name=r.name, fence=r.fence, ttl_seconds=ttl_seconds, token=token)
             for r in rows
         }
 

@@ -95,11 +95,26 @@ def discover_migrations() -> list[Migration]:
 
 async def applied_migrations(db: Database | Tx) -> dict[int, str]:
     """version → checksum of what the database has applied (empty if never migrated)."""
-    exists = await db.fetch_one("SELECT to_regclass('nightcrew.schema_migrations') AS t")
-    if exists is None or exists["t"] is None:
+    table = await db.fetch_one_as(
+        _Table, "SELECT to_regclass('nightcrew.schema_migrations')::text AS name"
+    )
+    if table is None or table.name is None:
         return {}
-    rows = await db.fetch("SELECT version, checksum FROM nightcrew.schema_migrations")
-    return {row["version"]: row["checksum"] for row in rows}
+    applied = await db.fetch_as(
+        _Applied, "SELECT version, checksum FROM nightcrew.schema_migrations"
+    )
+    return {m.version: m.checksum for m in applied}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Table:
+    name: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Applied:
+    version: int
+    checksum: str
 
 
 async def migrate(db: Database, *, skip_reference: bool = False) -> MigrationResult:
