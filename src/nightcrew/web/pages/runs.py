@@ -163,8 +163,8 @@ class RunRow:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class _ListedRun:
-    """A row of ``runs_page``: the report's few fields the list shows, read in SQL."""
+class _RunColumns:
+    """The columns of ``nightcrew.runs`` both the list and a run's page read."""
 
     id: int
     lane: str
@@ -174,29 +174,26 @@ class _ListedRun:
     finished_at: datetime | None
     status: str
     attempts: int
+    requested_by: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _ListedRun(_RunColumns):
+    """A row of ``runs_page``: the report's few fields the list shows, read in SQL."""
+
     skipped: bool | None
     error: str | None
     failures: int | None
     headline: dict[str, int | float] | None  # the report's nonzero numbers (runs.sql)
     duration_ms: str | None  # as stored: a report is not trusted (finite_ms reads it)
-    requested_by: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class _StoredRun:
+class _StoredRun(_RunColumns):
     """A row of ``run``: the run and its report as stored."""
 
-    id: int
-    lane: str
-    trigger: str
-    slot: datetime | None
-    started_at: datetime
-    finished_at: datetime | None
     heartbeat_at: datetime | None
-    status: str
-    attempts: int
     report: Any
-    requested_by: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
