@@ -56,15 +56,20 @@ def snake(name: str) -> str:
     return _SNAKE.sub("_", name).lower()
 
 
-_FIELDS: dict[type[Any], tuple[tuple[str, str], ...]] = {}
+_FIELDS: dict[type[Any], tuple[tuple[str, str, bool], ...]] = {}
 
 
-def _fields(record: type[Any]) -> tuple[tuple[str, str], ...]:
-    """(field name, JSON name) of each field in the document, read once a record type."""
+def _fields(record: type[Any]) -> tuple[tuple[str, str, bool], ...]:
+    """(field name, JSON name, required) of each field in the document, read once a record
+    type (required: it has no default)."""
     known = _FIELDS.get(record)
     if known is None:
         known = _FIELDS[record] = tuple(
-            (f.name, f.metadata.get(_NAME) or camel(f.name))
+            (
+                f.name,
+                f.metadata.get(_NAME) or camel(f.name),
+                f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+            )
             for f in dataclasses.fields(record)
             if not f.metadata.get(_OMIT)
         )
@@ -74,7 +79,7 @@ def _fields(record: type[Any]) -> tuple[tuple[str, str], ...]:
 def to_json(value: Any) -> Any:
     """``value`` as JSON-ready data: records as objects (camelCase), sequences as lists."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {key: to_json(getattr(value, name)) for name, key in _fields(type(value))}
+        return {key: to_json(getattr(value, name)) for name, key, _ in _fields(type(value))}
     if isinstance(value, tuple | list):
         return [to_json(v) for v in value]
     if isinstance(value, Mapping):
@@ -138,15 +143,10 @@ class Jsonable:
 def from_json(record: type[R], data: Mapping[str, Any]) -> R:
     """The record ``data`` (an object ``to_json`` wrote) describes."""
     hints = _hints(record)
-    required = {
-        f.name
-        for f in dataclasses.fields(record)  # type: ignore[arg-type]
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    }
     values: dict[str, Any] = {}
-    for name, key in _fields(record):
+    for name, key, required in _fields(record):
         if key in data:
             values[name] = _read(hints[name], data[key])
-        elif name in required:
+        elif required:
             raise TypeError(f"{record.__name__}: the document has no member {key!r}")
     return record(**values)
