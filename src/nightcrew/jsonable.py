@@ -17,7 +17,6 @@ stored by a newer build still reads) and a missing one left to the field's defau
 from __future__ import annotations
 
 import dataclasses
-import re
 import types
 import typing
 from collections.abc import Mapping
@@ -47,13 +46,6 @@ def omitted(**kwargs: Any) -> Any:
 def camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
-
-
-_SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
-
-
-def snake(name: str) -> str:
-    return _SNAKE.sub("_", name).lower()
 
 
 _FIELDS: dict[type[Any], tuple[tuple[str, str, bool], ...]] = {}

@@ -25,6 +25,13 @@ class Count:
     n: int
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Url:
+    """A row of a query that answers which of some URLs it knows (``SELECT url …``)."""
+
+    url: str
+
+
 _COLUMNS: dict[type[Any], tuple[tuple[str, bool], ...]] = {}
 
 

@@ -18,6 +18,7 @@ from datetime import datetime
 from nightcrew.adapters.reviewer import Verdict
 from nightcrew.db.database import Database, QueryError, Tx, json_param
 from nightcrew.db.queries import load_queries
+from nightcrew.db.records import Count, Url
 from nightcrew.jsonable import JsonObject
 from nightcrew.news.engines.pipeline.message_outbox import Owed
 from nightcrew.news.sources import registry as news_sources
@@ -82,16 +83,6 @@ class CandidateRow:
 
 
 Fetched = tuple[DueSource, FetchResult, list[FeedItem]]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Url:
-    url: str  # ``known``
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Count:
-    n: int  # ``count_held``, ``admission_load``
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -160,7 +151,7 @@ async def known(db: Database, urls: list[str]) -> set[str]:
     written."""
     if not urls:
         return set()
-    return {c.url for c in await db.fetch_as(_Url, SQL["known"], {"urls": urls})}
+    return {c.url for c in await db.fetch_as(Url, SQL["known"], {"urls": urls})}
 
 
 def fetched_now(fetched: list[Fetched], known_urls: set[str]) -> list[Candidate]:
@@ -221,13 +212,13 @@ async def defer_all_but(
 
 async def count_held(db: Database, shard: str) -> int:
     """The shard's candidates waiting for a later run or pass (``deferredCount``)."""
-    count = await db.fetch_one_as(_Count, SQL["count_held"], {"shard": shard})
+    count = await db.fetch_one_as(Count, SQL["count_held"], {"shard": shard})
     return count.n if count else 0
 
 
 async def admission_load(db: Database, shard: str) -> int:
     """What earlier passes admitted that the stage workers still have in flight."""
-    count = await db.fetch_one_as(_Count, SQL["admission_load"], {"shard": shard})
+    count = await db.fetch_one_as(Count, SQL["admission_load"], {"shard": shard})
     return count.n if count else 0
 
 

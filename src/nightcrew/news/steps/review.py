@@ -39,6 +39,7 @@ from nightcrew.adapters.reviewer import (
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
+from nightcrew.db.records import Url
 from nightcrew.log import warning
 from nightcrew.news.steps.candidates import Candidate
 from nightcrew.news.steps.entries import FeedItem
@@ -240,18 +241,13 @@ def within_budget(
 
 
 # --- written meanwhile? -----------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Url:
-    url: str  # ``written_among``
-
-
 async def written_among(db: Database, urls: list[str]) -> set[str]:
     """Those of ``urls`` written already — another shard, or a holder whose lease ran out, may
     have written one since it was looked up: the review lock only says nobody is reviewing it
     *now*. The inline run asks for its batch, the pipeline's review stage for its candidate."""
     if not urls:
         return set()
-    return {a.url for a in await db.fetch_as(_Url, SQL["written_among"], {"urls": urls})}
+    return {a.url for a in await db.fetch_as(Url, SQL["written_among"], {"urls": urls})}
 
 
 async def is_written(db: Database, url: str) -> bool:

@@ -85,7 +85,6 @@ class _Decision:
 class _Taken:
     fence: int
     stage_attempts: int
-    shard: str
 
 
 @dataclass
@@ -160,8 +159,10 @@ class Attempt:
         taken = as_record(_Taken, row)
         self.url, self.stage, self.fence = url, stage, taken.fence
         self.attempts, self.open = taken.stage_attempts, True
-        candidate = as_record(CandidateRow, row).candidate()
-        return Fenced(candidate, taken.fence, taken.shard, suspect=decided.died)
+        taken_row = as_record(CandidateRow, row)
+        return Fenced(
+            taken_row.candidate(), taken.fence, taken_row.source_shard, suspect=decided.died
+        )
 
     async def finished(self, db: Database, taken: Fenced, stage: str) -> None:
         """Ended without advancing the candidate (deferred, dropped): not unfinished."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from datetime import datetime
 
 from nightcrew.adapters.locks import Lease
@@ -26,6 +25,7 @@ from nightcrew.adapters.processed import ProcessedUrlsDown
 from nightcrew.adapters.reviewer import Spend
 from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
+from nightcrew.db.records import Count
 from nightcrew.errors import QueueError
 from nightcrew.log import describe_error, event, warning
 from nightcrew.news.engines.pipeline.message_outbox import (
@@ -113,11 +113,6 @@ async def run_pass(
     return report
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Unfetched:
-    n: int  # ``unfetched``
-
-
 # What a pass looks up in the processed-URL set to learn whether Redis answers (never an URL).
 REDIS_PROBE = "nightcrew:redis-probe"
 
@@ -203,7 +198,7 @@ class _Pass:
         started = time.monotonic()
         extended = started
         while source_ids:
-            unfetched = await db.fetch_one_as(_Unfetched, SQL["unfetched"], {"ids": source_ids})
+            unfetched = await db.fetch_one_as(Count, SQL["unfetched"], {"ids": source_ids})
             left = unfetched.n if unfetched else 0
             if not left:
                 return 0

@@ -452,7 +452,6 @@ async def on_dead(ctx: StageContext, stage: str, body: JsonObject, error: str) -
     counts as its source's failure (enough of them park it)."""
     db, now = ctx.runtime.db, ctx.clock.now()
     fetch = named_by(FetchSource, body) if stage == "fetch" else None
-    work = named_by(WorkOn, body)
     if fetch is not None:
         source = await db.fetch_one_as(
             _QueuedSource, SQL["source_for_fetch"], {"id": fetch.source_id}
@@ -462,7 +461,7 @@ async def on_dead(ctx: StageContext, stage: str, body: JsonObject, error: str) -
                 db, source, FetchResult(outcome="failed", error=error), now
             )
             await db.execute(SQL["unqueue_source"], {"id": source.id})
-    elif work is not None:
+    elif (work := named_by(WorkOn, body)) is not None:
         await db.execute(
             SQL["mark_dead"], {"url": work.url, "stage": stage, "error": error, "now": now}
         )
