@@ -1,6 +1,6 @@
 """Sample feeds for ``nightcrew demo``: served from memory on 127.0.0.1 for the length of the
 demo, so the news worker fetches real HTTP without touching the internet. The demo runs from
-the installed package, so this lives in it — beside ``demo.py``, not among the news steps."""
+the installed package, so this lives in it — in the ``demo`` package, not among the news steps."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from uuid import UUID
 
 from nightcrew.db.database import Database, Tx
 from nightcrew.db.queries import load_queries
+from nightcrew.db.records import Count
 from nightcrew.effects.outbox import Effect, adopt_feed_outbox
 
 SQL = load_queries(__file__)
@@ -19,11 +20,6 @@ SQL = load_queries(__file__)
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _Intent:
     id: UUID
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Pending:
-    pending: int
 
 
 async def record(
@@ -42,8 +38,8 @@ async def record(
 
 async def count_pending(db: Database) -> int:
     """Undelivered intents, of every podcast: how many invalidations are still owed."""
-    found = await db.fetch_one_as(_Pending, SQL["count_pending"])
-    return int(found.pending) if found else 0
+    found = await db.fetch_one_as(Count, SQL["count_pending"])
+    return found.n if found else 0
 
 
 async def pending_for_podcast(db: Database, podcast_id: str) -> list[str]:

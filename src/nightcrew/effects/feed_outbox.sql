@@ -25,4 +25,4 @@ UPDATE public.feed_invalidation_outbox
 
 -- name: count_pending
 -- How many intents are still owed (the partial index of undelivered rows, never the history).
-SELECT count(*) AS pending FROM public.feed_invalidation_outbox WHERE delivered_at IS NULL;
+SELECT count(*) AS n FROM public.feed_invalidation_outbox WHERE delivered_at IS NULL;

@@ -334,12 +334,6 @@ async def count_retryable_dead(db: Database, kind: str | None = None) -> int:
     return int(found.n) if found else 0
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Superseded:
-    id: int
-    key: str
-
-
 async def supersede(
     tx: Database | Tx,
     *,
@@ -348,11 +342,10 @@ async def supersede(
     reason: str,
     keys: Sequence[str] = (),
     patterns: Sequence[str] = (),
-) -> list[Superseded]:
+) -> int:
     """Give up undelivered effects that a later state change made wrong to deliver (by exact
-    key, or by LIKE pattern); one in flight is left to finish."""
-    return await tx.fetch_as(
-        Superseded,
+    key, or by LIKE pattern); one in flight is left to finish. How many were given up."""
+    return await tx.execute(
         SQL["supersede"],
         {
             "kind": kind,

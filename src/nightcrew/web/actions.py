@@ -5,8 +5,8 @@ confirmation page), refused with 403 — before anything is read or changed — 
 the request comes from a page of this site (``access.same_origin``), the client may act (signed
 in with NIGHTCREW_DASHBOARD_TOKEN, or, with no token, a loopback client), and the form carries
 this browser session's CSRF token (``csrf.Csrf``). Each one calls the function the command line
-calls (``nightcrew.actions``), which records it (what, which ids, the client's address) for the
-pages' "recent actions" and logs ``dashboard_action``.
+calls (``nightcrew.operator_actions``), which records it (what, which ids, the client's
+address) for the pages' "recent actions" and logs ``dashboard_action``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from nightcrew.setting_parsers import STAGES
 from nightcrew.web.access import COOKIE, is_loopback, same_origin
 from nightcrew.web.csrf import CSRF_COOKIE, CSRF_FIELD
 from nightcrew.web.host_and_headers import SECURITY_HEADERS as HEADERS
+from nightcrew.web.pages import news as news_page
 
 if TYPE_CHECKING:
     from nightcrew.clock import Clock
@@ -76,16 +77,9 @@ def _refused(request: Request, reason: str) -> Response:
     return Response(f"action refused: {reason}\n", 403, media_type="text/plain", headers=HEADERS)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Shard:
-    shard: str
-
-
 async def news_lanes(ctx: DashboardContext) -> list[str]:
     """``news:<shard>`` for every shard with a source or named by NEWS_SHARDS."""
-    shards = {
-        s.shard for s in await ctx.db.fetch_as(_Shard, "SELECT DISTINCT shard FROM news.sources")
-    }
+    shards = set(await news_page.shards(ctx.db))
     if ctx.runtime is not None:
         shards |= set(ctx.runtime.settings.news_shard_list)
     return [f"news:{s}" for s in sorted(shards)]

@@ -80,10 +80,21 @@ class TroubledSource(Source):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class _SourceCounts:
+class SourceCounts:
     sources: int  # ``news_source_counts``
     active: int
     parked: int
+
+
+async def source_counts(db: Database) -> SourceCounts:
+    """How many sources there are, how many are enabled, how many parked (the overview too)."""
+    counts = await db.fetch_one_as(SourceCounts, SQL["news_source_counts"])
+    return counts or SourceCounts(sources=0, active=0, parked=0)
+
+
+async def shards(db: Database) -> list[str]:
+    """Every shard with a source, in order (the page's sections, the run-now lanes)."""
+    return [s.shard for s in await db.fetch_as(_Shard, SQL["news_shards"])]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,21 +118,22 @@ class NewsView:
 
 
 async def news(db: Database, *, points: int = 48) -> NewsView:
-    shards = [s.shard for s in await db.fetch_as(_Shard, SQL["news_shards"])]
+    shard_names = await shards(db)
     latest = {
-        r.shard: r for r in await db.fetch_as(SavedReport, SQL["news_latest"], {"shards": shards})
+        r.shard: r
+        for r in await db.fetch_as(SavedReport, SQL["news_latest"], {"shards": shard_names})
     }
     series: dict[str, list[SeriesPoint]] = {}
     for p in await db.fetch_as(
-        SeriesPoint, SQL["news_series"], {"shards": shards, "points": points}
+        SeriesPoint, SQL["news_series"], {"shards": shard_names, "points": points}
     ):
         series.setdefault(p.shard, []).append(p)
     recent: dict[str, list[RecentRun]] = {}
     for r in await db.fetch_as(
-        SavedReport, SQL["news_recent_runs"], {"shards": shards, "limit": RECENT_RUNS}
+        SavedReport, SQL["news_recent_runs"], {"shards": shard_names, "limit": RECENT_RUNS}
     ):
         recent.setdefault(r.shard, []).append(_recent_run(r))
-    counts = await db.fetch_one_as(_SourceCounts, SQL["news_source_counts"])
+    counts = await source_counts(db)
     return NewsView(
         shards=[
             ShardNews(
@@ -132,13 +144,13 @@ async def news(db: Database, *, points: int = 48) -> NewsView:
                 series=series.get(s, []),
                 recent=recent.get(s, []),
             )
-            for s in shards
+            for s in shard_names
         ],
         parked=await db.fetch_as(TroubledSource, SQL["news_parked"], {"limit": 100}),
         refused=await db.fetch_as(TroubledSource, SQL["news_address_refused"], {"limit": 100}),
-        parked_count=counts.parked if counts else 0,
-        sources=counts.sources if counts else 0,
-        active=counts.active if counts else 0,
+        parked_count=counts.parked,
+        sources=counts.sources,
+        active=counts.active,
     )
 
 

@@ -32,28 +32,19 @@ class Counts:
     effects_by_kind: dict[str, dict[str, int]]  # kind → {"pending": n, "dead": n}
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Sources:
-    """The one row of news_source_counts (web/pages/news.sql)."""
-
-    sources: int
-    active: int
-    parked: int
-
-
 async def counts(db: Database) -> Counts:
     owed = await effects_outbox.counts(db)
     leftovers = await deletions.unfinished_count(db)
     on_clock = await overage.on_clock_count(db)
-    sources = await db.fetch_one_as(_Sources, news.SQL["news_source_counts"])
+    sources = await news.source_counts(db)
     return Counts(
         effects_pending=sum(k["pending"] for k in owed.values()),
         effects_dead=sum(k["dead"] for k in owed.values()),
         deletion_leftovers=leftovers,
         on_clock=on_clock,
-        parked=int(sources.parked) if sources else 0,
-        sources=int(sources.sources) if sources else 0,
-        active=int(sources.active) if sources else 0,
+        parked=sources.parked,
+        sources=sources.sources,
+        active=sources.active,
         effects_by_kind=owed,
     )
 
