@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from nightcrew.errors import NightcrewError
 from nightcrew.jsonable import Jsonable
@@ -84,46 +84,24 @@ def parse_flags(params: Mapping[str, str]) -> ReconcileOptions:
     unknown = sorted(set(params) - set(FLAG_NAMES))
     if unknown:
         raise OptionError(f"unknown flag {unknown[0]!r}; known flags: {', '.join(FLAG_NAMES)}")
-    default = ReconcileOptions()
-    # the arguments are evaluated in FLAG_NAMES' order: a request with several bad flags is
-    # refused for the first of them
-    return ReconcileOptions(
-        mode=_flag_mode(params) if "mode" in params else default.mode,
-        quarantine_missing=_flag_bool_of(params, "quarantineMissing", default.quarantine_missing),
-        skip_orphan_delete=_flag_bool_of(params, "skipOrphanDelete", default.skip_orphan_delete),
-        bypass_cap_for_backfill=_flag_bool_of(
-            params, "bypassCapForBackfill", default.bypass_cap_for_backfill
-        ),
-        min_orphan_age_hours=(
-            _flag_hours(params["minOrphanAgeHours"])
-            if "minOrphanAgeHours" in params
-            else default.min_orphan_age_hours
-        ),
-    )
-
-
-def _flag_mode(params: Mapping[str, str]) -> Mode:
-    mode = params["mode"]
-    if mode == "dryrun":
-        return "dryrun"
-    if mode == "apply":
-        return "apply"
-    raise OptionError(f"mode: expected dryrun or apply, got {mode!r}")
-
-
-def _flag_bool_of(params: Mapping[str, str], name: str, default: bool) -> bool:
-    return _flag_bool(name, params[name]) if name in params else default
-
-
-def _flag_hours(value: str) -> int:
-    raw = value.strip()
-    # an integer in ASCII digits, and few of them: int() also reads "٣٠" and "3_0", and
-    # a 5,000-digit value is no age (any integer is clamped to 24-720, as documented)
-    digits = raw[1:] if raw[:1] in ("-", "+") else raw
-    if not (digits.isascii() and digits.isdigit() and len(digits) <= 9):
-        shown = raw if len(raw) <= 20 else raw[:20] + "…"
-        raise OptionError(f"minOrphanAgeHours: expected whole hours, got {shown!r}")
-    return int(raw)
+    values: dict[str, Any] = {}  # ReconcileOptions' keyword arguments, by field name
+    if "mode" in params:
+        if params["mode"] not in ("dryrun", "apply"):
+            raise OptionError(f"mode: expected dryrun or apply, got {params['mode']!r}")
+        values["mode"] = params["mode"]
+    for flag in ("quarantineMissing", "skipOrphanDelete", "bypassCapForBackfill"):
+        if flag in params:
+            values[FLAG_NAMES[flag]] = _flag_bool(flag, params[flag])
+    if "minOrphanAgeHours" in params:
+        raw = params["minOrphanAgeHours"].strip()
+        # an integer in ASCII digits, and few of them: int() also reads "٣٠" and "3_0", and
+        # a 5,000-digit value is no age (any integer is clamped to 24-720, as documented)
+        digits = raw[1:] if raw[:1] in ("-", "+") else raw
+        if not (digits.isascii() and digits.isdigit() and len(digits) <= 9):
+            shown = raw if len(raw) <= 20 else raw[:20] + "…"
+            raise OptionError(f"minOrphanAgeHours: expected whole hours, got {shown!r}")
+        values["min_orphan_age_hours"] = int(raw)
+    return ReconcileOptions(**values)
 
 
 def size_needs_write(recorded: str | int | None, actual: int) -> bool:
