@@ -1,6 +1,7 @@
 """`nightcrew news run` stopped by SIGTERM while its model calls are in flight: the calls are
 cancelled (structured: the batch's TaskGroup), the review locks released, nothing written, exit
-143 with one line — and the next run reviews and writes every article."""
+143 with one line — and the next run reviews and writes every article; the answers that had
+arrived before the signal are kept, so the next run does not pay for them again."""
 
 from __future__ import annotations
 
@@ -64,3 +65,61 @@ def test_sigterm_cancels_a_runs_model_calls_and_releases_its_locks(
         again = run("news", "run", "--shard", "s", "--json", env=env)
         assert again.returncode == 0, again.stderr
         assert json.loads(again.stdout)["processedCount"] == 12
+
+
+def test_sigterm_keeps_the_answers_that_arrived_so_the_next_run_pays_only_for_the_rest(
+    fresh_db_url: str, tmp_path: Path
+) -> None:
+    """Issue 34: "a call cut short is not paid for twice by the next holder when its answer
+    arrived". The model answers the first 6 reviews at once and holds the rest; SIGTERM comes
+    with 4 calls in flight. The 6 paid verdicts stay on the held candidates, so the next run
+    writes them without asking again: only the 6 unanswered articles are asked twice or for the
+    first time, and every article is written."""
+    with FeedFarm(feeds=1, items=12, thumbnails=True) as farm, ModelStandIn(delay=0.0) as model:
+        model.hold_after = 6
+        env = _env(
+            DATABASE_URL=fresh_db_url,
+            NEWS_ALLOWED_PRIVATE_HOSTS="127.0.0.1",
+            NEWS_AI_BASE_URL=model.base_url,
+            NEWS_AI_MODEL="stand-in",
+            NEWS_AI_CONCURRENCY="4",
+            STORAGE_URL=f"file://{tmp_path}",
+        )
+        added = run(
+            "news", "sources", "add", farm.feed_urls()[0], "--name", "F", "--shard", "s", env=env
+        )
+        assert added.returncode == 0, added.stderr
+        running = subprocess.Popen(
+            [_nightcrew(), "news", "run", "--shard", "s", "--json"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 30
+        while sum(model.reviews.values()) < 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sum(model.reviews.values()) == 10, "6 answered, 4 held in flight"
+        answered_first = set(model.answered)
+        assert len(answered_first) == 6
+        running.send_signal(signal.SIGTERM)
+        out, err = running.communicate(timeout=30)
+        assert running.returncode == 143, (out, err)
+        with psycopg.connect(fresh_db_url) as conn:
+            kept = conn.execute(
+                "SELECT url FROM news.candidates WHERE state = 'held' AND verdict IS NOT NULL"
+            ).fetchall()
+            written = conn.execute("SELECT count(*) FROM news.articles").fetchone()
+        assert {u for (u,) in kept} == answered_first
+        assert written == (0,)
+
+        model.hold_after = None
+        again = run("news", "run", "--shard", "s", "--json", env=env)
+        assert again.returncode == 0, again.stderr
+        report = json.loads(again.stdout)
+        assert report["processedCount"] == 12
+        assert report["aiReviewedCount"] == 6  # the 6 kept verdicts cost nothing
+        assert all(model.reviews[url] == 1 for url in answered_first), model.reviews
+        assert sum(model.answered.values()) == 12  # each article's verdict paid for once
+        with psycopg.connect(fresh_db_url) as conn:
+            assert conn.execute("SELECT count(*) FROM news.articles").fetchone() == (12,)

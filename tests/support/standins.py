@@ -172,7 +172,9 @@ class ModelStandIn(_Server):
     the status answered) and ``most_in_flight`` kept. On command: ``throttle(seconds,
     retry_after)`` answers 429 with that ``Retry-After`` to every request arriving in the next
     ``seconds``; ``refuse_json_schema`` answers 400 to a ``response_format`` of ``json_schema``
-    (as servers without structured outputs do); ``verdict_text`` replaces the verdict's text.
+    (as servers without structured outputs do); ``verdict_text`` replaces the verdict's text;
+    ``hold_after = n`` holds every review request after the first n for ``hold_seconds`` (a
+    model that answered part of a batch and is still working on the rest).
     Each answer reports its usage: prompt tokens = the request's characters // 4, completion
     tokens = the answer's // 4 (summed in ``prompt_tokens``/``completion_tokens``)."""
 
@@ -192,6 +194,8 @@ class ModelStandIn(_Server):
         self.translations_down = False
         self.refuse_json_schema = False
         self.verdict_text: str | None = None
+        self.hold_after: int | None = None
+        self.hold_seconds = 60.0
         self.calls: list[ModelCall] = []
         self.in_flight = 0
         self.most_in_flight = 0
@@ -252,7 +256,8 @@ class ModelStandIn(_Server):
         with self.lock:
             self.reviews[url] += 1
             first = self.reviews[url] == 1
-        time.sleep(self.delay)
+            held = self.hold_after is not None and sum(self.reviews.values()) > self.hold_after
+        time.sleep(self.hold_seconds if held else self.delay)
         if url in self.fail or (first and url in self.fail_once):
             return 500, "application/json", b'{"error": "down"}'
         with self.lock:

@@ -25,6 +25,7 @@ report it fills as it goes.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -55,6 +56,9 @@ from nightcrew.news.steps.candidates import Candidate, Fetched
 from nightcrew.news.steps.fetch import feed_rules, fetch_sources
 from nightcrew.news.steps.review import REVIEW_FAILED_FOR_NOW, Reviewed, Verdicts
 from nightcrew.runtime import Runtime
+
+# a stopped run's bound on keeping the answers it already paid for (``_keep_on_stop``)
+KEEP_ON_STOP_SECONDS = 5.0
 
 
 async def run_shard(
@@ -339,6 +343,27 @@ class _Run:
             self.runtime.db, [c.url for c in queue], reason, self.clock.now(), attempted=attempted
         )
 
+    async def _keep_on_stop(self, arrived: list[review.ItemReview]) -> None:
+        """Stopped (SIGTERM) mid-batch: the answers that arrived are paid for, so they stay on
+        the held candidates and the next run writes them without asking the model again —
+        within KEEP_ON_STOP_SECONDS, the stop's own bound (past it they are reviewed again)."""
+        paid = [Reviewed(r.candidate, r.verdict, r.translation) for r in arrived]
+        try:
+            async with asyncio.timeout(KEEP_ON_STOP_SECONDS):
+                await write.keep_paid_reviews(
+                    self.runtime.db,
+                    self.shard,
+                    paid,
+                    self.clock.now(),
+                    store_first=self._store_urls,
+                )
+        except TimeoutError:
+            warning(
+                "worker.verdicts_not_kept",
+                shard=self.shard,
+                error=f"not kept within {KEEP_ON_STOP_SECONDS:g} s of the stop",
+            )
+
     async def _review_and_write(
         self, to_process: list[Candidate], images: dict[str, str]
     ) -> list[str]:
@@ -364,13 +389,19 @@ class _Run:
             verdicts: Verdicts = [
                 Reviewed(c, c.verdict, c.translation) for c in pending if c.reviewed
             ]
-            batch = await review.review_batch(
-                deps.reviewer,
-                [c for c in pending if not c.reviewed],
-                spend=self.spend,
-                keep_alive=self._extend,
-                renew_every=leases.shard_renewal_seconds(settings),
-            )
+            arrived: dict[int, review.ItemReview] = {}
+            try:
+                batch = await review.review_batch(
+                    deps.reviewer,
+                    [c for c in pending if not c.reviewed],
+                    spend=self.spend,
+                    keep_alive=self._extend,
+                    renew_every=leases.shard_renewal_seconds(settings),
+                    arrived=arrived,
+                )
+            except asyncio.CancelledError:
+                await self._keep_on_stop(list(arrived.values()))
+                raise
             if batch.cut_off:
                 lost = "the shard lease was lost during review"
                 warning("worker.redis.worker_lock_extend_failed", shard=self.shard)

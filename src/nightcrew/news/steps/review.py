@@ -143,13 +143,16 @@ async def review_batch(
     spend: Spend,
     keep_alive: Callable[[], Awaitable[bool]],
     renew_every: float,
+    arrived: dict[int, ItemReview] | None = None,
 ) -> BatchReview:
     """Every candidate of ``batch`` reviewed (and an accepted one's summary translated),
     concurrently: the reviewer holds its calls to NEWS_AI_CONCURRENCY in flight (and the rate),
     so this starts them all and lets the limits pace them. The shard lease is renewed every
     ``renew_every`` seconds while they run (``keep_alive``); a renewal refused cancels the
     calls still in flight (structured: a TaskGroup) and leaves their candidates in ``cut_off``.
-    A cancellation from outside (SIGTERM) cancels every call too, and propagates. The offline
+    A cancellation from outside (SIGTERM) cancels every call too, and propagates; the reviews
+    answered before it are in ``arrived`` (by the batch's index), paid for and the caller's to
+    keep. The offline
     rules are asked one after another: they cost nothing, and their duplicate-title rule reads
     the batch in order."""
     scope = CallScope(spend=spend)  # one for the batch: every call adds to the run's spend
@@ -159,7 +162,7 @@ async def review_batch(
             verdict, translation, failed = await review_item(reviewer, candidate.item, scope)
             done.append(ItemReview(candidate, verdict, translation, failed))
         return BatchReview(done=done)
-    results: dict[int, ItemReview] = {}
+    results: dict[int, ItemReview] = {} if arrived is None else arrived
 
     async def one(index: int, candidate: Candidate) -> None:
         verdict, translation, failed = await review_item(reviewer, candidate.item, scope)

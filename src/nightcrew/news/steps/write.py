@@ -132,27 +132,37 @@ async def write_reviewed(
     try:
         return await _write_all(writing, verdicts)
     except StaleLease:
-        await _keep_paid_reviews(writing, verdicts)
+        await keep_paid_reviews(db, shard, verdicts, now, store_first=store_first)
         raise
 
 
-async def _keep_paid_reviews(writing: _Writing, verdicts: Verdicts) -> None:
-    """A run fenced out at its write has paid for its model reviews: they stay on the held
-    candidates (the run still holds their review locks), and the shard's new holder writes
-    them without asking the model again. Best effort: a database that fails here costs a
-    second review, never the superseded outcome."""
+async def keep_paid_reviews(
+    db: Database,
+    shard: str,
+    verdicts: Verdicts,
+    now: datetime,
+    *,
+    store_first: StoreFirst = _all_stored,
+) -> None:
+    """Model reviews a run paid for and cannot write — fenced out at its write, or stopped
+    (SIGTERM) with answers already in — stay on the held candidates (the run still holds
+    their review locks), and whoever writes them next asks the model nothing again. Best
+    effort: a database that fails (or a stop's bound that passes) here costs a second review,
+    never the run's outcome."""
     paid = [
         (r.url, r.verdict, r.translation)
         for r in verdicts
         if r.verdict is not None and not r.candidate.reviewed
     ]
-    try:
-        await writing.store_first([url for url, _, _ in paid])
-        kept = await held_candidates.keep_verdicts(writing.db, paid, writing.now)
-    except NightcrewError as exc:
-        warning("worker.verdicts_not_kept", shard=writing.shard, error=describe_error(exc))
+    if not paid:
         return
-    event("worker.verdicts_kept", shard=writing.shard, kept=kept)
+    try:
+        await store_first([url for url, _, _ in paid])
+        kept = await held_candidates.keep_verdicts(db, paid, now)
+    except NightcrewError as exc:
+        warning("worker.verdicts_not_kept", shard=shard, error=describe_error(exc))
+        return
+    event("worker.verdicts_kept", shard=shard, kept=kept)
 
 
 async def _write_all(writing: _Writing, verdicts: Verdicts) -> Written:
