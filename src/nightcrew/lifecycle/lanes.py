@@ -249,11 +249,13 @@ async def _isolated(job: Job, runtime: Runtime, clock: Clock, lane: Lane) -> Job
         # reconcile failure cannot block the rest of daily maintenance; the minute lane's
         # sweeps each have their own catch). A database that stays unreachable stops the
         # lane (run_jobs), its slot retried.
-        # A silent database (no reply in time) stops the lane at once: asking it again would
-        # only add the check's own wait to the minute lane's bounded stop.
+        # A silent database (no reply in time) stops the minute lane at once: asking it again
+        # would only add the check's own wait to its bounded stop. The daily lane asks even
+        # then: one silent connection (a NAT or firewall that dropped the reconciler's long
+        # session) must not cost the overage escalation its day.
         within = MINUTE_DATABASE_CHECK_SECONDS if lane.short_statements else DATABASE_CHECK_SECONDS
         if isinstance(exc, DatabaseUnavailableError) and (
-            exc.silent or not await _database_answers(runtime, within)
+            (exc.silent and lane.short_statements) or not await _database_answers(runtime, within)
         ):
             raise
         message = describe_error(exc)

@@ -224,3 +224,66 @@ async def test_a_dry_run_reports_exactly_what_a_run_does_and_changes_nothing(
     assert await _snapshot(db) != before
     runs = await db.fetch("SELECT id FROM nightcrew.runs")
     assert [r["id"] for r in runs] == [real.run_id]  # the dry run left no history row
+
+
+@pytest.mark.parametrize("short_statements", [False, True], ids=["daily", "minute"])
+async def test_a_job_whose_connection_went_silent_fails_alone_in_the_daily_lane_only(
+    db: Database, fresh_db_url: str, short_statements: bool
+) -> None:
+    """Spec 000: "a reconcile failure cannot block the rest of daily maintenance". A job whose
+    own connection went silent (a NAT or firewall dropping the reconciler's long session; the
+    client called it lost at its deadline) while the database still answers a fresh one: in
+    the daily lane it fails alone, its *_failed event logged, and the next job runs; the
+    minute lane, whose stop is bounded, stops at once without asking."""
+    from nightcrew.errors import DatabaseUnavailableError
+    from nightcrew.lifecycle.lanes import Job, Lane, run_jobs
+
+    clock = FrozenClock(NOW)
+    runtime = await make_runtime(db, clock, fresh_db_url)
+    ran: list[str] = []
+
+    async def silent(runtime: Runtime, clock: object) -> LaneReport:
+        ran.append("silent")
+        raise DatabaseUnavailableError("no reply from PostgreSQL within 135 s", silent=True)
+
+    async def escalate(runtime: Runtime, clock: object) -> object:
+        ran.append("escalate")
+        row = await runtime.db.fetch_one("SELECT 1 AS answered")  # on a healthy connection
+        assert row is not None and row["answered"] == 1
+        return _Nothing()
+
+    lane = Lane(
+        name="test",
+        cron="0 4 * * *",
+        concurrent=False,
+        short_statements=short_statements,
+        completed_event="test_completed",
+        jobs=(
+            Job(name="runReconcile", failed_event="scheduled_reconcile_failed", run=silent),
+            Job(name="runOverageEscalation", failed_event="overage_failed", run=escalate),
+        ),
+    )
+    with capture_logs() as logs:
+        if short_statements:
+            with pytest.raises(DatabaseUnavailableError):
+                await run_jobs(runtime, clock, lane)
+        else:
+            report = await run_jobs(runtime, clock, lane)
+    if short_statements:
+        assert ran == ["silent"]
+        assert "scheduled_reconcile_failed" not in [e["event"] for e in logs]
+        return
+    assert ran == ["silent", "escalate"]
+    assert [j.ok for j in report.jobs] == [False, True]
+    [failed] = [e for e in logs if e["event"] == "scheduled_reconcile_failed"]
+    assert "no reply from PostgreSQL" in failed["error"]
+
+
+class _Nothing:
+    errors: tuple[object, ...] = ()
+
+    def counts(self) -> dict[str, int]:
+        return {}
+
+    def to_json(self) -> dict[str, object]:
+        return {}

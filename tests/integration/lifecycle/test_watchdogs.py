@@ -7,10 +7,16 @@ the queue received.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -23,6 +29,7 @@ from nightcrew.lifecycle import watchdogs as wd
 from nightcrew.runtime import Runtime
 from tests import factories as f
 from tests.conftest import NOW
+from tests.support.services import AMQP_URL, needs_rabbitmq
 
 S = timedelta(seconds=1)
 
@@ -546,3 +553,90 @@ async def test_a_queue_that_cannot_be_used_is_misconfigured_once_and_the_other_s
         assert (await _item(db, item))["updated_at"] == ago(3600)
     row = await db.fetch_one("SELECT * FROM public.episodes WHERE id = %(id)s", {"id": episode})
     assert row is not None and row["external_link_next_attempt_at"] == ago(3600)
+
+
+@needs_rabbitmq
+async def test_a_podcast_imports_queue_the_broker_refuses_is_misconfigured_and_the_rest_runs(
+    db: Database, clock: FrozenClock, fresh_db_url: str
+) -> None:
+    """Issue 35 on a real RabbitMQ: a vhost of its own where the user may declare
+    `external-episode-link` but not `podcast-imports` (ACCESS_REFUSED, as a broker set up
+    without that queue answers). The minute lane logs import_watchdog_misconfigured once,
+    sends no import and leaves the items due; the stalled-link sweep still delivers its message
+    on the same producer, and the lane's other sweeps run to the lane's own completed line."""
+    import aio_pika
+
+    from nightcrew.adapters.queues import RabbitQueueProducer
+    from nightcrew.lifecycle.lanes import MINUTE, run_jobs
+    from tests.conftest import open_test_runtime
+
+    vhost = f"nightcrew-test-{uuid.uuid4().hex[:8]}"
+    with rabbitmq_vhost(vhost, configure=f"^{EXTERNAL_EPISODE_LINK}$"):
+        url = urlunsplit(urlsplit(AMQP_URL)._replace(path="/" + vhost))
+        _, imp = await _running_import(db, dispatch_end_at=ago(3600))
+        items = [await f.import_item(db, imp, attempts=1, updated_at=ago(3600)) for _ in range(3)]
+        _, episode = await _external_episode(db, external_link_next_attempt_at=ago(3600))
+        preview = await f.podcast_import(
+            db,
+            await f.podcast(db),
+            status="preview",
+            is_hosting_migration=True,
+            created_at=ago(3600),
+        )
+        producer = await RabbitQueueProducer.connect(url)
+        try:
+            async with open_test_runtime(db, clock, fresh_db_url, queues=producer) as runtime:
+                with capture_logs() as logs:
+                    report = await run_jobs(runtime, clock, MINUTE)
+        finally:
+            await producer.close()
+        connection = await aio_pika.connect_robust(url)
+        try:
+            channel = await connection.channel()
+            queue = await channel.declare_queue(EXTERNAL_EPISODE_LINK, passive=True)
+            message = await queue.get(timeout=5)
+            assert message is not None
+            sent = json.loads(message.body)
+        finally:
+            await connection.close()
+    names = [e["event"] for e in logs]
+    assert names.count("import_watchdog_misconfigured") == 1
+    misconfigured = next(e for e in logs if e["event"] == "import_watchdog_misconfigured")
+    assert misconfigured["queue"] == PODCAST_IMPORTS and "ACCESS_REFUSED" in misconfigured["error"]
+    assert "import_watchdog_resend_failed" not in names
+    assert "external_link_watchdog_misconfigured" not in names
+    assert sent["episode_id"] == episode
+    assert "hosting_migration_preview_watchdog_canceled" in names
+    assert names[-1] == "import_watchdog_completed"
+    jobs = {j.name: j for j in report.jobs}
+    assert all(j.status == "ok" for j in jobs.values()), {n: j.status for n, j in jobs.items()}
+    assert report.total("links_requeued") == 1 and report.total("items_requeued") == 0
+    for item in items:  # not sent: due again once the queue is fixed
+        assert (await _item(db, item))["updated_at"] == ago(3600)
+    row = await db.fetch_one(
+        "SELECT status FROM public.podcast_imports WHERE id = %(id)s", {"id": preview}
+    )
+    assert row is not None and row["status"] == "canceled"
+
+
+@contextlib.contextmanager
+def rabbitmq_vhost(vhost: str, *, configure: str) -> Iterator[None]:
+    """A RabbitMQ vhost of the test's own, where the test user may configure (declare) only the
+    queues ``configure`` matches and write and read everything; deleted afterwards. Made with
+    rabbitmqctl, on the broker's own machine: skipped, with the reason, where it cannot be."""
+    ctl = shutil.which("rabbitmqctl")
+    if ctl is None:
+        pytest.skip("rabbitmqctl is not on PATH: a vhost with refused queues cannot be made")
+    user = urlsplit(AMQP_URL).username or "guest"
+
+    def ctl_run(*args: str) -> None:
+        done = subprocess.run([ctl, *args], capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            pytest.skip(f"rabbitmqctl {args[0]} failed: {done.stderr.strip()[:200]}")
+
+    ctl_run("add_vhost", vhost)
+    try:
+        ctl_run("set_permissions", "-p", vhost, user, configure, ".*", ".*")
+        yield
+    finally:
+        subprocess.run([ctl, "delete_vhost", vhost], capture_output=True, timeout=60)
