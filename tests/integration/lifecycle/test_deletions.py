@@ -179,6 +179,11 @@ async def test_a_store_failing_half_its_deletes_never_blocks_the_row_and_is_repo
     assert [lo.podcast_id for lo in first.leftovers] == [podcast]
     assert first.leftovers[0].objects_left == 5
     assert first.errors[0]["event"] == "r2_cleanup_failed"
+    # the cleanup ended, failed in part: the feed's invalidation is released and sent all the
+    # same (spec 000: R2 failures are logged and never hold back the rest)
+    assert first.deleted[0].invalidated_via == "queue"
+    [message] = await f.queue_messages(db, RSS_INVALIDATION)
+    assert message["body"]["podcast_id"] == podcast
 
     # next day, still sick: the leftover is retried and still reported
     clock.advance(timedelta(days=1))

@@ -119,20 +119,19 @@ class NewsView:
 
 async def news(db: Database, *, points: int = 48) -> NewsView:
     shard_names = await shards(db)
-    latest = {
-        r.shard: r
-        for r in await db.fetch_as(SavedReport, SQL["news_latest"], {"shards": shard_names})
-    }
+    saved = await db.fetch_as(
+        SavedReport, SQL["news_recent_runs"], {"shards": shard_names, "limit": RECENT_RUNS}
+    )
+    latest: dict[str, SavedReport] = {}
+    recent: dict[str, list[RecentRun]] = {}
+    for r in saved:  # each shard's newest first
+        latest.setdefault(r.shard, r)
+        recent.setdefault(r.shard, []).append(_recent_run(r))
     series: dict[str, list[SeriesPoint]] = {}
     for p in await db.fetch_as(
         SeriesPoint, SQL["news_series"], {"shards": shard_names, "points": points}
     ):
         series.setdefault(p.shard, []).append(p)
-    recent: dict[str, list[RecentRun]] = {}
-    for r in await db.fetch_as(
-        SavedReport, SQL["news_recent_runs"], {"shards": shard_names, "limit": RECENT_RUNS}
-    ):
-        recent.setdefault(r.shard, []).append(_recent_run(r))
     counts = await source_counts(db)
     return NewsView(
         shards=[

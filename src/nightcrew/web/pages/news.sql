@@ -23,15 +23,6 @@ SELECT id, name, feed_url, shard, consecutive_failures, last_error, parked_at
  ORDER BY parked_at DESC, id DESC
  LIMIT %(limit)s;
 
--- name: news_latest
-SELECT s.shard, w.trigger, w.started_at, w.report
-  FROM unnest(%(shards)s::text[]) AS s (shard)
- CROSS JOIN LATERAL (
-     SELECT trigger, started_at, report FROM news.worker_reports w
-      WHERE w.shard = s.shard
-      ORDER BY w.started_at DESC, w.id DESC LIMIT 1) w
- ORDER BY s.shard;
-
 -- name: news_address_refused
 -- Sources whose last fetch was refused for the feed's address (not parked yet): the page says
 -- which setting allows them.
@@ -43,14 +34,15 @@ SELECT id, name, feed_url, shard, consecutive_failures, last_error, next_check_a
  LIMIT %(limit)s;
 
 -- name: news_recent_runs
--- Each shard's recent reports, newest first: what the runs did, not only the last one.
+-- Each shard's recent reports, newest first (the first is the page's latest): what the runs
+-- did, not only the last one.
 SELECT s.shard, w.trigger, w.started_at, w.report
   FROM unnest(%(shards)s::text[]) AS s (shard)
  CROSS JOIN LATERAL (
-     SELECT trigger, started_at, report FROM news.worker_reports w
+     SELECT id, trigger, started_at, report FROM news.worker_reports w
       WHERE w.shard = s.shard
       ORDER BY w.started_at DESC, w.id DESC LIMIT %(limit)s) w
- ORDER BY s.shard, w.started_at DESC;
+ ORDER BY s.shard, w.started_at DESC, w.id DESC;
 
 -- name: news_source_counts
 SELECT count(*) AS sources,
