@@ -91,3 +91,24 @@ async def test_a_legacy_key_over_the_cap_is_blocked_like_a_listed_one(
     [blocked] = sizes["blockedOverCap"]
     assert blocked["episodeId"] == episode and blocked["measured"] == 5000
     assert (await w.row(episode))["audio_file_size_bytes"] is None
+
+
+async def test_a_published_legacy_episode_measured_by_head_gets_its_feed_intent(
+    db: Database, fresh_db_url: str, store: ObjectStore
+) -> None:
+    """The outbox rule holds for a size measured by a HEAD as for one from the listing: a
+    published episode's new enclosure length owes its feed an invalidation, written with it."""
+    w = await World(db, store).setup()
+    legacy = await w.obj("uploads/2019/published.mp3", 900)
+    episode = await w.episode(legacy, audio_file_size_bytes=None, status="published")
+    clock = later(days=1)
+
+    report = await _reconcile_report(await rt(db, clock, fresh_db_url, store), clock)
+
+    assert report["sizeBackfill"]["measuredByHead"] == 1
+    assert (await w.row(episode))["audio_file_size_bytes"] == 900
+    intents = await db.fetch(
+        "SELECT podcast_id::text FROM public.feed_invalidation_outbox"
+        " WHERE reason = 'size_backfill'"
+    )
+    assert intents == [{"podcast_id": w.podcast}]
