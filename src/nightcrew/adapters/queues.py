@@ -136,9 +136,19 @@ class RabbitQueueProducer:
         return cls(channel, connection)
 
     async def _declare(self, name: str, arguments: dict[str, Any] | None = None) -> None:
-        if name not in self._declared:
-            await self._channel.declare_queue(name, durable=True, arguments=arguments)
-            self._declared.add(name)
+        """Declared once per queue, on a channel of its own, closed at once: a broker that
+        refuses the queue closes the channel the refusal came on, and that must be neither the
+        publishing channel nor another queue's (the minute lane's sweeps send side by side)."""
+        if name in self._declared:
+            return
+        channel = await self._connection.channel(publisher_confirms=False)
+        try:
+            await channel.declare_queue(name, durable=True, arguments=arguments)
+        finally:
+            # closed by us, so a robust channel the broker closed is not reopened (and leaked)
+            with contextlib.suppress(Exception):
+                await channel.close()
+        self._declared.add(name)
 
     async def send(self, queue: str, body: Mapping[str, Any], delay_seconds: int = 0) -> None:
 
@@ -188,13 +198,19 @@ class RabbitQueueProducer:
 
             refused = (ChannelAccessRefused, ChannelNotFoundEntity, ChannelPreconditionFailed)
             if isinstance(exc, refused):
-                # the broker closed the channel with its refusal: a new one for every other
-                # queue, or one bad queue would stop them all
-                self._declared.clear()
-                with contextlib.suppress(Exception):
-                    self._channel = await self._connection.channel(publisher_confirms=True)
+                if self._channel.is_closed:  # refused on the publishing channel itself
+                    await self._reopen()
                 raise QueueMisconfiguredError(f"cannot publish to {queue}: {exc}") from exc
             raise QueueError(f"could not publish to {queue}: {exc}") from exc
+
+    async def _reopen(self) -> None:
+        """A new publishing channel, the closed one closed for good (a robust channel would
+        otherwise come back on its own, one more left open each time)."""
+        with contextlib.suppress(Exception):
+            await self._channel.close()
+        self._declared.clear()
+        with contextlib.suppress(Exception):
+            self._channel = await self._connection.channel(publisher_confirms=True)
 
     async def close(self) -> None:
         await self._connection.close()

@@ -13,6 +13,7 @@ import pytest
 
 from nightcrew.adapters.queues import RabbitQueueProducer
 from nightcrew.errors import QueueUnavailableError
+from tests.support.rabbitmq_vhosts import open_channels, rabbitmq_vhost, vhost_url
 from tests.support.services import AMQP_URL as URL
 from tests.support.services import needs_rabbitmq
 
@@ -104,3 +105,43 @@ async def test_a_queue_the_broker_refuses_is_misconfigured_not_a_retry() -> None
                 await channel.queue_delete(name)
         await producer.close()
         await connection.close()
+
+
+@needs_rabbitmq
+async def test_a_refused_queue_fails_alone_beside_concurrent_sends_and_leaks_no_channel() -> None:
+    """The minute lane's sweeps send side by side. A vhost where the user may not declare
+    `podcast-imports`: 20 rounds of one import and one link send at once. Every import is
+    refused as misconfigured; every link is published and confirmed (the refusal closes only
+    the channel it came on, never the publishing one); and the connection's open channels stay
+    as they were (a refused channel is closed for good, not reopened by the robust client)."""
+    import aio_pika
+
+    from nightcrew.adapters.queues import EXTERNAL_EPISODE_LINK, PODCAST_IMPORTS
+    from nightcrew.errors import QueueMisconfiguredError
+
+    vhost = f"nightcrew-test-{uuid.uuid4().hex[:8]}"
+    with rabbitmq_vhost(vhost, configure=f"^{EXTERNAL_EPISODE_LINK}$"):
+        producer = await RabbitQueueProducer.connect(vhost_url(vhost))
+        try:
+            await producer.send(EXTERNAL_EPISODE_LINK, {"round": -1})
+            before = open_channels(vhost)
+            for n in range(20):
+                imports, links = await asyncio.gather(
+                    producer.send(PODCAST_IMPORTS, {"round": n}),
+                    producer.send(EXTERNAL_EPISODE_LINK, {"round": n}),
+                    return_exceptions=True,
+                )
+                assert isinstance(imports, QueueMisconfiguredError), imports
+                assert "ACCESS_REFUSED" in str(imports)
+                assert links is None, links
+            after = open_channels(vhost)
+        finally:
+            await producer.close()
+        connection = await aio_pika.connect_robust(vhost_url(vhost))
+        try:
+            channel = await connection.channel()
+            queue = await channel.declare_queue(EXTERNAL_EPISODE_LINK, passive=True)
+            assert queue.declaration_result.message_count == 21
+        finally:
+            await connection.close()
+    assert after <= before, (before, after)

@@ -7,16 +7,11 @@ the queue received.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import shutil
-import subprocess
 import uuid
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -29,7 +24,8 @@ from nightcrew.lifecycle import watchdogs as wd
 from nightcrew.runtime import Runtime
 from tests import factories as f
 from tests.conftest import NOW
-from tests.support.services import AMQP_URL, needs_rabbitmq
+from tests.support.rabbitmq_vhosts import rabbitmq_vhost, vhost_url
+from tests.support.services import needs_rabbitmq
 
 S = timedelta(seconds=1)
 
@@ -572,7 +568,7 @@ async def test_a_podcast_imports_queue_the_broker_refuses_is_misconfigured_and_t
 
     vhost = f"nightcrew-test-{uuid.uuid4().hex[:8]}"
     with rabbitmq_vhost(vhost, configure=f"^{EXTERNAL_EPISODE_LINK}$"):
-        url = urlunsplit(urlsplit(AMQP_URL)._replace(path="/" + vhost))
+        url = vhost_url(vhost)
         _, imp = await _running_import(db, dispatch_end_at=ago(3600))
         items = [await f.import_item(db, imp, attempts=1, updated_at=ago(3600)) for _ in range(3)]
         _, episode = await _external_episode(db, external_link_next_attempt_at=ago(3600))
@@ -617,26 +613,3 @@ async def test_a_podcast_imports_queue_the_broker_refuses_is_misconfigured_and_t
         "SELECT status FROM public.podcast_imports WHERE id = %(id)s", {"id": preview}
     )
     assert row is not None and row["status"] == "canceled"
-
-
-@contextlib.contextmanager
-def rabbitmq_vhost(vhost: str, *, configure: str) -> Iterator[None]:
-    """A RabbitMQ vhost of the test's own, where the test user may configure (declare) only the
-    queues ``configure`` matches and write and read everything; deleted afterwards. Made with
-    rabbitmqctl, on the broker's own machine: skipped, with the reason, where it cannot be."""
-    ctl = shutil.which("rabbitmqctl")
-    if ctl is None:
-        pytest.skip("rabbitmqctl is not on PATH: a vhost with refused queues cannot be made")
-    user = urlsplit(AMQP_URL).username or "guest"
-
-    def ctl_run(*args: str) -> None:
-        done = subprocess.run([ctl, *args], capture_output=True, text=True, timeout=60)
-        if done.returncode != 0:
-            pytest.skip(f"rabbitmqctl {args[0]} failed: {done.stderr.strip()[:200]}")
-
-    ctl_run("add_vhost", vhost)
-    try:
-        ctl_run("set_permissions", "-p", vhost, user, configure, ".*", ".*")
-        yield
-    finally:
-        subprocess.run([ctl, "delete_vhost", vhost], capture_output=True, timeout=60)

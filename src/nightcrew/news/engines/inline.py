@@ -35,6 +35,7 @@ from nightcrew.adapters.news import NewsAdapters
 from nightcrew.adapters.processed import ProcessedUrls, ProcessedUrlsDown
 from nightcrew.adapters.reviewer import Spend, Verdict
 from nightcrew.clock import Clock
+from nightcrew.db.database import statement_deadline
 from nightcrew.errors import NightcrewError
 from nightcrew.log import describe_error, event, warning
 from nightcrew.news.report import (
@@ -349,14 +350,17 @@ class _Run:
         within KEEP_ON_STOP_SECONDS, the stop's own bound (past it they are reviewed again)."""
         paid = [Reviewed(r.candidate, r.verdict, r.translation) for r in arrived]
         try:
-            async with asyncio.timeout(KEEP_ON_STOP_SECONDS):
-                await write.keep_paid_reviews(
-                    self.runtime.db,
-                    self.shard,
-                    paid,
-                    self.clock.now(),
-                    store_first=self._store_urls,
-                )
+            # both bounds: a statement a silent database holds is severed at the deadline, not
+            # cancelled (which would wait on the server for its own reply)
+            with statement_deadline(KEEP_ON_STOP_SECONDS):
+                async with asyncio.timeout(KEEP_ON_STOP_SECONDS + 1):
+                    await write.keep_paid_reviews(
+                        self.runtime.db,
+                        self.shard,
+                        paid,
+                        self.clock.now(),
+                        store_first=self._store_urls,
+                    )
         except TimeoutError:
             warning(
                 "worker.verdicts_not_kept",
