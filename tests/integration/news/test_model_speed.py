@@ -136,7 +136,12 @@ def reviews_a_second(model: ModelStandIn, delay: float) -> float:
 async def test_one_pipeline_worker_with_prefetch_32_keeps_16_calls_in_flight_at_most(
     db: Database, fresh_db_url: str, store: Path
 ) -> None:
-    with FeedFarm(feeds=4, items=50, thumbnails=True) as farm, ModelStandIn(0.2) as model:
+    # every verdict carries a summary, so each accepted article's translation is a second call
+    # holding the same slots
+    with (
+        FeedFarm(feeds=4, items=50, thumbnails=True) as farm,
+        ModelStandIn(0.2, summary="a summary") as model,
+    ):
         await add_farm_sources(db, farm)
         async with namespace() as prefix:
             env = {
@@ -151,6 +156,7 @@ async def test_one_pipeline_worker_with_prefetch_32_keeps_16_calls_in_flight_at_
                     # the passes report the workers' spend, noted with each review
                     later = await run_pass(runtime, SystemClock(), "s")
     assert len(reviews(model)) == 200
+    assert model.translations == 200  # reviews and translations alike, 16 in flight at most
     assert model.most_in_flight <= 16, model.most_in_flight
     assert model.most_in_flight >= 12  # the prefetch filled the slots
     assert first.pipeline is not None and later.pipeline is not None
