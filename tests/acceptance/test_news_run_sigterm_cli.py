@@ -24,27 +24,9 @@ def test_sigterm_cancels_a_runs_model_calls_and_releases_its_locks(
     fresh_db_url: str, tmp_path: Path
 ) -> None:
     with FeedFarm(feeds=1, items=12, thumbnails=True) as farm, ModelStandIn(delay=3.0) as model:
-        env = _env(
-            DATABASE_URL=fresh_db_url,
-            NEWS_ALLOWED_PRIVATE_HOSTS="127.0.0.1",
-            NEWS_AI_BASE_URL=model.base_url,
-            NEWS_AI_MODEL="stand-in",
-            NEWS_AI_CONCURRENCY="4",
-            STORAGE_URL=f"file://{tmp_path}",
-        )
-        feed = farm.feed_urls()[0]
-        added = run("news", "sources", "add", feed, "--name", "F", "--shard", "s", env=env)
-        assert added.returncode == 0, added.stderr
-        running = subprocess.Popen(
-            [_nightcrew(), "news", "run", "--shard", "s", "--json"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        deadline = time.monotonic() + 30
-        while sum(model.reviews.values()) < 4 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        env = _one_feed(fresh_db_url, tmp_path, farm, model)
+        running = _news_run(env)
+        _wait_for_reviews(model, 4)
         assert sum(model.reviews.values()) == 4, "four calls in flight"
         running.send_signal(signal.SIGTERM)
         out, err = running.communicate(timeout=30)
@@ -70,35 +52,16 @@ def test_sigterm_cancels_a_runs_model_calls_and_releases_its_locks(
 def test_sigterm_keeps_the_answers_that_arrived_so_the_next_run_pays_only_for_the_rest(
     fresh_db_url: str, tmp_path: Path
 ) -> None:
-    """Issue 34: "a call cut short is not paid for twice by the next holder when its answer
-    arrived". The model answers the first 6 reviews at once and holds the rest; SIGTERM comes
-    with 4 calls in flight. The 6 paid verdicts stay on the held candidates, so the next run
-    writes them without asking again: only the 6 unanswered articles are asked twice or for the
-    first time, and every article is written."""
+    """A call cut short is not paid for twice when its answer arrived. The model answers the
+    first 6 reviews at once and holds the rest; SIGTERM comes with 4 calls in flight. The 6 paid
+    verdicts stay on the held candidates, so the next run writes them without asking again:
+    only the 6 unanswered articles are asked twice or for the first time, and every article is
+    written."""
     with FeedFarm(feeds=1, items=12, thumbnails=True) as farm, ModelStandIn(delay=0.0) as model:
         model.hold_after = 6
-        env = _env(
-            DATABASE_URL=fresh_db_url,
-            NEWS_ALLOWED_PRIVATE_HOSTS="127.0.0.1",
-            NEWS_AI_BASE_URL=model.base_url,
-            NEWS_AI_MODEL="stand-in",
-            NEWS_AI_CONCURRENCY="4",
-            STORAGE_URL=f"file://{tmp_path}",
-        )
-        added = run(
-            "news", "sources", "add", farm.feed_urls()[0], "--name", "F", "--shard", "s", env=env
-        )
-        assert added.returncode == 0, added.stderr
-        running = subprocess.Popen(
-            [_nightcrew(), "news", "run", "--shard", "s", "--json"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        deadline = time.monotonic() + 30
-        while sum(model.reviews.values()) < 10 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        env = _one_feed(fresh_db_url, tmp_path, farm, model)
+        running = _news_run(env)
+        _wait_for_reviews(model, 10)
         assert sum(model.reviews.values()) == 10, "6 answered, 4 held in flight"
         answered_first = set(model.answered)
         assert len(answered_first) == 6
@@ -123,3 +86,36 @@ def test_sigterm_keeps_the_answers_that_arrived_so_the_next_run_pays_only_for_th
         assert sum(model.answered.values()) == 12  # each article's verdict paid for once
         with psycopg.connect(fresh_db_url) as conn:
             assert conn.execute("SELECT count(*) FROM news.articles").fetchone() == (12,)
+
+
+def _one_feed(db_url: str, tmp_path: Path, farm: FeedFarm, model: ModelStandIn) -> dict[str, str]:
+    """The environment of a news run against the stand-in model (4 calls in flight), with the
+    farm's first feed added as shard "s"."""
+    env = _env(
+        DATABASE_URL=db_url,
+        NEWS_ALLOWED_PRIVATE_HOSTS="127.0.0.1",
+        NEWS_AI_BASE_URL=model.base_url,
+        NEWS_AI_MODEL="stand-in",
+        NEWS_AI_CONCURRENCY="4",
+        STORAGE_URL=f"file://{tmp_path}",
+    )
+    feed = farm.feed_urls()[0]
+    added = run("news", "sources", "add", feed, "--name", "F", "--shard", "s", env=env)
+    assert added.returncode == 0, added.stderr
+    return env
+
+
+def _news_run(env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [_nightcrew(), "news", "run", "--shard", "s", "--json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_reviews(model: ModelStandIn, n: int, within: float = 30) -> None:
+    deadline = time.monotonic() + within
+    while sum(model.reviews.values()) < n and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -555,7 +555,7 @@ async def test_a_queue_that_cannot_be_used_is_misconfigured_once_and_the_other_s
 async def test_a_podcast_imports_queue_the_broker_refuses_is_misconfigured_and_the_rest_runs(
     db: Database, clock: FrozenClock, fresh_db_url: str
 ) -> None:
-    """Issue 35 on a real RabbitMQ: a vhost of its own where the user may declare
+    """On a real RabbitMQ, a vhost of its own where the user may declare
     `external-episode-link` but not `podcast-imports` (ACCESS_REFUSED, as a broker set up
     without that queue answers). The minute lane logs import_watchdog_misconfigured once,
     sends no import and leaves the items due; the stalled-link sweep still delivers its message
