@@ -192,6 +192,7 @@ async def test_64_guessing_addresses_cannot_keep_the_operator_out(fresh_db_url: 
     assert len(checked) / took <= 2.5  # the overall rate held
 
 
+@pytest.mark.slow
 async def test_the_browser_that_signed_in_before_goes_before_a_wave_from_fresh_networks(
     fresh_db_url: str,
 ) -> None:

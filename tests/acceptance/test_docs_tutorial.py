@@ -163,6 +163,7 @@ def test_the_tutorial_reads_as_the_way_in() -> None:
     assert ran.index("demo") < ran.index("db migrate") < ran.index("news run --shard tutorial")
 
 
+@pytest.mark.slow
 def test_the_tutorials_commands_run(
     tmp_path: Path, empty_db_url: str, feed_server: RecordingServer
 ) -> None:

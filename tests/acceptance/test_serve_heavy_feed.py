@@ -29,6 +29,7 @@ pytestmark = pytest.mark.acceptance
 PARSE_BUDGET = 1
 
 
+@pytest.mark.slow
 def test_serve_stays_responsive_while_a_shard_parses_a_feed_over_its_budget(
     fresh_db_url: str, feed_server: RecordingServer, tmp_path: Path
 ) -> None:

@@ -215,6 +215,7 @@ async def test_a_silent_database_under_three_workers_dead_letters_nothing(
         await proxy.cut()
 
 
+@pytest.mark.slow
 async def test_a_worker_killed_mid_review_loses_nothing_and_no_article_is_reviewed_twice(
     db: Database, fresh_db_url: str, prefix: str, tmp_path: Path
 ) -> None:
