@@ -36,7 +36,7 @@ from nightcrew.db.connection import (
     preflight,
     url_options,
 )
-from nightcrew.db.records import R, as_record, as_records
+from nightcrew.db.records import Count, R, as_record, as_records
 from nightcrew.errors import DatabaseUnavailableError
 
 # a refused statement's error lives with the other errors (the command line catches it without
@@ -204,6 +204,11 @@ class _Executor:
     async def fetch_one_as(self, record: type[R], query: str, params: Params = None) -> R | None:
         row = await self.fetch_one(query, params)
         return None if row is None else as_record(record, row)
+
+    async def fetch_count(self, query: str, params: Params = None) -> int:
+        """The ``n`` of a ``SELECT count(*) AS n …`` (0 when it answers no row)."""
+        found = await self.fetch_one_as(Count, query, params)
+        return found.n if found else 0
 
     async def execute(self, query: str, params: Params = None) -> int:
         """Run a statement; returns the number of rows it touched."""

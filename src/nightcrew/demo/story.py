@@ -27,7 +27,6 @@ from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.db.embedded import EmbeddedPostgres
 from nightcrew.db.migrate import migrate
-from nightcrew.db.records import Count
 from nightcrew.demo.news import tell_news
 from nightcrew.demo.seed import DAY, DEMO_MEDIA_URL, Sample, seed
 from nightcrew.effects import outbox as effects_outbox
@@ -64,14 +63,14 @@ async def _state(db: Database) -> _State:
     podcasts = await db.fetch_as(
         _Podcast, "SELECT id, title, status FROM public.podcasts ORDER BY created_at"
     )
-    users = await db.fetch_one_as(Count, "SELECT count(*) AS n FROM auth.users")
+    users = await db.fetch_count("SELECT count(*) AS n FROM auth.users")
     queued = await db.fetch_as(
         _Queued,
         "SELECT queue, count(*) AS n FROM nightcrew.queue_messages GROUP BY queue ORDER BY queue",
     )
     return _State(
         podcasts={str(p.id): (p.title, p.status) for p in podcasts},
-        users=users.n if users else 0,
+        users=users,
         queued={q.queue: q.n for q in queued},
     )
 
@@ -181,8 +180,8 @@ async def _run(
     assert minute is not None and daily is not None
     after, files_after = await _state(runtime.db), await _count_files(runtime.store)
     owed = await effects_outbox.counts(runtime.db)
-    delivered = await runtime.db.fetch_one_as(
-        Count, "SELECT count(*) AS n FROM nightcrew.effects WHERE delivered_at IS NOT NULL"
+    delivered = await runtime.db.fetch_count(
+        "SELECT count(*) AS n FROM nightcrew.effects WHERE delivered_at IS NOT NULL"
     )
 
     lines = [
@@ -219,7 +218,7 @@ async def _run(
         "Stripe and the feed worker are not configured here, so billing resumes are skipped "
         "(loudly) and invalidations go to the in-database queue.",
         f"Effects (every call that leaves the database, owed in the same transaction as its "
-        f"change): {delivered.n if delivered else 0} delivered, "
+        f"change): {delivered} delivered, "
         f"{sum(k['pending'] for k in owed.values())} being retried, "
         f"{sum(k['dead'] for k in owed.values())} given up because Stripe and the feed worker "
         "are not configured here (on your own database, `nightcrew effects list --dead` lists "

@@ -11,7 +11,6 @@ from uuid import UUID
 
 from nightcrew.db.database import Database, Tx
 from nightcrew.db.queries import load_queries
-from nightcrew.db.records import Count
 from nightcrew.effects.outbox import Effect, adopt_feed_outbox
 
 SQL = load_queries(__file__)
@@ -38,8 +37,7 @@ async def record(
 
 async def count_pending(db: Database) -> int:
     """Undelivered intents, of every podcast: how many invalidations are still owed."""
-    found = await db.fetch_one_as(Count, SQL["count_pending"])
-    return found.n if found else 0
+    return await db.fetch_count(SQL["count_pending"])
 
 
 async def pending_for_podcast(db: Database, podcast_id: str) -> list[str]:

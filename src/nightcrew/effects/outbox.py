@@ -16,7 +16,7 @@ from typing import ClassVar, Literal, TypeVar
 
 from nightcrew.db.database import Database, Tx, json_param
 from nightcrew.db.queries import load_queries
-from nightcrew.db.records import Count, as_record
+from nightcrew.db.records import as_record
 from nightcrew.jsonable import Jsonable, JsonObject, named
 
 SQL = load_queries(__file__)
@@ -330,8 +330,7 @@ async def retry(
 
 async def count_retryable_dead(db: Database, kind: str | None = None) -> int:
     """Dead effects a bulk retry (``--dead [--kind K]``) would re-drive."""
-    found = await db.fetch_one_as(Count, SQL["count_retryable_dead"], {"kind": kind})
-    return int(found.n) if found else 0
+    return await db.fetch_count(SQL["count_retryable_dead"], {"kind": kind})
 
 
 async def supersede(

@@ -18,7 +18,7 @@ from datetime import datetime
 from nightcrew.adapters.reviewer import Verdict
 from nightcrew.db.database import Database, QueryError, Tx, json_param
 from nightcrew.db.queries import load_queries
-from nightcrew.db.records import Count, Url
+from nightcrew.db.records import Url
 from nightcrew.jsonable import JsonObject
 from nightcrew.news.engines.pipeline.message_outbox import Owed
 from nightcrew.news.sources import registry as news_sources
@@ -212,14 +212,12 @@ async def defer_all_but(
 
 async def count_held(db: Database, shard: str) -> int:
     """The shard's candidates waiting for a later run or pass (``deferredCount``)."""
-    count = await db.fetch_one_as(Count, SQL["count_held"], {"shard": shard})
-    return count.n if count else 0
+    return await db.fetch_count(SQL["count_held"], {"shard": shard})
 
 
 async def admission_load(db: Database, shard: str) -> int:
     """What earlier passes admitted that the stage workers still have in flight."""
-    count = await db.fetch_one_as(Count, SQL["admission_load"], {"shard": shard})
-    return count.n if count else 0
+    return await db.fetch_count(SQL["admission_load"], {"shard": shard})
 
 
 async def admit(db: Database, urls: list[str], now: datetime) -> list[Owed]:

@@ -152,9 +152,8 @@ async def review_batch(
     calls still in flight (structured: a TaskGroup) and leaves their candidates in ``cut_off``.
     A cancellation from outside (SIGTERM) cancels every call too, and propagates; the reviews
     answered before it are in ``arrived`` (by the batch's index), paid for and the caller's to
-    keep. The offline
-    rules are asked one after another: they cost nothing, and their duplicate-title rule reads
-    the batch in order."""
+    keep. The offline rules are asked one after another: they cost nothing, and their
+    duplicate-title rule reads the batch in order."""
     scope = CallScope(spend=spend)  # one for the batch: every call adds to the run's spend
     if not calls_a_model(reviewer):
         done = []

@@ -13,7 +13,6 @@ from starlette.responses import Response
 
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
-from nightcrew.db.records import Count
 from nightcrew.web.pages.base import (
     FAR_FUTURE,
     MAX_UUID,
@@ -57,8 +56,7 @@ class _Totals:
 
 async def unfinished_count(db: Database) -> int:
     """Deletions with storage or a feed invalidation still owed."""
-    found = await db.fetch_one_as(Count, SQL["deletions_unfinished_count"])
-    return int(found.n) if found else 0
+    return await db.fetch_count(SQL["deletions_unfinished_count"])
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,6 @@ from starlette.responses import Response
 
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
-from nightcrew.db.records import Count
 from nightcrew.lifecycle import overage as overage_rules
 from nightcrew.web.pages.base import (
     Pages,
@@ -116,8 +115,7 @@ class _Restored:
 
 async def on_clock_count(db: Database) -> int:
     """Accounts whose 30-day clock runs."""
-    found = await db.fetch_one_as(Count, SQL["overage_clock_count"])
-    return int(found.n) if found else 0
+    return await db.fetch_count(SQL["overage_clock_count"])
 
 
 async def overage(db: Database, now: datetime, *, limit: int = 200) -> OverageView:

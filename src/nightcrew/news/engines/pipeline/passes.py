@@ -25,7 +25,6 @@ from nightcrew.adapters.processed import ProcessedUrlsDown
 from nightcrew.adapters.reviewer import Spend
 from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
-from nightcrew.db.records import Count
 from nightcrew.errors import QueueError
 from nightcrew.log import describe_error, event, warning
 from nightcrew.news.engines.pipeline.message_outbox import (
@@ -198,8 +197,7 @@ class _Pass:
         started = time.monotonic()
         extended = started
         while source_ids:
-            unfetched = await db.fetch_one_as(Count, SQL["unfetched"], {"ids": source_ids})
-            left = unfetched.n if unfetched else 0
+            left = await db.fetch_count(SQL["unfetched"], {"ids": source_ids})
             if not left:
                 return 0
             now = time.monotonic()
