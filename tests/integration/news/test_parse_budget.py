@@ -10,9 +10,6 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
-import subprocess
-import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,13 +18,11 @@ import feedparser
 import pytest
 
 from nightcrew.adapters.addresses import AddressPolicy
-from nightcrew.adapters.parsers import PARSE_WORKERS, ParseOverBudget, ParserDied, ParserPool
-from nightcrew.clock import FrozenClock
+from nightcrew.adapters.parsers import ParseOverBudget, ParserDied, ParserPool
 from nightcrew.news.steps import entries, fetch
 from nightcrew.news.steps.entries import ItemLimits, read_feed_body
 from nightcrew.news.steps.fetch import INLINE_PARSE_MAX_BYTES, FeedRules
 from nightcrew.news.steps.parse import parse_fast_only
-from tests.conftest import NOW, offline_runtime
 
 POLICY = AddressPolicy()
 LIMITS = ItemLimits()
@@ -198,69 +193,6 @@ def test_what_is_read_in_place_is_cheap_whatever_it_holds(shape: str) -> None:
         entries.feed_read(fast, BASE, POLICY, LIMITS)
     # about 25 ms measured for the worst of these; the event loop can afford a few at once
     assert time.thread_time() - started < 0.1
-
-
-# --- the pool's life: started on first use, stopped with its runtime ----------------------------
-async def test_closing_the_runtime_stops_its_parser_workers() -> None:
-    before = _workers()
-    async with offline_runtime(FrozenClock(NOW)) as runtime:
-        parsers = runtime.news_adapters().parsers
-        assert not parsers.started  # nothing parsed yet: no worker spawned
-        assert _workers() == before
-        worker_pid = await parsers.run(os.getpid, budget_seconds=60)
-        started = _workers() - before
-        assert worker_pid in started and len(started) == PARSE_WORKERS
-    # closed with the runtime: every worker it started is gone (joined, not left a zombie)
-    assert not any(_alive(pid) for pid in started), started
-    assert _workers() == before
-    with pytest.raises(ParserDied, match="closed"):
-        await parsers.run(os.getpid, budget_seconds=60)
-
-
-async def test_a_parse_in_flight_when_the_pool_closes_is_parser_died(tmp_path: Path) -> None:
-    marker = tmp_path / "pid"
-    async with ParserPool() as parsers:
-        task = asyncio.create_task(parsers.run(note_pid_then_spin, str(marker), budget_seconds=120))
-        for _ in range(300):
-            if marker.exists() and marker.read_text():
-                break
-            await asyncio.sleep(0.05)
-        pid = int(marker.read_text())
-    with pytest.raises(ParserDied):  # "closed during the parse", or pebble saw it break first
-        await asyncio.wait_for(task, 30)  # not left pending for ever
-    assert not _alive(pid)
-
-
-async def test_a_pool_never_used_starts_nothing_and_closes_at_once() -> None:
-    before = _workers()
-    async with ParserPool() as parsers:
-        assert not parsers.started
-    assert _workers() == before
-
-
-# A process that leaves its pool open, as a script stopped mid-run does: pebble's workers are
-# not daemons, so without the pool's own exit hook multiprocessing would wait for them forever.
-_LEFT_OPEN = textwrap.dedent(
-    """
-    import asyncio, os
-    from nightcrew.adapters.parsers import ParserPool
-
-    async def main():
-        pool = ParserPool()
-        print(await pool.run(os.getpid, budget_seconds=60), flush=True)
-
-    asyncio.run(main())
-    """
-)
-
-
-def test_a_process_that_never_closes_its_pool_still_exits() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _LEFT_OPEN], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    worker_pid = int(done.stdout.strip())
-    assert worker_pid > 0 and not _alive(worker_pid)
 
 
 async def test_the_fetch_budget_stops_while_a_worker_parses_and_runs_on_afterwards() -> None:
