@@ -17,7 +17,8 @@ from datetime import datetime
 from typing import Literal, TypeVar
 
 from nightcrew.clock import Clock
-from nightcrew.db.database import Database, json_param, statement_deadline
+from nightcrew.db.database import Database, json_param
+from nightcrew.db.deadlines import statement_deadline
 from nightcrew.db.queries import load_queries
 from nightcrew.errors import DatabaseUnavailableError, NightcrewError
 from nightcrew.jsonable import JsonObject
@@ -58,11 +59,6 @@ class _Claimed:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class _Started:
-    id: int
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class RunningRun:
     """The run of a lane that is running (``LaneBusy`` names it)."""
 
@@ -71,11 +67,6 @@ class RunningRun:
     slot: datetime | None
     started_at: datetime
     requested_by: str | None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Owed:
-    owed: bool
 
 
 async def abandon_stale(
@@ -146,15 +137,13 @@ async def start_manual(
     await abandon_stale(db, lane=lane, now=now, on_abandoned=on_abandoned)
     async with db.transaction() as tx:
         await tx.execute(SQL["lane_lock"], {"lane": lane})
-        started = await tx.fetch_one_as(
-            _Started,
-            SQL["start_manual_run"],
-            {"lane": lane, "now": now, "requested_by": requested_by},
+        started = await tx.fetch_value(
+            int, SQL["start_manual_run"], {"lane": lane, "now": now, "requested_by": requested_by}
         )
         if started is None:
             running = await tx.fetch_one_as(RunningRun, SQL["running_run"], {"lane": lane})
             raise LaneBusy(lane, running)
-    return started.id
+    return started
 
 
 async def finish(
@@ -314,5 +303,4 @@ async def recorded(
 
 async def slot_owed(db: Database, lane: str, slot: datetime) -> bool:
     """Whether ``lane``'s scheduled ``slot`` has yet to run (the scheduler would claim it)."""
-    answer = await db.fetch_one_as(_Owed, SQL["slot_owed"], {"lane": lane, "slot": slot})
-    return bool(answer and answer.owed)
+    return bool(await db.fetch_value(bool, SQL["slot_owed"], {"lane": lane, "slot": slot}))

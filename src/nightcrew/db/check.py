@@ -42,11 +42,6 @@ class _RoleRow:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class _SchemaRow:
-    nspname: str
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class _RelationRow:
     tbl: str
     owned: bool
@@ -189,19 +184,14 @@ async def _live_functions(db: Database) -> dict[str, list[LiveFunction]]:
     return overloads
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Readable:
-    readable: bool
-
-
 async def _role_and_migrations(db: Database, role_row: _RoleRow) -> tuple[list[str], list[str]]:
     """What the role lacks (schema USAGE, TEMPORARY, reading the migrations), and the
     nightcrew migrations not applied."""
     role = role_row.name
     role_problems = [
-        f"schema {schema.nspname}: role {role} lacks the USAGE privilege"
-        for schema in await db.fetch_as(
-            _SchemaRow,
+        f"schema {schema}: role {role} lacks the USAGE privilege"
+        for schema in await db.fetch_values(
+            str,
             SQL["schemas_without_usage"],
             {"schemas": sorted({t.split(".")[0] for t in TABLES} | _function_schemas())},
         )
@@ -211,8 +201,8 @@ async def _role_and_migrations(db: Database, role_row: _RoleRow) -> tuple[list[s
             f"database {role_row.database}: role {role} lacks the TEMPORARY privilege"
             " (the reconciler lists the store into temporary tables)"
         )
-    migrations_table = await db.fetch_one_as(_Readable, SQL["migrations_table"])
-    if migrations_table is not None and not migrations_table.readable:
+    readable = await db.fetch_value(bool, SQL["migrations_table"])
+    if readable is False:  # None: there is no such table yet
         role_problems.append(
             f"table nightcrew.schema_migrations: role {role} lacks the SELECT privilege"
             " (which migrations are applied cannot be told)"

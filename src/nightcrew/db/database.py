@@ -8,20 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
 from collections.abc import (
     AsyncIterator,
     Awaitable,
     Callable,
     Iterable,
-    Iterator,
     Mapping,
     Sequence,
 )
 from contextlib import asynccontextmanager
-from contextvars import ContextVar
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg.rows import DictRow, dict_row
@@ -36,7 +32,8 @@ from nightcrew.db.connection import (
     preflight,
     url_options,
 )
-from nightcrew.db.records import Count, R, as_record, as_records
+from nightcrew.db.deadlines import SEVER_GRACE, Severer, role_bound
+from nightcrew.db.records import R, as_record, as_records
 from nightcrew.errors import DatabaseUnavailableError
 
 # a refused statement's error lives with the other errors (the command line catches it without
@@ -46,6 +43,16 @@ from nightcrew.log import SecretValues
 
 Row = dict[str, Any]
 Params = Mapping[str, Any] | None
+V = TypeVar("V")
+
+
+def _of_kind(kind: type[V], value: object, query: str) -> V:
+    if not isinstance(value, kind):
+        first_line = query.strip().splitlines()[0] if query.strip() else query
+        raise TypeError(
+            f"expected {kind.__name__} in the first column, got {value!r} ({first_line})"
+        )
+    return value
 
 
 def json_param(value: Any) -> Jsonb:
@@ -82,70 +89,6 @@ def _translate(
 # None: the pool's). A role whose statements are all short (the minute lane) gives up on a
 # silent server sooner than the pool's default. A ContextVar rather than a second pool: the
 # pool, and every adapter that holds it (the queue producer), is shared with the daily lane.
-_ROLE_DEADLINE: ContextVar[float | None] = ContextVar("nightcrew_db_deadline", default=None)
-
-
-@contextlib.contextmanager
-def statement_deadline(seconds: float | None) -> Iterator[None]:
-    """Inside this block (and in the tasks it starts) no statement, commit or pool checkout
-    waits on PostgreSQL longer than ``seconds`` (None or 0: no change); past it the database
-    counts as lost. Nested blocks keep the shorter bound."""
-    outer = _ROLE_DEADLINE.get()
-    bound = seconds if seconds else None
-    if outer is not None and bound is not None:
-        bound = min(outer, bound)
-    token = _ROLE_DEADLINE.set(bound if bound is not None else outer)
-    try:
-        yield
-    finally:
-        _ROLE_DEADLINE.reset(token)
-
-
-def _role_bound(deadline: float | None) -> float | None:
-    role = _ROLE_DEADLINE.get()
-    if role is None:
-        return deadline
-    return role if deadline is None else min(deadline, role)
-
-
-class _Severer:
-    """Ends a connection whose statement outlives its deadline by shutting down its socket.
-
-    Cancelling the awaiting task instead would make psycopg send a cancel request and wait for
-    the query to end (5 + 5 s) on the very server that stopped answering; with the socket shut
-    down, the pending read sees end-of-file at once and psycopg fails the statement as a lost
-    connection. The file descriptor stays open (psycopg still watches it); only the TCP (or
-    Unix) stream is ended."""
-
-    def __init__(self, conn: psycopg.AsyncConnection[DictRow], deadline: float | None) -> None:
-        self._conn = conn
-        self.deadline = deadline
-        self.severed = False
-        self._timer: asyncio.TimerHandle | None = None
-
-    def arm(self) -> None:
-        if self.deadline is not None and self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.deadline, self._sever)
-
-    def disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _sever(self) -> None:
-        self._timer = None
-        self.severed = True
-        with contextlib.suppress(Exception):  # closed already, or no socket: nothing to end
-            fd = self._conn.pgconn.socket
-            with socket.socket(fileno=os.dup(fd)) as sock:
-                sock.shutdown(socket.SHUT_RDWR)
-
-
-# After the severed socket, how long the statement may take to notice before the task itself
-# is cancelled (it normally notices at once).
-_SEVER_GRACE = 5.0
-
-
 def _without_secrets(value: Any, secrets: SecretValues) -> Any:
     """``value`` with every secret's value replaced in its strings, the containers' types kept
     (a list is an array to psycopg, a tuple is not)."""
@@ -167,7 +110,7 @@ class _Executor:
 
     ``deadline`` (seconds) bounds each statement on our side too: a server that accepts bytes
     and never answers (frozen, or a stuck proxy in between) is seen by no TCP timeout and no
-    server-side one. Past it the connection is ended (see ``_Severer``) and the database counts
+    server-side one. Past it the connection is ended (see ``Severer``) and the database counts
     as lost. A ``statement_deadline`` block around the work can only shorten it."""
 
     def __init__(
@@ -205,10 +148,23 @@ class _Executor:
         row = await self.fetch_one(query, params)
         return None if row is None else as_record(record, row)
 
+    async def fetch_values(self, kind: type[V], query: str, params: Params = None) -> list[V]:
+        """The first column of each row, each a ``kind`` (``TypeError`` otherwise, NULL too):
+        a query that answers one column needs no record."""
+        return [_of_kind(kind, value, query) for value in await self._first_column(query, params)]
+
+    async def fetch_value(self, kind: type[V], query: str, params: Params = None) -> V | None:
+        """The first column of the first row, a ``kind``; None when no row, or NULL."""
+        values = await self._first_column(query, params)
+        value = values[0] if values else None
+        return None if value is None else _of_kind(kind, value, query)
+
     async def fetch_count(self, query: str, params: Params = None) -> int:
-        """The ``n`` of a ``SELECT count(*) AS n …`` (0 when it answers no row)."""
-        found = await self.fetch_one_as(Count, query, params)
-        return found.n if found else 0
+        """The answer of a ``SELECT count(*) …`` (0 when it answers no row)."""
+        return await self.fetch_value(int, query, params) or 0
+
+    async def _first_column(self, query: str, params: Params) -> list[Any]:
+        return [next(iter(row.values())) for row in await self.fetch(query, params)]
 
     async def execute(self, query: str, params: Params = None) -> int:
         """Run a statement; returns the number of rows it touched."""
@@ -216,15 +172,15 @@ class _Executor:
             cur = await self._conn.execute(query, self._params(params))
             return cur.rowcount
 
-    def _severer(self) -> _Severer:
-        return _Severer(self._conn, _role_bound(self._deadline))
+    def _severer(self) -> Severer:
+        return Severer(self._conn, role_bound(self._deadline))
 
     @asynccontextmanager
     async def _bounded(self) -> AsyncIterator[None]:
         severer = self._severer()
         severer.arm()
         try:
-            backstop = None if severer.deadline is None else severer.deadline + _SEVER_GRACE
+            backstop = None if severer.deadline is None else severer.deadline + SEVER_GRACE
             async with asyncio.timeout(backstop):
                 yield
         except TimeoutError:
@@ -238,7 +194,7 @@ class _Executor:
         finally:
             severer.disarm()
 
-    def _no_reply(self, severer: _Severer) -> DatabaseUnavailableError:
+    def _no_reply(self, severer: Severer) -> DatabaseUnavailableError:
         return DatabaseUnavailableError(
             f"lost PostgreSQL at {self._target}: no reply within {severer.deadline:g} s",
             silent=True,
@@ -345,7 +301,7 @@ class Database(_Executor):
     @asynccontextmanager
     async def _acquire(self) -> AsyncIterator[psycopg.AsyncConnection[DictRow]]:
         """A pooled connection; failing to get one is "database unavailable", one line."""
-        timeout = _role_bound(self._policy.pool_timeout)
+        timeout = role_bound(self._policy.pool_timeout)
         try:
             conn = await self._checkout(timeout)
             try:
@@ -566,11 +522,11 @@ def _checker(
 
     async def check(conn: psycopg.AsyncConnection[DictRow]) -> None:
         # severed, not cancelled, past its bound: a cancelled check would make psycopg wait
-        # another 10 s on the silent server (see _Severer)
-        severer = _Severer(conn, timeout)
+        # another 10 s on the silent server (see Severer)
+        severer = Severer(conn, timeout)
         severer.arm()
         try:
-            async with asyncio.timeout(timeout + _SEVER_GRACE):
+            async with asyncio.timeout(timeout + SEVER_GRACE):
                 await AsyncConnectionPool.check_connection(conn)
         except BaseException:
             if not purging:

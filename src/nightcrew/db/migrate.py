@@ -95,20 +95,13 @@ def discover_migrations() -> list[Migration]:
 
 async def applied_migrations(db: Database | Tx) -> dict[int, str]:
     """version → checksum of what the database has applied (empty if never migrated)."""
-    table = await db.fetch_one_as(
-        _Table, "SELECT to_regclass('nightcrew.schema_migrations')::text AS name"
-    )
-    if table is None or table.name is None:
+    table = await db.fetch_value(str, "SELECT to_regclass('nightcrew.schema_migrations')::text")
+    if table is None:
         return {}
     applied = await db.fetch_as(
         _Applied, "SELECT version, checksum FROM nightcrew.schema_migrations"
     )
     return {m.version: m.checksum for m in applied}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Table:
-    name: str | None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

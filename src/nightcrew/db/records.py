@@ -12,24 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-R = TypeVar("R")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Count:
-    """The answer of a ``SELECT count(*) AS n …``."""
-
-    n: int
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Url:
-    """A row of a query that answers which of some URLs it knows (``SELECT url …``)."""
-
-    url: str
+# a record is a dataclass: mypy refuses ``fetch_as(UUID, …)``, which wants ``fetch_values``
+R = TypeVar("R", bound="DataclassInstance")
 
 
 _COLUMNS: dict[type[Any], tuple[tuple[str, bool], ...]] = {}

@@ -36,11 +36,6 @@ class Sample:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class _Id:
-    id: object
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class Podcast:
     """A podcast's columns the demo sets (the rest: the reference schema's defaults)."""
 
@@ -72,10 +67,10 @@ class _Seeder:
         return self.now - delta
 
     async def insert(self, statement: str, params: Mapping[str, object], name: str) -> str:
-        row = await self.db.fetch_one_as(_Id, SQL[statement], params)
-        assert row is not None  # every seeding INSERT returns its row
-        self.sample.names[str(row.id)] = name
-        return str(row.id)
+        inserted = await self.db.fetch_value(object, SQL[statement], params)
+        assert inserted is not None  # every seeding INSERT returns its id
+        self.sample.names[str(inserted)] = name
+        return str(inserted)
 
     async def user(
         self,

@@ -5,7 +5,6 @@ the ``feed_invalidate`` effect that delivers it; mark intents delivered only on 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
@@ -16,11 +15,6 @@ from nightcrew.effects.outbox import Effect, adopt_feed_outbox
 SQL = load_queries(__file__)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Intent:
-    id: UUID
-
-
 async def record(
     db: Database | Tx, podcast_ids: list[str], reason: str, now: datetime
 ) -> list[Effect]:
@@ -28,10 +22,10 @@ async def record(
     ``outbox_id``) for the caller's first delivery attempt after its commit."""
     if not podcast_ids:
         return []
-    intents = await db.fetch_as(
-        _Intent, SQL["record"], {"podcast_ids": podcast_ids, "reason": reason, "now": now}
+    intents = await db.fetch_values(
+        UUID, SQL["record"], {"podcast_ids": podcast_ids, "reason": reason, "now": now}
     )
-    ids = [str(i.id) for i in intents]
+    ids = [str(i) for i in intents]
     return await adopt_feed_outbox(db, now, limit=len(ids), ids=ids)
 
 
@@ -41,8 +35,8 @@ async def count_pending(db: Database) -> int:
 
 
 async def pending_for_podcast(db: Database, podcast_id: str) -> list[str]:
-    intents = await db.fetch_as(_Intent, SQL["pending_for_podcast"], {"podcast_id": podcast_id})
-    return [str(i.id) for i in intents]
+    intents = await db.fetch_values(UUID, SQL["pending_for_podcast"], {"podcast_id": podcast_id})
+    return [str(i) for i in intents]
 
 
 async def mark_delivered(db: Database, ids: list[str], now: datetime) -> None:

@@ -89,16 +89,6 @@ class _Unfinished:
     effect_error: str | None
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Lock:
-    locked: bool
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _InFlight:
-    in_flight: dict[str, int] | None  # {key: size} of the page being deleted
-
-
 @dataclass(kw_only=True, slots=True)
 class Cleanup(Jsonable):
     """One deleted podcast's cleanup, as this run took it; the report's entry for it (spec
@@ -217,8 +207,7 @@ async def _exclusive(runtime: Runtime, podcast_id: str) -> AsyncIterator[bool]:
     """Whether this run may delete and clean up ``podcast_id`` now: held on a connection of
     its own for the whole cleanup, so it ends with that connection if the process dies."""
     async with runtime.db.session() as conn:
-        lock = await conn.fetch_one_as(_Lock, SQL["try_lock_cleanup"], {"id": podcast_id})
-        locked = bool(lock and lock.locked)
+        locked = bool(await conn.fetch_value(bool, SQL["try_lock_cleanup"], {"id": podcast_id}))
         try:
             yield locked
         finally:
@@ -422,8 +411,7 @@ async def _settle_in_flight(runtime: Runtime, cleanup: Cleanup) -> None:
     were deleted and never counted. Count them (and clear the page) before deleting anything
     else, or the next page's mark would overwrite them. A key still there is deleted, and
     counted, with the listing that follows."""
-    page = await runtime.db.fetch_one_as(_InFlight, SQL["in_flight"], {"id": cleanup.podcast_id})
-    pending = (page.in_flight if page else None) or {}
+    pending = await runtime.db.fetch_value(dict, SQL["in_flight"], {"id": cleanup.podcast_id}) or {}
     if not pending:
         return
     limit = asyncio.Semaphore(IN_FLIGHT_HEAD_CONCURRENCY)

@@ -19,7 +19,7 @@ import structlog
 
 from nightcrew import runs
 from nightcrew.clock import Clock, SlotClock
-from nightcrew.db.database import statement_deadline
+from nightcrew.db.deadlines import statement_deadline
 from nightcrew.errors import DatabaseUnavailableError
 from nightcrew.jsonable import JsonObject
 from nightcrew.lifecycle import (

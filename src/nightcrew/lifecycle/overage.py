@@ -188,11 +188,6 @@ class _Occupying:
     title: str | None
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Newest:
-    newest: datetime | None
-
-
 async def scan(runtime: Runtime) -> list[Measured]:
     """Every account that can need work, ordered by id. The platform's effective_cap() is
     called per account and cannot run in a parallel query, so the scan's slices
@@ -434,8 +429,7 @@ async def _restore(leg: _Leg) -> None:
         # stamps later, so its restore gets its own email instead of deduping against this one.
         episode = since
         if since is None:
-            newest = await tx.fetch_one_as(_Newest, SQL["newest_stamp"], {"id": account})
-            episode = newest.newest if newest else None
+            episode = await tx.fetch_value(datetime, SQL["newest_stamp"], {"id": account})
         cleared = await tx.fetch_as(
             Feed, SQL["unstamp_except"], {"id": account, "keep": [], "now": now}
         )

@@ -33,11 +33,6 @@ class Feed:
     slug: str
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Owner:
-    email: str | None
-
-
 def idempotency_key(account_id: str, since: datetime, stage: int | str) -> str:
     """``overage:{account}:{since}:{stage}``, since in epoch milliseconds (DESIGN §6)."""
     return f"overage:{account_id}:{int(since.timestamp() * 1000)}:{stage}"
@@ -67,8 +62,7 @@ async def owe_email(
 ) -> effects.Effect | None:
     """Record a stage's email as an effect keyed ``overage:{account}:{since}:{stage}``; None
     when the account has no owner address to write to."""
-    owner = await tx.fetch_one_as(_Owner, SQL["owner_email"], {"id": account})
-    recipient = owner.email if owner else None
+    recipient = await tx.fetch_value(str, SQL["owner_email"], {"id": account})
     if not recipient:
         warning("overage_email_no_owner", account_id=account, stage=stage)
         return None

@@ -111,16 +111,6 @@ class _ClaimedItem:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class _Canceled:
-    import_id: UUID
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Flagged:
-    job_id: UUID
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class _ClaimedLink:
     episode_id: UUID
     podcast_id: UUID
@@ -356,8 +346,8 @@ async def sweep_stuck_hosting_migration_previews(
     runtime: Runtime, clock: Clock
 ) -> StuckPreviewsReport:
     """Cancel hosting-migration rows wedged in preview, which would 409 every retry."""
-    canceled = await runtime.db.fetch_as(
-        _Canceled,
+    canceled = await runtime.db.fetch_values(
+        UUID,
         SQL["cancel_stuck_hosting_migration_previews"],
         {
             "now": clock.now(),
@@ -365,7 +355,7 @@ async def sweep_stuck_hosting_migration_previews(
             "limit": STUCK_HOSTING_MIGRATION_PREVIEW_MAX,
         },
     )
-    ids = [str(c.import_id) for c in canceled]
+    ids = [str(c) for c in canceled]
     if ids:
         event("hosting_migration_preview_watchdog_canceled", count=len(ids), import_ids=ids)
     return StuckPreviewsReport(previews_canceled=len(ids), import_ids=ids)
@@ -395,8 +385,8 @@ async def sweep_wedged_media_jobs(runtime: Runtime, clock: Clock) -> WedgedMedia
     never hears of a failure that was rolled back, nor misses one that stuck.
     """
     async with runtime.db.transaction() as tx:
-        flagged = await tx.fetch_as(
-            _Flagged,
+        flagged = await tx.fetch_values(
+            UUID,
             SQL["fail_wedged_media_jobs"],
             {
                 "now": clock.now(),
@@ -405,7 +395,7 @@ async def sweep_wedged_media_jobs(runtime: Runtime, clock: Clock) -> WedgedMedia
                 "error": WEDGED_MEDIA_JOB_ERROR,
             },
         )
-        ids = [str(f.job_id) for f in flagged]
+        ids = [str(f) for f in flagged]
         if ids:
             await tx.execute(SQL["notify_media_job_results"], {"job_ids": ids})
     if ids:

@@ -16,8 +16,8 @@ from structlog.testing import capture_logs
 from nightcrew.adapters.feedcache import HttpFeedCache
 from nightcrew.adapters.storage import ObjectStore, open_store
 from nightcrew.clock import FrozenClock, SystemClock
-from nightcrew.db.database import Database
-from nightcrew.db.records import R, as_records
+from nightcrew.db.database import Database, V
+from nightcrew.db.records import R
 from nightcrew.lifecycle.reconcile.core import ReconcileOptions
 from nightcrew.lifecycle.reconcile.engine import run_reconcile
 from nightcrew.lifecycle.reconcile.missing import MissingCandidate, quarantine_episode
@@ -64,14 +64,22 @@ class RecheckWindow:
         self._inner, self._land = inner, land
         self.rechecks = 0
 
-    async def fetch(self, query: str, params: Any = None) -> list[dict[str, Any]]:
+    async def _before(self, query: str) -> None:
         if query in self.RECHECKS:
             self.rechecks += 1
             await self._land()
+
+    async def fetch(self, query: str, params: Any = None) -> list[dict[str, Any]]:
+        await self._before(query)
         return await self._inner.fetch(query, params)
 
     async def fetch_as(self, record: type[R], query: str, params: Any = None) -> list[R]:
-        return as_records(record, await self.fetch(query, params))
+        await self._before(query)
+        return await self._inner.fetch_as(record, query, params)
+
+    async def fetch_values(self, kind: type[V], query: str, params: Any = None) -> list[V]:
+        await self._before(query)
+        return await self._inner.fetch_values(kind, query, params)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

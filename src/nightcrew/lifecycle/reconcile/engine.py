@@ -75,13 +75,6 @@ SESSION_NAME = "nightcrew-reconcile"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class _Keyed:
-    """keyed_enclosures: the enclosures under R2_PUBLIC_URL whose key could be derived."""
-
-    keyed: int
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class _OverCapUsage:
     """over_cap_accounts: an account's bytes against its live cap, both numeric."""
 
@@ -155,8 +148,7 @@ async def run_reconcile(
                     await conn.execute(SQL["index_refs"])
                     await conn.execute(SQL["analyze_refs"])
                     await conn.execute(SQL["create_unlisted"])
-                    [counted] = await conn.fetch_as(_Keyed, SQL["keyed_enclosures"])
-                    keyed = counted.keyed
+                    keyed = await conn.fetch_count(SQL["keyed_enclosures"])
 
             with _timed(phases, "listing"):
                 listing = await load_listing(

@@ -47,13 +47,6 @@ class _Found:
     invalidation_pending: bool
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Kept:
-    """A re-check's row (recheck_audio_references, recheck_image_references): a key to keep."""
-
-    key: str
-
-
 def sweep_specs(options: ReconcileOptions, prefix: str, now: datetime) -> tuple[SweepSpec, ...]:
     """The three sweeps, in the report's order: audio, per-episode images, expired prep."""
     age = timedelta(hours=options.min_orphan_age_hours)
@@ -122,12 +115,11 @@ async def sweep(ctx: SweepContext, spec: SweepSpec) -> Sweep:
         keys = [k for k, _ in batch]
         if spec.recheck is not None:
             # Immediately before the delete: anything referenced now stays.
-            keep = {
-                kept.key
-                for kept in await ctx.db.fetch_as(
-                    _Kept, spec.recheck, {"keys": keys, "prefix": ctx.prefix, "uuid_re": UUID_RE}
+            keep = set(
+                await ctx.db.fetch_values(
+                    str, spec.recheck, {"keys": keys, "prefix": ctx.prefix, "uuid_re": UUID_RE}
                 )
-            }
+            )
             tally.referenced_at_recheck += len(keep)
             keys = [k for k in keys if k not in keep]
         sizes = dict(batch)

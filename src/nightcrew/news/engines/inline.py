@@ -35,7 +35,7 @@ from nightcrew.adapters.news import NewsAdapters
 from nightcrew.adapters.processed import ProcessedUrls, ProcessedUrlsDown
 from nightcrew.adapters.reviewer import Spend, Verdict
 from nightcrew.clock import Clock
-from nightcrew.db.database import statement_deadline
+from nightcrew.db.deadlines import statement_deadline
 from nightcrew.errors import NightcrewError
 from nightcrew.log import describe_error, event, warning
 from nightcrew.news.report import (

@@ -18,7 +18,6 @@ from datetime import datetime
 from nightcrew.adapters.reviewer import Verdict
 from nightcrew.db.database import Database, QueryError, Tx, json_param
 from nightcrew.db.queries import load_queries
-from nightcrew.db.records import Url
 from nightcrew.jsonable import JsonObject
 from nightcrew.news.engines.pipeline.message_outbox import Owed
 from nightcrew.news.sources import registry as news_sources
@@ -151,7 +150,7 @@ async def known(db: Database, urls: list[str]) -> set[str]:
     written."""
     if not urls:
         return set()
-    return {c.url for c in await db.fetch_as(Url, SQL["known"], {"urls": urls})}
+    return set(await db.fetch_values(str, SQL["known"], {"urls": urls}))
 
 
 def fetched_now(fetched: list[Fetched], known_urls: set[str]) -> list[Candidate]:

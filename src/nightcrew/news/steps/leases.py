@@ -11,7 +11,6 @@ draws a higher fence, and a write goes in only under a fence at least as new as 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 
 from nightcrew.adapters.locks import Lease, Leases
 from nightcrew.config import Settings
@@ -72,17 +71,12 @@ async def release_quietly(leases: Leases, lease: Lease, *, forget: bool = False)
     return True
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Fence:
-    fence: int  # ``draw_fence``
-
-
 async def draw_fence(db: Database, shard: str) -> int:
     """A new holder's fence for ``shard``: higher than any drawn before, so an older holder
     (one whose lease ran out and was taken over) is fenced out."""
-    drawn = await db.fetch_one_as(_Fence, SQL["draw_fence"], {"shard": shard})
+    drawn = await db.fetch_value(int, SQL["draw_fence"], {"shard": shard})
     assert drawn is not None  # INSERT … ON CONFLICT DO UPDATE … RETURNING always yields the row
-    return drawn.fence
+    return drawn
 
 
 async def holds_fence(db: Database | Tx, shard: str, fence: int) -> bool:

@@ -39,7 +39,6 @@ from nightcrew.adapters.reviewer import (
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
-from nightcrew.db.records import Url
 from nightcrew.log import warning
 from nightcrew.news.steps.candidates import Candidate
 from nightcrew.news.steps.entries import FeedItem
@@ -249,7 +248,7 @@ async def written_among(db: Database, urls: list[str]) -> set[str]:
     *now*. The inline run asks for its batch, the pipeline's review stage for its candidate."""
     if not urls:
         return set()
-    return {a.url for a in await db.fetch_as(Url, SQL["written_among"], {"urls": urls})}
+    return set(await db.fetch_values(str, SQL["written_among"], {"urls": urls}))
 
 
 async def is_written(db: Database, url: str) -> bool:

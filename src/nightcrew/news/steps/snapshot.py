@@ -10,7 +10,6 @@ its workers publish stale shards at most once per NEWS_SNAPSHOT_DEBOUNCE_SECONDS
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from datetime import datetime
 
 from nightcrew.adapters.storage import ObjectStore
@@ -30,16 +29,6 @@ async def publish_snapshot(db: Database, store: ObjectStore, shard: str, now: da
 
 
 # --- the pipeline's debounce ---------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Due:
-    due: bool  # ``any_due``
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Claimed:
-    shard: str  # ``claim_snapshots``
-
-
 async def mark_stale(tx: Tx, shard: str, now: datetime) -> None:
     """``shard``'s snapshot is behind its articles (it stays stale since the first such write)."""
     await tx.execute(SQL["stale_snapshot"], {"shard": shard, "now": now})
@@ -47,8 +36,8 @@ async def mark_stale(tx: Tx, shard: str, now: datetime) -> None:
 
 async def any_due(db: Database, now: datetime, *, debounce_seconds: float) -> bool:
     """Whether a stale snapshot is due (``refresh_stale`` would publish one)."""
-    answer = await db.fetch_one_as(_Due, SQL["any_due"], {"now": now, "debounce": debounce_seconds})
-    return answer is not None and answer.due
+    due = await db.fetch_value(bool, SQL["any_due"], {"now": now, "debounce": debounce_seconds})
+    return bool(due)
 
 
 async def refresh_stale(
@@ -56,13 +45,13 @@ async def refresh_stale(
 ) -> int:
     """Publish every stale shard snapshot not published within ``debounce_seconds``; how many.
     One that fails to publish is marked stale again (and the error raised), so it is not lost."""
-    shards = await db.fetch_as(
-        _Claimed, SQL["claim_snapshots"], {"now": now, "debounce": debounce_seconds}
+    shards = await db.fetch_values(
+        str, SQL["claim_snapshots"], {"now": now, "debounce": debounce_seconds}
     )
-    for claimed in shards:
+    for shard in shards:
         try:
-            await publish_snapshot(db, store, claimed.shard, now)
+            await publish_snapshot(db, store, shard, now)
         except Exception:
-            await db.execute(SQL["restale_snapshot"], {"shard": claimed.shard, "now": now})
+            await db.execute(SQL["restale_snapshot"], {"shard": shard, "now": now})
             raise
     return len(shards)

@@ -41,11 +41,6 @@ NEWS_ACTIONS = (
 
 # --- news ------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True, slots=True)
-class _Shard:
-    shard: str  # ``news_shards``
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class SeriesPoint:
     """One report of a shard, for its queued/deferred chart (``news_series``)."""
 
@@ -94,7 +89,7 @@ async def source_counts(db: Database) -> SourceCounts:
 
 async def shards(db: Database) -> list[str]:
     """Every shard with a source, in order (the page's sections, the run-now lanes)."""
-    return [s.shard for s in await db.fetch_as(_Shard, SQL["news_shards"])]
+    return await db.fetch_values(str, SQL["news_shards"])
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -124,16 +124,6 @@ class _Note:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class _Since:
-    at: datetime | None  # where the shard's previous report stopped (``previous_report``)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Waits:
-    review_retries: int  # ``pass_review_waits``
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class _StageCount:
     stage: str
     state: str
@@ -189,8 +179,7 @@ def _tally(
 
 
 async def _review_retries(db: Database, shard: str) -> int:
-    waits = await db.fetch_one_as(_Waits, SQL["pass_review_waits"], {"shard": shard})
-    return waits.review_retries if waits else 0
+    return await db.fetch_count(SQL["pass_review_waits"], {"shard": shard})
 
 
 async def worker_results(
@@ -211,8 +200,7 @@ async def read_for_pass(db: Database, *, shard: str, began: datetime, now: datet
     errors and dropped items, and the workers' results. The shard's notes are taken (deleted
     as read: each is reported once, by the first pass to read it after it committed), and the
     workers' Redis failures older than a day forgotten."""
-    previous = await db.fetch_one_as(_Since, SQL["previous_report"], {"shard": shard, "now": began})
-    since = previous.at if previous is not None else None
+    since = await db.fetch_value(datetime, SQL["previous_report"], {"shard": shard, "now": began})
     window = {"shard": shard, "since": since or datetime.min.replace(tzinfo=now.tzinfo), "now": now}
     # the pass's own fetches, and any failure the previous report did not see
     fetched_since = {"shard": shard, "since": min(since or began, began), "now": now}
