@@ -43,6 +43,7 @@ from nightcrew.adapters.feedcache import RecordingFeedCache
 from nightcrew.adapters.mail import Email, ResendMailer
 from nightcrew.adapters.queues import PostgresQueueProducer
 from nightcrew.adapters.storage import open_store
+from nightcrew.assembly import open_runtime
 from nightcrew.clock import FrozenClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
@@ -58,7 +59,7 @@ from nightcrew.effects.deliver import (
     drain,
 )
 from nightcrew.log import configure_logging
-from nightcrew.runtime import USER_AGENT, Runtime, open_runtime
+from nightcrew.runtime import USER_AGENT, Runtime
 
 NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 SINK_DELAY_SECONDS = 0.005

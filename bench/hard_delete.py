@@ -35,13 +35,13 @@ from nightcrew.adapters.billing import NoBilling
 from nightcrew.adapters.feedcache import RecordingFeedCache
 from nightcrew.adapters.queues import PostgresQueueProducer
 from nightcrew.adapters.storage import ObjectStore, open_store
+from nightcrew.assembly import open_runtime
 from nightcrew.clock import FrozenClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.db.migrate import migrate
 from nightcrew.lifecycle.deletions import hard_delete_expired_podcasts
 from nightcrew.log import configure_logging
-from nightcrew.runtime import open_runtime
 
 NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 REQUEST_LINE = re.compile(r'"(GET|PUT|POST|DELETE|HEAD) ')

@@ -25,6 +25,7 @@ from nightcrew.adapters.billing import NoBilling
 from nightcrew.adapters.feedcache import RecordingFeedCache
 from nightcrew.adapters.queues import PostgresQueueProducer
 from nightcrew.adapters.storage import open_store
+from nightcrew.assembly import open_runtime
 from nightcrew.clock import FrozenClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
@@ -32,7 +33,6 @@ from nightcrew.db.migrate import migrate
 from nightcrew.lifecycle import watchdogs as wd
 from nightcrew.lifecycle.lanes import run_lane
 from nightcrew.log import configure_logging
-from nightcrew.runtime import open_runtime
 
 NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 

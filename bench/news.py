@@ -49,6 +49,7 @@ import feedparser
 import feedparser_rs
 
 from bench._db import admin_url, drop, recreate
+from nightcrew.assembly import open_runtime
 from nightcrew.clock import FrozenClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
@@ -61,7 +62,6 @@ from nightcrew.news.sources.registry import add_source
 from nightcrew.news.steps import entries as news_entries
 from nightcrew.news.steps import fetch as news_fetch
 from nightcrew.news.steps.parse import parse_feed
-from nightcrew.runtime import open_runtime
 
 NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 DB_NAME = "nightcrew_bench_news"

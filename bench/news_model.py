@@ -45,13 +45,13 @@ from tests.support.standins import FeedFarm, ModelStandIn
 
 from bench._db import admin_url, drop
 from bench.news_pipeline import _delete, _fresh, _settings, _written
+from nightcrew.assembly import open_runtime
 from nightcrew.clock import SystemClock
 from nightcrew.config import Settings
 from nightcrew.gc_tuning import tune_for_bursts
 from nightcrew.log import configure_logging
 from nightcrew.news.engines.inline import run_shard
 from nightcrew.news.engines.pipeline.passes import run_pass
-from nightcrew.runtime import open_runtime
 
 DB_NAME = "nightcrew_bench_model"
 ITEMS_PER_FEED = 100

@@ -45,6 +45,7 @@ from tests.support.standins import FeedFarm, ModelStandIn
 
 from bench._db import admin_url, drop, recreate
 from nightcrew.adapters.broker import PipelineBroker
+from nightcrew.assembly import open_runtime
 from nightcrew.clock import SystemClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
@@ -54,7 +55,6 @@ from nightcrew.log import configure_logging
 from nightcrew.news.engines.inline import run_shard
 from nightcrew.news.engines.pipeline.passes import run_pass
 from nightcrew.news.sources.registry import add_source
-from nightcrew.runtime import open_runtime
 
 AMQP_URL = os.environ.get("NIGHTCREW_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 DB_NAME = "nightcrew_bench_pipeline"

@@ -38,13 +38,14 @@ from nightcrew.adapters.feedcache import RecordingFeedCache
 from nightcrew.adapters.mail import RecordingMailer
 from nightcrew.adapters.queues import PostgresQueueProducer
 from nightcrew.adapters.storage import open_store
+from nightcrew.assembly import open_runtime
 from nightcrew.clock import FrozenClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.db.migrate import migrate
 from nightcrew.lifecycle import overage
 from nightcrew.log import configure_logging
-from nightcrew.runtime import Runtime, open_runtime
+from nightcrew.runtime import Runtime
 
 NOW = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 

@@ -52,6 +52,7 @@ from nightcrew.adapters.billing import NoBilling
 from nightcrew.adapters.feedcache import RecordingFeedCache
 from nightcrew.adapters.queues import PostgresQueueProducer
 from nightcrew.adapters.storage import open_store
+from nightcrew.assembly import open_runtime
 from nightcrew.clock import FrozenClock, SystemClock
 from nightcrew.config import Settings
 from nightcrew.db.connection import with_dbname
@@ -60,7 +61,6 @@ from nightcrew.db.migrate import migrate
 from nightcrew.lifecycle.reconcile.core import ReconcileOptions
 from nightcrew.lifecycle.reconcile.engine import run_reconcile
 from nightcrew.log import configure_logging
-from nightcrew.runtime import open_runtime
 
 BASE = "https://media.bench"
 

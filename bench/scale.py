@@ -62,6 +62,7 @@ from nightcrew.adapters.feedcache import RecordingFeedCache
 from nightcrew.adapters.mail import RecordingMailer
 from nightcrew.adapters.queues import PostgresQueueProducer
 from nightcrew.adapters.storage import open_store
+from nightcrew.assembly import open_runtime
 from nightcrew.clock import FrozenClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
@@ -73,7 +74,7 @@ from nightcrew.lifecycle import watchdogs as wd
 from nightcrew.lifecycle.lanes import run_lane
 from nightcrew.lifecycle.reconcile.core import ReconcileOptions
 from nightcrew.log import configure_logging
-from nightcrew.runtime import Runtime, open_runtime
+from nightcrew.runtime import Runtime
 
 NOW = bench_minute.NOW  # every builder seeds relative to the same instant
 DB_NAME = "nightcrew_bench_scale"

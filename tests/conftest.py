@@ -29,12 +29,13 @@ from nightcrew.adapters.mail import RecordingMailer
 from nightcrew.adapters.parsers import ParserPool
 from nightcrew.adapters.queues import MemoryQueueProducer, PostgresQueueProducer
 from nightcrew.adapters.storage import ObjectStore, open_store
+from nightcrew.assembly import open_runtime
 from nightcrew.clock import Clock, FrozenClock
 from nightcrew.config import Settings
 from nightcrew.db.connection import with_dbname
 from nightcrew.db.database import Database
 from nightcrew.db.migrate import migrate
-from nightcrew.runtime import Runtime, open_runtime
+from nightcrew.runtime import Runtime
 from tests.support.servers import (
     S3_CREDENTIALS,
     RecordingServer,

@@ -7,10 +7,10 @@ could change something for one that only reads or records.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -34,6 +34,9 @@ from nightcrew.db.embedded import EmbeddedPostgres
 from nightcrew.errors import ConfigError
 from nightcrew.metrics import Metrics
 
+if TYPE_CHECKING:  # effects/deliver.py imports this module
+    from nightcrew.effects.deliver import EffectHandler
+
 USER_AGENT = "nightcrew"
 
 
@@ -49,6 +52,8 @@ class Runtime:
     news: NewsAdapters | None = None  # the news worker's leases, HTTP client, Redis, reviewer
     metrics: Metrics = field(default_factory=Metrics)
     dry_run: bool = False
+    # the domains' effect kinds beside the built-in ones (effects/deliver.py), by kind
+    effect_handlers: Mapping[str, EffectHandler] = field(default_factory=dict)
 
     def news_adapters(self) -> NewsAdapters:
         if self.news is None:
@@ -120,11 +125,15 @@ async def _database(settings: Settings, given: Database | None) -> AsyncIterator
 
 
 @asynccontextmanager
-async def open_runtime(
-    settings: Settings, clock: Clock, **overrides: Any
+async def assemble(
+    settings: Settings,
+    clock: Clock,
+    *,
+    effect_handlers: Mapping[str, EffectHandler],
+    **overrides: Any,
 ) -> AsyncIterator[Runtime]:
-    """Every adapter, from Settings — the one assembly point of serve, the CLI, the demo, the
-    benchmarks and the tests. ``overrides`` replace single adapters by field name (a test's
+    """Every adapter, from Settings, and the domains' effect handlers; ``assembly.open_runtime``
+    is what the doors call. ``overrides`` replace single adapters by field name (a test's
     recording mailer, a benchmark's memory store); ``db=`` an open Database is used as it is,
     not opened (nor closed) here; ``reviewer=`` replaces the news worker's configured reviewer
     (the demo's offline rules) and leaves the rest of its adapters as configured."""
@@ -162,6 +171,7 @@ async def open_runtime(
                     from_email=settings.resend_from_email,
                 ),
                 news=news,
+                effect_handlers=effect_handlers,
             )
             yield replace(runtime, **overrides)
         finally:

@@ -15,13 +15,13 @@ import sys
 from typing import Any
 
 from nightcrew.adapters.broker import PipelineBroker
+from nightcrew.assembly import open_runtime
 from nightcrew.clock import SystemClock
 from nightcrew.config import Settings
 from nightcrew.news.engines.pipeline import stages
 from nightcrew.news.engines.pipeline.attempts import Attempt
 from nightcrew.news.engines.pipeline.message_outbox import broker_of
 from nightcrew.news.engines.pipeline.passes import run_pass
-from nightcrew.runtime import open_runtime
 
 
 async def _die(self: PipelineBroker, messages: Any, *, dead: bool = False) -> None:

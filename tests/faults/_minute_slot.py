@@ -11,10 +11,10 @@ import sys
 
 import typer
 
+from nightcrew.assembly import open_runtime
 from nightcrew.cli.common import _run, _settings
 from nightcrew.clock import FrozenClock
 from nightcrew.lifecycle.lanes import run_lane
-from nightcrew.runtime import open_runtime
 from tests.conftest import NOW
 
 

@@ -16,10 +16,10 @@ import sys
 
 from nightcrew.adapters.model_reviewer import ChatReviewer
 from nightcrew.adapters.reviewer import Article, CallScope, Verdict
+from nightcrew.assembly import open_runtime
 from nightcrew.clock import SystemClock
 from nightcrew.config import Settings
 from nightcrew.news.engines.pipeline.worker import Worker
-from nightcrew.runtime import open_runtime
 
 ASKED_SECONDS = 0.3  # the request is at the model by then (its stand-in answers after longer)
 

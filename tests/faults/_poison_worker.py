@@ -14,12 +14,12 @@ import signal
 import sys
 from typing import Any
 
+from nightcrew.assembly import open_runtime
 from nightcrew.clock import SystemClock
 from nightcrew.config import Settings
 from nightcrew.news.engines.pipeline import stages
 from nightcrew.news.engines.pipeline.attempts import Attempt
 from nightcrew.news.engines.pipeline.worker import Worker
-from nightcrew.runtime import open_runtime
 
 
 async def main(env: dict[str, str], poison: str) -> None:

@@ -129,9 +129,9 @@ class EffectKind(StrEnum):
 
 
 def open_runtime(settings: Settings, clock: Clock, **adapters: Any) -> Any:
-    """``nightcrew.runtime.open_runtime``, imported when a command runs: every adapter (the
+    """``nightcrew.assembly.open_runtime``, imported when a command runs: every adapter (the
     database driver, the store, the SDKs) is a second of imports that `--help` never needs."""
-    from nightcrew.runtime import open_runtime as opened
+    from nightcrew.assembly import open_runtime as opened
 
     return opened(settings, clock, **adapters)
 

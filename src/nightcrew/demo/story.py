@@ -22,6 +22,7 @@ from nightcrew import narrate
 from nightcrew.adapters.mail import RecordingMailer
 from nightcrew.adapters.reviewer import OfflineReviewer
 from nightcrew.adapters.storage import ObjectStore
+from nightcrew.assembly import open_runtime
 from nightcrew.clock import Clock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
@@ -30,9 +31,10 @@ from nightcrew.db.migrate import migrate
 from nightcrew.demo.news import tell_news
 from nightcrew.demo.seed import DAY, DEMO_MEDIA_URL, Sample, seed
 from nightcrew.effects import outbox as effects_outbox
+from nightcrew.effects.deliver import handlers
 from nightcrew.errors import ConfigError
 from nightcrew.lifecycle.lanes import LaneReport, run_lane
-from nightcrew.runtime import Runtime, open_runtime
+from nightcrew.runtime import Runtime
 
 DEMO_DATABASE = "nightcrew_demo"
 
@@ -179,7 +181,7 @@ async def _run(
     news_lines = await tell_news(runtime, clock, now)
     assert minute is not None and daily is not None
     after, files_after = await _state(runtime.db), await _count_files(runtime.store)
-    owed = await effects_outbox.counts(runtime.db)
+    owed = await effects_outbox.counts(runtime.db, handlers(runtime))
     delivered = await runtime.db.fetch_count(
         "SELECT count(*) AS n FROM nightcrew.effects WHERE delivered_at IS NOT NULL"
     )

@@ -17,25 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from nightcrew.adapters.billing import is_transient
 from nightcrew.adapters.mail import Email
 from nightcrew.clock import Clock, wall_now
-from nightcrew.effects import billing_resume, feed_outbox, outbox
-from nightcrew.effects.outbox import (
-    KINDS,
-    BillingResumePayload,
-    Effect,
-    FeedInvalidatePayload,
-    MailPayload,
-    QueuePayload,
-    Settle,
-)
-from nightcrew.errors import BillingError, DatabaseUnavailableError, NightcrewError
+from nightcrew.db.database import Database
+from nightcrew.effects import outbox
+from nightcrew.effects.outbox import Effect, MailPayload, QueuePayload, Settle
+from nightcrew.errors import DatabaseUnavailableError, NightcrewError
 from nightcrew.jsonable import JsonObject
 from nightcrew.log import describe_error, event, warning
 from nightcrew.reports import Failure
@@ -53,8 +45,6 @@ DRAIN_BUDGET_SECONDS = 40.0
 FIRST_ATTEMPT_BUDGET_SECONDS = 60.0
 # A retry is never scheduled later than this before the effect's maximum age.
 LAST_CALL = timedelta(minutes=2)
-# Undelivered feed_invalidation_outbox rows given an effect per run.
-ADOPT_FEED_OUTBOX_MAX = 500
 # Delivered effects are kept this long for inspection, then purged (a bounded batch per run).
 DELIVERED_RETENTION = timedelta(days=14)
 PURGE_BATCH = 1000
@@ -74,12 +64,40 @@ class Delivery:
         return self.status != "transient"
 
 
-def _delivered(**detail: Any) -> Delivery:
+def delivered(**detail: Any) -> Delivery:
     return Delivery(status="delivered", detail=detail)
 
 
-def _failed(error: str, *, permanent: bool, **detail: Any) -> Delivery:
+def failed(error: str, *, permanent: bool, **detail: Any) -> Delivery:
     return Delivery(status="permanent" if permanent else "transient", error=error, detail=detail)
+
+
+# --- the kinds: a handler each ------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EffectHandler:
+    """How the effects of one kind are delivered. ``queue`` and ``mail`` are built in; a domain
+    that records effects of its own kinds hands their handlers to the runtime at assembly
+    (``assembly.py``), so this package knows no domain.
+
+    * ``deliver(runtime, effects, now)``: one attempt for ``effects`` (one, or every effect
+      ``together`` groups with it), never raising but for a lost database;
+    * ``together(effect)``: a key shared by effects that one attempt delivers at once (a
+      podcast's feed invalidations); None: each effect on its own;
+    * ``drain_delivered(effect, delivery)``: what to log when the drain, not the caller that
+      recorded it, delivered an effect (a retry that succeeded);
+    * ``adopt(db, now)``: effects owed elsewhere (a platform's own outbox) that the minute lane
+      records before it drains; how many."""
+
+    kind: str
+    deliver: Callable[[Runtime, Sequence[Effect], datetime], Awaitable[Delivery]]
+    together: Callable[[Effect], str] | None = None
+    drain_delivered: Callable[[Effect, Delivery], None] | None = None
+    adopt: Callable[[Database, datetime], Awaitable[int]] | None = None
+
+
+def handlers(runtime: Runtime) -> Mapping[str, EffectHandler]:
+    """Every kind this runtime delivers: the built-in ones and those registered at assembly."""
+    return {**BUILT_IN, **runtime.effect_handlers}
 
 
 # --- one attempt, by kind ----------------------------------------------------------------------
@@ -88,49 +106,47 @@ async def deliver(
 ) -> Delivery:
     """One attempt. Never raises: an unexpected failure is a transient outcome with its text.
     ``siblings`` are effects that this one attempt settles too (see ``_same_delivery``)."""
+    handler = handlers(runtime).get(effect.kind)
+    if handler is None:  # a process assembled without it: one that has it delivers it
+        error = f"no handler for effect kind {effect.kind!r} in this process"
+        return failed(error, permanent=False)
     try:
         async with asyncio.timeout(DELIVERY_TIMEOUT_SECONDS):
-            if effect.kind == "queue":
-                return await _queue(runtime, effect)
-            if effect.kind == "mail":
-                return await _mail(runtime, effect)
-            if effect.kind == "billing_resume":
-                return await _billing(runtime, effect)
-            if effect.kind == "feed_invalidate":
-                return await _feed(runtime, [effect, *siblings], now)
-            return _failed(f"unknown effect kind {effect.kind!r}", permanent=True)
+            return await handler.deliver(runtime, [effect, *siblings], now)
     except TimeoutError:
-        return _failed(f"no answer within {DELIVERY_TIMEOUT_SECONDS} s", permanent=False)
+        return failed(f"no answer within {DELIVERY_TIMEOUT_SECONDS} s", permanent=False)
     except DatabaseUnavailableError:
         raise  # the run stops: every claimed effect is retried once the database is back
     except Exception as exc:  # a bug or the database: retried, and reported with its text
-        return _failed(describe_error(exc), permanent=False)
+        return failed(describe_error(exc), permanent=False)
 
 
-async def _queue(runtime: Runtime, effect: Effect) -> Delivery:
+async def _queue(runtime: Runtime, effects: Sequence[Effect], _now: datetime) -> Delivery:
+    [effect] = effects
     message = effect.read(QueuePayload)
     body = {**message.body, "effect_id": effect.id}
     try:
         await runtime.queues.send(message.queue, body, int(message.delay_seconds or 0))
-        return _delivered(via="queue")
+        return delivered(via="queue")
     except DatabaseUnavailableError:
         raise
     except NightcrewError as exc:
         queue_error = describe_error(exc)
     fallback = message.fallback_invalidate
     if not fallback:
-        return _failed(queue_error, permanent=False)
+        return failed(queue_error, permanent=False)
     # The deletion's feed invalidation: the feed worker's endpoint when the queue refuses.
     warning(
         "rss_invalidation_queue_failed", podcast_id=fallback, error=queue_error, fallback="http"
     )
     result = await runtime.feedcache.invalidate(str(fallback))
     if result.ok:
-        return _delivered(via="http")
-    return _failed(f"queue: {queue_error}; http: {result.error}", permanent=False)
+        return delivered(via="http")
+    return failed(f"queue: {queue_error}; http: {result.error}", permanent=False)
 
 
-async def _mail(runtime: Runtime, effect: Effect) -> Delivery:
+async def _mail(runtime: Runtime, effects: Sequence[Effect], _now: datetime) -> Delivery:
+    [effect] = effects
     mail = effect.read(MailPayload)
     result = await runtime.mail.send(
         Email(
@@ -142,45 +158,22 @@ async def _mail(runtime: Runtime, effect: Effect) -> Delivery:
         )
     )
     if result.outcome == "sent":
-        return _delivered(message_id=result.message_id)
-    return _failed(result.error or "not sent", permanent=result.outcome == "permanent")
+        return delivered(message_id=result.message_id)
+    return failed(result.error or "not sent", permanent=result.outcome == "permanent")
 
 
-async def _billing(runtime: Runtime, effect: Effect) -> Delivery:
-    try:
-        resumed = await billing_resume.resume_billing(
-            runtime, effect.read(BillingResumePayload).account_id, idempotency_key=effect.key
-        )
-    except BillingError as exc:
-        permanent = not runtime.billing.configured or not is_transient(exc)
-        return _failed(str(exc), permanent=permanent)
-    return _delivered(**resumed.to_json())
+BUILT_IN: Mapping[str, EffectHandler] = {
+    "queue": EffectHandler(kind="queue", deliver=_queue),
+    "mail": EffectHandler(kind="mail", deliver=_mail),
+}
 
 
-async def _feed(runtime: Runtime, effects: Sequence[Effect], now: datetime) -> Delivery:
-    """One confirmable call per podcast, for every intent of it the given effects drive."""
-    intents = [e.read(FeedInvalidatePayload) for e in effects]
-    podcast_id = intents[0].podcast_id
-    # A confirmation settles every intent of the podcast owed before the call; intents that an
-    # earlier confirmation already settled need no call at all.
-    owed = await feed_outbox.pending_for_podcast(runtime.db, podcast_id)
-    mine = [i.outbox_id for i in intents if i.outbox_id]
-    if mine and not runtime.dry_run and not set(mine) & set(owed):
-        return _delivered(via="an earlier confirmed invalidation")
-    result = await runtime.feedcache.invalidate(podcast_id, wait=True)
-    if result.ok:
-        await feed_outbox.mark_delivered(runtime.db, owed, now)
-        return _delivered(status=result.status, intents=len(owed))
-    error = result.error or "not confirmed"
-    await feed_outbox.mark_failed(runtime.db, [i for i in mine if i in owed] or owed, error)
-    return _failed(error, permanent=result.permanent)
-
-
-def _same_delivery(effect: Effect) -> str:
-    """Effects that one attempt delivers together: a podcast's feed invalidations (a
-    confirmed call settles every intent of that podcast); every other effect is its own."""
-    if effect.kind == "feed_invalidate":
-        return f"feed_invalidate:{effect.read(FeedInvalidatePayload).podcast_id}"
+def _same_delivery(runtime: Runtime, effect: Effect) -> str:
+    """Effects that one attempt delivers together (their handler's ``together``); every other
+    effect is its own."""
+    handler = handlers(runtime).get(effect.kind)
+    if handler is not None and handler.together is not None:
+        return f"{effect.kind}:{handler.together(effect)}"
     return f"effect:{effect.id}"
 
 
@@ -289,15 +282,9 @@ def _settlement(
             runtime.metrics.inc("nightcrew_effects_delivered_total", kind=effect.kind)
         if log_delivered:
             event("effect_delivered", **_ids(effect), attempts=effect.attempts, **delivery.detail)
-            if effect.kind == "billing_resume":  # a retry succeeded: its caller logged nothing
-                resume = effect.read(BillingResumePayload)
-                billing_resume.log_resumed(
-                    podcast_id=str(resume.podcast_id),
-                    account_id=resume.account_id,
-                    detail=delivery.detail,
-                    effect_id=effect.id,
-                    attempts=effect.attempts,
-                )
+            handler = handlers(runtime).get(effect.kind)
+            if handler is not None and handler.drain_delivered is not None:
+                handler.drain_delivered(effect, delivery)  # its caller logged nothing
         return Settle(effect_id=effect.id, claimed_until=effect.claimed_until, outcome="delivered")
     error = delivery.error or "not confirmed"
     # The last retry is due a little before the maximum age, so a minute tick still makes it.
@@ -354,7 +341,7 @@ async def _deliver_claimed(
         for effect in group:
             if effect.expires_at <= now:  # its window closed while it waited for a retry
                 settle_as(
-                    effect, _failed(effect.last_error or "never attempted", permanent=False), now
+                    effect, failed(effect.last_error or "never attempted", permanent=False), now
                 )
                 settles[effect.id] = replace(settles[effect.id], unsent=True)
             else:
@@ -378,7 +365,7 @@ async def _deliver_claimed(
 
     groups: dict[str, list[Effect]] = {}
     for effect in claimed:
-        groups.setdefault(_same_delivery(effect), []).append(effect)
+        groups.setdefault(_same_delivery(runtime, effect), []).append(effect)
     try:
         await asyncio.gather(*(one(g) for g in groups.values()))
     finally:
@@ -422,15 +409,15 @@ async def deliver_now(runtime: Runtime, clock: Clock, effects: Sequence[Effect])
         if current is not None and current.settled:
             out.append(_settled_outcome(current))
         else:  # in flight elsewhere, or left to the drain by the time budget
-            out.append(_failed("left to deliverEffects", permanent=False))
+            out.append(failed("left to deliverEffects", permanent=False))
     return out
 
 
 def _settled_outcome(effect: Effect) -> Delivery:
     """The outcome of an effect settled before this caller could attempt it."""
     if effect.delivered_at is not None:
-        return _delivered(earlier=True)
-    return _failed(effect.last_error or "dead", permanent=True)
+        return delivered(earlier=True)
+    return failed(effect.last_error or "dead", permanent=True)
 
 
 async def drain(
@@ -468,19 +455,24 @@ async def _drain(
 
 
 async def deliver_effects(runtime: Runtime, clock: Clock) -> DrainReport:
-    """The minute lane's fifth sweep (``deliverEffects``): adopt undelivered feed-outbox
-    intents, drain what is due, purge old delivered rows, refresh the gauges."""
+    """The minute lane's fifth sweep (``deliverEffects``): adopt what the kinds' handlers owe
+    from elsewhere (the feed-invalidation outbox), drain what is due, purge old delivered rows,
+    refresh the gauges."""
     tally = _Tally()
     now = wall_now(clock)
-    adopted = await outbox.adopt_feed_outbox(runtime.db, now, limit=ADOPT_FEED_OUTBOX_MAX)
+    kinds = handlers(runtime)
+    adopted = 0
+    for handler in kinds.values():
+        if handler.adopt is not None:
+            adopted += await handler.adopt(runtime.db, now)
     await _drain(runtime, clock, tally)
     purged = await outbox.purge_delivered(runtime.db, now - DELIVERED_RETENTION, limit=PURGE_BATCH)
-    by_kind = await outbox.counts(runtime.db)
-    for kind in KINDS:
+    by_kind = await outbox.counts(runtime.db, kinds)
+    for kind in by_kind:
         runtime.metrics.set("nightcrew_effects_pending", by_kind[kind]["pending"], kind=kind)
         runtime.metrics.set("nightcrew_effects_dead", by_kind[kind]["dead"], kind=kind)
     return tally.report(
-        adopted=len(adopted),
+        adopted=adopted,
         purged=purged,
         pending={k: v["pending"] for k, v in by_kind.items()},
         dead_by_kind={k: v["dead"] for k, v in by_kind.items()},

@@ -9,37 +9,31 @@ any number of replicas one effect has at most one delivery in flight.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import ClassVar, Literal, TypeVar
 
 from nightcrew.db.database import Database, Tx, json_param
 from nightcrew.db.queries import load_queries
-from nightcrew.db.records import as_record
 from nightcrew.jsonable import Jsonable, JsonObject, named
 
 SQL = load_queries(__file__)
 
-Kind = Literal["queue", "mail", "billing_resume", "feed_invalidate"]
-KINDS: tuple[Kind, ...] = ("queue", "mail", "billing_resume", "feed_invalidate")
+# An effect's kind names its payload record and the handler that delivers it: ``queue`` and
+# ``mail`` are built in (deliver.py), the domains register theirs at assembly (assembly.py).
+Kind = str
 
 # Retries: 30 s doubling to a cap of 30 min, each delay scaled by a jitter in [0.8, 1.2).
 RETRY_BASE_SECONDS = 30
 RETRY_CAP_SECONDS = 30 * 60
-# An effect not confirmed within its kind's maximum age is given up (dead, 'expired'). Emails
-# and Stripe calls stop inside the 24-hour window in which Resend and Stripe honour an
-# idempotency key, so a retry is never a second email or a second billing change. Queue
-# messages (consumers drop a duplicate by its effect_id) and feed invalidations (idempotent)
-# are bound by no such window: they keep trying for a week.
+# An effect not confirmed within its kind's maximum age (its payload's ``max_age``) is given
+# up (dead, 'expired'). Emails and Stripe calls stop inside the 24-hour window in which Resend
+# and Stripe honour an idempotency key, so a retry is never a second email or a second billing
+# change. Queue messages (consumers drop a duplicate by its effect_id) and feed invalidations
+# (idempotent) are bound by no such window: they keep trying for a week.
 EFFECT_MAX_AGE = timedelta(hours=20)
 IDEMPOTENT_EFFECT_MAX_AGE = timedelta(days=7)
-MAX_AGE: dict[str, timedelta] = {
-    "mail": EFFECT_MAX_AGE,
-    "billing_resume": EFFECT_MAX_AGE,
-    "queue": IDEMPOTENT_EFFECT_MAX_AGE,
-    "feed_invalidate": IDEMPOTENT_EFFECT_MAX_AGE,
-}
 # A claim's lease: longer than a claim can stay in flight (a delivery starts within the drain's
 # or the first attempt's time budget and takes at most DELIVERY_TIMEOUT_SECONDS, see
 # deliver.py), so no second delivery starts while one is in flight. It is also how long an
@@ -48,13 +42,15 @@ CLAIM_LEASE = timedelta(minutes=5)
 
 
 # --- payloads: what an effect of each kind carries ----------------------------------------------
-class _Payload(Jsonable):
-    """An effect's payload as its kind's record. The stored members are snake_case (they always
-    were, and the drain reads payloads stored by earlier builds), so a two-word field names
-    itself with ``named``."""
+class EffectPayload(Jsonable):
+    """An effect's payload as its kind's record: ``kind`` and ``max_age`` say which effects it
+    is and how long they are tried. The stored members are snake_case (they always were, and
+    the drain reads payloads stored by earlier builds), so a two-word field names itself with
+    ``named``."""
 
     __slots__ = ()
     kind: ClassVar[Kind]
+    max_age: ClassVar[timedelta]
 
     def to_json(self) -> JsonObject:
         # An optional member left unset is not written: no payload ever carried one as null.
@@ -62,11 +58,12 @@ class _Payload(Jsonable):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class QueuePayload(_Payload):
+class QueuePayload(EffectPayload):
     """A message: ``body`` (with ``effect_id`` added) sent on ``queue``; ``fallback_invalidate``
     is the podcast whose feed the feed worker's endpoint invalidates when the queue refuses."""
 
     kind: ClassVar[Kind] = "queue"
+    max_age: ClassVar[timedelta] = IDEMPOTENT_EFFECT_MAX_AGE
     queue: str
     body: JsonObject  # the message as its consumer reads it (PodcastInvalidation, …)
     delay_seconds: int | None = named("delay_seconds", default=None)
@@ -74,47 +71,18 @@ class QueuePayload(_Payload):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class PodcastInvalidation(Jsonable):
-    """The body of a podcast's cache-invalidation message (``rss-invalidation``,
-    ``public-api-invalidation``): ``type`` says what happened to it."""
-
-    type: str  # podcast.deleted, podcast.suspended, podcast.restored
-    podcast_id: str = named("podcast_id")
-    podcast_slug: str = named("podcast_slug")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class MailPayload(_Payload):
+class MailPayload(EffectPayload):
     """An email, sent with the effect's key as its Idempotency-Key."""
 
     kind: ClassVar[Kind] = "mail"
+    max_age: ClassVar[timedelta] = EFFECT_MAX_AGE
     to: str
     subject: str
     text: str
     html: str
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class BillingResumePayload(_Payload):
-    """The owner's Stripe billing to resume after ``podcast_id`` was reactivated."""
-
-    kind: ClassVar[Kind] = "billing_resume"
-    account_id: str = named("account_id")
-    podcast_id: str | None = named("podcast_id", default=None)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class FeedInvalidatePayload(_Payload):
-    """A feed_invalidation_outbox intent to deliver. outbox.sql writes it (adopt_feed_outbox),
-    and a revival adds what only a reader of the row needs (``revived``, ``last_death``)."""
-
-    kind: ClassVar[Kind] = "feed_invalidate"
-    podcast_id: str = named("podcast_id")
-    outbox_id: str | None = named("outbox_id", default=None)
-
-
-Payload = QueuePayload | MailPayload | BillingResumePayload | FeedInvalidatePayload
-P = TypeVar("P", bound=_Payload)
+P = TypeVar("P", bound=EffectPayload)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -171,7 +139,7 @@ async def record(
     tx: Database | Tx,
     *,
     key: str,
-    payload: Payload,
+    payload: EffectPayload,
     now: datetime,
     held_until: datetime | None = None,
 ) -> Effect:
@@ -189,7 +157,7 @@ async def record(
             "payload": json_param(payload.to_json()),
             "now": now,
             "due": due,
-            "expires_at": due + MAX_AGE[payload.kind],
+            "expires_at": due + payload.max_age,
         },
     )
     if effect is None:
@@ -280,9 +248,10 @@ class _KindCounts:
     dead: int
 
 
-async def counts(db: Database) -> dict[str, dict[str, int]]:
-    """``{kind: {"pending": n, "dead": m}}`` for every kind, zeros included."""
-    out: dict[str, dict[str, int]] = {kind: {"pending": 0, "dead": 0} for kind in KINDS}
+async def counts(db: Database, kinds: Iterable[Kind]) -> dict[str, dict[str, int]]:
+    """``{kind: {"pending": n, "dead": m}}`` for every kind of ``kinds``, zeros included (and
+    any other kind the table holds)."""
+    out: dict[str, dict[str, int]] = {kind: {"pending": 0, "dead": 0} for kind in kinds}
     async with db.transaction() as tx:
         # Right after a large backlog is drained, and until autoanalyze catches up, the planner
         # still believes most rows undelivered and scans the whole table (20-60 ms at 1M rows,
@@ -376,62 +345,3 @@ async def drop(db: Database, effect_id: int, now: datetime) -> Dropped | None:
 
 async def purge_delivered(db: Database, before: datetime, *, limit: int) -> int:
     return await db.execute(SQL["purge_delivered"], {"before": before, "limit": limit})
-
-
-async def adopt_feed_outbox(
-    db: Database | Tx, now: datetime, *, limit: int, ids: Sequence[str] | None = None
-) -> list[Effect]:
-    """Give undelivered ``feed_invalidation_outbox`` intents (these ``ids``, or any) that have
-    no effect the ``feed_invalidate`` effect that drives them; returns the effects created. An
-    intent whose effect died is left to ``revive_feed_outbox`` (the reconciler's apply run)."""
-    created, _ = await _adopt(db, now, limit=limit, ids=ids, revive=False)
-    return created
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class FeedOutboxDrive:
-    """What ``revive_feed_outbox`` made due now: effects created, effects revived."""
-
-    created: list[Effect]
-    revived: list[Effect]
-
-
-async def revive_feed_outbox(db: Database | Tx, now: datetime, *, limit: int) -> FeedOutboxDrive:
-    """Make every undelivered intent (the oldest ``limit``) due for an attempt now, whatever
-    became of its earlier effect: an effect is created where there is none, and one that died,
-    or waits out a backoff, is revived in place with a fresh maximum age (outbox.sql says why)."""
-    created, revived = await _adopt(db, now, limit=limit, ids=None, revive=True)
-    return FeedOutboxDrive(created=created, revived=revived)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Adopted:
-    """Whether a row of adopt_feed_outbox is an effect revived in place (or one created)."""
-
-    revived: bool
-
-
-async def _adopt(
-    db: Database | Tx,
-    now: datetime,
-    *,
-    limit: int,
-    ids: Sequence[str] | None,
-    revive: bool,
-) -> tuple[list[Effect], list[Effect]]:
-    rows = await db.fetch(  # each row feeds two records: the effect, and how it was driven
-        SQL["adopt_feed_outbox"],
-        {
-            "now": now,
-            "expires_at": now + MAX_AGE["feed_invalidate"],
-            "limit": limit,
-            "ids": list(ids) if ids is not None else None,
-            "revive": revive,
-        },
-    )
-    created: list[Effect] = []
-    revived: list[Effect] = []
-    for row in rows:
-        driven = revived if as_record(_Adopted, row).revived else created
-        driven.append(as_record(Effect, row))
-    return created, revived

@@ -36,6 +36,7 @@ from nightcrew.effects import outbox as effects
 from nightcrew.effects.deliver import Delivery, deliver_now
 from nightcrew.errors import DatabaseUnavailableError
 from nightcrew.jsonable import Jsonable, JsonObject, named, omitted
+from nightcrew.lifecycle import feed_outbox
 from nightcrew.log import describe_error, error, event
 from nightcrew.reports import Failure, one_item
 from nightcrew.runtime import Runtime
@@ -270,7 +271,7 @@ async def _owe_invalidation(
 ) -> effects.Effect:
     """The feed invalidation a deletion owes, recorded in the deletion's transaction — held
     (``held``) until its storage cleanup is over (``_release_invalidation``)."""
-    message = effects.PodcastInvalidation(
+    message = feed_outbox.PodcastInvalidation(
         type="podcast.deleted", podcast_id=podcast_id, podcast_slug=slug
     )
     owed = await effects.record(

@@ -13,9 +13,9 @@ from nightcrew.adapters.queues import PUBLIC_API_INVALIDATION
 from nightcrew.clock import Clock
 from nightcrew.db.database import Tx
 from nightcrew.db.queries import load_queries
-from nightcrew.effects import feed_outbox
 from nightcrew.effects import outbox as effects
 from nightcrew.effects.deliver import deliver_now
+from nightcrew.lifecycle import feed_outbox
 from nightcrew.lifecycle.overage_mail import Overage, render
 from nightcrew.lifecycle.overage_report import SentEmail, StageClaim, Tally
 from nightcrew.log import event, warning
@@ -165,7 +165,7 @@ async def owe_invalidations(
     owed = await feed_outbox.record(tx, [str(p.id) for p in podcasts], reason, now)
     for podcast in podcasts:
         podcast_id = str(podcast.id)
-        message = effects.PodcastInvalidation(
+        message = feed_outbox.PodcastInvalidation(
             type=kind, podcast_id=podcast_id, podcast_slug=podcast.slug
         )
         owed.append(
@@ -182,7 +182,7 @@ async def owe_invalidations(
 def _podcast_of(effect: effects.Effect) -> str:
     """The podcast an owed invalidation is about: the feed worker's intent, or the message."""
     if effect.kind == "feed_invalidate":
-        return effect.read(effects.FeedInvalidatePayload).podcast_id
+        return effect.read(feed_outbox.FeedInvalidatePayload).podcast_id
     # only the id: a message of any shape that names its podcast will do
     return str(effect.read(effects.QueuePayload).body["podcast_id"])
 

@@ -17,14 +17,15 @@ from uuid import UUID
 from nightcrew.clock import Clock
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects
-from nightcrew.effects.billing_resume import (
+from nightcrew.effects.deliver import Delivery, deliver_now
+from nightcrew.jsonable import JsonObject
+from nightcrew.lifecycle.billing_resume import (
     STRIPE_NOT_CONFIGURED,
     BillingResume,
+    BillingResumePayload,
     log_resumed,
     owed_resume,
 )
-from nightcrew.effects.deliver import Delivery, deliver_now
-from nightcrew.jsonable import JsonObject
 from nightcrew.log import error, event, warning
 from nightcrew.reports import Failure, one_item
 from nightcrew.runtime import Runtime
@@ -108,7 +109,7 @@ async def reactivate_expired_pauses(runtime: Runtime, clock: Clock) -> PausesRep
                         owed = await effects.record(
                             tx,
                             key=billing_resume_key(podcast_id, now),
-                            payload=effects.BillingResumePayload(
+                            payload=BillingResumePayload(
                                 podcast_id=podcast_id, account_id=account_id
                             ),
                             now=now,
@@ -134,7 +135,7 @@ async def reactivate_expired_pauses(runtime: Runtime, clock: Clock) -> PausesRep
 def _billing_outcome(
     podcast_id: str, slug: str, owed: effects.Effect, delivery: Delivery, errors: list[Failure]
 ) -> BillingResume:
-    account_id = owed.read(effects.BillingResumePayload).account_id
+    account_id = owed.read(BillingResumePayload).account_id
     if delivery.status == "delivered":
         detail = delivery.detail
         resumed = BillingResume(

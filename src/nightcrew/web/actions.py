@@ -23,6 +23,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from nightcrew import operator_actions
+from nightcrew.assembly import effect_kinds
 from nightcrew.effects import outbox
 from nightcrew.errors import ConfigError, NightcrewError, QueueError
 from nightcrew.lifecycle.lanes import LANES
@@ -235,14 +236,14 @@ async def drop(act: Act) -> Response:
 
 
 def kind_of(value: str | None) -> str | None:
-    return value if value in outbox.KINDS else None
+    return value if value in effect_kinds() else None
 
 
 async def confirm_retry_dead(pages: Pages, request: Request) -> Response:
     # A GET: it only counts, and shows the form that acts.
     kind = kind_of(request.query_params.get("kind"))
     if kind is None:
-        return bad(pages, request, f"kind: one of {', '.join(outbox.KINDS)}")
+        return bad(pages, request, f"kind: one of {', '.join(effect_kinds())}")
     return pages.render(
         request,
         "confirm.html",
@@ -257,7 +258,7 @@ async def retry_dead(act: Act) -> Response:
     request, form, runtime, actor = act.request, act.form, act.runtime, act.actor
     kind = kind_of(form.get("kind"))
     if kind is None:
-        return bad(act.pages, request, f"kind: one of {', '.join(outbox.KINDS)}")
+        return bad(act.pages, request, f"kind: one of {', '.join(effect_kinds())}")
     await operator_actions.retry_effects(
         runtime,
         act.clock,

@@ -33,6 +33,7 @@ from nightcrew.clock import FrozenClock
 from nightcrew.db.database import Database
 from nightcrew.effects import outbox
 from nightcrew.effects.deliver import deliver_effects
+from nightcrew.lifecycle import billing_resume, feed_outbox
 from nightcrew.lifecycle.lanes import run_lane
 from nightcrew.lifecycle.overage import run_overage_escalation
 from nightcrew.lifecycle.overage_owed import idempotency_key
@@ -758,8 +759,10 @@ async def test_a_dropped_deletion_invalidation_stops_being_reported(
 async def test_each_kinds_payload_is_stored_with_the_members_it_always_had(db: Database) -> None:
     """A payload is its kind's record, written as the snake_case members the drain (and every
     earlier build's drain) reads: no member added, none left null."""
-    deleted = outbox.PodcastInvalidation(type="podcast.deleted", podcast_id="p1", podcast_slug="s")
-    payloads: list[tuple[outbox.Payload, dict[str, Any]]] = [
+    deleted = feed_outbox.PodcastInvalidation(
+        type="podcast.deleted", podcast_id="p1", podcast_slug="s"
+    )
+    payloads: list[tuple[outbox.EffectPayload, dict[str, Any]]] = [
         (
             outbox.MailPayload(to="a@example.test", subject="s", text="t", html="h"),
             {"to": "a@example.test", "subject": "s", "text": "t", "html": "h"},
@@ -779,11 +782,11 @@ async def test_each_kinds_payload_is_stored_with_the_members_it_always_had(db: D
             {"queue": PUBLIC_API_INVALIDATION, "body": {"type": "podcast.restored"}},
         ),
         (
-            outbox.BillingResumePayload(podcast_id="p1", account_id="a1"),
+            billing_resume.BillingResumePayload(podcast_id="p1", account_id="a1"),
             {"podcast_id": "p1", "account_id": "a1"},
         ),
         (
-            outbox.FeedInvalidatePayload(podcast_id="p1", outbox_id="o1"),
+            feed_outbox.FeedInvalidatePayload(podcast_id="p1", outbox_id="o1"),
             {"podcast_id": "p1", "outbox_id": "o1"},
         ),
     ]
@@ -804,4 +807,4 @@ async def test_each_kinds_payload_is_stored_with_the_members_it_always_had(db: D
         {"p": json.dumps(revived), "id": effect.id},
     )
     again = await outbox.get(db, effect.id)
-    assert again is not None and again.read(outbox.FeedInvalidatePayload) == payload
+    assert again is not None and again.read(feed_outbox.FeedInvalidatePayload) == payload

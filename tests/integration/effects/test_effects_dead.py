@@ -24,6 +24,7 @@ from nightcrew.db.database import Database
 from nightcrew.effects import outbox
 from nightcrew.effects.deliver import deliver_effects
 from nightcrew.http import create_app
+from nightcrew.lifecycle.billing_resume import BillingResumePayload
 from nightcrew.lifecycle.overage import run_overage_escalation
 from nightcrew.lifecycle.overage_owed import idempotency_key
 from nightcrew.lifecycle.pauses import billing_resume_key, reactivate_expired_pauses
@@ -180,7 +181,7 @@ async def test_effects_list_and_retry_dead_by_kind(
         dead_resume = await outbox.record(
             tx,
             key="cli:resume",
-            payload=outbox.BillingResumePayload(podcast_id=podcast, account_id=account),
+            payload=BillingResumePayload(podcast_id=podcast, account_id=account),
             now=NOW,
         )
         dead_queue = await outbox.record(  # owed for longer than a queue message's max age

@@ -19,11 +19,12 @@ import pytest
 
 from nightcrew.adapters.addresses import new_client
 from nightcrew.adapters.broker import PipelineBroker
+from nightcrew.assembly import open_runtime
 from nightcrew.clock import Clock, SystemClock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
 from nightcrew.news.engines.pipeline.worker import Worker, WorkerSummary
-from nightcrew.runtime import Runtime, open_runtime
+from nightcrew.runtime import Runtime
 from nightcrew.setting_parsers import STAGES
 from tests.integration.news.conftest import LOOPBACK
 from tests.support.network import LoopbackOnlyBackend

@@ -8,7 +8,6 @@ worker this pool started (a failure seen once in CI). No other pool is open whil
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -20,24 +19,7 @@ import pytest
 from nightcrew.adapters.parsers import PARSE_WORKERS, ParserDied, ParserPool
 from nightcrew.clock import FrozenClock
 from tests.conftest import NOW, offline_runtime
-from tests.integration.news.test_parse_budget import note_pid_then_spin
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _workers() -> set[int]:
-    """This process's live parser workers (pebble's multiprocessing children)."""
-    return {
-        p.pid
-        for p in multiprocessing.active_children()
-        if p.name.startswith("pebble_pool_worker") and p.pid is not None
-    }
+from tests.integration.news.test_parse_budget import _alive, _workers, note_pid_then_spin
 
 
 async def test_closing_the_runtime_stops_its_parser_workers() -> None:

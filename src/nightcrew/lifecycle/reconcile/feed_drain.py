@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from nightcrew.clock import Clock
-from nightcrew.effects import feed_outbox
 from nightcrew.effects import outbox as effects_outbox
 from nightcrew.effects.deliver import drain
+from nightcrew.lifecycle import feed_outbox
 from nightcrew.lifecycle.reconcile.records import OutboxDrain
 from nightcrew.log import event, warning
 from nightcrew.reports import Failure
@@ -29,7 +29,7 @@ async def drain_feed_outbox(runtime: Runtime, clock: Clock, now: datetime) -> Ou
     """Attempt every undelivered intent, whatever became of an earlier effect: spec 000's drain
     "runs on every apply run" and leaves a failed row pending to be retried, so an effect that
     died (a 4xx, its maximum age) is revived here, not left as the intent's end
-    (effects/outbox.sql, adopt_feed_outbox). The minute lane drains what is due every minute but
+    (lifecycle/feed_outbox.sql, adopt_feed_outbox). The minute lane drains what is due every minute but
     never revives the dead. This run's own intents (size backfill, quarantine) go out before
     its orphan sweeps."""
     revived = 0
@@ -39,7 +39,7 @@ async def drain_feed_outbox(runtime: Runtime, clock: Clock, now: datetime) -> Ou
     # minute-lane drain keeps failing intents back into a backoff while this loop runs.
     pages = await feed_outbox.count_pending(runtime.db) // OUTBOX_ADOPT_MAX + 1
     for _ in range(pages):
-        driven = await effects_outbox.revive_feed_outbox(runtime.db, now, limit=OUTBOX_ADOPT_MAX)
+        driven = await feed_outbox.revive_feed_outbox(runtime.db, now, limit=OUTBOX_ADOPT_MAX)
         if not driven.created and not driven.revived:
             break
         revived += len(driven.revived)

@@ -9,7 +9,7 @@ from datetime import datetime
 from uuid import UUID
 
 from nightcrew.db.records import as_records
-from nightcrew.effects import feed_outbox
+from nightcrew.lifecycle import feed_outbox
 from nightcrew.lifecycle.reconcile.core import (
     SAMPLE_KEYS,
 )

@@ -10,7 +10,7 @@ from uuid import UUID
 
 from nightcrew.db.database import Params, QueryError, Tx
 from nightcrew.db.records import as_records
-from nightcrew.effects import feed_outbox
+from nightcrew.lifecycle import feed_outbox
 from nightcrew.lifecycle.reconcile.core import (
     SAMPLE_KEYS,
     size_needs_write,

@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from nightcrew import operator_actions
+from nightcrew.assembly import effect_kinds
 from nightcrew.db.database import Database
 from nightcrew.db.queries import load_queries
 from nightcrew.effects import outbox as effects_outbox
@@ -79,7 +80,7 @@ class EffectsView:
 
 async def effects(db: Database) -> EffectsView:
     return EffectsView(
-        counts=await effects_outbox.counts(db),
+        counts=await effects_outbox.counts(db, effect_kinds()),
         failing=await db.fetch_as(Failing, SQL["effects_failing"], {"limit": 50}),
         dead=await db.fetch_as(Dead, SQL["effects_dead"], {"limit": 50}),
         due=await db.fetch_as(Due, SQL["effects_due"], {"limit": 50}),

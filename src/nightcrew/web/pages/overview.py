@@ -10,6 +10,7 @@ from datetime import UTC
 from starlette.requests import Request
 from starlette.responses import Response
 
+from nightcrew.assembly import effect_kinds
 from nightcrew.db.database import Database
 from nightcrew.effects import outbox as effects_outbox
 from nightcrew.web.host_and_headers import SECURITY_HEADERS as HEADERS
@@ -33,7 +34,7 @@ class Counts:
 
 
 async def counts(db: Database) -> Counts:
-    owed = await effects_outbox.counts(db)
+    owed = await effects_outbox.counts(db, effect_kinds())
     leftovers = await deletions.unfinished_count(db)
     on_clock = await overage.on_clock_count(db)
     sources = await news.source_counts(db)

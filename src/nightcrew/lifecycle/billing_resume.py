@@ -8,15 +8,19 @@ after the commit and again by the minute lane's drain until Stripe confirms it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, Literal
 from uuid import UUID
 
+from nightcrew.adapters.billing import is_transient
 from nightcrew.db.database import Tx
 from nightcrew.db.queries import load_queries
+from nightcrew.effects.deliver import Delivery, EffectHandler, delivered, failed
+from nightcrew.effects.outbox import EFFECT_MAX_AGE, Effect, EffectPayload
 from nightcrew.errors import BillingError
-from nightcrew.jsonable import JsonObject
+from nightcrew.jsonable import JsonObject, named
 from nightcrew.log import event
 from nightcrew.runtime import Runtime
 
@@ -27,6 +31,16 @@ NON_SUBSCRIPTION_BILLING_MODELS = frozenset({"enterprise_manual", "ltd"})
 STRIPE_NOT_CONFIGURED = "Stripe is not configured (STRIPE_SECRET_KEY is unset)"
 
 BillingOutcome = Literal["resumed", "skipped", "failed", "pending"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BillingResumePayload(EffectPayload):
+    """The owner's Stripe billing to resume after ``podcast_id`` was reactivated."""
+
+    kind: ClassVar[str] = "billing_resume"
+    max_age: ClassVar[timedelta] = EFFECT_MAX_AGE
+    account_id: str = named("account_id")
+    podcast_id: str | None = named("podcast_id", default=None)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -85,9 +99,9 @@ def log_resumed(
     *, podcast_id: str, account_id: str, detail: Mapping[str, Any], effect_id: int, **extra: Any
 ) -> bool:
     """``billing_resumed_after_reactivation``, once Stripe confirmed a resume: by its first
-    attempt (pauses.py) or by a retry of the minute lane's drain (effects/deliver.py). Not for
-    a delivery that resumed nothing (skipped) or that an earlier caller had already settled.
-    Returns whether it was logged."""
+    attempt (pauses.py) or by a retry of the minute lane's drain (``HANDLER.drain_delivered``).
+    Not for a delivery that resumed nothing (skipped) or that an earlier caller had already
+    settled. Returns whether it was logged."""
     if detail.get("outcome") != "resumed" or detail.get("earlier"):
         return False
     event(
@@ -141,3 +155,30 @@ async def resume_billing(
         subscription_id=subscription_id,
         self_healed=self_healed,
     )
+
+
+# --- the effect's delivery (registered at assembly: lifecycle/effect_kinds.py) -----------------
+async def _deliver(runtime: Runtime, effects: Sequence[Effect], _now: datetime) -> Delivery:
+    [effect] = effects
+    try:
+        resumed = await resume_billing(
+            runtime, effect.read(BillingResumePayload).account_id, idempotency_key=effect.key
+        )
+    except BillingError as exc:
+        permanent = not runtime.billing.configured or not is_transient(exc)
+        return failed(str(exc), permanent=permanent)
+    return delivered(**resumed.to_json())
+
+
+def _drain_delivered(effect: Effect, delivery: Delivery) -> None:
+    resume = effect.read(BillingResumePayload)
+    log_resumed(
+        podcast_id=str(resume.podcast_id),
+        account_id=resume.account_id,
+        detail=delivery.detail,
+        effect_id=effect.id,
+        attempts=effect.attempts,
+    )
+
+
+HANDLER = EffectHandler(kind="billing_resume", deliver=_deliver, drain_delivered=_drain_delivered)
