@@ -30,8 +30,8 @@ async def drain_feed_outbox(runtime: Runtime, clock: Clock, now: datetime) -> Ou
     "runs on every apply run" and leaves a failed row pending to be retried, so an effect that
     died (a 4xx, its maximum age) is revived here, not left as the intent's end
     (lifecycle/feed_outbox.sql, adopt_feed_outbox). The minute lane drains what is due every
-    minute but never revives the dead. This run's own intents (size backfill, quarantine) go out before
-    its orphan sweeps."""
+    minute but never revives the dead. This run's own intents (size backfill, quarantine) go out
+    before its orphan sweeps."""
     revived = 0
     sample: list[effects_outbox.Effect] = []  # the first few, for the log line
     # A page made due is no longer selected (its effects are live and due now), so paging ends
