@@ -88,6 +88,48 @@ def test_sigterm_keeps_the_answers_that_arrived_so_the_next_run_pays_only_for_th
             assert conn.execute("SELECT count(*) FROM news.articles").fetchone() == (12,)
 
 
+def test_sigterm_keeps_a_review_whose_translation_was_still_in_flight(
+    fresh_db_url: str, tmp_path: Path
+) -> None:
+    """A review is paid for when its answer arrives, whatever becomes of the translation asked
+    for after it. The model answers every review at once and holds every translation; SIGTERM
+    comes with 4 translations in flight. All 12 verdicts stay on the held candidates; the next
+    run writes the 12 articles asking the model for no review, and its translation backlog
+    asks for the 12 translations."""
+    with (
+        FeedFarm(feeds=1, items=12, thumbnails=True) as farm,
+        ModelStandIn(delay=0.0, summary="a summary") as model,
+    ):
+        model.hold_translations = True
+        env = _one_feed(fresh_db_url, tmp_path, farm, model)
+        running = _news_run(env)
+        deadline = time.monotonic() + 30
+        while (sum(model.answered.values()) < 12 or model.in_flight < 4) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        assert sum(model.answered.values()) == 12 and model.in_flight == 4
+        running.send_signal(signal.SIGTERM)
+        out, err = running.communicate(timeout=30)
+        assert running.returncode == 143, (out, err)
+        with psycopg.connect(fresh_db_url) as conn:
+            kept = conn.execute(
+                "SELECT count(*) FROM news.candidates WHERE state = 'held' AND verdict IS NOT NULL"
+            ).fetchone()
+            written = conn.execute("SELECT count(*) FROM news.articles").fetchone()
+        assert kept == (12,) and written == (0,)
+        assert model.translations == 0
+
+        model.hold_translations = False
+        again = run("news", "run", "--shard", "s", "--json", env=env)
+        assert again.returncode == 0, again.stderr
+        report = json.loads(again.stdout)
+        assert report["processedCount"] == 12
+        assert report["aiReviewedCount"] == 0  # the 12 kept verdicts cost nothing
+        assert all(n == 1 for n in model.reviews.values()) and len(model.reviews) == 12
+        assert model.translations == 12
+
+
 def _one_feed(db_url: str, tmp_path: Path, farm: FeedFarm, model: ModelStandIn) -> dict[str, str]:
     """The environment of a news run against the stand-in model (4 calls in flight), with the
     farm's first feed added as shard "s"."""

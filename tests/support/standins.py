@@ -174,7 +174,8 @@ class ModelStandIn(_Server):
     ``seconds``; ``refuse_json_schema`` answers 400 to a ``response_format`` of ``json_schema``
     (as servers without structured outputs do); ``verdict_text`` replaces the verdict's text;
     ``hold_after = n`` holds every review request after the first n for ``hold_seconds`` (a
-    model that answered part of a batch and is still working on the rest).
+    model that answered part of a batch and is still working on the rest); ``hold_translations``
+    holds every translation request for ``hold_seconds``.
     Each answer reports its usage: prompt tokens = the request's characters // 4, completion
     tokens = the answer's // 4 (summed in ``prompt_tokens``/``completion_tokens``)."""
 
@@ -195,6 +196,7 @@ class ModelStandIn(_Server):
         self.refuse_json_schema = False
         self.verdict_text: str | None = None
         self.hold_after: int | None = None
+        self.hold_translations = False
         self.hold_seconds = 60.0
         self.calls: list[ModelCall] = []
         self.in_flight = 0
@@ -241,6 +243,8 @@ class ModelStandIn(_Server):
             body = json.dumps(error).encode()
             return 429, "application/json", body, {"Retry-After": self._retry_after}
         if translation:
+            if self.hold_translations:
+                time.sleep(self.hold_seconds)
             with self.lock:
                 self.translation_requests[user] += 1
                 first = self.translation_requests[user] == 1

@@ -90,11 +90,18 @@ Verdicts = list[Reviewed]
 
 
 async def review_item(
-    reviewer: Reviewer, item: FeedItem, scope: CallScope | None = None
+    reviewer: Reviewer,
+    item: FeedItem,
+    scope: CallScope | None = None,
+    *,
+    on_verdict: Callable[[Verdict], None] | None = None,
 ) -> tuple[Verdict | None, str | None, bool]:
     """(verdict, translation of an accepted one's summary, transient failure). A permanent
     failure means the article is written unreviewed; a transient one (429, 5xx, network)
-    means try again later. The calls' tokens go to ``scope.spend``."""
+    means try again later. The calls' tokens go to ``scope.spend``. ``on_verdict`` hears the
+    verdict the moment it arrives, before its translation is asked for: a run stopped while
+    the translation is in flight keeps the review it paid for (the translation backlog asks
+    for the translation later)."""
     scope = scope or CallScope()
     try:
         verdict = await reviewer.review(
@@ -103,6 +110,8 @@ async def review_item(
     except ReviewError as exc:
         warning("worker.ai_review_failed", url=item.url, error=str(exc), transient=exc.transient)
         return None, None, exc.transient
+    if on_verdict is not None:
+        on_verdict(verdict)
     translation = None
     if verdict.accepted and reviewer.translation_enabled and verdict.summary:
         try:
@@ -163,7 +172,12 @@ async def review_batch(
     results: dict[int, ItemReview] = {} if arrived is None else arrived
 
     async def one(index: int, candidate: Candidate) -> None:
-        verdict, translation, failed = await review_item(reviewer, candidate.item, scope)
+        def answered(verdict: Verdict) -> None:  # paid for, whatever becomes of its translation
+            results[index] = ItemReview(candidate, verdict, None, False)
+
+        verdict, translation, failed = await review_item(
+            reviewer, candidate.item, scope, on_verdict=answered
+        )
         results[index] = ItemReview(candidate, verdict, translation, failed)
 
     async def renew() -> None:
