@@ -17,9 +17,10 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar, cast
+from typing import Any, LiteralString, TypeVar, cast
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
@@ -46,7 +47,7 @@ Params = Mapping[str, Any] | None
 V = TypeVar("V")
 
 
-def _of_kind(kind: type[V], value: object, query: str) -> V:
+def _of_kind(kind: type[V], value: object, query: LiteralString) -> V:
     if not isinstance(value, kind):
         first_line = query.strip().splitlines()[0] if query.strip() else query
         raise TypeError(
@@ -131,42 +132,50 @@ class _Executor:
             return params
         return _without_secrets(params, self._secrets)  # type: ignore[no-any-return]
 
-    async def fetch(self, query: str, params: Params = None) -> list[Row]:
+    async def fetch(self, query: LiteralString, params: Params = None) -> list[Row]:
         async with self._bounded():
             cur = await self._conn.execute(query, self._params(params))
             return await cur.fetchall() if cur.description else []  # dict_row: dicts already
 
-    async def fetch_one(self, query: str, params: Params = None) -> Row | None:
+    async def fetch_one(self, query: LiteralString, params: Params = None) -> Row | None:
         rows = await self.fetch(query, params)
         return rows[0] if rows else None
 
-    async def fetch_as(self, record: type[R], query: str, params: Params = None) -> list[R]:
+    async def fetch_as(
+        self, record: type[R], query: LiteralString, params: Params = None
+    ) -> list[R]:
         """Each row as ``record`` (``db/records.py``)."""
         return as_records(record, await self.fetch(query, params))
 
-    async def fetch_one_as(self, record: type[R], query: str, params: Params = None) -> R | None:
+    async def fetch_one_as(
+        self, record: type[R], query: LiteralString, params: Params = None
+    ) -> R | None:
         row = await self.fetch_one(query, params)
         return None if row is None else as_record(record, row)
 
-    async def fetch_values(self, kind: type[V], query: str, params: Params = None) -> list[V]:
+    async def fetch_values(
+        self, kind: type[V], query: LiteralString, params: Params = None
+    ) -> list[V]:
         """The first column of each row, each a ``kind`` (``TypeError`` otherwise, NULL too):
         a query that answers one column needs no record."""
         return [_of_kind(kind, value, query) for value in await self._first_column(query, params)]
 
-    async def fetch_value(self, kind: type[V], query: str, params: Params = None) -> V | None:
+    async def fetch_value(
+        self, kind: type[V], query: LiteralString, params: Params = None
+    ) -> V | None:
         """The first column of the first row, a ``kind``; None when no row, or NULL."""
         values = await self._first_column(query, params)
         value = values[0] if values else None
         return None if value is None else _of_kind(kind, value, query)
 
-    async def fetch_count(self, query: str, params: Params = None) -> int:
+    async def fetch_count(self, query: LiteralString, params: Params = None) -> int:
         """The answer of a ``SELECT count(*) …`` (0 when it answers no row)."""
         return await self.fetch_value(int, query, params) or 0
 
-    async def _first_column(self, query: str, params: Params) -> list[Any]:
+    async def _first_column(self, query: LiteralString, params: Params) -> list[Any]:
         return [next(iter(row.values())) for row in await self.fetch(query, params)]
 
-    async def execute(self, query: str, params: Params = None) -> int:
+    async def execute(self, query: LiteralString, params: Params = None) -> int:
         """Run a statement; returns the number of rows it touched."""
         async with self._bounded():
             cur = await self._conn.execute(query, self._params(params))
@@ -205,7 +214,7 @@ class Tx(_Executor):
     """Statements on one connection: a transaction's, or a session's (temp tables, COPY)."""
 
     async def stream(
-        self, query: str, params: Params = None, *, batch: int = 1000
+        self, query: LiteralString, params: Params = None, *, batch: int = 1000
     ) -> AsyncIterator[list[Row]]:
         """Rows in batches through a server-side cursor: memory holds one batch, not the result."""
         try:
@@ -218,7 +227,7 @@ class Tx(_Executor):
             raise _translate(exc) from exc
 
     async def copy_in_batches(
-        self, statement: str, batches: AsyncIterator[Iterable[Sequence[Any]]]
+        self, statement: LiteralString, batches: AsyncIterator[Iterable[Sequence[Any]]]
     ) -> int:
         """One COPY fed batch by batch as they arrive (a listing page at a time)."""
         count = 0
@@ -361,11 +370,11 @@ class Database(_Executor):
             with contextlib.suppress(psycopg.Error):
                 await conn.close()
 
-    async def fetch(self, query: str, params: Params = None) -> list[Row]:
+    async def fetch(self, query: LiteralString, params: Params = None) -> list[Row]:
         async with self._acquire() as conn:
             return await self._executor(conn).fetch(query, params)
 
-    async def execute(self, query: str, params: Params = None) -> int:
+    async def execute(self, query: LiteralString, params: Params = None) -> int:
         async with self._acquire() as conn:
             return await self._executor(conn).execute(query, params)
 
@@ -428,7 +437,7 @@ class Database(_Executor):
                         names += ["statement_timeout", "idle_in_transaction_session_timeout"]
                     for name in names:  # one by one: one refusal must not keep the others
                         with contextlib.suppress(psycopg.Error):
-                            await conn.execute(f"RESET {name}")
+                            await conn.execute(sql.SQL("RESET {}").format(sql.Identifier(name)))
 
     def rollback_only(self) -> Database:
         """A view of this database in which every statement runs and is then rolled back.
@@ -442,11 +451,11 @@ class Database(_Executor):
 
 
 class _RollbackDatabase(Database):
-    async def fetch(self, query: str, params: Params = None) -> list[Row]:
+    async def fetch(self, query: LiteralString, params: Params = None) -> list[Row]:
         async with self.transaction() as tx:
             return await tx.fetch(query, params)
 
-    async def execute(self, query: str, params: Params = None) -> int:
+    async def execute(self, query: LiteralString, params: Params = None) -> int:
         async with self.transaction() as tx:
             return await tx.execute(query, params)
 

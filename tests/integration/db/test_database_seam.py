@@ -1,0 +1,58 @@
+"""The database seam against a real PostgreSQL. A query that answers one column needs no record:
+``fetch_values`` / ``fetch_value`` give its first column, each value checked to be the kind the
+caller named; a session's settings end with it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from uuid import UUID
+
+import pytest
+
+from nightcrew.db.database import Database
+
+
+async def test_fetch_values_gives_the_first_column_of_every_row_in_order(db: Database) -> None:
+    values = await db.fetch_values(
+        str, "SELECT s::text AS label, s AS n FROM generate_series(3, 1, -1) AS s"
+    )
+    assert values == ["3", "2", "1"]
+    assert await db.fetch_values(int, "SELECT 1 WHERE false") == []
+
+
+async def test_fetch_value_is_none_without_a_row_and_for_null(db: Database) -> None:
+    assert await db.fetch_value(int, "SELECT 1 WHERE false") is None
+    assert await db.fetch_value(datetime, "SELECT NULL::timestamptz") is None
+    found = await db.fetch_value(UUID, "SELECT gen_random_uuid()")
+    assert isinstance(found, UUID)
+    assert await db.fetch_count("SELECT count(*) FROM generate_series(1, 4)") == 4
+    assert await db.fetch_count("SELECT 1 WHERE false") == 0
+
+
+async def test_a_value_of_another_kind_is_a_type_error_naming_the_query(db: Database) -> None:
+    with pytest.raises(TypeError, match=r"expected int in the first column, got '7'.*SELECT"):
+        await db.fetch_value(int, "SELECT '7'::text")
+    with pytest.raises(TypeError, match="expected str in the first column, got None"):
+        await db.fetch_values(str, "SELECT NULL::text")  # a list of str holds no NULL
+
+
+async def test_a_sessions_settings_are_reset_before_its_connection_goes_back(
+    fresh_db_url: str,
+) -> None:
+    """A session's ``settings`` and ``statement_timeout`` (the reconciler's join settings, its
+    application_name) hold inside it only: RESET, one by one, before the pooled connection is
+    handed to anyone else (one connection in the pool, so the next statement gets the same)."""
+    db = await Database.open(fresh_db_url, max_size=1)
+    try:
+        before = await db.fetch_value(str, "SELECT current_setting('work_mem')")
+        async with db.session(
+            statement_timeout=90,
+            settings={"work_mem": "7MB", "application_name": "nightcrew-test-session"},
+        ) as conn:
+            assert await conn.fetch_value(str, "SELECT current_setting('work_mem')") == "7MB"
+            assert await conn.fetch_value(str, "SHOW statement_timeout") == "90s"
+        assert await db.fetch_value(str, "SELECT current_setting('work_mem')") == before
+        assert await db.fetch_value(str, "SHOW application_name") != "nightcrew-test-session"
+        assert await db.fetch_value(str, "SHOW statement_timeout") != "90s"
+    finally:
+        await db.close()
