@@ -1,4 +1,4 @@
-"""The CLI's half of the dashboard's actions (issue 25): the same functions, so the same
+"""The CLI's half of the dashboard's actions: the same functions, so the same
 record — `nightcrew.actions` with source `cli` — and the same rule for an operator's manual
 run: refused while a run of its lane is running."""
 

@@ -1,6 +1,6 @@
 """`nightcrew news run --shard S`, inline, as an operator types it, against hostile feeds on
 loopback beside a good one: the command exits 0, the good feed's articles are written, each bad
-feed is its own source's error, and the run's report is saved (issue 10)."""
+feed is its own source's error, and the run's report is saved."""
 
 from __future__ import annotations
 

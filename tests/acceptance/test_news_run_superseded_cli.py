@@ -1,4 +1,4 @@
-"""`nightcrew news run` fenced out by a newer holder of its shard (issue 23): while the run
+"""`nightcrew news run` fenced out by a newer holder of its shard: while the run
 reviews, another holder draws a newer fence and writes; the run's write is refused, and the
 run ends as `superseded` — reported, saved, exit 0 — not as a failure. Nothing of it is
 written; what it took waits, held, for the newer holder."""

@@ -1,4 +1,4 @@
-"""`nightcrew serve` with a news shard whose feed is too heavy to parse (issue 24): 50,000 items
+"""`nightcrew serve` with a news shard whose feed is too heavy to parse: 50,000 items
 without links, under the size cap — parsed on the event loop it held `serve` for 22 to 45 s.
 Now `/health` answers within 2 s and the dashboard within 4 s all through the shard's run, the
 feed is reported over its parse budget, and its neighbour is written."""

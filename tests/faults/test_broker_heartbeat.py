@@ -1,5 +1,5 @@
 """A RabbitMQ that goes silent (accepting, never answering) is noticed by its AMQP heartbeats
-within ~30 s (issue 23): the stage consumers report the connection lost and reconnect. Real
+within ~30 s: the stage consumers report the connection lost and reconnect. Real
 RabbitMQ behind a TCP proxy that the test blackholes."""
 
 from __future__ import annotations

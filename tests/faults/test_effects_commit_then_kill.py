@@ -1,4 +1,4 @@
-"""SIGKILL between a state change's commit and its effect's first send (issue 9).
+"""SIGKILL between a state change's commit and its effect's first send.
 
 The daily lane runs in a process of its own (``tests/faults/_commit_then_crash.py``) that kills
 itself with SIGKILL the moment the first effect is about to be claimed: the reactivation or the

@@ -1,4 +1,4 @@
-"""Redis cut together with RabbitMQ under the pipeline (issue 23): a stage lease is never held in
+"""Redis cut together with RabbitMQ under the pipeline: a stage lease is never held in
 two places that cannot see each other (PostgreSQL decides, Redis only carries a copy), so the
 redeliveries RabbitMQ makes after the cut never start a second model call for an article whose
 review is still under way. Real PostgreSQL, RabbitMQ and Redis, each of the last two behind a

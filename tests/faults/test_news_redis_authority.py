@@ -1,4 +1,4 @@
-"""One lock authority (issue 23): a lease is never held in two places that cannot see each
+"""One lock authority: a lease is never held in two places that cannot see each
 other. Redis cut (through a TCP proxy) under a running shard while a second run starts: the
 second run finds the shard held in PostgreSQL, and no article is reviewed twice by the model.
 Real PostgreSQL, real Redis behind the proxy, loopback feeds and a model stand-in."""

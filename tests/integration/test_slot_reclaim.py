@@ -5,7 +5,7 @@ A run that failed on its own (a bug, bad data) recorded its failure: running the
 would repeat it, and each attempt could repeat the side effects it had before it failed. So
 the claim (``runs.claim``), the question ``serve`` asks before it starts (``slot_owed``,
 ``Scheduler.owed``) and the catch-up that runs a missed slot all leave it alone; a run that
-lost the database is run again, once (issue 26: re-claiming after any failure went unseen).
+lost the database is run again, once (re-claiming after any failure went unseen).
 """
 
 from __future__ import annotations

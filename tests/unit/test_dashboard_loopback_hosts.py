@@ -3,7 +3,7 @@
 Open on loopback, the dashboard's only guard against DNS rebinding is its Host list: a page
 elsewhere that points its own name at 127.0.0.1 sends that name, and is refused. Any entry too
 many — ``0.0.0.0`` most of all, which browsers reach as this machine — opens that door, so the
-set is pinned whole (issue 26: letting ``0.0.0.0`` into it went unseen), by ``Access.for_bind``
+set is pinned whole (letting ``0.0.0.0`` into it went unseen), by ``Access.for_bind``
 and by a request through ``serve``'s app (``create_app``, its ``Doors``), with no server and no
 database: a refused Host is answered 421 before anything reads one.
 """

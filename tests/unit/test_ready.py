@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 
 import httpx
@@ -124,21 +123,6 @@ async def test_db_up_follows_the_database_back_up() -> None:
         assert metrics.value("nightcrew_db_up") == 1.0
         state["up"] = False
         assert _gauge((await client.get("/metrics")).text, "nightcrew_db_up") == "0"
-
-
-async def test_a_hanging_ping_bounds_metrics_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(nightcrew_http, "DB_CHECK_TIMEOUT_SECONDS", 0.2)
-    metrics = Metrics()
-    metrics.set("nightcrew_db_up", 1.0)  # up at the last check
-    async with _app(metrics, _hangs) as client:
-        started = time.monotonic()
-        scraped = await asyncio.wait_for(client.get("/metrics"), timeout=5)
-        ready = await asyncio.wait_for(client.get("/ready"), timeout=5)
-        took = time.monotonic() - started
-    assert scraped.status_code == 200 and _gauge(scraped.text, "nightcrew_db_up") == "0"
-    assert ready.status_code == 503
-    assert ready.json()["problems"] == ["database: PostgreSQL did not answer within 0.2 s"]
-    assert took < 2.0
 
 
 @pytest.mark.parametrize(

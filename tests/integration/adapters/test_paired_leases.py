@@ -1,4 +1,4 @@
-"""One lock authority (issue 23): PostgreSQL decides every lease, Redis carries a copy under a
+"""One lock authority: PostgreSQL decides every lease, Redis carries a copy under a
 per-process circuit breaker. Real PostgreSQL, real Redis, and a TCP proxy in front of Redis
 that the test cuts or silences."""
 

@@ -1,4 +1,4 @@
-"""`db check` checks the contract, not names (issue 22), and passes exactly when nightcrew will
+"""`db check` checks the contract, not names, and passes exactly when nightcrew will
 work.
 
 A platform whose functions, triggers, column types and unique indexes are spec 000's passes —

@@ -112,8 +112,8 @@ def _up_to(version: int) -> list[Migration]:
 async def test_a_development_database_at_0019_upgrades_to_the_spec_signatures(
     empty_db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A database migrated before issue 22 (0001-0019: effective_cap with p_now, account_caps,
-    the cap trigger counting through schema nightcrew) ends with spec 000's signatures."""
+    """A database migrated to 0019 only (effective_cap with p_now, account_caps, the cap
+    trigger counting through schema nightcrew) ends with spec 000's signatures."""
     db = await Database.open(empty_db_url)
     try:
         with monkeypatch.context() as patch:

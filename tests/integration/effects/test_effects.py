@@ -1,8 +1,9 @@
 """The effects outbox against real PostgreSQL and loopback stand-ins that fail on command.
 
-Each of issue 9's five losses happens for real here (a Resend, a Stripe, a feed worker that
-answer 500 or 429 or hang, a PostgreSQL queue that refuses one queue); each test shows the
-effect delivered after the stand-in recovers, by a minute-lane run, once, with the same key.
+Each of five ways an effect used to be lost happens for real here (a Resend, a Stripe, a feed
+worker that answer 500 or 429 or hang, a PostgreSQL queue that refuses one queue); each test
+shows the effect delivered after the stand-in recovers, by a minute-lane run, once, with the
+same key.
 """
 
 from __future__ import annotations

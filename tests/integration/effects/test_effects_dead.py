@@ -1,5 +1,5 @@
 """Dead letters: a permanent error ends an effect at once, loudly and countably, and the operator
-lists and re-drives dead effects by kind (issue 9).
+lists and re-drives dead effects by kind.
 
 A 4xx other than 408/409/429 from Resend or Stripe will fail the same way on every retry: the
 effect is dead at that attempt (``dead_reason`` permanent), an ``effects_dead`` warning is

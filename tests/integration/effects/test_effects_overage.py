@@ -1,5 +1,5 @@
 """Effects meet the overage machine's claims: what a long outage, a restore and Resend's own
-idempotency answers must never do (found in review of issue 9's first cut)."""
+idempotency answers must never do (each found in a review of the outbox's first cut)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`billing_resumed_after_reactivation` when the resume succeeds on a retry (issue 22).
+"""`billing_resumed_after_reactivation` when the resume succeeds on a retry.
 
 The pause-expiry job owes the Stripe resume as a `billing_resume` effect; when its first
 attempt fails, the minute lane's drain retries it. The event says the billing was resumed, so it

@@ -1,4 +1,4 @@
-"""No stranded feed invalidation (issue 22): an intent whose effect died is attempted again.
+"""No stranded feed invalidation: an intent whose effect died is attempted again.
 
 Spec 000, the reconciler's invalidation-outbox drain: it "runs on every apply run ... marking
 delivered_at only on a confirmed 2xx / else bumping attempts + last_error and leaving the row
@@ -225,7 +225,7 @@ async def test_an_apply_run_attempts_an_intent_waiting_out_its_backoff(
 async def test_the_apply_run_pages_through_every_intent_past_one_statements_bound(
     db: Database, fresh_db_url: str, feed_server: RecordingServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ "Every apply run attempts every undelivered row" (issue 22): a backlog larger than one
+    """ "Every apply run attempts every undelivered row": a backlog larger than one
     statement's page (OUTBOX_ADOPT_MAX, here 1) is made due page by page, dead effects among it
     revived, and all of it delivered by the one run."""
     podcasts = [await f.podcast(db) for _ in range(3)]

@@ -1,4 +1,4 @@
-"""The restore of an account whose feeds are stamped but whose clock is not armed (issue 22).
+"""The restore of an account whose feeds are stamped but whose clock is not armed.
 
 Spec 000, the escalation's leg 4: "Armed or stamped, now under both caps → Disarm (clear all
 four clock columns) + clear every overage_suspended_at stamp, invalidate both caches, send the

@@ -1,4 +1,4 @@
-"""The reconciler's partitioned listing (issue 14): it finds exactly what one sequential listing
+"""The reconciler's partitioned listing: it finds exactly what one sequential listing
 of ``podcasts/`` finds, keeps its concurrency bound, and one failing partition fails the run
 before anything changes."""
 

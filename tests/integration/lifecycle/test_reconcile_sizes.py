@@ -1,4 +1,4 @@
-"""The size backfill's batched writes (issue 26) against real PostgreSQL and its real storage
+"""The size backfill's batched writes against real PostgreSQL and its real storage
 cap trigger: SIZE_WRITE_BATCH rows a statement, and a row the trigger refuses (23514) found,
 listed under blockedOverCap and left out while every other row of its batch is written.
 

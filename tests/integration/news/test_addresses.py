@@ -1,4 +1,4 @@
-"""The news worker's address policy on every fetch (issue 10): redirects into the machine,
+"""The news worker's address policy on every fetch: redirects into the machine,
 odd address spellings, DNS rebinding, feed-supplied image URLs, credentials in links.
 
 Every client here connects through ``LoopbackOnlyBackend``: a connection the policy lets

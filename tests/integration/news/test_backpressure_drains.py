@@ -1,4 +1,4 @@
-"""Backpressure that drains, and the cost bound on model reviews only (issue 23), in the inline
+"""Backpressure that drains, and the cost bound on model reviews only, in the inline
 engine: over INGESTION_BACKPRESSURE_QUEUE_LIMIT a run works a batch of the limit's worth,
 oldest first, and the backlog drains over successive runs instead of being deferred for ever;
 MAX_AI_REVIEWS bounds a model's reviews, not the offline rules' verdicts. The pipeline's side
@@ -80,7 +80,7 @@ async def test_a_new_shard_of_30_feeds_by_10_items_is_written_within_three_inlin
     db: Database, clock: FrozenClock, fresh_db_url: str, http: UntrustedHttp
 ) -> None:
     """The default limits (queue 250, MAX_AI_REVIEWS 25, the offline rules): 300 candidates on
-    the first run, over the queue limit. Before issue 23 every run deferred all 300, for ever;
+    the first run, over the queue limit. Once, every run deferred all 300, for ever;
     now 250 then 50."""
     with FeedFarm(feeds=30, items=10) as farm:
         for n, url in enumerate(farm.feed_urls()):

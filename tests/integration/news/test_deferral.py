@@ -1,4 +1,4 @@
-"""Deferred means later, not never (issue 10): what a run does not write waits in
+"""Deferred means later, not never: what a run does not write waits in
 ``news.candidates`` and comes back first, although the feed answers 304 from then on."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Hostile feeds served on loopback, each beside a good neighbour in one shard: the bad feed is
 that source's error (or its bad item is dropped), the neighbour's articles are written, the run
-completes and its report is saved (issue 10, per-feed isolation)."""
+completes and its report is saved (per-feed isolation)."""
 
 from __future__ import annotations
 

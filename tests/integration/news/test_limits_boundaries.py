@@ -1,4 +1,4 @@
-"""The inline news run's limits one below, at and one above their boundary (issue 12): a `>`
+"""The inline news run's limits one below, at and one above their boundary: a `>`
 turned into `>=` (or back) must fail a test here. The queue limit's boundaries are in
 test_deferral.py."""
 

@@ -154,7 +154,7 @@ async def test_a_poison_article_is_dead_lettered_then_replayed_once_fixed(
         # the database refuses this one article for a reason that is not its data (a trigger
         # raising P0001 stands for a bug the team will fix): every write of it fails, and no
         # retry would help — not a deadlock, a timeout or resources short — so it is
-        # dead-lettered on its first failure, with the reason (issue 23: permanent failures go
+        # dead-lettered on its first failure, with the reason (permanent failures go
         # to the DLQ at once; it used to spend all NEWS_MAX_DELIVERIES first)
         await db.execute(
             "CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"

@@ -1,4 +1,4 @@
-"""A candidate's attempts, counted in PostgreSQL when a stage takes it (issue 23), in one process
+"""A candidate's attempts, counted in PostgreSQL when a stage takes it, in one process
 on a real RabbitMQ: a take left unfinished by a dead worker counts, across the candidate being
 parked behind that worker's lease and released as a fresh message; spent attempts dead-letter
 it with "worker died" and no model is asked; a lease that cannot be renewed stops the work

@@ -156,7 +156,7 @@ async def test_251_queued_works_the_limits_worth_oldest_first_and_defers_the_res
     feed_server: RecordingServer,
     http: UntrustedHttp,
 ) -> None:
-    """Over the queue limit (250) the run no longer defers everything (issue 23: that never
+    """Over the queue limit (250) the run no longer defers everything (that never
     drains): it works a batch of the limit's worth, oldest first, and defers the rest."""
     site(feed_server, {"/feeds/big": rss(feed_server.url, 251)})
     await add_source(db, url=feed_server.url + "/feeds/big", name="Big", shard="s1", now=NOW)

@@ -1,4 +1,4 @@
-"""Untrusted bytes cannot stall the event loop or exhaust memory (issue 24), served on loopback:
+"""Untrusted bytes cannot stall the event loop or exhaust memory, served on loopback:
 
 * a 50,000-item feed without links (feedparser's slow path: it held the loop 22 to 45 s) is
   parsed in a worker, stopped at NEWS_PARSE_BUDGET_SECONDS, and is that feed's fetch error;
@@ -244,7 +244,7 @@ def test_several_bombs_at_once_keep_a_process_under_300_mb(feed_server: Recordin
         return Response(status=404)
 
     feed_server.responder = respond
-    copies = 4  # four of each: before issue 24, four pages alone reached 771 MB
+    copies = 4  # four of each: before parsing was bounded, four pages alone reached 771 MB
     probe = subprocess.run(
         [sys.executable, "-c", _MEMORY_PROBE, base, str(copies)],
         capture_output=True,

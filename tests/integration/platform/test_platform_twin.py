@@ -1,4 +1,4 @@
-"""nightcrew on a platform that only spec 000 shaped (issue 22).
+"""nightcrew on a platform that only spec 000 shaped.
 
 Every test runs the installed ``nightcrew`` command (or ``nightcrew serve``) on a fresh clone
 of the platform twin (tests/support/platform_twin.sql), with the REAL clock: no ``--now``, every

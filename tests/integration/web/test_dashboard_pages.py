@@ -376,7 +376,7 @@ async def test_every_dashboard_route_is_guarded_and_none_changes_anything(
             path = route.path.replace("{run_id}", "1")
             response = await c.get(path)
             assert response.status_code in (303, 401), path
-        # the actions (issue 25): refused before anything when not signed in
+        # the actions: refused before anything when not signed in
         for path, _ in writes:
             if path in ("/login", "/logout", "/reconcile"):
                 continue

@@ -1,6 +1,6 @@
 """The address check itself (never a connection): multicast, reserved, unspecified and broadcast
 addresses are not public, in any spelling an IPv6 address can carry them in, and the public
-addresses beside them still are (issue 24: Python 3.11's ``is_global`` calls multicast global).
+addresses beside them still are (Python 3.11's ``is_global`` calls multicast global).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bounded content decoding (issue 24): a compressed body is inflated a bounded step at a time and
+"""Bounded content decoding: a compressed body is inflated a bounded step at a time and
 never past what the caller has room for, whatever its ratio; what cannot be bounded is refused."""
 
 from __future__ import annotations

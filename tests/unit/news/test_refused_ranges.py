@@ -8,7 +8,7 @@ to it, and where the socket would be opened (``PinnedBackend``: nothing is conne
 opens no connection at all). The table's ranges must be exactly the policy's: the module's own
 ``NOT_PUBLIC_V6`` and the ranges Python's ``ipaddress`` refuses for it (non-global, shared
 address space, multicast, reserved, link-local) — so a range deleted from the module, or one
-added without a row here, fails the suite (issue 26: deleting ``64:ff9b:1::/48`` went unseen).
+added without a row here, fails the suite (deleting ``64:ff9b:1::/48`` went unseen).
 The public addresses at the ranges' edges must still be allowed.
 """
 

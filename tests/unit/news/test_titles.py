@@ -1,4 +1,4 @@
-"""Titles are plain text whichever parser read the feed (issue 24: the snapshot kept raw HTML
+"""Titles are plain text whichever parser read the feed (the snapshot kept raw HTML
 from the feedparser path; feedparser-rs hands HTML titles on as markup too)."""
 
 from __future__ import annotations
