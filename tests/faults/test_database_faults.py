@@ -603,12 +603,19 @@ def _fire_failures(logs: list[Any]) -> list[datetime]:
 STALLED_IN_CUT = 120
 
 
+async def _until(check: Callable[[], bool], *, within: float) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, f"not within {within:g} s"
+        await asyncio.sleep(0.1)
+
+
 @pytest.mark.slow
 async def test_scheduler_slots_all_complete_once_a_cut_database_is_back(
     db: Database, pdb: Database, proxy: TcpProxy, fresh_db_url: str
 ) -> None:
     """A scheduler whose minute slots come every 2 s (clock 30x real time) loses PostgreSQL:
-    the proxy is cut for 10 s (five slots; they fail), and meanwhile 120 import items stall
+    the proxy is cut until two slots have failed, and meanwhile 120 import items stall
     (written over a direct connection: the platform keeps working while nightcrew cannot reach
     the database). Restored: every slot after that completes — no dead pooled connection, no
     reconnection backoff fails one — and the first of them re-sends all 120 stalled items: the
@@ -617,7 +624,7 @@ async def test_scheduler_slots_all_complete_once_a_cut_database_is_back(
         cut = clock.now()
         await proxy.cut()
         await _stalled_items(db, STALLED_IN_CUT)
-        await asyncio.sleep(10)
+        await _until(lambda: len([s for s in _fire_failures(logs) if s > cut]) >= 2, within=60)
         assert await _sent_item_ids(db) == Counter()  # nothing got through the cut
         await proxy.restore()
         restored = clock.now()

@@ -43,7 +43,6 @@ import pytest
 from nightcrew.db.database import Database
 from nightcrew.news.engines.inline import run_shard
 from nightcrew.news.engines.pipeline import notes
-from nightcrew.news.engines.pipeline import worker as news_worker
 from nightcrew.news.engines.pipeline.message_outbox import broker_of
 from nightcrew.news.engines.pipeline.passes import run_pass
 from nightcrew.news.engines.pipeline.worker import WorkerSummary
@@ -56,6 +55,7 @@ from nightcrew.setting_parsers import STAGES
 from tests.integration.news.pipeline_support import (
     add_farm_sources,
     count,
+    housekept,
     namespace,
     pipeline_env,
     pipeline_runtime,
@@ -110,6 +110,9 @@ class Engine:
         """Messages the pipeline's worker dead-lettered (inline: none)."""
         return 0
 
+    async def housekept(self) -> None:
+        """Until what runs between rounds has run once more (inline: nothing does)."""
+
 
 class InlineEngine(Engine):
     async def _run(self, shard: str) -> list[dict[str, Any]]:
@@ -149,6 +152,11 @@ class PipelineEngine(Engine):
     @property
     def dead_lettered(self) -> int:
         return sum(self.summary.dead_lettered.values()) if self.summary else 0
+
+    async def housekept(self) -> None:
+        """Two more housekeeping rounds of the worker: one that started after this call, whole."""
+        assert self.summary is not None
+        await housekept(self.summary, rounds=2)
 
     async def _idle(self, shard: str) -> bool:
         owed = await count(
@@ -657,7 +665,7 @@ async def test_the_article_limit_defers_the_snapshot_refresh_too(
         )
         await _fill(db, 10, engine.clock.now())
         await engine.round(SHARD)
-        await asyncio.sleep(news_worker.HOUSEKEEPING_SECONDS + 1)  # a refresh was due
+        await engine.housekept()  # a refresh was due: the worker's housekeeping refreshes
         at_the_limit = await _exists(store, key)
         await db.execute("DELETE FROM news.articles WHERE shard = 'elsewhere'")
         await engine.round(SHARD)
