@@ -17,6 +17,7 @@ from typing import Literal
 
 from nightcrew.db.database import Database, QueryError, Tx
 from nightcrew.errors import MigrationError
+from nightcrew.jsonable import Jsonable, named
 
 Scope = Literal["reference", "nightcrew"]
 
@@ -55,17 +56,10 @@ class Migration:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class MigrationResult:
+class MigrationResult(Jsonable):
     applied: list[str] = field(default_factory=list)
-    already_applied: list[str] = field(default_factory=list)
+    already_applied: list[str] = named("already_applied", default_factory=list)
     skipped: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, list[str]]:
-        return {
-            "applied": self.applied,
-            "already_applied": self.already_applied,
-            "skipped": self.skipped,
-        }
 
 
 def discover_migrations() -> list[Migration]:

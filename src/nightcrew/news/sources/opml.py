@@ -21,6 +21,7 @@ from typing import Literal
 from xml.parsers import expat
 
 from nightcrew.errors import NightcrewError
+from nightcrew.jsonable import Jsonable, named
 
 # A feed list is small (2,000 feeds of OPML are ~400 KB): anything far larger is not one.
 MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -59,21 +60,12 @@ class FeedEntry:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Skipped:
+class Skipped(Jsonable):
     line: int
     reason: SkipReason
-    url: str | None
+    url: str | None = named("feedUrl")
     name: str | None
     detail: str
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "line": self.line,
-            "reason": self.reason.value,
-            "feedUrl": self.url,
-            "name": self.name,
-            "detail": self.detail,
-        }
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
