@@ -20,7 +20,6 @@ from urllib.parse import parse_qs
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
-from starlette.routing import BaseRoute, Route
 
 from nightcrew import operator_actions
 from nightcrew.assembly import effect_kinds
@@ -379,18 +378,3 @@ def _settled(background: set[asyncio.Task[Any]], task: asyncio.Task[Any]) -> Non
     exc = task.exception()  # the run's failure is in its row; here it is only retrieved
     if exc is not None and not isinstance(exc, LaneBusy):
         error("dashboard_run_failed", error=describe_error(exc))
-
-
-def action_routes(pages: Pages) -> list[BaseRoute]:
-    """The action routes; the GET among them is guarded like every page."""
-    act = Actions(pages).guard
-    return [
-        Route("/effects/{effect_id}/retry", act(retry_effect), methods=["POST"]),
-        Route("/effects/{effect_id}/drop", act(drop), methods=["POST"]),
-        Route("/effects/retry-dead", act(retry_dead), methods=["POST"]),
-        Route("/effects/retry-dead", pages.view(confirm_retry_dead), methods=["GET"]),
-        Route("/news/letters/replay", act(replay), methods=["POST"]),
-        Route("/news/letters/purge", act(purge), methods=["POST"]),
-        Route("/news/sources/{source_id}/enable", act(enable), methods=["POST"]),
-        Route("/runs/run-now", act(run_now), methods=["POST"]),
-    ]
