@@ -21,7 +21,7 @@ from typing import Any, LiteralString, TypeVar, cast
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -48,7 +48,8 @@ V = TypeVar("V")
 
 
 def _of_kind(kind: type[V], value: object, query: LiteralString) -> V:
-    if not isinstance(value, kind):
+    # a bool is an int to isinstance: a count or an id that came back true is a mistake
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         first_line = query.strip().splitlines()[0] if query.strip() else query
         raise TypeError(
             f"expected {kind.__name__} in the first column, got {value!r} ({first_line})"
@@ -173,7 +174,11 @@ class _Executor:
         return await self.fetch_value(int, query, params) or 0
 
     async def _first_column(self, query: LiteralString, params: Params) -> list[Any]:
-        return [next(iter(row.values())) for row in await self.fetch(query, params)]
+        # by position, not through a dict: two columns of one name would keep the last one
+        async with self._bounded():
+            cur = self._conn.cursor(row_factory=tuple_row)
+            await cur.execute(query, self._params(params))
+            return [row[0] for row in await cur.fetchall()] if cur.description else []
 
     async def execute(self, query: LiteralString, params: Params = None) -> int:
         """Run a statement; returns the number of rows it touched."""
@@ -374,6 +379,10 @@ class Database(_Executor):
         async with self._acquire() as conn:
             return await self._executor(conn).fetch(query, params)
 
+    async def _first_column(self, query: LiteralString, params: Params) -> list[Any]:
+        async with self._acquire() as conn:
+            return await self._executor(conn)._first_column(query, params)
+
     async def execute(self, query: LiteralString, params: Params = None) -> int:
         async with self._acquire() as conn:
             return await self._executor(conn).execute(query, params)
@@ -454,6 +463,10 @@ class _RollbackDatabase(Database):
     async def fetch(self, query: LiteralString, params: Params = None) -> list[Row]:
         async with self.transaction() as tx:
             return await tx.fetch(query, params)
+
+    async def _first_column(self, query: LiteralString, params: Params) -> list[Any]:
+        async with self.transaction() as tx:
+            return await tx._first_column(query, params)
 
     async def execute(self, query: LiteralString, params: Params = None) -> int:
         async with self.transaction() as tx:

@@ -39,6 +39,15 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
     pages = Pages(ctx)
     act = action_doors.Actions(pages).guard
     return [
+        # the buttons first: "/runs/run-now" is not a run's page
+        Route("/effects/{effect_id}/retry", act(action_doors.retry_effect), methods=["POST"]),
+        Route("/effects/{effect_id}/drop", act(action_doors.drop), methods=["POST"]),
+        Route("/effects/retry-dead", act(action_doors.retry_dead), methods=["POST"]),
+        Route("/effects/retry-dead", pages.view(action_doors.confirm_retry_dead), methods=["GET"]),
+        Route("/news/letters/replay", act(action_doors.replay), methods=["POST"]),
+        Route("/news/letters/purge", act(action_doors.purge), methods=["POST"]),
+        Route("/news/sources/{source_id}/enable", act(action_doors.enable), methods=["POST"]),
+        Route("/runs/run-now", act(action_doors.run_now), methods=["POST"]),
         Route("/", pages.view(overview.show), methods=["GET"]),
         Route("/live.json", pages.view(overview.live), methods=["GET"]),
         Route("/runs", pages.view(runs.listing), methods=["GET"]),
@@ -52,14 +61,6 @@ def dashboard_routes(ctx: DashboardContext) -> list[BaseRoute]:
         Route("/login", pages.plain(sign_in.login_form), methods=["GET"]),
         Route("/login", pages.plain(sign_in.login), methods=["POST"]),
         Route("/logout", pages.plain(sign_in.logout), methods=["POST"]),
-        Route("/effects/{effect_id}/retry", act(action_doors.retry_effect), methods=["POST"]),
-        Route("/effects/{effect_id}/drop", act(action_doors.drop), methods=["POST"]),
-        Route("/effects/retry-dead", act(action_doors.retry_dead), methods=["POST"]),
-        Route("/effects/retry-dead", pages.view(action_doors.confirm_retry_dead), methods=["GET"]),
-        Route("/news/letters/replay", act(action_doors.replay), methods=["POST"]),
-        Route("/news/letters/purge", act(action_doors.purge), methods=["POST"]),
-        Route("/news/sources/{source_id}/enable", act(action_doors.enable), methods=["POST"]),
-        Route("/runs/run-now", act(action_doors.run_now), methods=["POST"]),
         Mount("/static", _Static(directory=HERE / "static"), name="static"),
     ]
 

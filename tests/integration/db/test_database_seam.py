@@ -34,6 +34,15 @@ async def test_a_value_of_another_kind_is_a_type_error_naming_the_query(db: Data
         await db.fetch_value(int, "SELECT '7'::text")
     with pytest.raises(TypeError, match="expected str in the first column, got None"):
         await db.fetch_values(str, "SELECT NULL::text")  # a list of str holds no NULL
+    with pytest.raises(TypeError, match="expected int in the first column, got True"):
+        await db.fetch_value(int, "SELECT true")  # a bool is an int to isinstance, not here
+
+
+async def test_the_first_column_is_the_first_even_when_two_share_a_name(db: Database) -> None:
+    assert await db.fetch_value(int, "SELECT 1 AS x, 2 AS x") == 1
+    assert await db.fetch_values(int, "SELECT 1, 2 UNION ALL SELECT 3, 4") == [1, 3]
+    # the dry-run view reads the same, inside the transaction it rolls back
+    assert await db.rollback_only().fetch_value(int, "SELECT 5 AS x, 6 AS x") == 5
 
 
 async def test_a_sessions_settings_are_reset_before_its_connection_goes_back(

@@ -114,6 +114,49 @@ async def test_a_lease_lost_mid_batch_cancels_the_calls_in_flight() -> None:
     assert calls.in_flight == 0  # every slot given back
 
 
+class TranslatingModel(SlowModel):
+    """A model whose every review is accepted with a summary at once, and whose translations
+    never answer by themselves (they wait to be cancelled)."""
+
+    translation_enabled = True
+
+    def __init__(self, calls: ModelCalls) -> None:
+        super().__init__(0.0, calls)
+        self.translating = 0
+        self.slots_full = asyncio.Event()  # every slot holds a translation
+
+    async def review(self, article: Article, scope: CallScope | None = None) -> Verdict:
+        await super().review(article, scope)
+        return Verdict(accepted=True, summary=f"about {article.url}", reviewer=self.name)
+
+    async def translate(
+        self, text: str, language: str, scope: CallScope | None = None
+    ) -> str | None:
+        async with self.calls.slot():
+            self.translating += 1
+            if self.translating == self.calls.concurrency:
+                self.slots_full.set()
+            await asyncio.Event().wait()  # until cancelled
+        return None
+
+
+async def test_a_lease_lost_while_translations_are_in_flight_keeps_the_paid_reviews() -> None:
+    """A review is paid for when it answers: losing the lease while its translation is in
+    flight cancels the translation, not the review. The batch hands every answered review on,
+    untranslated (the translation backlog asks for it later), and cuts off none of them."""
+    calls = ModelCalls(4)
+    model = TranslatingModel(calls)
+
+    async def lost() -> bool:
+        await model.slots_full.wait()  # 4 translations in flight that never answer
+        return False
+
+    done = await review_batch(model, batch(6), spend=Spend(), keep_alive=lost, renew_every=0.01)
+    assert [r.candidate.url for r in done.done] == [f"u{i}" for i in range(6)]
+    assert all(r.verdict is not None and r.translation is None for r in done.done)
+    assert done.cut_off == [] and calls.in_flight == 0
+
+
 async def test_a_cancelled_batch_cancels_its_calls_and_propagates() -> None:
     calls = ModelCalls(2)
     model = SlowModel(0.5, calls)

@@ -157,7 +157,9 @@ async def review_batch(
     concurrently: the reviewer holds its calls to NEWS_AI_CONCURRENCY in flight (and the rate),
     so this starts them all and lets the limits pace them. The shard lease is renewed every
     ``renew_every`` seconds while they run (``keep_alive``); a renewal refused cancels the
-    calls still in flight (structured: a TaskGroup) and leaves their candidates in ``cut_off``.
+    calls still in flight (structured: a TaskGroup) and leaves their candidates in ``cut_off``
+    — but a review that answered is paid for: one whose translation was cut is in ``done``,
+    untranslated (the translation backlog asks for it later).
     A cancellation from outside (SIGTERM) cancels every call too, and propagates; the reviews
     answered before it are in ``arrived`` (by the batch's index), paid for and the caller's to
     keep. The offline rules are asked one after another: they cost nothing, and their
