@@ -7,8 +7,8 @@ could change something for one that only reads or records.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -74,23 +74,31 @@ class Runtime:
         )
 
 
+@contextmanager
+def embedded_database(
+    settings: Settings, name: str | None = None, *, fresh: bool = False
+) -> Iterator[str | None]:
+    """The embedded PostgreSQL of NIGHTCREW_DATA_DIR, running while inside (stopped after, when
+    no other nightcrew process uses it): the URL of its default database, or of its database
+    ``name`` — made anew when ``fresh``, None when there is none (the demo's)."""
+    embedded = EmbeddedPostgres.start(settings.embedded_pgdata)
+    try:
+        yield embedded.uri if name is None else embedded.database(name, fresh=fresh)
+    finally:
+        embedded.stop()
+
+
 @asynccontextmanager
 async def open_database(settings: Settings) -> AsyncIterator[Database]:
     """The pool against DATABASE_URL, or against the embedded server when it is unset."""
-    embedded: EmbeddedPostgres | None = None
-    conninfo = settings.database_url
-    if conninfo is None:
-        embedded = EmbeddedPostgres.start(settings.embedded_pgdata)
-        conninfo = embedded.uri
-    try:
+    with ExitStack() as stack:
+        conninfo = settings.database_url or stack.enter_context(embedded_database(settings))
+        assert conninfo is not None  # the embedded server's default database always exists
         db = await Database.open(conninfo, policy=connection_policy(settings))
         try:
             yield db
         finally:
             await db.close()
-    finally:
-        if embedded is not None:
-            embedded.stop()
 
 
 def connection_policy(settings: Settings) -> ConnectionPolicy:

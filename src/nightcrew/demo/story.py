@@ -26,7 +26,6 @@ from nightcrew.assembly import open_runtime
 from nightcrew.clock import Clock
 from nightcrew.config import Settings
 from nightcrew.db.database import Database
-from nightcrew.db.embedded import EmbeddedPostgres
 from nightcrew.db.migrate import migrate
 from nightcrew.demo.news import tell_news
 from nightcrew.demo.seed import DAY, DEMO_MEDIA_URL, Sample, seed
@@ -34,7 +33,7 @@ from nightcrew.effects import outbox as effects_outbox
 from nightcrew.effects.deliver import handlers
 from nightcrew.errors import ConfigError
 from nightcrew.lifecycle.lanes import LaneReport, run_lane
-from nightcrew.runtime import Runtime
+from nightcrew.runtime import Runtime, embedded_database
 
 DEMO_DATABASE = "nightcrew_demo"
 
@@ -126,9 +125,7 @@ async def run_demo(settings: Settings, clock: Clock, *, events: str = "on stderr
     now = clock.now()
     media = _media(settings)
     shutil.rmtree(media, ignore_errors=True)
-    embedded = EmbeddedPostgres.start(settings.embedded_pgdata)
-    try:
-        uri = embedded.database(DEMO_DATABASE, fresh=True)
+    with embedded_database(settings, DEMO_DATABASE, fresh=True) as uri:
         assert uri is not None  # made anew
         demo_settings = _demo_settings(settings, uri, media).model_copy(
             # the sample feeds are on this machine: the one private address the demo may
@@ -142,16 +139,12 @@ async def run_demo(settings: Settings, clock: Clock, *, events: str = "on stderr
         reviewer = OfflineReviewer(blocked_terms=frozenset({"casino"}))
         async with open_runtime(demo_settings, clock, reviewer=reviewer) as runtime:
             return await _run(runtime, clock, now, settings, media, events)
-    finally:
-        embedded.stop()
 
 
 @contextmanager
 def demo_database(settings: Settings) -> Iterator[Settings]:
     """The last demo's database (``serve --demo``): the embedded server runs while inside."""
-    embedded = EmbeddedPostgres.start(settings.embedded_pgdata)
-    try:
-        uri = embedded.database(DEMO_DATABASE, fresh=False)
+    with embedded_database(settings, DEMO_DATABASE) as uri:
         if uri is None:
             raise ConfigError(
                 f"no demo database in {settings.embedded_pgdata}: run `nightcrew demo` first"
@@ -161,8 +154,6 @@ def demo_database(settings: Settings) -> Iterator[Settings]:
             # the page shows (and replays) the pipeline's dead letters when asked to
             shown = shown.model_copy(update={"queue_url": settings.queue_url})
         yield shown
-    finally:
-        embedded.stop()
 
 
 async def _run(
