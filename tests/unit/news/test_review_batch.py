@@ -10,9 +10,10 @@ import pytest
 
 from nightcrew.adapters.model_calls import ModelCalls
 from nightcrew.adapters.reviewer import Article, CallScope, Spend, Verdict
+from nightcrew.errors import DatabaseUnavailableError
 from nightcrew.news.steps.candidates import Candidate
 from nightcrew.news.steps.entries import FeedItem
-from nightcrew.news.steps.review import review_batch
+from nightcrew.news.steps.review import ItemReview, review_batch
 
 pytestmark = pytest.mark.unit
 
@@ -172,3 +173,38 @@ async def test_a_cancelled_batch_cancels_its_calls_and_propagates() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert len(model.started) == 2 and model.finished == [] and calls.in_flight == 0
+
+
+async def test_a_stop_wins_over_a_renewal_that_fails_as_it_is_cancelled() -> None:
+    """SIGTERM while a renewal is on its way to a database that is going away: the renewal,
+    cancelled, fails in its own way (a driver's lost connection). The batch still ends as
+    cancelled, so the caller keeps the reviews that arrived and the process ends as stopped."""
+    calls = ModelCalls(2)
+    model = SlowModel(0.0, calls, answered=2)  # two answer, the rest never do
+    renewing = asyncio.Event()
+
+    async def renewal_cut_by_the_stop() -> bool:
+        renewing.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise DatabaseUnavailableError("lost PostgreSQL while renewing") from None
+        return True
+
+    arrived: dict[int, ItemReview] = {}
+    task = asyncio.create_task(
+        review_batch(
+            model,
+            batch(6),
+            spend=Spend(),
+            keep_alive=renewal_cut_by_the_stop,
+            renew_every=0.0,
+            arrived=arrived,
+        )
+    )
+    await model.until_started(4)  # two answered, two in flight for ever
+    await renewing.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert sorted(arrived) == [0, 1] and calls.in_flight == 0
