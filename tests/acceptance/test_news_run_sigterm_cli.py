@@ -65,16 +65,8 @@ def test_sigterm_keeps_the_answers_that_arrived_so_the_next_run_pays_only_for_th
         assert sum(model.reviews.values()) == 10, "6 answered, 4 held in flight"
         answered_first = set(model.answered)
         assert len(answered_first) == 6
-        running.send_signal(signal.SIGTERM)
-        out, err = running.communicate(timeout=30)
-        assert running.returncode == 143, (out, err)
-        with psycopg.connect(fresh_db_url) as conn:
-            kept = conn.execute(
-                "SELECT url FROM news.candidates WHERE state = 'held' AND verdict IS NOT NULL"
-            ).fetchall()
-            written = conn.execute("SELECT count(*) FROM news.articles").fetchone()
-        assert {u for (u,) in kept} == answered_first
-        assert written == (0,)
+        kept, written = _stop_then_look(running, fresh_db_url)
+        assert kept == answered_first and written == 0
 
         model.hold_after = None
         again = run("news", "run", "--shard", "s", "--json", env=env)
@@ -109,15 +101,8 @@ def test_sigterm_keeps_a_review_whose_translation_was_still_in_flight(
         ):
             time.sleep(0.05)
         assert sum(model.answered.values()) == 12 and model.in_flight == 4
-        running.send_signal(signal.SIGTERM)
-        out, err = running.communicate(timeout=30)
-        assert running.returncode == 143, (out, err)
-        with psycopg.connect(fresh_db_url) as conn:
-            kept = conn.execute(
-                "SELECT count(*) FROM news.candidates WHERE state = 'held' AND verdict IS NOT NULL"
-            ).fetchone()
-            written = conn.execute("SELECT count(*) FROM news.articles").fetchone()
-        assert kept == (12,) and written == (0,)
+        kept, written = _stop_then_look(running, fresh_db_url)
+        assert len(kept) == 12 and written == 0
         assert model.translations == 0
 
         model.hold_translations = False
@@ -128,6 +113,21 @@ def test_sigterm_keeps_a_review_whose_translation_was_still_in_flight(
         assert report["aiReviewedCount"] == 0  # the 12 kept verdicts cost nothing
         assert all(n == 1 for n in model.reviews.values()) and len(model.reviews) == 12
         assert model.translations == 12
+
+
+def _stop_then_look(running: subprocess.Popen[str], db_url: str) -> tuple[set[str], int]:
+    """SIGTERM to the run, which ends as stopped (143); then the URLs whose verdicts stayed on
+    the held candidates, and how many articles were written."""
+    running.send_signal(signal.SIGTERM)
+    out, err = running.communicate(timeout=30)
+    assert running.returncode == 143, (out, err)
+    with psycopg.connect(db_url) as conn:
+        kept = conn.execute(
+            "SELECT url FROM news.candidates WHERE state = 'held' AND verdict IS NOT NULL"
+        ).fetchall()
+        written = conn.execute("SELECT count(*) FROM news.articles").fetchone()
+    assert written is not None
+    return {u for (u,) in kept}, written[0]
 
 
 def _one_feed(db_url: str, tmp_path: Path, farm: FeedFarm, model: ModelStandIn) -> dict[str, str]:
