@@ -20,6 +20,15 @@ def _wrong(checked: list[float]) -> bool:
     return False
 
 
+def _within_two_turns(checked: list[float], started: float, accepted: float) -> None:
+    """Answered within two turns of the gate, counted rather than timed (a loaded machine makes
+    each turn slower, not more of them): at most the wrong token being checked when it came and
+    the one whose turn was next went first; and far from what a queue of 64 takes."""
+    went_first = [t for t in checked if started < t < accepted]
+    assert len(went_first) <= 2, len(went_first)
+    assert accepted - started < 10 * DELAY, accepted - started
+
+
 async def test_wrong_tokens_from_many_addresses_are_checked_one_delay_apart() -> None:
     throttle = SignInThrottle(failure_delay=DELAY, max_in_flight=64, network_in_flight=64)
     checked: list[float] = []
@@ -150,11 +159,11 @@ async def test_a_fresh_address_goes_before_64_addresses_that_keep_guessing() -> 
     await asyncio.sleep(5 * DELAY)  # every guesser queued at the gate
     started = time.monotonic()
     assert await throttle.attempt("192.0.2.99", lambda: True) is Verdict.ACCEPTED
-    waited = time.monotonic() - started
+    accepted = time.monotonic()
     for task in attack:
         task.cancel()
     await asyncio.gather(*attack, return_exceptions=True)
-    assert waited < 2 * DELAY + 0.05, waited  # one turn, not 64
+    _within_two_turns(checked, started, accepted)  # one turn, not 64
     gaps = [b - a for a, b in itertools.pairwise(checked)]
     assert min(gaps) >= DELAY * 0.95  # the overall rate held all the while
 
@@ -211,11 +220,11 @@ async def test_a_wave_of_first_guesses_queued_before_the_operator_ranks_behind_i
     await asyncio.sleep(DELAY / 2)  # every guess is queued, the first one checked
     started = time.monotonic()
     assert await throttle.attempt("203.0.113.5", lambda: True) is Verdict.ACCEPTED
-    waited = time.monotonic() - started
+    accepted = time.monotonic()
     for task in wave:
         task.cancel()
     await asyncio.gather(*wave, return_exceptions=True)
-    assert waited < 2 * DELAY + 0.05, waited
+    _within_two_turns(checked, started, accepted)
 
 
 async def test_one_network_holds_at_most_its_share_of_places() -> None:
@@ -281,7 +290,8 @@ async def test_a_known_device_goes_before_a_wave_of_first_guesses_from_fresh_net
     new browser, who waits behind them; the operator's browser that signed in before (its
     device cookie) is checked within one turn, and has places of its own when all are taken."""
 
-    async def operator(throttle: SignInThrottle, *, known_device: bool) -> float:
+    async def operator(throttle: SignInThrottle, *, known_device: bool) -> tuple[float, int]:
+        """How long the operator waited, and how many wrong tokens were checked meanwhile."""
         checked: list[float] = []
         wave = [
             asyncio.create_task(throttle.attempt(f"198.{i}.100.1", lambda: _wrong(checked)))
@@ -292,18 +302,18 @@ async def test_a_known_device_goes_before_a_wave_of_first_guesses_from_fresh_net
         verdict = await throttle.attempt(
             "203.0.113.5", lambda: True, device="d1" if known_device else None
         )
-        waited = time.monotonic() - started
+        accepted = time.monotonic()
         for task in wave:
             task.cancel()
         await asyncio.gather(*wave, return_exceptions=True)
         assert verdict is Verdict.ACCEPTED
-        return waited
+        return accepted - started, len([t for t in checked if started < t < accepted])
 
     # every place taken by the wave (max_in_flight 64, no fresh reserve left for anyone)
     roomy = dict(failure_delay=DELAY, max_in_flight=64, fresh_reserve=0)
-    device = await operator(SignInThrottle(**roomy), known_device=True)
-    assert device < 2 * DELAY + 0.05, device
-    new_browser = await operator(
+    device, before_device = await operator(SignInThrottle(**roomy), known_device=True)
+    assert before_device <= 2 and device < 10 * DELAY, (before_device, device)
+    new_browser, _ = await operator(
         SignInThrottle(failure_delay=DELAY, max_in_flight=80), known_device=False
     )
     assert new_browser > 10 * DELAY, new_browser  # behind the wave: what the cookie buys
@@ -348,7 +358,7 @@ async def test_a_guesser_at_the_operators_address_does_not_hold_out_its_known_de
     assert await throttle.attempt("203.0.113.5", lambda: True) is Verdict.BUSY
     started = time.monotonic()
     assert await throttle.attempt("203.0.113.5", lambda: True, device="own") is Verdict.ACCEPTED
-    waited = time.monotonic() - started
+    accepted = time.monotonic()
     stop.set()
     await asyncio.gather(*loops)
-    assert waited < 2 * DELAY + 0.05, waited
+    _within_two_turns(checked, started, accepted)
