@@ -87,10 +87,6 @@ def _translate(
     return QueryError(primary or str(exc).strip() or type(exc).__name__, sqlstate=sqlstate)
 
 
-# The statement deadline of the work running in this task and the tasks it starts (seconds,
-# None: the pool's). A role whose statements are all short (the minute lane) gives up on a
-# silent server sooner than the pool's default. A ContextVar rather than a second pool: the
-# pool, and every adapter that holds it (the queue producer), is shared with the daily lane.
 def _without_secrets(value: Any, secrets: SecretValues) -> Any:
     """``value`` with every secret's value replaced in its strings, the containers' types kept
     (a list is an array to psycopg, a tuple is not)."""

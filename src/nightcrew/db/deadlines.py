@@ -14,6 +14,10 @@ from contextvars import ContextVar
 import psycopg
 from psycopg.rows import DictRow
 
+# The statement deadline of the work running in this task and the tasks it starts (seconds,
+# None: the pool's). A role whose statements are all short (the minute lane) gives up on a
+# silent server sooner than the pool's default. A ContextVar rather than a second pool: the
+# pool, and every adapter that holds it (the queue producer), is shared with the daily lane.
 _ROLE_DEADLINE: ContextVar[float | None] = ContextVar("nightcrew_db_deadline", default=None)
 
 

@@ -100,13 +100,18 @@ def handlers(runtime: Runtime) -> Mapping[str, EffectHandler]:
     return {**BUILT_IN, **runtime.effect_handlers}
 
 
+def _handler(runtime: Runtime, kind: str) -> EffectHandler | None:
+    """``handlers(runtime)[kind]``, without building the mapping for each effect."""
+    return runtime.effect_handlers.get(kind) or BUILT_IN.get(kind)
+
+
 # --- one attempt, by kind ----------------------------------------------------------------------
 async def deliver(
     runtime: Runtime, effect: Effect, now: datetime, siblings: Sequence[Effect] = ()
 ) -> Delivery:
     """One attempt. Never raises: an unexpected failure is a transient outcome with its text.
     ``siblings`` are effects that this one attempt settles too (see ``_same_delivery``)."""
-    handler = handlers(runtime).get(effect.kind)
+    handler = _handler(runtime, effect.kind)
     if handler is None:  # a process assembled without it: one that has it delivers it
         error = f"no handler for effect kind {effect.kind!r} in this process"
         return failed(error, permanent=False)
@@ -163,15 +168,18 @@ async def _mail(runtime: Runtime, effects: Sequence[Effect], _now: datetime) -> 
 
 
 BUILT_IN: Mapping[str, EffectHandler] = {
-    "queue": EffectHandler(kind="queue", deliver=_queue),
-    "mail": EffectHandler(kind="mail", deliver=_mail),
+    h.kind: h
+    for h in (
+        EffectHandler(kind="queue", deliver=_queue),
+        EffectHandler(kind="mail", deliver=_mail),
+    )
 }
 
 
 def _same_delivery(runtime: Runtime, effect: Effect) -> str:
     """Effects that one attempt delivers together (their handler's ``together``); every other
     effect is its own."""
-    handler = handlers(runtime).get(effect.kind)
+    handler = _handler(runtime, effect.kind)
     if handler is not None and handler.together is not None:
         return f"{effect.kind}:{handler.together(effect)}"
     return f"effect:{effect.id}"
@@ -282,7 +290,7 @@ def _settlement(
             runtime.metrics.inc("nightcrew_effects_delivered_total", kind=effect.kind)
         if log_delivered:
             event("effect_delivered", **_ids(effect), attempts=effect.attempts, **delivery.detail)
-            handler = handlers(runtime).get(effect.kind)
+            handler = _handler(runtime, effect.kind)
             if handler is not None and handler.drain_delivered is not None:
                 handler.drain_delivered(effect, delivery)  # its caller logged nothing
         return Settle(effect_id=effect.id, claimed_until=effect.claimed_until, outcome="delivered")

@@ -195,20 +195,26 @@ async def review_batch(
             await asyncio.gather(*(group.create_task(one(i, c)) for i, c in enumerate(batch)))
             renewer.cancel()
     except BaseExceptionGroup as failed:
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
-            # a SIGTERM that came as the lease was lost, or as a renewal failed in its own way
-            # (a database cut while it was cancelled): the stop wins, so the caller keeps what
-            # arrived and the process ends as stopped, not as failed
-            raise asyncio.CancelledError from failed
         _, others = failed.split(ShardLeaseLost)
-        if others is not None:  # not the lease: the first error, as itself
+        if others is not None and not _cancelling():  # not the lease: the first error, itself
             raise _first(others) from failed
         lost = True
+    if _cancelling():
+        # a SIGTERM that came as the lease was lost, or as a renewal failed in its own way (a
+        # database cut while it was cancelled): the stop wins, so the caller keeps what arrived
+        # and the process ends as stopped, not as failed
+        raise asyncio.CancelledError
     return BatchReview(
         done=[results[i] for i in sorted(results)],
         cut_off=[c for i, c in enumerate(batch) if i not in results] if lost else [],
     )
+
+
+def _cancelling() -> bool:
+    """Whether this task was asked to stop (a cancellation not yet delivered, or swallowed by
+    the TaskGroup in favour of its children's errors)."""
+    current = asyncio.current_task()
+    return current is not None and current.cancelling() > 0
 
 
 def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
