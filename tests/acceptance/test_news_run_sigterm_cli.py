@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -44,9 +45,7 @@ def test_sigterm_cancels_a_runs_model_calls_and_releases_its_locks(
         assert locks == (0,) and written == (0,)
 
         model.delay = 0.0
-        again = run("news", "run", "--shard", "s", "--json", env=env)
-        assert again.returncode == 0, again.stderr
-        assert json.loads(again.stdout)["processedCount"] == 12
+        assert _next_run(env)["processedCount"] == 12
 
 
 def test_sigterm_keeps_the_answers_that_arrived_so_the_next_run_pays_only_for_the_rest(
@@ -69,9 +68,7 @@ def test_sigterm_keeps_the_answers_that_arrived_so_the_next_run_pays_only_for_th
         assert kept == answered_first and written == 0
 
         model.hold_after = None
-        again = run("news", "run", "--shard", "s", "--json", env=env)
-        assert again.returncode == 0, again.stderr
-        report = json.loads(again.stdout)
+        report = _next_run(env)
         assert report["processedCount"] == 12
         assert report["aiReviewedCount"] == 6  # the 6 kept verdicts cost nothing
         assert all(model.reviews[url] == 1 for url in answered_first), model.reviews
@@ -106,13 +103,19 @@ def test_sigterm_keeps_a_review_whose_translation_was_still_in_flight(
         assert model.translations == 0
 
         model.hold_translations = False
-        again = run("news", "run", "--shard", "s", "--json", env=env)
-        assert again.returncode == 0, again.stderr
-        report = json.loads(again.stdout)
+        report = _next_run(env)
         assert report["processedCount"] == 12
         assert report["aiReviewedCount"] == 0  # the 12 kept verdicts cost nothing
         assert all(n == 1 for n in model.reviews.values()) and len(model.reviews) == 12
         assert model.translations == 12
+
+
+def _next_run(env: dict[str, str]) -> dict[str, Any]:
+    """The next `news run` of the shard, to its end: its report."""
+    again = run("news", "run", "--shard", "s", "--json", env=env)
+    assert again.returncode == 0, again.stderr
+    report: dict[str, Any] = json.loads(again.stdout)
+    return report
 
 
 def _stop_then_look(running: subprocess.Popen[str], db_url: str) -> tuple[set[str], int]:
