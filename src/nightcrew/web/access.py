@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from starlette.requests import Request
+from starlette.responses import Response
+
 from nightcrew.errors import ConfigError
 
 COOKIE = "nightcrew_dashboard"
@@ -234,3 +237,25 @@ def secure_cookie(scheme: str, client_host: str | None) -> bool:
     the cookie Secure, and a forwarded client elsewhere does too. Without that setting a front
     end on this machine looks like a developer, and its users' cookies are not Secure."""
     return scheme == "https" or client_host is None or not is_loopback(client_host)
+
+
+def set_strict_cookie(
+    response: Response,
+    request: Request,
+    name: str,
+    value: str,
+    *,
+    path: str = "/",
+    max_age: int | None = None,
+) -> None:
+    """Every cookie the dashboard sets: unreadable by scripts, never sent by another site's
+    page, and ``Secure`` as ``secure_cookie`` says."""
+    response.set_cookie(
+        name,
+        value,
+        max_age=max_age,
+        httponly=True,
+        samesite="strict",
+        secure=secure_cookie(request.url.scheme, request.client.host if request.client else None),
+        path=path,
+    )

@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -33,6 +32,7 @@ from nightcrew.web.access import COOKIE, is_loopback, same_origin
 from nightcrew.web.csrf import CSRF_COOKIE, CSRF_FIELD
 from nightcrew.web.host_and_headers import SECURITY_HEADERS as HEADERS
 from nightcrew.web.pages import news as news_page
+from nightcrew.web.pages.base import read_form
 
 if TYPE_CHECKING:
     from nightcrew.clock import Clock
@@ -145,16 +145,9 @@ class Actions:
         async def guarded(request: Request) -> Response:
             if (reason := self.may_act(request)) is not None:
                 return _refused(request, reason)
-            body = b""
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > MAX_ACTION_BODY:
-                    return Response("request too large\n", 413, media_type="text/plain")
-            try:
-                parsed = parse_qs(body.decode("utf-8", "replace"), max_num_fields=MAX_ACTION_FIELDS)
-            except ValueError:
-                return Response("too many form fields\n", 400, media_type="text/plain")
-            form = {k: v[0] for k, v in parsed.items()}
+            form = await read_form(request, max_bytes=MAX_ACTION_BODY, max_fields=MAX_ACTION_FIELDS)
+            if isinstance(form, Response):
+                return form
             session = request.cookies.get(COOKIE) if ctx.access.token is not None else None
             if not csrf.valid(request.cookies.get(CSRF_COOKIE), session, form.get(CSRF_FIELD)):
                 return _refused(request, "missing or wrong CSRF token (reload the page)")

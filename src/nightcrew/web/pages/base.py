@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, urlencode
 
 import jinja2
 from markupsafe import Markup
@@ -29,7 +29,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from nightcrew.db.database import QueryError
 from nightcrew.errors import MIGRATE_HINT, SCHEMA_MISSING_SQLSTATES, NightcrewError
 from nightcrew.log import SecretValues, describe_error, error, redact_url_passwords, warning
-from nightcrew.web.access import COOKIE, same_origin, secure_cookie
+from nightcrew.web.access import COOKIE, same_origin, set_strict_cookie
 from nightcrew.web.context import DashboardContext
 from nightcrew.web.csrf import CSRF_COOKIE, Csrf
 from nightcrew.web.host_and_headers import SECURITY_HEADERS as HEADERS
@@ -47,6 +47,23 @@ CONCURRENT_PAGES = 2
 
 Handler = Callable[[Request], Awaitable[Response]]
 PageHandler = Callable[["Pages", Request], Awaitable[Response]]
+
+
+async def read_form(
+    request: Request, *, max_bytes: int, max_fields: int
+) -> dict[str, str] | Response:
+    """A POSTed form's fields (the first value of each), read no further than ``max_bytes``;
+    or the 413 or 400 that refuses it."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_bytes:
+            return Response("request too large\n", 413, media_type="text/plain")
+    try:
+        parsed = parse_qs(body.decode("utf-8", "replace"), max_num_fields=max_fields)
+    except ValueError:
+        return Response("too many form fields\n", 400, media_type="text/plain")
+    return {k: v[0] for k, v in parsed.items()}
 
 
 class BadRequest(NightcrewError, ValueError):
@@ -87,16 +104,7 @@ class Pages:
         )
         response = HTMLResponse(body, status_code=status, headers=HEADERS)
         if fresh:
-            response.set_cookie(
-                CSRF_COOKIE,
-                value,
-                httponly=True,
-                samesite="strict",
-                secure=secure_cookie(
-                    request.url.scheme, request.client.host if request.client else None
-                ),
-                path="/",
-            )
+            set_strict_cookie(response, request, CSRF_COOKIE, value)
         return response
 
     def shown(self, text: str) -> str:

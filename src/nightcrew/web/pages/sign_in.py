@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from urllib.parse import parse_qs
-
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
@@ -14,14 +12,15 @@ from nightcrew.web.access import (
     DEVICE_MAX_AGE_SECONDS,
     SESSION_MAX_AGE_SECONDS,
     secure_cookie,
+    set_strict_cookie,
 )
 from nightcrew.web.host_and_headers import SECURITY_HEADERS as HEADERS
-from nightcrew.web.pages.base import (
-    Pages,
-)
+from nightcrew.web.pages.base import Pages, read_form
 from nightcrew.web.throttle import BUSY_RETRY_AFTER_SECONDS, Verdict
 
 MAX_LOGIN_BODY = 4096
+# the form's token and next, and room for a browser's extra field or two
+MAX_LOGIN_FIELDS = 4
 
 
 async def login_form(pages: Pages, request: Request) -> Response:
@@ -37,17 +36,11 @@ async def login_form(pages: Pages, request: Request) -> Response:
 async def login(pages: Pages, request: Request) -> Response:
     if (refused := pages.cross_site(request)) is not None:
         return refused
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_LOGIN_BODY:
-            return Response("request too large\n", 413, media_type="text/plain")
-    try:
-        form = parse_qs(body.decode("utf-8", "replace"), max_num_fields=4)
-    except ValueError:
-        return Response("too many form fields\n", 400, media_type="text/plain")
-    offered = (form.get("token") or [""])[0]
-    target = safe_next((form.get("next") or ["/"])[0])
+    form = await read_form(request, max_bytes=MAX_LOGIN_BODY, max_fields=MAX_LOGIN_FIELDS)
+    if isinstance(form, Response):
+        return form
+    offered = form.get("token", "")
+    target = safe_next(form.get("next", "/"))
     if pages.ctx.access.token is None:
         return RedirectResponse(target, 303)
     client = request.client.host if request.client else None
@@ -79,25 +72,18 @@ async def login(pages: Pages, request: Request) -> Response:
             problem="That is not the dashboard token.",
         )
     response = RedirectResponse(target, 303, headers=HEADERS)
-    secure = secure_cookie(request.url.scheme, client)
-    response.set_cookie(
-        COOKIE,
-        pages.ctx.access.session_value(now),
-        max_age=SESSION_MAX_AGE_SECONDS,
-        httponly=True,
-        samesite="strict",
-        secure=secure,
-        path="/",
+    access = pages.ctx.access
+    set_strict_cookie(
+        response, request, COOKIE, access.session_value(now), max_age=SESSION_MAX_AGE_SECONDS
     )
     # sent back to the sign-in form only; kept past sign-out, which ends the session
-    response.set_cookie(
+    set_strict_cookie(
+        response,
+        request,
         DEVICE_COOKIE,
-        pages.ctx.access.device_value(now),
-        max_age=DEVICE_MAX_AGE_SECONDS,
-        httponly=True,
-        samesite="strict",
-        secure=secure,
+        access.device_value(now),
         path="/login",
+        max_age=DEVICE_MAX_AGE_SECONDS,
     )
     return response
 
