@@ -21,7 +21,7 @@ from typing import Any, LiteralString, TypeVar, cast
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import DictRow, dict_row, tuple_row
+from psycopg.rows import BaseRowFactory, DictRow, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -34,7 +34,7 @@ from nightcrew.db.connection import (
     url_options,
 )
 from nightcrew.db.deadlines import SEVER_GRACE, Severer, role_bound
-from nightcrew.db.records import R, as_record, as_records
+from nightcrew.db.records import R, record_row
 from nightcrew.errors import DatabaseUnavailableError
 
 # a refused statement's error lives with the other errors (the command line catches it without
@@ -45,6 +45,7 @@ from nightcrew.log import SecretValues
 Row = dict[str, Any]
 Params = Mapping[str, Any] | None
 V = TypeVar("V")
+T = TypeVar("T")  # a row, as a row factory makes it
 
 
 def _of_kind(kind: type[V], value: object, query: LiteralString) -> V:
@@ -129,10 +130,19 @@ class _Executor:
             return params
         return _without_secrets(params, self._secrets)  # type: ignore[no-any-return]
 
-    async def fetch(self, query: LiteralString, params: Params = None) -> list[Row]:
+    async def _rows(
+        self, query: LiteralString, params: Params, row_factory: BaseRowFactory[T]
+    ) -> list[T]:
+        """Every row of the query's answer, each made by ``row_factory`` (none for a statement
+        that answers no rows): the one read that ``Database`` and its views route to a
+        connection of their own."""
         async with self._bounded():
-            cur = await self._conn.execute(query, self._params(params))
-            return await cur.fetchall() if cur.description else []  # dict_row: dicts already
+            cur = self._conn.cursor(row_factory=row_factory)
+            await cur.execute(query, self._params(params))
+            return await cur.fetchall() if cur.description else []
+
+    async def fetch(self, query: LiteralString, params: Params = None) -> list[Row]:
+        return await self._rows(query, params, dict_row)
 
     async def fetch_one(self, query: LiteralString, params: Params = None) -> Row | None:
         rows = await self.fetch(query, params)
@@ -142,13 +152,13 @@ class _Executor:
         self, record: type[R], query: LiteralString, params: Params = None
     ) -> list[R]:
         """Each row as ``record`` (``db/records.py``)."""
-        return as_records(record, await self.fetch(query, params))
+        return await self._rows(query, params, record_row(record))
 
     async def fetch_one_as(
         self, record: type[R], query: LiteralString, params: Params = None
     ) -> R | None:
-        row = await self.fetch_one(query, params)
-        return None if row is None else as_record(record, row)
+        records = await self.fetch_as(record, query, params)
+        return records[0] if records else None
 
     async def fetch_values(
         self, kind: type[V], query: LiteralString, params: Params = None
@@ -171,10 +181,7 @@ class _Executor:
 
     async def _first_column(self, query: LiteralString, params: Params) -> list[Any]:
         # by position, not through a dict: two columns of one name would keep the last one
-        async with self._bounded():
-            cur = self._conn.cursor(row_factory=tuple_row)
-            await cur.execute(query, self._params(params))
-            return [row[0] for row in await cur.fetchall()] if cur.description else []
+        return [row[0] for row in await self._rows(query, params, tuple_row)]
 
     async def execute(self, query: LiteralString, params: Params = None) -> int:
         """Run a statement; returns the number of rows it touched."""
@@ -371,13 +378,11 @@ class Database(_Executor):
             with contextlib.suppress(psycopg.Error):
                 await conn.close()
 
-    async def fetch(self, query: LiteralString, params: Params = None) -> list[Row]:
+    async def _rows(
+        self, query: LiteralString, params: Params, row_factory: BaseRowFactory[T]
+    ) -> list[T]:
         async with self._acquire() as conn:
-            return await self._executor(conn).fetch(query, params)
-
-    async def _first_column(self, query: LiteralString, params: Params) -> list[Any]:
-        async with self._acquire() as conn:
-            return await self._executor(conn)._first_column(query, params)
+            return await self._executor(conn)._rows(query, params, row_factory)
 
     async def execute(self, query: LiteralString, params: Params = None) -> int:
         async with self._acquire() as conn:
@@ -456,13 +461,11 @@ class Database(_Executor):
 
 
 class _RollbackDatabase(Database):
-    async def fetch(self, query: LiteralString, params: Params = None) -> list[Row]:
+    async def _rows(
+        self, query: LiteralString, params: Params, row_factory: BaseRowFactory[T]
+    ) -> list[T]:
         async with self.transaction() as tx:
-            return await tx.fetch(query, params)
-
-    async def _first_column(self, query: LiteralString, params: Params) -> list[Any]:
-        async with self.transaction() as tx:
-            return await tx._first_column(query, params)
+            return await tx._rows(query, params, row_factory)
 
     async def execute(self, query: LiteralString, params: Params = None) -> int:
         async with self.transaction() as tx:

@@ -11,11 +11,15 @@ not with a ``KeyError`` somewhere downstream.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+import functools
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from psycopg.rows import BaseRowFactory, RowMaker, no_result
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
+    from psycopg._cursor_base import BaseCursor  # what psycopg.rows types a factory with
 
 # a record is a dataclass: mypy refuses ``fetch_as(UUID, …)``, which wants ``fetch_values``
 R = TypeVar("R", bound="DataclassInstance")
@@ -40,18 +44,56 @@ def _columns(record: type[Any]) -> tuple[tuple[str, bool], ...]:
     return known
 
 
+def _missing(record: type[Any], name: str, columns: Iterable[str]) -> TypeError:
+    return TypeError(
+        f"{record.__name__}.{name}: the query returns no column {name!r} "
+        f"(it returns {', '.join(columns)})"
+    )
+
+
 def as_record(record: type[R], row: Mapping[str, Any]) -> R:
     values: dict[str, Any] = {}
     for name, required in _columns(record):
         if name in row:
             values[name] = row[name]
         elif required:
-            raise TypeError(
-                f"{record.__name__}.{name}: the query returns no column {name!r} "
-                f"(it returns {', '.join(row)})"
-            )
+            raise _missing(record, name, row)
     return record(**values)
 
 
 def as_records(record: type[R], rows: Iterable[Mapping[str, Any]]) -> list[R]:
     return [as_record(record, row) for row in rows]
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(record: type[Any], columns: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """(field, column index) of each field a result with ``columns`` fills: worked out once a
+    record and a query's columns, not per row. Of two columns of one name the last counts, as
+    in a dict row."""
+    index = {name: i for i, name in enumerate(columns)}
+    plan = []
+    for name, required in _columns(record):
+        if name in index:
+            plan.append((name, index[name]))
+        elif required:
+            raise _missing(record, name, columns)
+    return tuple(plan)
+
+
+def record_row(record: type[R]) -> BaseRowFactory[R]:
+    """A psycopg row factory: each row straight into ``record``, by the result's column names
+    (``as_record``'s rules: a column the record does not name is left out, a missing required
+    field a ``TypeError``), without a dict row in between."""
+
+    def factory(cursor: BaseCursor[Any, Any]) -> RowMaker[R]:
+        description = cursor.description
+        if description is None:
+            return no_result
+        plan = _plan(record, tuple(column.name for column in description))
+
+        def make(values: Sequence[Any]) -> R:
+            return record(**{name: values[i] for name, i in plan})
+
+        return make
+
+    return factory

@@ -1,15 +1,24 @@
 """The database seam against a real PostgreSQL. A query that answers one column needs no record:
 ``fetch_values`` / ``fetch_value`` give its first column, each value checked to be the kind the
-caller named; a session's settings end with it."""
+caller named; ``fetch_as`` reads each row straight into its record, by the columns' names; a
+session's settings end with it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
 import pytest
 
 from nightcrew.db.database import Database
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Sample:
+    id: int
+    label: str
+    note: str | None = None
 
 
 async def test_fetch_values_gives_the_first_column_of_every_row_in_order(db: Database) -> None:
@@ -65,3 +74,33 @@ async def test_a_sessions_settings_are_reset_before_its_connection_goes_back(
         assert await db.fetch_value(str, "SHOW statement_timeout") != "90s"
     finally:
         await db.close()
+
+
+async def test_fetch_as_reads_rows_into_records_by_column_name(db: Database) -> None:
+    # columns in another order than the fields, one the record does not name, a default kept
+    rows = await db.fetch_as(
+        _Sample,
+        "SELECT 'x' || s AS label, now() AS added_later, s AS id"
+        " FROM generate_series(1, 2) AS s ORDER BY s",
+    )
+    assert rows == [_Sample(id=1, label="x1"), _Sample(id=2, label="x2")]
+    assert await db.fetch_one_as(_Sample, "SELECT 3 AS id, 'y' AS label, 'n' AS note") == (
+        _Sample(id=3, label="y", note="n")
+    )
+    assert await db.fetch_one_as(_Sample, "SELECT 1 AS id, 'z' AS label WHERE false") is None
+    # of two columns of one name the last counts, as in a dict row
+    assert await db.fetch_as(_Sample, "SELECT 1 AS id, 'a' AS label, 'b' AS label") == [
+        _Sample(id=1, label="b")
+    ]
+
+
+async def test_a_query_without_a_records_column_fails_naming_both_and_the_pool_goes_on(
+    db: Database,
+) -> None:
+    with pytest.raises(TypeError) as raised:
+        await db.fetch_as(_Sample, "SELECT 1 AS id, 'x' AS title")
+    assert str(raised.value) == (
+        "_Sample.label: the query returns no column 'label' (it returns id, title)"
+    )
+    # the connection went back whole: the next query on the pool answers
+    assert await db.fetch_value(int, "SELECT 41 + 1") == 42
