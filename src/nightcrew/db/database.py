@@ -34,7 +34,7 @@ from nightcrew.db.connection import (
     url_options,
 )
 from nightcrew.db.deadlines import SEVER_GRACE, Severer, role_bound
-from nightcrew.db.records import R, record_row
+from nightcrew.db.records import R, answers_rows, record_row
 from nightcrew.errors import DatabaseUnavailableError
 
 # a refused statement's error lives with the other errors (the command line catches it without
@@ -139,7 +139,7 @@ class _Executor:
         async with self._bounded():
             cur = self._conn.cursor(row_factory=row_factory)
             await cur.execute(query, self._params(params))
-            return await cur.fetchall() if cur.description else []
+            return await cur.fetchall() if answers_rows(cur) else []
 
     async def fetch(self, query: LiteralString, params: Params = None) -> list[Row]:
         return await self._rows(query, params, dict_row)

@@ -15,6 +15,7 @@ import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from psycopg import pq
 from psycopg.rows import BaseRowFactory, RowMaker, no_result
 
 if TYPE_CHECKING:
@@ -24,6 +25,11 @@ if TYPE_CHECKING:
 # a record is a dataclass: mypy refuses ``fetch_as(UUID, …)``, which wants ``fetch_values``
 R = TypeVar("R", bound="DataclassInstance")
 
+
+# the statuses of a result that has rows to read (as ``cursor.description`` tells them)
+_ANSWERED_ROWS = frozenset(
+    {pq.ExecStatus.TUPLES_OK, pq.ExecStatus.SINGLE_TUPLE, pq.ExecStatus.TUPLES_CHUNK}
+)
 
 _COLUMNS: dict[type[Any], tuple[tuple[str, bool], ...]] = {}
 
@@ -86,10 +92,10 @@ def record_row(record: type[R]) -> BaseRowFactory[R]:
     field a ``TypeError``), without a dict row in between."""
 
     def factory(cursor: BaseCursor[Any, Any]) -> RowMaker[R]:
-        description = cursor.description
-        if description is None:
+        columns = column_names(cursor)
+        if columns is None:
             return no_result
-        plan = _plan(record, tuple(column.name for column in description))
+        plan = _plan(record, columns)
 
         def make(values: Sequence[Any]) -> R:
             return record(**{name: values[i] for name, i in plan})
@@ -97,3 +103,21 @@ def record_row(record: type[R]) -> BaseRowFactory[R]:
         return make
 
     return factory
+
+
+def column_names(cursor: BaseCursor[Any, Any]) -> tuple[str, ...] | None:
+    """The names of the columns of the cursor's answer; None for a statement that answers no
+    rows. Read off the result itself: ``cursor.description`` builds a ``Column`` a column each
+    time it is read (a few microseconds each, on every query)."""
+    result = cursor.pgresult
+    if result is None or not answers_rows(cursor):
+        return None
+    encoding = cursor.connection.info.encoding
+    return tuple((result.fname(i) or b"").decode(encoding) for i in range(result.nfields))
+
+
+def answers_rows(cursor: BaseCursor[Any, Any]) -> bool:
+    """Whether the cursor's statement answered rows to fetch (``cursor.description`` is not
+    None), without building its columns."""
+    result = cursor.pgresult
+    return result is not None and result.status in _ANSWERED_ROWS
