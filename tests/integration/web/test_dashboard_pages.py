@@ -107,7 +107,11 @@ async def test_runs_filter_by_lane_status_and_day(
         night.failed_run,
     ]
     assert run_ids((await open_client.get("/runs?status=failed")).text) == [night.failed_run]
-    assert run_ids((await open_client.get("/runs?status=skipped")).text) == [night.skipped_run]
+    skipped = (await open_client.get("/runs?status=skipped")).text
+    assert run_ids(skipped) == [night.skipped_run]
+    # a completed run whose report says it was skipped is shown as skipped, not completed
+    assert '<span class="status skipped">skipped</span>' in skipped
+    assert '<span class="status completed' not in skipped
     completed = run_ids((await open_client.get("/runs?status=completed")).text)
     assert completed == [night.daily_run, night.minute_run]  # a skipped run is not "completed"
     yesterday = (clock.now() - timedelta(days=1, hours=1)).date().isoformat()

@@ -123,45 +123,6 @@ class RunFilter:
         return {k: str(v) for k, v in values.items() if v}
 
 
-@dataclass(frozen=True, kw_only=True)
-class RunRow:
-    id: int
-    lane: str
-    trigger: str
-    slot: datetime | None
-    started_at: datetime
-    finished_at: datetime | None
-    status: str  # running / completed / failed / abandoned / skipped
-    attempts: int
-    error: str | None
-    failures: int
-    headline: dict[str, int | float]
-    duration_ms: float | None
-    requested_by: str | None = None  # an operator's manual run: "dashboard ADDRESS", "cli"
-
-    @property
-    def duration(self) -> timedelta | None:
-        return _duration(self.duration_ms, self.started_at, self.finished_at)
-
-    @classmethod
-    def of(cls, r: _ListedRun) -> RunRow:
-        return cls(
-            id=r.id,
-            lane=r.lane,
-            trigger=r.trigger,
-            slot=r.slot,
-            started_at=r.started_at,
-            finished_at=r.finished_at,
-            status=_shown_status(r.status, r.skipped),
-            attempts=r.attempts,
-            error=r.error,
-            failures=r.failures or 0,
-            headline=dict(r.headline or {}),
-            duration_ms=finite_ms(r.duration_ms),
-            requested_by=r.requested_by,
-        )
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _RunColumns:
     """The columns of ``nightcrew.runs`` both the list and a run's page read."""
@@ -174,18 +135,22 @@ class _RunColumns:
     finished_at: datetime | None
     status: str
     attempts: int
-    requested_by: str | None = None
+    requested_by: str | None = None  # an operator's manual run: "dashboard ADDRESS", "cli"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class _ListedRun(_RunColumns):
-    """A row of ``runs_page``: the report's few fields the list shows, read in SQL."""
+class RunRow(_RunColumns):
+    """A row of ``runs_page``: a listed run, its status as shown (a skipped shard's run is
+    ``skipped``) and the report's few fields the list shows, read in SQL."""
 
-    skipped: bool | None
     error: str | None
-    failures: int | None
-    headline: dict[str, int | float] | None  # the report's nonzero numbers (runs.sql)
+    failures: int
+    headline: dict[str, int | float]  # the report's nonzero numbers (runs.sql)
     duration_ms: str | None  # as stored: a report is not trusted (finite_ms reads it)
+
+    @property
+    def duration(self) -> timedelta | None:
+        return _duration(finite_ms(self.duration_ms), self.started_at, self.finished_at)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -240,7 +205,7 @@ async def runs_page(db: Database, wanted: RunFilter, *, limit: int = PAGE_SIZE) 
             before_at, before_id = until, 0
     query = SQL["runs_page"].replace("/*filters*/", "\n   ".join(filters))
     rows = await db.fetch_as(
-        _ListedRun,
+        RunRow,
         query,
         {
             "lane": wanted.lane,
@@ -251,9 +216,9 @@ async def runs_page(db: Database, wanted: RunFilter, *, limit: int = PAGE_SIZE) 
             "limit": limit + 1,
         },
     )
-    records = [RunRow.of(r) for r in rows[:limit]]
-    older = encode_cursor(records[-1].started_at, records[-1].id) if len(rows) > limit else None
-    return RunPage(rows=records, older=older)
+    shown = rows[:limit]
+    older = encode_cursor(shown[-1].started_at, shown[-1].id) if len(rows) > limit else None
+    return RunPage(rows=shown, older=older)
 
 
 @dataclass(frozen=True, kw_only=True)

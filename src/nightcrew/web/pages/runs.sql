@@ -27,9 +27,10 @@ SELECT l.lane, last.id, last.status, last.started_at, last.finished_at,
 
 -- name: runs_page
 -- The filters marker below is replaced by fixed fragments only (web/pages/runs.py), never by request text.
-SELECT r.id, r.lane, r.trigger, r.slot, r.started_at, r.finished_at, r.status, r.attempts,
-       r.requested_by,
-       (r.report ->> 'skipped') = 'true' AS skipped,
+SELECT r.id, r.lane, r.trigger, r.slot, r.started_at, r.finished_at, r.attempts, r.requested_by,
+       -- a completed run whose report says it was skipped (a shard another worker held)
+       CASE WHEN r.status = 'completed' AND (r.report ->> 'skipped') = 'true' THEN 'skipped'
+            ELSE r.status END AS status,
        r.report ->> 'error' AS error,
        -- a lane's report stored before it spelled durationMs as every report does says duration_ms
        coalesce(r.report ->> 'durationMs', r.report ->> 'duration_ms') AS duration_ms,
