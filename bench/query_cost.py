@@ -6,7 +6,7 @@ Each line is the median of ``--repeat`` rounds of ``--queries`` queries, one aft
 real PostgreSQL: ``SELECT 1`` on one psycopg connection of its own; the same through
 psycopg_pool without and with the pool's check of the connection it hands out; the same through
 ``Database.fetch`` (nightcrew's pool: the check, a statement deadline, a checkout and return that
-a cancelled caller cannot lose); and a 50-row, 13-column page of ``nightcrew.runs``-like rows as
+a cancelled caller cannot lose); and a 50-row, 13-column page of the run history's rows as
 dict rows (``Database.fetch``) and as records (``Database.fetch_as``). No target: it says where
 a pooled query's time goes (docs/benchmarks.md, "Before and after the records and rooms").
 """
@@ -18,8 +18,6 @@ import asyncio
 import statistics
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from datetime import datetime
 
 import psycopg
 from psycopg.rows import dict_row
@@ -27,8 +25,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from bench._db import admin_url
 from nightcrew.db.database import Database
+from nightcrew.web.pages.runs import RunRow
 
-# a run history page's shape: 50 rows of 13 columns
+# a run history page's shape (its RunRow): 50 rows of 13 columns
 PAGE = """
 SELECT g AS id, 'minute' AS lane, 'scheduled' AS trigger, now() AS slot, now() AS started_at,
        now() AS finished_at, 'completed' AS status, 1 AS attempts, NULL::text AS error,
@@ -36,23 +35,6 @@ SELECT g AS id, 'minute' AS lane, 'scheduled' AS trigger, now() AS slot, now() A
        NULL::text AS requested_by
   FROM generate_series(1, 50) AS g
 """
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Run:
-    id: int
-    lane: str
-    trigger: str
-    slot: datetime | None
-    started_at: datetime
-    finished_at: datetime | None
-    status: str
-    attempts: int
-    error: str | None
-    failures: int | None
-    headline: dict[str, int] | None
-    duration_ms: str | None
-    requested_by: str | None
 
 
 async def _median_us(query: Callable[[], Awaitable[object]], queries: int, repeat: int) -> float:
@@ -127,7 +109,7 @@ async def main(queries: int, repeat: int) -> None:
             lines.append(
                 (
                     "a 50-row page, Database.fetch_as (records)",
-                    await _median_us(lambda: db.fetch_as(_Run, PAGE), queries, repeat),
+                    await _median_us(lambda: db.fetch_as(RunRow, PAGE), queries, repeat),
                 )
             )
         finally:
