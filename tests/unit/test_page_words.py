@@ -49,7 +49,6 @@ def test_a_runs_jobs_are_listed_in_the_lanes_order(lane: Lane) -> None:
         heartbeat_at=now,
         status="completed",
         attempts=1,
-        report={"jobs": stored},
-        raw={},
+        raw={"jobs": stored},
     )
     assert [job.name for job in run.jobs] == names

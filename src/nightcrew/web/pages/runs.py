@@ -154,14 +154,6 @@ class RunRow(_RunColumns):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class _StoredRun(_RunColumns):
-    """A row of ``run``: the run and its report as stored."""
-
-    heartbeat_at: datetime | None
-    report: Any
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class _LatestRun:
     lane: str
     id: int
@@ -253,20 +245,18 @@ class JobRow:
         )
 
 
-@dataclass(frozen=True, kw_only=True)
-class RunDetail:
-    id: int
-    lane: str
-    trigger: str
-    slot: datetime | None
-    started_at: datetime
-    finished_at: datetime | None
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunDetail(_RunColumns):
+    """A row of ``run``: one run, its status as shown (as in the list) and its report as
+    stored (``raw``, for the JSON view)."""
+
     heartbeat_at: datetime | None
-    status: str
-    attempts: int
-    report: JsonObject  # {} when what is stored is not an object
-    raw: Any  # what is stored, for the JSON view
-    requested_by: str | None = None
+    raw: Any
+
+    @property
+    def report(self) -> JsonObject:
+        """The stored report; {} when what is stored is not an object."""
+        return self.raw if isinstance(self.raw, dict) else {}
 
     @property
     def duration(self) -> timedelta | None:
@@ -285,24 +275,7 @@ class RunDetail:
 
 
 async def run_detail(db: Database, run_id: int) -> RunDetail | None:
-    stored = await db.fetch_one_as(_StoredRun, SQL["run"], {"id": run_id})
-    if stored is None:
-        return None
-    report = stored.report if isinstance(stored.report, dict) else {}
-    return RunDetail(
-        id=stored.id,
-        lane=stored.lane,
-        trigger=stored.trigger,
-        slot=stored.slot,
-        started_at=stored.started_at,
-        finished_at=stored.finished_at,
-        heartbeat_at=stored.heartbeat_at,
-        status=_shown_status(stored.status, report.get("skipped") is True),
-        attempts=stored.attempts,
-        report=report,
-        raw=stored.report,
-        requested_by=stored.requested_by,
-    )
+    return await db.fetch_one_as(RunDetail, SQL["run"], {"id": run_id})
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -51,8 +51,11 @@ SELECT r.id, r.lane, r.trigger, r.slot, r.started_at, r.finished_at, r.attempts,
  LIMIT %(limit)s;
 
 -- name: run
-SELECT id, lane, trigger, slot, started_at, finished_at, heartbeat_at, status, attempts, report,
-       requested_by
+SELECT id, lane, trigger, slot, started_at, finished_at, heartbeat_at, attempts, requested_by,
+       -- as the list shows it (runs_page)
+       CASE WHEN status = 'completed' AND (report ->> 'skipped') = 'true' THEN 'skipped'
+            ELSE status END AS status,
+       report AS raw
   FROM nightcrew.runs WHERE id = %(id)s;
 
 -- name: run_names
