@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 R = TypeVar("R", bound="DataclassInstance")
 
 
-# the statuses of a result that has rows to read (as ``cursor.description`` tells them)
+# the statuses of a result that has rows to read (what ``cursor.description`` answers a
+# column list for, but for a result of no columns and no such status, which no query of ours is)
 _ANSWERED_ROWS = frozenset(
     {pq.ExecStatus.TUPLES_OK, pq.ExecStatus.SINGLE_TUPLE, pq.ExecStatus.TUPLES_CHUNK}
 )

@@ -20,13 +20,14 @@ import secrets
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from starlette.requests import Request
-from starlette.responses import Response
-
 from nightcrew.errors import ConfigError
+
+if TYPE_CHECKING:  # the command line imports this module: no web framework at its start
+    from starlette.requests import Request
+    from starlette.responses import Response
 
 COOKIE = "nightcrew_dashboard"
 DEVICE_COOKIE = "nightcrew_device"

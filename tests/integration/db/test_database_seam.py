@@ -95,12 +95,21 @@ async def test_fetch_as_reads_rows_into_records_by_column_name(db: Database) -> 
 
 
 async def test_a_query_without_a_records_column_fails_naming_both_and_the_pool_goes_on(
-    db: Database,
+    fresh_db_url: str,
 ) -> None:
-    with pytest.raises(TypeError) as raised:
-        await db.fetch_as(_Sample, "SELECT 1 AS id, 'x' AS title")
-    assert str(raised.value) == (
-        "_Sample.label: the query returns no column 'label' (it returns id, title)"
-    )
-    # the connection went back whole: the next query on the pool answers
-    assert await db.fetch_value(int, "SELECT 41 + 1") == 42
+    # one connection: were it lost, the next query would time out
+    db = await Database.open(fresh_db_url, max_size=1)
+    try:
+        for _ in range(3):
+            with pytest.raises(TypeError) as raised:
+                await db.fetch_as(_Sample, "SELECT 1 AS id, 'x' AS title")
+            assert str(raised.value) == (
+                "_Sample.label: the query returns no column 'label' (it returns id, title)"
+            )
+        # the connection went back whole, each time: the next query on the pool answers
+        assert await db.fetch_value(int, "SELECT 41 + 1") == 42
+        # a record and a query that disagree fail even when no row comes back
+        with pytest.raises(TypeError, match="no column 'label'"):
+            await db.fetch_as(_Sample, "SELECT 1 AS id WHERE false")
+    finally:
+        await db.close()
