@@ -444,3 +444,24 @@ async def test_reconcile_behind_a_same_host_proxy_is_guarded_by_its_bearer_not_t
     assert (refused.status_code, wrong.status_code) == (401, 401)
     assert len(asked) == 1
     assert page.status_code == 421
+
+
+async def test_the_overview_shows_each_lanes_newest_run_as_the_list_does(
+    db: Database, clock: FrozenClock, open_client: httpx.AsyncClient
+) -> None:
+    night = await seed.night(db, clock.now())
+    page = (await open_client.get("/")).text
+    rows = {
+        lane: row
+        for lane, row in re.findall(
+            r'<a href="/runs\?lane=([^"]+)">[^<]*</a></td>(.*?)</tr>', page, re.S
+        )
+    }
+    # the news shard's newest run was skipped (another worker held it): shown so, and it is not
+    # the shard's last completed run (it has none)
+    news = rows["news%3Aworld"]
+    assert f'href="/runs/{night.skipped_run}"' in news
+    assert '<span class="status skipped">skipped</span>' in news
+    assert f'href="/runs/{night.failed_run}"' not in rows["daily"]
+    assert f'href="/runs/{night.daily_run}"' in rows["daily"]
+    assert '<span class="status completed">completed</span>' in rows["daily"]

@@ -62,12 +62,6 @@ def _run_cursor(text: str) -> tuple[datetime, int]:
     return at, found
 
 
-def _shown_status(status: str, skipped: bool | None) -> str:
-    """A completed run whose report says it was skipped (a shard another worker held) shows
-    as skipped."""
-    return "skipped" if status == "completed" and skipped else status
-
-
 def reported_ms(report: JsonObject) -> object:
     """The duration a stored report says it took: ``durationMs``, or ``duration_ms`` in a
     lane's report stored before the lanes spelled it as every other report does."""
@@ -151,16 +145,6 @@ class RunRow(_RunColumns):
     @property
     def duration(self) -> timedelta | None:
         return _duration(finite_ms(self.duration_ms), self.started_at, self.finished_at)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _LatestRun:
-    lane: str
-    id: int
-    status: str
-    started_at: datetime
-    skipped: bool | None
-    last_completed_at: datetime | None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -278,8 +262,11 @@ async def run_detail(db: Database, run_id: int) -> RunDetail | None:
     return await db.fetch_one_as(RunDetail, SQL["run"], {"id": run_id})
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class LaneState:
+    """A row of ``latest_per_lane``: a lane's newest run (its status as the list shows it) and
+    its newest completed one."""
+
     lane: str
     last_id: int
     last_status: str
@@ -288,16 +275,7 @@ class LaneState:
 
 
 async def latest_per_lane(db: Database) -> list[LaneState]:
-    return [
-        LaneState(
-            lane=r.lane,
-            last_id=r.id,
-            last_status=_shown_status(r.status, r.skipped),
-            last_started_at=r.started_at,
-            last_completed_at=r.last_completed_at,
-        )
-        for r in await db.fetch_as(_LatestRun, SQL["latest_per_lane"])
-    ]
+    return await db.fetch_as(LaneState, SQL["latest_per_lane"])
 
 
 _MAX_NAMED = 500

@@ -8,12 +8,14 @@ WITH RECURSIVE lanes (lane) AS (
       FROM lanes l
      WHERE l.lane IS NOT NULL
 )
-SELECT l.lane, last.id, last.status, last.started_at, last.finished_at,
-       (last.report ->> 'skipped') = 'true' AS skipped,
+SELECT l.lane, last.id AS last_id, last.started_at AS last_started_at,
+       -- as the list shows it (runs_page)
+       CASE WHEN last.status = 'completed' AND (last.report ->> 'skipped') = 'true'
+            THEN 'skipped' ELSE last.status END AS last_status,
        ok.started_at AS last_completed_at
   FROM lanes l
   CROSS JOIN LATERAL (
-      SELECT r.id, r.status, r.started_at, r.finished_at, r.report
+      SELECT r.id, r.status, r.started_at, r.report
         FROM nightcrew.runs r WHERE r.lane = l.lane
        ORDER BY r.started_at DESC, r.id DESC LIMIT 1) last
   LEFT JOIN LATERAL (
