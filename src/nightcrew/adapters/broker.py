@@ -27,6 +27,7 @@ hand finish, and hands back the rest as fresh copies (``Delivery.handed_back``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -194,6 +195,7 @@ class PipelineBroker:
             import aio_pika
 
             where = self.url.split("@")[-1]
+            connection = None
             try:
                 async with asyncio.timeout(DECLARE_TIMEOUT_SECONDS):
                     connection = await aio_pika.connect(self.url, timeout=10)
@@ -201,6 +203,8 @@ class PipelineBroker:
                         publisher_confirms=True, on_return_raises=True
                     )
             except Exception as exc:
+                # a connection whose channel failed is closed here, not left to the collector
+                await _close_quietly(connection)
                 raise QueueUnavailableError(f"cannot reach RabbitMQ at {where}: {exc}") from exc
             self._connection = connection
             try:
@@ -219,11 +223,7 @@ class PipelineBroker:
 
     async def _drop(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
-        if connection is not None and not connection.is_closed:
-            try:
-                await connection.close()
-            except Exception:  # it is being dropped because it broke
-                pass
+        await _close_quietly(connection)
 
     async def _declare(self, channel: Any) -> None:
         import aio_pika
@@ -426,11 +426,15 @@ class StageConsumers:
     async def close(self) -> None:
         connection, self._connection = self._connection, None
         self._consuming.clear()
-        if connection is not None and not connection.is_closed:
-            try:
-                await connection.close()
-            except Exception:
-                pass
+        await _close_quietly(connection)
+
+
+async def _close_quietly(connection: Any) -> None:
+    """Close a connection being dropped, most often because it broke: its own failure to close
+    is no news."""
+    if connection is not None and not connection.is_closed:
+        with contextlib.suppress(Exception):
+            await connection.close()
 
 
 def _deliver(stage: str, handler: Handler) -> Callable[[Any], Awaitable[None]]:

@@ -127,10 +127,14 @@ class RabbitQueueProducer:
     async def connect(cls, url: str) -> RabbitQueueProducer:
         import aio_pika
 
+        connection = None
         try:
             connection = await aio_pika.connect_robust(url, timeout=10)
             channel = await connection.channel(publisher_confirms=True)
         except Exception as exc:
+            if connection is not None:  # its channel failed: closed here, not by the collector
+                with contextlib.suppress(Exception):
+                    await connection.close()
             where = url.split("@")[-1]
             raise QueueUnavailableError(f"cannot reach RabbitMQ at {where}: {exc}") from exc
         return cls(channel, connection)
