@@ -42,6 +42,8 @@ OnAbandoned = Callable[[list[int]], None]
 
 @dataclass(frozen=True, slots=True)
 class RunHandle:
+    """A run this process holds (a claimed slot's: ``claim_scheduled_slot``)."""
+
     id: int
     attempt: int = 1
 
@@ -50,12 +52,6 @@ class RunHandle:
 class _Abandoned:
     id: int
     slot: datetime | None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Claimed:
-    id: int
-    attempts: int
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -103,10 +99,9 @@ async def claim(
     await abandon_stale(db, lane=lane, now=now, on_abandoned=on_abandoned)
     async with db.transaction() as tx:
         await tx.execute(SQL["lane_lock"], {"lane": lane})
-        claimed = await tx.fetch_one_as(
-            _Claimed, SQL["claim_scheduled_slot"], {"lane": lane, "slot": slot, "now": now}
+        return await tx.fetch_one_as(
+            RunHandle, SQL["claim_scheduled_slot"], {"lane": lane, "slot": slot, "now": now}
         )
-    return None if claimed is None else RunHandle(claimed.id, claimed.attempts)
 
 
 class LaneBusy(NightcrewError):

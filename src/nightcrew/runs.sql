@@ -28,7 +28,7 @@ ON CONFLICT ON CONSTRAINT runs_one_per_slot DO UPDATE
        status = 'running', finished_at = NULL,
        report = jsonb_build_object('previous', r.report), attempts = r.attempts + 1
  WHERE r.status = 'abandoned' OR (r.status = 'failed' AND r.report ->> 'retry' = 'true')
-RETURNING id, attempts;
+RETURNING id, attempts AS attempt;
 
 -- name: lane_lock
 -- Serialises the start of a lane's runs (scheduled claims and operators' manual runs) until
