@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Awaitable
+from typing import Any
 
 import pytest
 
@@ -27,6 +29,20 @@ def _within_two_turns(checked: list[float], started: float, accepted: float) -> 
     went_first = [t for t in checked if started < t < accepted]
     assert len(went_first) <= 2, len(went_first)
     assert accepted - started < 10 * DELAY, accepted - started
+
+
+async def _accepted_amid(
+    attackers: list[asyncio.Task[Any]], checked: list[float], attempt: Awaitable[Verdict]
+) -> None:
+    """The operator's ``attempt``, made while ``attackers`` guess, is accepted within two turns;
+    then the attackers are stopped."""
+    started = time.monotonic()
+    assert await attempt is Verdict.ACCEPTED
+    accepted = time.monotonic()
+    for task in attackers:
+        task.cancel()
+    await asyncio.gather(*attackers, return_exceptions=True)
+    _within_two_turns(checked, started, accepted)
 
 
 async def test_wrong_tokens_from_many_addresses_are_checked_one_delay_apart() -> None:
@@ -157,13 +173,8 @@ async def test_a_fresh_address_goes_before_64_addresses_that_keep_guessing() -> 
 
     attack = [asyncio.create_task(keep_guessing(a)) for a in guessers]
     await asyncio.sleep(5 * DELAY)  # every guesser queued at the gate
-    started = time.monotonic()
-    assert await throttle.attempt("192.0.2.99", lambda: True) is Verdict.ACCEPTED
-    accepted = time.monotonic()
-    for task in attack:
-        task.cancel()
-    await asyncio.gather(*attack, return_exceptions=True)
-    _within_two_turns(checked, started, accepted)  # one turn, not 64
+    # one turn, not 64
+    await _accepted_amid(attack, checked, throttle.attempt("192.0.2.99", lambda: True))
     gaps = [b - a for a, b in itertools.pairwise(checked)]
     assert min(gaps) >= DELAY * 0.95  # the overall rate held all the while
 
@@ -218,13 +229,7 @@ async def test_a_wave_of_first_guesses_queued_before_the_operator_ranks_behind_i
         for i in range(1, 65)
     ]
     await asyncio.sleep(DELAY / 2)  # every guess is queued, the first one checked
-    started = time.monotonic()
-    assert await throttle.attempt("203.0.113.5", lambda: True) is Verdict.ACCEPTED
-    accepted = time.monotonic()
-    for task in wave:
-        task.cancel()
-    await asyncio.gather(*wave, return_exceptions=True)
-    _within_two_turns(checked, started, accepted)
+    await _accepted_amid(wave, checked, throttle.attempt("203.0.113.5", lambda: True))
 
 
 async def test_one_network_holds_at_most_its_share_of_places() -> None:
