@@ -59,17 +59,20 @@ def _missing(record: type[Any], name: str, columns: Iterable[str]) -> TypeError:
 
 
 def as_record(record: type[R], row: Mapping[str, Any]) -> R:
-    values: dict[str, Any] = {}
-    for name, required in _columns(record):
-        if name in row:
-            values[name] = row[name]
-        elif required:
-            raise _missing(record, name, row)
-    return record(**values)
+    """A dict row (a streamed one, or one read for two records) as ``record``: the same plan,
+    by the row's keys, as ``record_row`` makes by a result's columns."""
+    return record(**{name: row[name] for name, _ in _plan(record, tuple(row))})
 
 
 def as_records(record: type[R], rows: Iterable[Mapping[str, Any]]) -> list[R]:
-    return [as_record(record, row) for row in rows]
+    """Dict rows of one result (the same keys, so one plan for all) as ``record``s."""
+    made: list[R] = []
+    plan: tuple[tuple[str, int], ...] | None = None
+    for row in rows:
+        if plan is None:
+            plan = _plan(record, tuple(row))
+        made.append(record(**{name: row[name] for name, _ in plan}))
+    return made
 
 
 @functools.lru_cache(maxsize=4096)
