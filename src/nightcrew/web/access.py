@@ -257,6 +257,17 @@ def set_strict_cookie(
         max_age=max_age,
         httponly=True,
         samesite="strict",
-        secure=secure_cookie(request.url.scheme, request.client.host if request.client else None),
+        secure=_secure(request),
         path=path,
     )
+
+
+def delete_strict_cookie(response: Response, request: Request, name: str) -> None:
+    """Ends a cookie ``set_strict_cookie`` set on ``/``, with the same attributes."""
+    response.delete_cookie(
+        name, path="/", httponly=True, samesite="strict", secure=_secure(request)
+    )
+
+
+def _secure(request: Request) -> bool:
+    return secure_cookie(request.url.scheme, request.client.host if request.client else None)

@@ -11,7 +11,7 @@ from nightcrew.web.access import (
     DEVICE_COOKIE,
     DEVICE_MAX_AGE_SECONDS,
     SESSION_MAX_AGE_SECONDS,
-    secure_cookie,
+    delete_strict_cookie,
     set_strict_cookie,
 )
 from nightcrew.web.host_and_headers import SECURITY_HEADERS as HEADERS
@@ -92,13 +92,7 @@ async def logout(pages: Pages, request: Request) -> Response:
     if (refused := pages.cross_site(request)) is not None:
         return refused
     response = RedirectResponse("/login", 303, headers=HEADERS)
-    response.delete_cookie(
-        COOKIE,
-        path="/",
-        httponly=True,
-        samesite="strict",
-        secure=secure_cookie(request.url.scheme, request.client.host if request.client else None),
-    )
+    delete_strict_cookie(response, request, COOKIE)
     return response
 
 
