@@ -17,7 +17,8 @@ without being admitted again; the fetch stage holds what is new for the pass tha
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -118,26 +119,21 @@ async def fetch(ctx: StageContext, attempt: Attempt, body: JsonObject) -> Outcom
         await db.execute(SQL["unqueue_source"], {"id": source_id})
         return Outcome("skipped", {"source_id": source_id, "why": "disabled or parked"})
     ttl = float(settings.news_stage_lease_seconds)
-    name = f"news:fetch:{source_id}"
-    lease = await _acquire_own(ctx, name, ttl)
-    if lease is None:
-        await db.execute(
-            SQL["refetch_later"],
-            {
-                "id": source_id,
-                "now": now,
-                "resend_after": settings.news_resend_after_seconds,
-                "ttl": ttl,
-            },
-        )
-        await notes.note_fetch_locked(db, shard=source.shard, now=now)
-        return Outcome("skipped", {"source_id": source_id, "why": "another worker fetches it"})
-    try:
-        async with Heartbeat(ctx.leases, lease, ttl, ctx.stopping) as beat:
-            beat.check()
-            return await _fetch_source(ctx, source, now)
-    finally:
-        await _release(ctx, name, lease)
+    async with _lease_held(ctx, f"news:fetch:{source_id}", ttl) as beat:
+        if beat is None:
+            await db.execute(
+                SQL["refetch_later"],
+                {
+                    "id": source_id,
+                    "now": now,
+                    "resend_after": settings.news_resend_after_seconds,
+                    "ttl": ttl,
+                },
+            )
+            await notes.note_fetch_locked(db, shard=source.shard, now=now)
+            return Outcome("skipped", {"source_id": source_id, "why": "another worker fetches it"})
+        beat.check()
+        return await _fetch_source(ctx, source, now)
 
 
 async def _fetch_source(ctx: StageContext, source: DueSource, now: datetime) -> Outcome:
@@ -243,41 +239,52 @@ async def _leased(
     isolate: Callable[[], Awaitable[None]],
 ) -> Outcome:
     db, ttl = ctx.runtime.db, float(ctx.runtime.settings.news_stage_lease_seconds)
-    lease = await _acquire_own(ctx, lease_name, ttl)
+    async with _lease_held(ctx, lease_name, ttl) as beat:
+        if beat is None:
+            await db.execute(
+                SQL["park"],
+                {
+                    "url": url,
+                    "stage": stage,
+                    "reason": f"its {stage} lease is held elsewhere; sent again once it is free",
+                    "wait": ttl,  # by then the lease is free, whoever held it
+                    "now": ctx.clock.now(),
+                },
+            )
+            return Outcome("parked", {"url": url, "why": "lease held elsewhere"})
+        taken = await attempt.take(db, ctx.clock, ctx.runtime.settings, url, stage)
+        if taken is None:
+            return Outcome("skipped", {"url": url, "why": f"not waiting for {stage}"})
+        try:
+            if taken.suspect:
+                await isolate()
+            outcome = await work(taken, beat)
+        except Superseded:
+            return Outcome("skipped", {"url": url, "why": "taken over meanwhile"})
+        except LeaseLost:
+            reason = f"its {stage} lease is held elsewhere (this worker's was not renewed)"
+            await attempt.untake(db, ctx.clock, taken, stage, held_for=ttl, reason=reason)
+            return Outcome("parked", {"url": url, "why": "lease lost"})
+        except (Stopping, asyncio.CancelledError):
+            await attempt.untake(db, ctx.clock, taken, stage)
+            raise
+        await attempt.finished(db, taken, stage)
+        return outcome
+
+
+@asynccontextmanager
+async def _lease_held(ctx: StageContext, name: str, ttl: float) -> AsyncIterator[Heartbeat | None]:
+    """The stage's lease ``name``, renewed while the block runs and released after it; None
+    when another worker holds it (the block then says when to come back)."""
+    lease = await _acquire_own(ctx, name, ttl)
     if lease is None:
-        await db.execute(
-            SQL["park"],
-            {
-                "url": url,
-                "stage": stage,
-                "reason": f"its {stage} lease is held elsewhere; sent again once it is free",
-                "wait": ttl,  # by then the lease is free, whoever held it
-                "now": ctx.clock.now(),
-            },
-        )
-        return Outcome("parked", {"url": url, "why": "lease held elsewhere"})
+        yield None
+        return
     try:
         async with Heartbeat(ctx.leases, lease, ttl, ctx.stopping) as beat:
-            taken = await attempt.take(db, ctx.clock, ctx.runtime.settings, url, stage)
-            if taken is None:
-                return Outcome("skipped", {"url": url, "why": f"not waiting for {stage}"})
-            try:
-                if taken.suspect:
-                    await isolate()
-                outcome = await work(taken, beat)
-            except Superseded:
-                return Outcome("skipped", {"url": url, "why": "taken over meanwhile"})
-            except LeaseLost:
-                reason = f"its {stage} lease is held elsewhere (this worker's was not renewed)"
-                await attempt.untake(db, ctx.clock, taken, stage, held_for=ttl, reason=reason)
-                return Outcome("parked", {"url": url, "why": "lease lost"})
-            except (Stopping, asyncio.CancelledError):
-                await attempt.untake(db, ctx.clock, taken, stage)
-                raise
-            await attempt.finished(db, taken, stage)
-            return outcome
+            yield beat
     finally:
-        await _release(ctx, lease_name, lease)
+        await _release(ctx, name, lease)
 
 
 async def _acquire_own(ctx: StageContext, name: str, ttl: float) -> Lease | None:
