@@ -40,7 +40,7 @@ FINISH_AFTER_LOSS_SECONDS = 5.0
 OnAbandoned = Callable[[list[int]], None]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RunHandle:
     """A run this process holds (a claimed slot's: ``claim_scheduled_slot``)."""
 
@@ -262,11 +262,10 @@ async def recorded(
         if handle is None:
             return None
     else:
-        handle = RunHandle(
-            await start_manual(
-                db, lane=lane, now=now, on_abandoned=on_abandoned, requested_by=run.requested_by
-            )
+        run_id = await start_manual(
+            db, lane=lane, now=now, on_abandoned=on_abandoned, requested_by=run.requested_by
         )
+        handle = RunHandle(id=run_id)
     if run.on_started is not None:
         run.on_started(handle)
     try:

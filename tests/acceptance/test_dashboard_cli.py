@@ -8,6 +8,7 @@ import contextlib
 import json
 import signal
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -109,10 +110,12 @@ async def _guesses(
     per_source: int = 10**6,
     seconds: float = 600,
     guess: Callable[[httpx.AsyncClient], Awaitable[httpx.Response]] = _wrong_sign_in,
+    on_answer: Callable[[int], None] | None = None,
 ) -> tuple[list[tuple[int, float]], float]:
     """Wrong guesses (sign-ins, unless ``guess`` says) from each loopback source address, all
     sources at once, ``per_source`` each or for ``seconds``; each answer's status and when it
-    came (seconds from the start), and the whole attack's duration."""
+    came (seconds from the start; ``on_answer`` is told each status as it comes), and the whole
+    attack's duration."""
     started = time.monotonic()
     answers: list[tuple[int, float]] = []
 
@@ -124,6 +127,8 @@ async def _guesses(
                     break
                 response = await guess(c)
                 answers.append((response.status_code, time.monotonic() - started))
+                if on_answer is not None:
+                    on_answer(response.status_code)
                 if response.status_code == 429:
                     await asyncio.sleep(0.2)  # told to wait: a patient guesser, not a busy loop
 
@@ -180,8 +185,16 @@ async def test_64_guessing_addresses_cannot_keep_the_operator_out(fresh_db_url: 
     answered 429 while the 64 held every slot)."""
     with serving(fresh_db_url, NIGHTCREW_DASHBOARD_TOKEN=TOKEN) as served:
         sources = [f"127.0.0.{i}" for i in range(2, 66)]
-        attack = asyncio.create_task(_guesses(served.base, sources, seconds=10))
-        await asyncio.sleep(4)  # their network has failed by now, many of them more than once
+        wrong = Counter[int]()
+        failed_often = asyncio.Event()
+
+        def answered(status: int) -> None:
+            wrong[status] += 1
+            if wrong[401] >= 6:
+                failed_often.set()
+
+        attack = asyncio.create_task(_guesses(served.base, sources, seconds=10, on_answer=answered))
+        await asyncio.wait_for(failed_often.wait(), 8)  # their network has failed, many times
         tries = []
         for source in ("127.0.1.1", "127.0.1.2", "127.0.1.3"):
             tries.append(await _sign_in_took(served.base, source))

@@ -28,6 +28,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from structlog.testing import capture_logs
 
 from nightcrew.clock import SystemClock
 from nightcrew.db.database import Database
@@ -298,8 +299,18 @@ async def test_a_silent_database_spends_no_attempt_and_asks_the_model_nothing_tw
             async with pipeline_runtime(env, pdb) as runtime, worker_running(runtime) as summary:
                 await run_pass(runtime, SystemClock(), "s")
                 await wait_for(lambda: _asked(model, 4), within=30, what="reviews under way")
-                proxy.blackhole()  # silent: connections held open, nothing answered
-                await asyncio.sleep(12)
+                with capture_logs() as logs:
+                    proxy.blackhole()  # silent: connections held open, nothing answered
+
+                    async def found_it_silent() -> bool:
+                        # a step's statement, sent into the silence, given up on: not only no
+                        # new connection, but no reply on one that was open
+                        return any(
+                            e["event"] == "news.database_unavailable" and "no reply" in e["error"]
+                            for e in logs
+                        )
+
+                    await wait_for(found_it_silent, within=60, what="the worker to find it silent")
                 assert await _written(db) < 8
                 await proxy.restore()
 

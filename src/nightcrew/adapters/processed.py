@@ -104,10 +104,13 @@ class PostgresProcessedUrls:
     async def seen(self, urls: list[str]) -> set[str]:
         if not urls:
             return set()
-        rows = await self._db.fetch(
-            "SELECT url FROM news.articles WHERE url = ANY(%(urls)b::text[])", {"urls": urls}
+        return set(
+            await self._db.fetch_values(
+                str,
+                "SELECT url FROM news.articles WHERE url = ANY(%(urls)b::text[])",
+                {"urls": urls},
+            )
         )
-        return {r["url"] for r in rows}
 
     async def add(self, urls: list[str]) -> None:
         return None  # the transaction that wrote the article recorded it
