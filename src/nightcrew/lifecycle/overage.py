@@ -69,7 +69,7 @@ GB = 1_000_000_000
 # The scan's session: its slice filter (a function of the account id) is estimated at 0.5% of
 # the rows, really 1/slices, so the planner would probe the episodes index once per podcast;
 # one pass over episodes into a hash join is ~20% faster at 100k accounts (bench.overage).
-SCAN_SETTINGS = {"enable_nestloop": "off"}
+SCAN_SETTINGS = {"enable_nestloop": "off", "work_mem": "32MB"}
 
 
 def _number(value: Decimal | None) -> float | None:
