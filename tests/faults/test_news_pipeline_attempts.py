@@ -302,15 +302,15 @@ async def test_a_silent_database_spends_no_attempt_and_asks_the_model_nothing_tw
                 with capture_logs() as logs:
                     proxy.blackhole()  # silent: connections held open, nothing answered
 
-                    async def found_it_silent() -> bool:
-                        # a step's statement, sent into the silence, given up on: not only no
-                        # new connection, but no reply on one that was open
+                    async def a_review_met_the_silence() -> bool:
+                        # a model call under way finished into the silence and could not save:
+                        # the answer a second call must not be asked for
                         return any(
-                            e["event"] == "news.database_unavailable" and "no reply" in e["error"]
+                            e["event"] == "news.database_unavailable" and e["step"] == "review"
                             for e in logs
                         )
 
-                    await wait_for(found_it_silent, within=60, what="the worker to find it silent")
+                    await wait_for(a_review_met_the_silence, within=60, what="a review unsaved")
                 assert await _written(db) < 8
                 await proxy.restore()
 
