@@ -9,8 +9,11 @@ look alike: two records' fields (``id: UUID`` / ``kind: str``), two functions' s
 tables of routes or jobs, two calls that build a record from keyword arguments. A run is marked
 ``declaration`` when most of the lines it counts lie in one of those (or in a module's
 constants and imports); ``logic`` when at least half are anything else: a condition, a loop, a
-statement's work, SQL. A pair is logic when either of its runs is.
-Boilerplate rows and migrations are left out, as in the records-and-rooms target.
+statement's work, SQL. A pair is logic when either of its runs is. Boilerplate rows and
+migrations are left out, as in the records-and-rooms target.
+
+``duplicates`` names one run of each pair, its longest; a pair's other runs (``+N more runs``)
+are not read here. A list it had to cut short (``+N more pairs``) stops the script.
 """
 
 from __future__ import annotations
@@ -40,12 +43,21 @@ class Twin:
 
 
 def _simple(node: ast.expr) -> bool:
-    """A positional argument a table entry may hold: a value, a name, or a call of those."""
-    if isinstance(node, ast.Constant | ast.Name | ast.Attribute):
+    """A value a declaration may hold: a constant, a name, an f-string, or a call, a container
+    or a negation of those."""
+    if isinstance(node, ast.Constant | ast.Name | ast.Attribute | ast.JoinedStr):
         return True
+    if isinstance(node, ast.UnaryOp):
+        return _simple(node.operand)
     if isinstance(node, ast.Call):
         return all(_simple(a) for a in node.args) and all(_simple(k.value) for k in node.keywords)
-    return isinstance(node, ast.List | ast.Tuple) and all(_simple(e) for e in node.elts)
+    if isinstance(node, ast.List | ast.Tuple | ast.Set):
+        return all(_simple(e) for e in node.elts)
+    if isinstance(node, ast.Dict):
+        return all(k is None or _simple(k) for k in node.keys) and all(
+            _simple(v) for v in node.values
+        )
+    return False
 
 
 def _span(node: ast.AST) -> range:
@@ -53,65 +65,89 @@ def _span(node: ast.AST) -> range:
     return range(start, (getattr(node, "end_lineno", None) or start) + 1)
 
 
+def _header(node: ast.stmt) -> range:
+    """The lines of a compound statement before its body: a class's or a function's name and
+    signature, an ``if``'s condition, a loop's iteration."""
+    body: list[ast.stmt] = getattr(node, "body", [])
+    first = body[0].lineno if body else node.lineno + 1
+    return range(node.lineno, max(first, node.lineno + 1))
+
+
+def _docstring(body: list[ast.stmt]) -> ast.stmt | None:
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+        return first
+    return None
+
+
 @cache
 def declaration_lines(path: Path) -> frozenset[int]:
-    """The lines of a Python module that declare rather than compute."""
-    lines: set[int] = set()
+    """The lines of a Python module that declare rather than compute: imports, constants,
+    docstrings, record fields, signatures, and calls that build a record or a table's entry from
+    keyword arguments (the lines of the arguments that are values, not computations)."""
     module = ast.parse(path.read_text(encoding="utf-8"))
+    declared: set[int] = set()
+    logic: set[int] = set()  # a condition or a loop's head, whatever its calls look like
+    parents = {child: node for node in ast.walk(module) for child in ast.iter_child_nodes(node)}
     for statement in module.body:  # a module's constants
         if isinstance(statement, ast.Assign | ast.AnnAssign) and (
             statement.value is None or _simple(statement.value)
         ):
-            lines.update(_span(statement))
+            declared.update(_span(statement))
     for node in ast.walk(module):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            docstring = _docstring(node.body)
+            if docstring is not None:
+                declared.update(_span(docstring))
         if isinstance(node, ast.Import | ast.ImportFrom):
-            lines.update(_span(node))
+            declared.update(_span(node))
         elif isinstance(node, ast.ClassDef):
             for d in node.decorator_list:
-                lines.update(_span(d))
-            lines.add(node.lineno)
-            for statement in node.body:  # fields and the docstring, not the methods' bodies
-                if isinstance(statement, ast.AnnAssign | ast.Assign | ast.Expr | ast.Pass):
-                    lines.update(_span(statement))
+                declared.update(_span(d))
+            declared.update(_header(node))
+            for statement in node.body:  # fields, not the methods' bodies
+                if isinstance(statement, ast.AnnAssign | ast.Assign) and (
+                    statement.value is None or _simple(statement.value)
+                ):
+                    declared.update(_span(statement))
+                elif isinstance(statement, ast.Pass):
+                    declared.add(statement.lineno)
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             for d in node.decorator_list:
-                lines.update(_span(d))
-            body = node.body
-            lines.update(range(node.lineno, body[0].lineno))  # the signature
-            first = body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                lines.update(_span(first))  # the docstring
-        elif isinstance(node, ast.Call) and all(_simple(a) for a in node.args):
-            # a record built from keyword arguments, a table's entry, a log event's fields
-            lines.update(_span(node))
+                declared.update(_span(d))
+            declared.update(_header(node))
+        elif isinstance(
+            node, ast.If | ast.While | ast.For | ast.AsyncFor | ast.With | ast.AsyncWith | ast.Try
+        ):
+            logic.update(_header(node))
         elif (
-            isinstance(node, ast.ListComp)
-            and isinstance(node.elt, ast.Call)
-            and all(_simple(a) for a in node.elt.args)
-            and not any(g.ifs for g in node.generators)
-        ):  # a record built from each row
-            lines.update(_span(node))
-    return frozenset(lines)
+            isinstance(node, ast.Call)
+            and all(_simple(a) for a in node.args)
+            and (node.keywords or isinstance(parents.get(node), ast.List | ast.Tuple))
+        ):
+            # a record built from keyword arguments, a table's entry, a log event's fields
+            declared.add(node.lineno)
+            for a in node.args:
+                declared.update(_span(a))
+            for k in node.keywords:
+                if _simple(k.value):
+                    declared.update(_span(k.value))
+                    declared.add(k.value.lineno)
+        elif isinstance(node, ast.comprehension) and _simple(node.iter) and not node.ifs:
+            declared.update(_span(node))  # ``for row in rows``, building a record from each
+    return frozenset(declared - logic)
 
 
 def is_logic(path: Path, first: int, last: int) -> bool:
-    """Whether at least half the lines ``duplicates`` counts in this run are not declarations."""
+    """Whether at least half the lines ``duplicates`` counts in this run are not declarations
+    (a run of nothing but passed-over lines is not)."""
     if path.suffix != ".py":
         return True  # SQL is statements, whatever its shape
     text = path.read_text(encoding="utf-8").splitlines()
     declared = declaration_lines(path)
-    in_docstring = False
-    counted = logic = 0
-    for number in range(first, last + 1):
-        line = text[number - 1].strip()
-        if line.count('"""') == 1:
-            in_docstring = not in_docstring
-            continue
-        if in_docstring or _PASSED_OVER.match(line):
-            continue
-        counted += 1
-        logic += number not in declared
-    return 2 * logic >= counted
+    counted = [n for n in range(first, last + 1) if not _PASSED_OVER.match(text[n - 1].strip())]
+    logic = sum(n not in declared for n in counted)
+    return bool(counted) and 2 * logic >= len(counted)
 
 
 def find_twins(root: Path = SRC) -> list[Twin]:
@@ -124,8 +160,9 @@ def find_twins(root: Path = SRC) -> list[Twin]:
         text=True,
         check=True,
     ).stdout
-    if "incomplete:" in answer:
-        raise SystemExit(f"bench.twins: duplicates did not finish: {answer.splitlines()[-1]}")
+    if "incomplete:" in answer or re.search(r"\(\+\d+ more pairs\)", answer):
+        last = answer.splitlines()[-1]
+        raise SystemExit(f"bench.twins: duplicates did not list every pair: {last}")
     twins = []
     for line in answer.splitlines():
         match = _ROW.match(line)

@@ -111,11 +111,12 @@ async def _guesses(
     seconds: float = 600,
     guess: Callable[[httpx.AsyncClient], Awaitable[httpx.Response]] = _wrong_sign_in,
     on_answer: Callable[[int], None] | None = None,
+    until: asyncio.Event | None = None,
 ) -> tuple[list[tuple[int, float]], float]:
     """Wrong guesses (sign-ins, unless ``guess`` says) from each loopback source address, all
-    sources at once, ``per_source`` each or for ``seconds``; each answer's status and when it
-    came (seconds from the start; ``on_answer`` is told each status as it comes), and the whole
-    attack's duration."""
+    sources at once, ``per_source`` each or for ``seconds`` (or ``until`` it is set); each
+    answer's status and when it came (seconds from the start; ``on_answer`` is told each status
+    as it comes), and the whole attack's duration."""
     started = time.monotonic()
     answers: list[tuple[int, float]] = []
 
@@ -123,7 +124,7 @@ async def _guesses(
         transport = httpx.AsyncHTTPTransport(local_address=source)
         async with httpx.AsyncClient(transport=transport, base_url=base, timeout=120) as c:
             for _ in range(per_source):
-                if time.monotonic() - started > seconds:
+                if time.monotonic() - started > seconds or (until and until.is_set()):
                     break
                 response = await guess(c)
                 answers.append((response.status_code, time.monotonic() - started))
@@ -193,11 +194,16 @@ async def test_64_guessing_addresses_cannot_keep_the_operator_out(fresh_db_url: 
             if wrong[401] >= 6:
                 failed_often.set()
 
-        attack = asyncio.create_task(_guesses(served.base, sources, seconds=10, on_answer=answered))
+        done = asyncio.Event()  # the wave goes on until the operator's three sign-ins are done
+        attack = asyncio.create_task(
+            _guesses(served.base, sources, seconds=120, on_answer=answered, until=done)
+        )
         await asyncio.wait_for(failed_often.wait(), 8)  # their network has failed, many times
         tries = []
         for source in ("127.0.1.1", "127.0.1.2", "127.0.1.3"):
             tries.append(await _sign_in_took(served.base, source))
+        assert not attack.done()  # every try was made amid the wave
+        done.set()
         answers, took = await attack
     print(f"\nthe right token during 64 guessers: {tries}")
     assert all(status == 303 and waited < 5.0 for status, waited in tries), tries

@@ -306,7 +306,7 @@ async def test_a_silent_database_spends_no_attempt_and_asks_the_model_nothing_tw
                         # a model call under way finished into the silence and could not save:
                         # the answer a second call must not be asked for
                         return any(
-                            e["event"] == "news.database_unavailable" and e["step"] == "review"
+                            e["event"] == "news.database_unavailable" and e["step"] == "review save"
                             for e in logs
                         )
 

@@ -425,29 +425,28 @@ class Database(_Executor):
         whatever memory and settings it made its backend keep."""
         async with self._dedicated() if discard else self._acquire() as conn:
             executor = self._executor(conn)
-            if statement_timeout is not None:
-                # long work may also sit inside a transaction between batches (a stream's
-                # cursor while the store answers): the same bound for both
-                await executor.execute(
-                    "SELECT set_config('statement_timeout', %(ms)s, false),"
-                    " set_config('idle_in_transaction_session_timeout', %(ms)s, false)",
-                    {"ms": str(round(statement_timeout * 1000))},
-                )
-            for name, value in (settings or {}).items():
-                await executor.execute(
-                    "SELECT set_config(%(name)s, %(value)s, false)", {"name": name, "value": value}
-                )
             deadline = self._policy.deadline(statement_timeout)
-            try:
+            try:  # from the first setting on: one refused half way is reset like the rest
+                if statement_timeout is not None:
+                    # long work may also sit inside a transaction between batches (a stream's
+                    # cursor while the store answers): the same bound for both
+                    await executor.execute(
+                        "SELECT set_config('statement_timeout', %(ms)s, false),"
+                        " set_config('idle_in_transaction_session_timeout', %(ms)s, false)",
+                        {"ms": str(round(statement_timeout * 1000))},
+                    )
+                for name, value in (settings or {}).items():
+                    await executor.execute(
+                        "SELECT set_config(%(name)s, %(value)s, false)",
+                        {"name": name, "value": value},
+                    )
                 yield Tx(conn, target=self.target, deadline=deadline, secrets=self._secrets)
             finally:
                 if not discard and not conn.closed:
                     names = [*(settings or {})]
                     if statement_timeout is not None:
                         names += ["statement_timeout", "idle_in_transaction_session_timeout"]
-                    for name in names:  # one by one: one refusal must not keep the others
-                        with contextlib.suppress(psycopg.Error):
-                            await conn.execute(sql.SQL("RESET {}").format(sql.Identifier(name)))
+                    await _reset_settings(conn, names)
 
     def rollback_only(self) -> Database:
         """A view of this database in which every statement runs and is then rolled back.
@@ -515,6 +514,20 @@ class _RollbackDatabase(Database):
 
     async def close(self) -> None:
         """The pool belongs to the Database this view was made from."""
+
+
+async def _reset_settings(conn: psycopg.AsyncConnection[DictRow], names: list[str]) -> None:
+    """Each of a session's settings back to the connection's own before the pool lends it
+    again. A connection that cannot be reset — a RESET refused, or the caller cancelled
+    meanwhile — is closed instead, and the pool replaces it: no borrower gets another
+    session's settings."""
+    try:
+        for name in names:
+            await conn.execute(sql.SQL("RESET {}").format(sql.Identifier(name)))
+    except BaseException as exc:
+        await conn.close()
+        if not isinstance(exc, psycopg.Error):
+            raise  # a cancellation goes on; a refusal is not the caller's error
 
 
 def _checker(

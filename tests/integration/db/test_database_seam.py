@@ -5,13 +5,14 @@ session's settings end with it."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
 import pytest
 
-from nightcrew.db.database import Database
+from nightcrew.db.database import Database, QueryError
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,6 +73,36 @@ async def test_a_sessions_settings_are_reset_before_its_connection_goes_back(
         assert await db.fetch_value(str, "SELECT current_setting('work_mem')") == before
         assert await db.fetch_value(str, "SHOW application_name") != "nightcrew-test-session"
         assert await db.fetch_value(str, "SHOW statement_timeout") != "90s"
+    finally:
+        await db.close()
+
+
+async def test_a_session_whose_settings_fail_half_way_keeps_none_of_them(
+    fresh_db_url: str,
+) -> None:
+    """A setting refused after another was made (or a caller cancelled between them) must not
+    leave the first on the pooled connection for the next borrower."""
+    db = await Database.open(fresh_db_url, max_size=1)
+    try:
+        before = await db.fetch_value(str, "SELECT current_setting('work_mem')")
+        with pytest.raises(QueryError, match="enable_nestloop"):
+            async with db.session(settings={"work_mem": "7MB", "enable_nestloop": "maybe"}):
+                pytest.fail("the session must not start with a refused setting")
+        assert await db.fetch_value(str, "SELECT current_setting('work_mem')") == before
+
+        entered = asyncio.Event()
+
+        async def cancelled_inside() -> None:
+            async with db.session(settings={"work_mem": "9MB"}):
+                entered.set()
+                await asyncio.Event().wait()
+
+        task = asyncio.create_task(cancelled_inside())
+        await entered.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await db.fetch_value(str, "SELECT current_setting('work_mem')") == before
     finally:
         await db.close()
 

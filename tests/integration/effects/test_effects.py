@@ -111,10 +111,11 @@ class Resend:
 
     @mode.setter
     def mode(self, mode: str) -> None:
-        self._mode = mode
         if mode in ("hang", "down"):
-            self._let_go.clear()
+            self._let_go.clear()  # before the mode: a request arriving now holds its answer
+            self._mode = mode
         else:
+            self._mode = mode
             self._let_go.set()
 
     @property

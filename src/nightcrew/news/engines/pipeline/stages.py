@@ -315,7 +315,7 @@ async def enrich(ctx: StageContext, attempt: Attempt, body: JsonObject) -> Outco
         await patiently(
             ctx.stopping,
             lambda: _hand_on(ctx, attempt, taken, "enrich", "review", image_url=image),
-            what="enrich",
+            what="enrich save",
             transient_tries=SAVE_TRIES,
         )
         return Outcome("enriched", {"url": url, "image": image is not None})
@@ -359,7 +359,7 @@ async def review(ctx: StageContext, attempt: Attempt, body: JsonObject) -> Outco
                         )
                     return waiting
 
-            saved = await patiently(ctx.stopping, wait_for_later, what="review")
+            saved = await patiently(ctx.stopping, wait_for_later, what="review save")
             if not saved:  # taken over meanwhile (its fence moved on): nothing to defer
                 return Outcome("skipped", {"url": url, "why": "taken over meanwhile"})
             attempt.closed()  # ``review_later`` says so in the row
@@ -376,7 +376,7 @@ async def review(ctx: StageContext, attempt: Attempt, body: JsonObject) -> Outco
                 translation=translation,
                 spend=spend,
             ),
-            what="review",
+            what="review save",
             transient_tries=SAVE_TRIES,
         )
         status = "unreviewed" if verdict is None else "accepted" if verdict.accepted else "rejected"
