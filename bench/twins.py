@@ -73,6 +73,13 @@ def _header(node: ast.stmt) -> range:
     return range(node.lineno, max(first, node.lineno + 1))
 
 
+def _constant(statement: ast.stmt) -> bool:
+    """A name given a plain value, or only a type: a module's constant, a record's field."""
+    return isinstance(statement, ast.Assign | ast.AnnAssign) and (
+        statement.value is None or _simple(statement.value)
+    )
+
+
 def _docstring(body: list[ast.stmt]) -> ast.stmt | None:
     first = body[0] if body else None
     if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
@@ -90,9 +97,7 @@ def declaration_lines(path: Path) -> frozenset[int]:
     logic: set[int] = set()  # a condition or a loop's head, whatever its calls look like
     parents = {child: node for node in ast.walk(module) for child in ast.iter_child_nodes(node)}
     for statement in module.body:  # a module's constants
-        if isinstance(statement, ast.Assign | ast.AnnAssign) and (
-            statement.value is None or _simple(statement.value)
-        ):
+        if _constant(statement):
             declared.update(_span(statement))
     for node in ast.walk(module):
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
@@ -101,21 +106,14 @@ def declaration_lines(path: Path) -> frozenset[int]:
                 declared.update(_span(docstring))
         if isinstance(node, ast.Import | ast.ImportFrom):
             declared.update(_span(node))
-        elif isinstance(node, ast.ClassDef):
+        elif isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
             for d in node.decorator_list:
                 declared.update(_span(d))
             declared.update(_header(node))
-            for statement in node.body:  # fields, not the methods' bodies
-                if isinstance(statement, ast.AnnAssign | ast.Assign) and (
-                    statement.value is None or _simple(statement.value)
-                ):
-                    declared.update(_span(statement))
-                elif isinstance(statement, ast.Pass):
-                    declared.add(statement.lineno)
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            for d in node.decorator_list:
-                declared.update(_span(d))
-            declared.update(_header(node))
+            if isinstance(node, ast.ClassDef):
+                for statement in node.body:  # fields, not the methods' bodies
+                    if _constant(statement) or isinstance(statement, ast.Pass):
+                        declared.update(_span(statement))
         elif isinstance(
             node, ast.If | ast.While | ast.For | ast.AsyncFor | ast.With | ast.AsyncWith | ast.Try
         ):
@@ -132,7 +130,6 @@ def declaration_lines(path: Path) -> frozenset[int]:
             for k in node.keywords:
                 if _simple(k.value):
                     declared.update(_span(k.value))
-                    declared.add(k.value.lineno)
         elif isinstance(node, ast.comprehension) and _simple(node.iter) and not node.ifs:
             declared.update(_span(node))  # ``for row in rows``, building a record from each
     return frozenset(declared - logic)
